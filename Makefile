@@ -1,0 +1,131 @@
+# sumo build. `make` builds the libraries, the `sumo` tool and the tests; `make test` runs the
+# tests (unit tests, then the MPI tests under mpirun when MPI is installed);
+# `make SAN=asan test` and `make SAN=tsan test-threads` run them under sanitizers.
+#
+# Layers live in src/<layer>/; a file ending in _mpi.c needs MPI and goes into libsumo_mpi.a,
+# everything else into libsumo.a, which builds and works without MPI.
+
+CC      ?= cc
+MPICC   ?= $(shell command -v mpicc 2>/dev/null)
+SAN     ?=
+NO_MPI  ?=
+
+ifeq ($(SAN),)
+BUILD   ?= build
+OPT     ?= -O2
+else
+BUILD   ?= build-$(SAN)
+OPT     ?= -O1
+NO_MPI  := 1
+endif
+
+ifneq ($(NO_MPI),)
+MPICC :=
+endif
+
+WARN     := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes
+CPPFLAGS := -Iinclude -Isrc -D_GNU_SOURCE
+CFLAGS   := -std=c11 $(OPT) -g $(WARN) -fPIC -pthread -fno-strict-aliasing $(EXTRA_CFLAGS)
+LDLIBS   := -lm -pthread
+
+ifeq ($(SAN),asan)
+CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+LDFLAGS += -fsanitize=address,undefined
+endif
+ifeq ($(SAN),tsan)
+CFLAGS  += -fsanitize=thread -fno-omit-frame-pointer
+LDFLAGS += -fsanitize=thread
+endif
+
+# The training driver (src/train) needs BLAS and zlib; the library proper needs neither.
+ALL_SRCS   := $(wildcard src/*/*.c)
+TRAIN_SRCS := $(wildcard src/train/*.c)
+MPI_SRCS   := $(filter %_mpi.c,$(ALL_SRCS))
+LIB_SRCS   := $(filter-out %_mpi.c $(TRAIN_SRCS),$(ALL_SRCS))
+LIB_OBJS   := $(LIB_SRCS:%.c=$(BUILD)/%.o)
+MPI_OBJS   := $(MPI_SRCS:%.c=$(BUILD)/%.o)
+TRAIN_OBJS := $(TRAIN_SRCS:%.c=$(BUILD)/%.o)
+TRAIN_LIBS := -lopenblas -lz
+
+LIBSUMO       := $(BUILD)/libsumo.a
+LIBSUMO_MPI   := $(BUILD)/libsumo_mpi.a
+LIBSUMO_TRAIN := $(BUILD)/libsumo_train.a
+
+TOOL_SRCS := $(wildcard tools/sumo/*.c)
+UNIT_SRCS := $(wildcard tests/unit/test_*.c)
+UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
+MPI_TEST_SRCS := $(wildcard tests/mpi/test_*.c)
+MPI_TEST_BINS := $(MPI_TEST_SRCS:tests/mpi/%.c=$(BUILD)/tests/mpi/%)
+TEST_SUPPORT := $(wildcard tests/support/*.c)
+
+ifneq ($(MPICC),)
+TARGETS := $(LIBSUMO) $(LIBSUMO_MPI) $(BUILD)/sumo $(UNIT_BINS) $(MPI_TEST_BINS)
+TOOL_CC := $(MPICC)
+TOOL_DEFS := -DSUMO_HAVE_MPI
+TOOL_LIBS := $(LIBSUMO_TRAIN) $(LIBSUMO_MPI) $(LIBSUMO)
+else
+TARGETS := $(LIBSUMO) $(BUILD)/sumo $(UNIT_BINS)
+TOOL_CC := $(CC)
+TOOL_DEFS :=
+TOOL_LIBS := $(LIBSUMO_TRAIN) $(LIBSUMO)
+endif
+
+.PHONY: all test test-unit test-threads test-mpi clean
+all: $(TARGETS)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(MPI_OBJS): $(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(MPICC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(LIBSUMO): $(LIB_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(LIBSUMO_MPI): $(MPI_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(LIBSUMO_TRAIN): $(TRAIN_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/sumo: $(TOOL_SRCS) $(TOOL_LIBS)
+	@mkdir -p $(dir $@)
+	$(TOOL_CC) $(CPPFLAGS) $(TOOL_DEFS) $(CFLAGS) $(TOOL_SRCS) $(TOOL_LIBS) $(LDFLAGS) $(TRAIN_LIBS) $(LDLIBS) -o $@
+
+$(BUILD)/tests/%: tests/unit/%.c $(TEST_SUPPORT) $(LIBSUMO_TRAIN) $(LIBSUMO)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $< $(TEST_SUPPORT) $(LIBSUMO_TRAIN) $(LIBSUMO) $(LDFLAGS) -lcmocka $(TRAIN_LIBS) $(LDLIBS) -o $@
+
+$(BUILD)/tests/mpi/%: tests/mpi/%.c $(TEST_SUPPORT) $(LIBSUMO_TRAIN) $(LIBSUMO_MPI) $(LIBSUMO)
+	@mkdir -p $(dir $@)
+	$(MPICC) $(CPPFLAGS) -Itests $(CFLAGS) $< $(TEST_SUPPORT) $(LIBSUMO_TRAIN) $(LIBSUMO_MPI) $(LIBSUMO) $(LDFLAGS) $(TRAIN_LIBS) $(LDLIBS) -o $@
+
+# Unit tests: each binary is a cmocka suite; a failing suite fails the target after all ran.
+test-unit: $(UNIT_BINS)
+	@fail=0; for t in $(UNIT_BINS); do echo "== $$t"; $$t || fail=1; done; exit $$fail
+
+# The subset that exercises threads against each other (what TSan is for).
+test-threads: $(UNIT_BINS)
+	@fail=0; for t in $(filter %threads %collectives %async %faults,$(UNIT_BINS)); do echo "== $$t"; $$t || fail=1; done; exit $$fail
+
+MPIRUN_FLAGS ?= --oversubscribe --allow-run-as-root --mca btl self,vader --mca rmaps_base_oversubscribe 1
+test-mpi: $(MPI_TEST_BINS)
+	@fail=0; for t in $(MPI_TEST_BINS); do for np in 2 3 4; do \
+	  echo "== mpirun -np $$np $$t"; \
+	  timeout 300 mpirun -np $$np $(MPIRUN_FLAGS) $$t || fail=1; done; done; exit $$fail
+
+ifneq ($(MPICC),)
+test: test-unit test-mpi
+else
+test: test-unit
+endif
+
+clean:
+	rm -rf build build-asan build-tsan
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

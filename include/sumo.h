@@ -1,0 +1,169 @@
+/*
+ * sumo: collectives for data-parallel training.
+ *
+ * This header is the whole public surface of the core library: results, dtypes, reduction
+ * operations, communicators and the collectives. Transports that need a third-party header
+ * (MPI) have their own header (sumo_mpi.h) that builds on this one.
+ *
+ * Conventions, everywhere:
+ *   - every function returns a sumo_result; 0 (SUMO_SUCCESS) is success, and
+ *     sumo_strerror() turns any value into a sentence. sumo_comm_error_message() gives the
+ *     detail of the last failure on a communicator (which rank disagreed, which deadline).
+ *   - handles are opaque; destroy functions accept NULL.
+ *   - collectives take NCCL's argument order (send buffer, receive buffer, count, dtype, op,
+ *     communicator) and run in place when the two buffers are the same pointer.
+ *   - every rank ends a collective with bit-identical output, and the same inputs give the
+ *     same output on every run.
+ *   - setting SUMO_DEBUG=WARN (or INFO) in the environment prints a file:line trail of each
+ *     failure (INFO also each algorithm choice) on stderr.
+ */
+#ifndef SUMO_H
+#define SUMO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SUMO_VERSION_MAJOR 0
+#define SUMO_VERSION_MINOR 1
+#define SUMO_VERSION_PATCH 0
+
+typedef enum sumo_result {
+    SUMO_SUCCESS = 0,
+    SUMO_ERR_INVALID_ARGUMENT = 1, /* NULL/overlapping buffers, unknown dtype or op, bad rank */
+    SUMO_ERR_INVALID_USAGE = 2,    /* a call that is valid alone but not now (comm broken...) */
+    SUMO_ERR_MISMATCH = 3,         /* ranks passed different counts, dtypes, ops or roots */
+    SUMO_ERR_TIMEOUT = 4,          /* a peer did not arrive before the communicator's deadline */
+    SUMO_ERR_PEER_FAILURE = 5,     /* a peer failed, left, or timed out: the comm is unusable */
+    SUMO_ERR_SYSTEM = 6,           /* out of memory, a thread or mapping could not be created */
+    SUMO_ERR_INTERNAL = 7,         /* a bug in sumo or in the transport library below it */
+    SUMO_IN_PROGRESS = 8,          /* an asynchronous request has not completed yet */
+    SUMO_ERR_NONFINITE = 9,        /* NaN or Inf in a tensor that an adaptive method combines:
+                                      that tensor's result is NaN, the others are exact, and
+                                      sumo_comm_error_message() names the tensor */
+    SUMO_RESULT_COUNT
+} sumo_result;
+
+/* A sentence describing r (never NULL, also for values out of range). */
+const char *sumo_strerror(sumo_result r);
+/* The enumerator's name, e.g. "SUMO_ERR_TIMEOUT" (never NULL). */
+const char *sumo_result_name(sumo_result r);
+
+typedef enum sumo_dtype {
+    SUMO_FLOAT32 = 0,
+    SUMO_FLOAT64 = 1,
+    SUMO_FLOAT16 = 2,  /* IEEE binary16; reductions accumulate in fp32 */
+    SUMO_BFLOAT16 = 3, /* bfloat16; reductions accumulate in fp32, round to nearest even */
+    SUMO_DTYPE_COUNT
+} sumo_dtype;
+
+/* Bytes per element of dtype, or SUMO_ERR_INVALID_ARGUMENT for an unknown dtype. */
+sumo_result sumo_dtype_size(sumo_dtype dtype, size_t *size);
+
+typedef enum sumo_op {
+    SUMO_OP_SUM = 0,
+    SUMO_OP_AVERAGE = 1, /* the sum in rank order, divided by the number of ranks */
+    SUMO_OP_ADASUM = 2,  /* adaptive summation over the whole buffer as one tensor; for a
+                            per-tensor layout create an op with sumo_op_create_adasum() */
+    SUMO_OP_COUNT
+    /* Values from SUMO_OP_COUNT up are ops created on a communicator. */
+} sumo_op;
+
+typedef struct sumo_comm sumo_comm;
+typedef struct sumo_request sumo_request;
+
+/*
+ * Adasum with options, as an op created on (and valid only for) one communicator, NCCL style.
+ * Every rank must create the same ops in the same order with the same layout; an allreduce
+ * with layouts that differ across ranks fails with SUMO_ERR_MISMATCH.
+ */
+typedef struct sumo_adasum_options {
+    size_t struct_size;          /* sizeof(sumo_adasum_options): lets the struct grow */
+    const size_t *tensor_counts; /* elements of each tensor packed in the buffer, in order;
+                                    NULL with ntensors 0 means one tensor. Copied. */
+    size_t ntensors;
+    int hierarchical;            /* sum inside groups of ranks, Adasum across the groups'
+                                    results, divide by the group size */
+    int group_size;              /* ranks per group (consecutive ranks); 0 derives it: the MPI
+                                    shared-memory node split, or all ranks for threads */
+} sumo_adasum_options;
+
+sumo_result sumo_op_create_adasum(sumo_comm *comm, const sumo_adasum_options *options,
+                                  sumo_op *op);
+sumo_result sumo_op_destroy(sumo_comm *comm, sumo_op op);
+
+/*
+ * The threads transport: nranks ranks inside this process, each to be driven by its own
+ * thread (rank r by the thread that uses comms[r]), exchanging through shared memory. No
+ * server, no launcher. Each of the nranks handles must be destroyed; the group is freed with
+ * the last one. Destroying one rank's handle while others are still in a collective makes
+ * theirs fail with SUMO_ERR_PEER_FAILURE.
+ */
+sumo_result sumo_comm_create_threads(int nranks, sumo_comm **comms);
+sumo_result sumo_comm_destroy(sumo_comm *comm);
+
+sumo_result sumo_comm_rank(const sumo_comm *comm, int *rank);
+sumo_result sumo_comm_size(const sumo_comm *comm, int *size);
+/* The transport's name: "threads" or "mpi". */
+sumo_result sumo_comm_transport(const sumo_comm *comm, const char **name);
+
+/*
+ * The deadline of every wait inside a collective on this handle, in seconds (> 0). A peer that
+ * has not arrived by then makes the call return SUMO_ERR_TIMEOUT here and
+ * SUMO_ERR_PEER_FAILURE on the peers that did arrive; the communicator is then broken and
+ * every later call fails until it is destroyed. Default: the environment variable
+ * SUMO_TIMEOUT (seconds) when set, else 300.
+ */
+sumo_result sumo_comm_set_timeout(sumo_comm *comm, double seconds);
+sumo_result sumo_comm_get_timeout(const sumo_comm *comm, double *seconds);
+
+/*
+ * The detail of the last failure on this handle ("" when none). The string belongs to the
+ * handle and stays valid until the next call on it from any thread.
+ */
+sumo_result sumo_comm_error_message(const sumo_comm *comm, const char **message);
+
+/*
+ * Collectives. Every rank of the communicator must make the same calls in the same order
+ * with the same count, dtype, op (and root): sumo checks this on every call and returns
+ * SUMO_ERR_MISMATCH on every rank when they differ, without touching any buffer. Buffers
+ * may be NULL only when count is 0. Send and receive buffers must be the same pointer (in
+ * place) or not overlap. NaN and Inf propagate as IEEE arithmetic says.
+ */
+sumo_result sumo_allreduce(const void *sendbuf, void *recvbuf, size_t count, sumo_dtype dtype,
+                           sumo_op op, sumo_comm *comm);
+
+/* recvbuf holds size * sendcount elements: rank r's contribution at r * sendcount. In place
+ * when sendbuf == recvbuf + rank * sendcount * element size. */
+sumo_result sumo_allgather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                           sumo_dtype dtype, sumo_comm *comm);
+
+/* The root's sendbuf ends in every rank's recvbuf. sendbuf is read on the root only. */
+sumo_result sumo_broadcast(const void *sendbuf, void *recvbuf, size_t count, sumo_dtype dtype,
+                           int root, sumo_comm *comm);
+
+sumo_result sumo_barrier(sumo_comm *comm);
+
+/*
+ * Asynchronous allreduce: returns at once with a request; the buffers must stay untouched
+ * until sumo_request_wait() returns or sumo_request_test() reports completion. Requests on
+ * one handle complete in the order they were started, and a blocking collective on the
+ * handle waits for them first. Every request must be waited on (wait frees it), also after
+ * test reported completion.
+ */
+sumo_result sumo_allreduce_start(const void *sendbuf, void *recvbuf, size_t count,
+                                 sumo_dtype dtype, sumo_op op, sumo_comm *comm,
+                                 sumo_request **request);
+/* *done = 1 once the request has completed (its result is then returned by wait). */
+sumo_result sumo_request_test(sumo_request *request, int *done);
+/* Waits for completion, returns the collective's result and frees the request. */
+sumo_result sumo_request_wait(sumo_request *request);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SUMO_H */

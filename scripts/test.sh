@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: dependencies, a warnings-as-errors build, the unit and
+# MPI tests, then the unit tests under ASan+UBSan and the threaded ones under TSan.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/deps.sh
+jobs=$(nproc)
+start=$(date +%s)
+
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Waits in the tests are bounded; nothing should come near this.
+export SUMO_TIMEOUT=${SUMO_TIMEOUT:-120}
+
+status=0
+step() {
+  echo "=== $*"
+  if ! "$@"; then echo "=== FAILED: $*"; status=1; fi
+}
+
+step make -j"$jobs"
+step make test
+step make -j"$jobs" SAN=asan test-unit
+step make -j"$jobs" SAN=tsan test-threads
+step ./build/sumo bench --quick
+
+echo "=== tests finished in $(( $(date +%s) - start )) s"
+if [ $status -eq 0 ]; then echo "all test steps passed"; else echo "some test steps FAILED"; fi
+exit $status

@@ -1,0 +1,238 @@
+#include "collectives/comm.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct sumo_request {
+    sumo_comm *comm;
+    sumo_request *next;
+    const void *sendbuf;
+    void *recvbuf;
+    size_t count;
+    sumo_dtype dtype;
+    sumo_op op;
+    _Atomic int done;
+    sumo_result result;
+};
+
+sumo_result sumo__comm_wrap(sumo__transport *tp, sumo_comm **out)
+{
+    sumo_comm *c = calloc(1, sizeof *c);
+    if (c == NULL) return SUMO_ERR_SYSTEM;
+    c->tp = tp;
+    if (pthread_mutex_init(&c->lock, NULL) != 0) goto fail_lock;
+    if (pthread_cond_init(&c->idle, NULL) != 0) goto fail_idle;
+    if (pthread_cond_init(&c->work, NULL) != 0) goto fail_work;
+    *out = c;
+    return SUMO_SUCCESS;
+fail_work:
+    pthread_cond_destroy(&c->idle);
+fail_idle:
+    pthread_mutex_destroy(&c->lock);
+fail_lock:
+    free(c);
+    return SUMO_ERR_SYSTEM;
+}
+
+sumo_result sumo_comm_create_threads(int nranks, sumo_comm **comms)
+{
+    if (comms == NULL || nranks < 1 || nranks > 4096) return SUMO_ERR_INVALID_ARGUMENT;
+    sumo__transport **tps = calloc((size_t)nranks, sizeof *tps);
+    if (tps == NULL) return SUMO_ERR_SYSTEM;
+    sumo_result r = sumo__threads_transport_create(nranks, tps);
+    if (r != SUMO_SUCCESS) {
+        free(tps);
+        return r;
+    }
+    for (int i = 0; i < nranks; i++) {
+        r = sumo__comm_wrap(tps[i], &comms[i]);
+        if (r != SUMO_SUCCESS) {
+            for (int k = 0; k < i; k++) sumo_comm_destroy(comms[k]);
+            for (int k = i; k < nranks; k++) tps[k]->ops->destroy(tps[k]);
+            free(tps);
+            return r;
+        }
+    }
+    free(tps);
+    return SUMO_SUCCESS;
+}
+
+static void stop_progress(sumo_comm *c)
+{
+    pthread_mutex_lock(&c->lock);
+    bool started = c->progress_started;
+    c->stopping = true;
+    pthread_cond_broadcast(&c->work);
+    pthread_mutex_unlock(&c->lock);
+    if (started) pthread_join(c->progress, NULL);
+}
+
+sumo_result sumo_comm_destroy(sumo_comm *comm)
+{
+    if (comm == NULL) return SUMO_SUCCESS;
+    /* Requests still queued run to completion (or fail on their peers) before we leave. */
+    stop_progress(comm);
+    comm->tp->ops->destroy(comm->tp);
+    pthread_cond_destroy(&comm->work);
+    pthread_cond_destroy(&comm->idle);
+    pthread_mutex_destroy(&comm->lock);
+    sumo__op_table_free(comm);
+    free(comm->scratch);
+    free(comm);
+    return SUMO_SUCCESS;
+}
+
+sumo_result sumo_comm_rank(const sumo_comm *comm, int *rank)
+{
+    if (comm == NULL || rank == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    *rank = comm->tp->rank;
+    return SUMO_SUCCESS;
+}
+
+sumo_result sumo_comm_size(const sumo_comm *comm, int *size)
+{
+    if (comm == NULL || size == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    *size = comm->tp->size;
+    return SUMO_SUCCESS;
+}
+
+sumo_result sumo_comm_transport(const sumo_comm *comm, const char **name)
+{
+    if (comm == NULL || name == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    *name = comm->tp->ops->name;
+    return SUMO_SUCCESS;
+}
+
+sumo_result sumo_comm_set_timeout(sumo_comm *comm, double seconds)
+{
+    /* Also rejects NaN. The upper bound keeps the deadline arithmetic in int64 nanoseconds. */
+    if (comm == NULL || !(seconds > 0) || seconds > 1e8) return SUMO_ERR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&comm->lock);
+    comm->tp->timeout_ns = (int64_t)(seconds * 1e9);
+    if (comm->tp->timeout_ns < 1) comm->tp->timeout_ns = 1;
+    pthread_mutex_unlock(&comm->lock);
+    return SUMO_SUCCESS;
+}
+
+sumo_result sumo_comm_get_timeout(const sumo_comm *comm, double *seconds)
+{
+    if (comm == NULL || seconds == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    *seconds = (double)comm->tp->timeout_ns / 1e9;
+    return SUMO_SUCCESS;
+}
+
+sumo_result sumo_comm_error_message(const sumo_comm *comm, const char **message)
+{
+    if (comm == NULL || message == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    *message = comm->tp->errmsg;
+    return SUMO_SUCCESS;
+}
+
+sumo_result sumo__comm_set_algorithm(sumo_comm *comm, sumo__algo algo)
+{
+    if (comm == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    if (algo == SUMO__ALGO_SHM && comm->tp->shm == NULL) return SUMO_ERR_INVALID_USAGE;
+    if (algo == SUMO__ALGO_NATIVE && comm->native_allreduce == NULL) return SUMO_ERR_INVALID_USAGE;
+    comm->algo = algo;
+    return SUMO_SUCCESS;
+}
+
+sumo_result sumo__comm_scratch(sumo_comm *comm, size_t bytes, void **out)
+{
+    if (bytes > comm->scratch_bytes) {
+        size_t rounded = (bytes + 4095) / 4096 * 4096;
+        void *p = aligned_alloc(4096, rounded);
+        if (p == NULL)
+            return SUMO__FAIL(comm->tp, SUMO_ERR_SYSTEM, "cannot allocate %zu bytes of scratch",
+                              rounded);
+        free(comm->scratch);
+        comm->scratch = p;
+        comm->scratch_bytes = rounded;
+    }
+    *out = comm->scratch;
+    return SUMO_SUCCESS;
+}
+
+void sumo__comm_enter(sumo_comm *comm)
+{
+    pthread_mutex_lock(&comm->lock);
+    /* Collectives on a handle run in the order they were issued. */
+    while (comm->queue.pending > 0) pthread_cond_wait(&comm->idle, &comm->lock);
+}
+
+void sumo__comm_leave(sumo_comm *comm) { pthread_mutex_unlock(&comm->lock); }
+
+/* Runs queued requests in order. It holds the handle's lock while a request runs, exactly as a
+ * blocking caller would, and drops it between requests. */
+static void *progress_main(void *arg)
+{
+    sumo_comm *c = arg;
+    pthread_mutex_lock(&c->lock);
+    for (;;) {
+        while (c->queue.head == NULL && !c->stopping) pthread_cond_wait(&c->work, &c->lock);
+        sumo_request *req = c->queue.head;
+        if (req == NULL) break;
+        c->queue.head = req->next;
+        if (c->queue.head == NULL) c->queue.tail = NULL;
+        req->result = sumo__allreduce_locked(c, req->sendbuf, req->recvbuf, req->count,
+                                             req->dtype, req->op);
+        atomic_store_explicit(&req->done, 1, memory_order_release);
+        c->queue.pending--;
+        pthread_cond_broadcast(&c->idle);
+    }
+    pthread_mutex_unlock(&c->lock);
+    return NULL;
+}
+
+sumo_result sumo_allreduce_start(const void *sendbuf, void *recvbuf, size_t count,
+                                 sumo_dtype dtype, sumo_op op, sumo_comm *comm,
+                                 sumo_request **request)
+{
+    if (comm == NULL || request == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    sumo_request *req = calloc(1, sizeof *req);
+    if (req == NULL) return SUMO_ERR_SYSTEM;
+    *req = (sumo_request){.comm = comm, .sendbuf = sendbuf, .recvbuf = recvbuf, .count = count,
+                          .dtype = dtype, .op = op};
+    pthread_mutex_lock(&comm->lock);
+    if (comm->stopping) {
+        pthread_mutex_unlock(&comm->lock);
+        free(req);
+        return SUMO_ERR_INVALID_USAGE;
+    }
+    if (!comm->progress_started) {
+        if (pthread_create(&comm->progress, NULL, progress_main, comm) != 0) {
+            pthread_mutex_unlock(&comm->lock);
+            free(req);
+            return SUMO__FAIL(comm->tp, SUMO_ERR_SYSTEM, "cannot start the progress thread");
+        }
+        comm->progress_started = true;
+    }
+    if (comm->queue.tail) comm->queue.tail->next = req;
+    else comm->queue.head = req;
+    comm->queue.tail = req;
+    comm->queue.pending++;
+    pthread_cond_signal(&comm->work);
+    pthread_mutex_unlock(&comm->lock);
+    *request = req;
+    return SUMO_SUCCESS;
+}
+
+sumo_result sumo_request_test(sumo_request *request, int *done)
+{
+    if (request == NULL || done == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    *done = atomic_load_explicit(&request->done, memory_order_acquire);
+    return SUMO_SUCCESS;
+}
+
+sumo_result sumo_request_wait(sumo_request *request)
+{
+    if (request == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    sumo_comm *c = request->comm;
+    pthread_mutex_lock(&c->lock);
+    while (!atomic_load_explicit(&request->done, memory_order_acquire))
+        pthread_cond_wait(&c->idle, &c->lock);
+    pthread_mutex_unlock(&c->lock);
+    sumo_result r = request->result;
+    free(request);
+    return r;
+}

@@ -1,0 +1,67 @@
+/*
+ * The communicator: a transport plus what the collectives keep between calls (scratch
+ * memory, the progress thread of asynchronous requests, the per-handle lock).
+ */
+#ifndef SUMO_COMM_H
+#define SUMO_COMM_H
+
+#include "transport/transport.h"
+
+#include <pthread.h>
+
+/* Which allreduce algorithm to use; AUTO picks by transport and size. Forcing one is for
+ * tests and benchmarks (every algorithm must give the same answer). */
+typedef enum sumo__algo {
+    SUMO__ALGO_AUTO = 0,
+    SUMO__ALGO_SHM,             /* shared memory: direct (threads) or staged (processes) */
+    SUMO__ALGO_RING,            /* reduce-scatter + allgather around a ring of sendrecvs */
+    SUMO__ALGO_RECURSIVE_DOUBLING,
+    SUMO__ALGO_NATIVE,          /* the transport's own allreduce (MPI_Allreduce) */
+} sumo__algo;
+
+typedef struct sumo__request_queue {
+    sumo_request *head, *tail;
+    int pending; /* queued or running */
+} sumo__request_queue;
+
+struct sumo_comm {
+    sumo__transport *tp;
+    pthread_mutex_t lock; /* held while a collective runs on this handle */
+    pthread_cond_t idle;  /* signalled when an asynchronous request completes */
+    sumo__request_queue queue;
+    pthread_cond_t work;
+    pthread_t progress;
+    bool progress_started;
+    bool stopping;
+    sumo__algo algo;
+    /* Scratch kept between calls so the hot path does not allocate. */
+    void *scratch;
+    size_t scratch_bytes;
+    /* Ops created on this handle (Adasum with a layout); owned by collectives/adasum.c. */
+    struct sumo__op_table *op_table;
+    /* Optional native allreduce of the transport (MPI), NULL when it has none. */
+    sumo_result (*native_allreduce)(sumo__transport *tp, const void *sendbuf, void *recvbuf,
+                                    size_t count, sumo_dtype dtype, sumo_op op);
+};
+
+/* Wraps a transport (taking ownership) into a communicator. */
+sumo_result sumo__comm_wrap(sumo__transport *tp, sumo_comm **out);
+sumo_result sumo__comm_set_algorithm(sumo_comm *comm, sumo__algo algo);
+/* Grows the handle's scratch to at least bytes. */
+sumo_result sumo__comm_scratch(sumo_comm *comm, size_t bytes, void **out);
+
+/* The collectives proper, without locking or queueing (the public functions add those). */
+sumo_result sumo__allreduce_locked(sumo_comm *comm, const void *sendbuf, void *recvbuf,
+                                   size_t count, sumo_dtype dtype, sumo_op op);
+
+/* Adasum allreduce (collectives/adasum.c) for op == SUMO_OP_ADASUM or a created op. */
+sumo_result sumo__allreduce_adasum(sumo_comm *comm, const void *sendbuf, void *recvbuf,
+                                   size_t count, sumo_dtype dtype, sumo_op op);
+/* Frees the op table (called by sumo_comm_destroy). */
+void sumo__op_table_free(sumo_comm *comm);
+
+/* Holds the handle for a blocking collective: waits for queued asynchronous requests. */
+void sumo__comm_enter(sumo_comm *comm);
+void sumo__comm_leave(sumo_comm *comm);
+
+#endif

@@ -1,0 +1,73 @@
+/*
+ * Internal helpers shared by every layer: logging, clocks, dtype facts, result plumbing.
+ * Internal symbols carry the prefix sumo__ so the public boundary is visible at each call.
+ */
+#ifndef SUMO_COMMON_H
+#define SUMO_COMMON_H
+
+#include "sumo.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define SUMO__CACHELINE 64
+
+enum sumo__log_level { SUMO__LOG_NONE = 0, SUMO__LOG_WARN = 1, SUMO__LOG_INFO = 2 };
+
+/* The level asked for by SUMO_DEBUG (NONE, WARN, INFO). Read when a communicator is created
+ * and kept in it, so no global state changes behind a running collective. */
+int sumo__log_level_from_env(void);
+void sumo__log(int threshold, int level, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+#define SUMO__LOG(threshold, level, ...) \
+    sumo__log((threshold), (level), __FILE__, __LINE__, __VA_ARGS__)
+
+/* Monotonic clock in nanoseconds. */
+int64_t sumo__now_ns(void);
+
+/* Seconds from SUMO_TIMEOUT, or fallback when unset or malformed. */
+double sumo__timeout_from_env(double fallback);
+
+static inline size_t sumo__dtype_bytes(sumo_dtype dtype)
+{
+    switch (dtype) {
+    case SUMO_FLOAT32: return 4;
+    case SUMO_FLOAT64: return 8;
+    case SUMO_FLOAT16: return 2;
+    case SUMO_BFLOAT16: return 2;
+    default: return 0;
+    }
+}
+
+static inline bool sumo__dtype_valid(int dtype) { return dtype >= 0 && dtype < SUMO_DTYPE_COUNT; }
+
+const char *sumo__dtype_name(sumo_dtype dtype);
+const char *sumo__op_name(int op);
+
+/* True when [a, a+abytes) and [b, b+bbytes) share a byte. */
+static inline bool sumo__ranges_overlap(const void *a, size_t abytes, const void *b, size_t bbytes)
+{
+    uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
+    if (abytes == 0 || bbytes == 0) return false;
+    return pa < pb + bbytes && pb < pa + abytes;
+}
+
+/* Overflow-checked n * size. */
+static inline bool sumo__mul_overflows(size_t n, size_t size, size_t *out)
+{
+    return __builtin_mul_overflow(n, size, out);
+}
+
+#define SUMO__MIN(a, b) ((a) < (b) ? (a) : (b))
+#define SUMO__MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* Propagate a failure: the caller already recorded its detail. */
+#define SUMO__CHECK(call)                       \
+    do {                                        \
+        sumo_result sumo__r_ = (call);          \
+        if (sumo__r_ != SUMO_SUCCESS) return sumo__r_; \
+    } while (0)
+
+#endif

@@ -1,0 +1,57 @@
+/*
+ * Per-element math on buffers: the only code that touches every byte of a gradient, so it is
+ * vectorised (AVX-512 and AVX2 with a portable baseline, picked at run time) and allocates
+ * nothing. fp16 and bf16 are widened to fp32, combined, and rounded once to nearest even.
+ *
+ * Aliasing: an output may be the same pointer as an input (element i read before element i
+ * written); partial overlaps are the caller's bug.
+ */
+#ifndef SUMO_KERNELS_H
+#define SUMO_KERNELS_H
+
+#include "common/common.h"
+
+/*
+ * outs[k][i] = (ins[0][i] + ins[1][i] + ... + ins[nin-1][i]) / divisor, for every k < nout.
+ * Summed left to right in that order (fp32 accumulator for fp16/bf16, native for fp32/fp64);
+ * divisor 1 skips the division, otherwise the sum is divided once (correctly rounded in the
+ * accumulator type). nin >= 1, nout >= 1. Any outs[k] may equal any ins[j].
+ */
+void sumo__reduce_multi(sumo_dtype dtype, void *const *outs, int nout, const void *const *ins,
+                        int nin, size_t n, int divisor);
+
+/* dst[i] = a[i] + b[i] (the two-input case above, for the ring). */
+void sumo__kernel_add(sumo_dtype dtype, void *dst, const void *a, const void *b, size_t n);
+
+/* dst[i] = src[i] / divisor, correctly rounded in the accumulator type. */
+void sumo__kernel_divide(sumo_dtype dtype, void *dst, const void *src, size_t n, int divisor);
+
+/* dst = src converted between dtypes (RNE when narrowing; NaN stays NaN, overflow gives Inf). */
+void sumo__kernel_convert(sumo_dtype dst_dtype, void *dst, sumo_dtype src_dtype, const void *src,
+                          size_t n);
+
+/*
+ * Adasum's fused pass: reads a and b once and returns, accumulated in double,
+ * out[0] = a.b, out[1] = |a|^2, out[2] = |b|^2.
+ */
+void sumo__kernel_dot_norms(sumo_dtype dtype, const void *a, const void *b, size_t n,
+                            double out[3]);
+
+/*
+ * a[i] = ca * a[i] + cb * b[i]. fp32/fp64: evaluated in double, rounded once. fp16/bf16:
+ * widened to fp32, fmaf(ca, a, cb * b) in fp32, rounded to nearest even.
+ */
+void sumo__kernel_scaled_add(sumo_dtype dtype, void *a, double ca, const void *b, double cb,
+                             size_t n);
+
+/* The instruction set the dispatched kernels use on this machine: "avx512", "avx2" or
+ * "portable". */
+const char *sumo__kernel_isa(void);
+
+/* Scalar conversions, exact references for tests and for odd tails. */
+float sumo__half_to_float(uint16_t h);
+uint16_t sumo__float_to_half(float f);
+float sumo__bf16_to_float(uint16_t h);
+uint16_t sumo__float_to_bf16(float f);
+
+#endif

@@ -1,0 +1,118 @@
+#include "transport/shm.h"
+#include "transport/transport.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define cpu_relax() _mm_pause()
+#else
+#define cpu_relax() ((void)0)
+#endif
+
+/* A sleeping waiter wakes at least this often to look at its deadline and the abort flag. */
+#define SLEEP_SLICE_NS (20 * 1000 * 1000)
+
+size_t sumo__shm_ctl_bytes(int size)
+{
+    return sizeof(sumo__shm_ctl) + (size_t)size * sizeof(sumo__shm_desc);
+}
+
+void sumo__shm_ctl_init(sumo__shm_ctl *ctl, int size)
+{
+    atomic_store(&ctl->arrived, 0);
+    atomic_store(&ctl->generation, 0);
+    atomic_store(&ctl->sleepers, 0);
+    atomic_store(&ctl->abort_flag, 0);
+    ctl->size = size;
+}
+
+uint32_t sumo__shm_default_spin_limit(int ranks_sharing_cores)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1) cores = 1;
+    /* Spinning only helps when the peer we wait for is running on another core. */
+    return ranks_sharing_cores <= cores ? 20000 : 50;
+}
+
+static long futex_wait(_Atomic uint32_t *word, uint32_t value, int64_t timeout_ns)
+{
+    struct timespec ts = {.tv_sec = timeout_ns / 1000000000, .tv_nsec = timeout_ns % 1000000000};
+    /* Not FUTEX_PRIVATE: the word may live in memory shared between processes. */
+    return syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, value, &ts, NULL, 0);
+}
+
+void sumo__shm_wake(sumo__shm *shm, _Atomic uint32_t *word)
+{
+    if (atomic_load(&shm->ctl->sleepers) != 0)
+        syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+void sumo__shm_abort(sumo__shm *shm, int rank)
+{
+    uint32_t expected = 0;
+    /* The first rank to abort is the one named in everyone's message. */
+    atomic_compare_exchange_strong(&shm->ctl->abort_flag, &expected, (uint32_t)rank + 1);
+    /* Sleepers wake within a slice anyway; this makes it immediate for barrier sleepers. */
+    atomic_fetch_add(&shm->ctl->generation, 0);
+    syscall(SYS_futex, (uint32_t *)&shm->ctl->generation, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+static sumo_result peer_failed(sumo__transport *tp, const char *what)
+{
+    return SUMO__FAIL(tp, SUMO_ERR_PEER_FAILURE,
+                      "%s: rank %d left or failed (aborted the group); this communicator is "
+                      "unusable",
+                      what, (int)atomic_load(&tp->shm->ctl->abort_flag) - 1);
+}
+
+sumo_result sumo__shm_wait_change(sumo__transport *tp, _Atomic uint32_t *word, uint32_t value,
+                                  int64_t deadline_ns, const char *what)
+{
+    sumo__shm *shm = tp->shm;
+    sumo__shm_ctl *ctl = shm->ctl;
+    for (uint32_t spin = 0; spin < shm->spin_limit; spin++) {
+        if (atomic_load_explicit(word, memory_order_acquire) != value) return SUMO_SUCCESS;
+        cpu_relax();
+    }
+    for (;;) {
+        if (atomic_load_explicit(word, memory_order_acquire) != value) return SUMO_SUCCESS;
+        if (atomic_load(&ctl->abort_flag)) return peer_failed(tp, what);
+        int64_t now = sumo__now_ns();
+        if (now >= deadline_ns) {
+            sumo__shm_abort(shm, tp->rank);
+            return SUMO__FAIL(tp, SUMO_ERR_TIMEOUT,
+                              "%s: rank %d waited %.3f s for its peers (deadline reached; raise it "
+                              "with sumo_comm_set_timeout or SUMO_TIMEOUT)",
+                              what, tp->rank, (double)tp->timeout_ns / 1e9);
+        }
+        atomic_fetch_add(&ctl->sleepers, 1);
+        /* futex re-checks *word == value atomically, so a wake between our load and the
+         * sleep is not lost. */
+        int64_t slice = SUMO__MIN(deadline_ns - now, (int64_t)SLEEP_SLICE_NS);
+        if (atomic_load(word) == value) futex_wait(word, value, slice);
+        atomic_fetch_sub(&ctl->sleepers, 1);
+    }
+}
+
+sumo_result sumo__shm_barrier(sumo__transport *tp)
+{
+    sumo__shm *shm = tp->shm;
+    sumo__shm_ctl *ctl = shm->ctl;
+    if (atomic_load(&ctl->abort_flag)) return peer_failed(tp, "barrier");
+    uint32_t gen = atomic_load_explicit(&ctl->generation, memory_order_acquire);
+    if (atomic_fetch_add_explicit(&ctl->arrived, 1, memory_order_acq_rel) + 1 == (uint32_t)shm->size) {
+        atomic_store_explicit(&ctl->arrived, 0, memory_order_relaxed);
+        atomic_store_explicit(&ctl->generation, gen + 1, memory_order_release);
+        sumo__shm_wake(shm, &ctl->generation);
+        return SUMO_SUCCESS;
+    }
+    return sumo__shm_wait_change(tp, &ctl->generation, gen, sumo__now_ns() + tp->timeout_ns,
+                                 "barrier");
+}

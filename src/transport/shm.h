@@ -1,0 +1,69 @@
+/*
+ * Synchronisation for ranks that share memory: the threads transport (one heap) and the MPI
+ * transport on one node (an MPI-3 shared window). The control block lives in that shared
+ * memory; waits spin briefly, then sleep on a futex (shared, so it works across processes),
+ * and every wait is bounded by the transport's deadline and the group's abort flag.
+ */
+#ifndef SUMO_SHM_H
+#define SUMO_SHM_H
+
+#include "common/common.h"
+
+#include <stdatomic.h>
+
+typedef struct sumo__transport sumo__transport;
+
+/* One rank's announcement of the collective it is entering; compared across ranks before any
+ * data moves so that disagreeing ranks fail together instead of corrupting memory. */
+typedef struct sumo__shm_desc {
+    uint32_t kind;
+    uint32_t dtype;
+    uint32_t op;
+    int32_t root;
+    uint64_t count;
+    uint64_t aux;       /* collective-specific: a layout hash, a chunk count */
+    uint64_t sendptr;   /* meaningful only when the ranks share an address space */
+    uint64_t recvptr;
+    unsigned char payload[64];
+} __attribute__((aligned(128))) sumo__shm_desc;
+
+typedef struct sumo__shm_ctl {
+    _Atomic uint32_t arrived __attribute__((aligned(SUMO__CACHELINE)));
+    _Atomic uint32_t generation __attribute__((aligned(SUMO__CACHELINE)));
+    _Atomic uint32_t sleepers;
+    /* 0 while the group is healthy, else 1 + the rank that aborted it. */
+    _Atomic uint32_t abort_flag __attribute__((aligned(SUMO__CACHELINE)));
+    int32_t size;
+    sumo__shm_desc desc[]; /* size entries */
+} sumo__shm_ctl;
+
+typedef struct sumo__shm {
+    sumo__shm_ctl *ctl;
+    int rank;
+    int size;
+    /* Threads: a peer's buffer pointer can be dereferenced here (zero-copy collectives). */
+    bool same_address_space;
+    /* Processes: stage[r] is rank r's staging area (stage_bytes), mapped in this process. */
+    unsigned char **stage;
+    size_t stage_bytes;
+    /* Spins before sleeping: short when the ranks outnumber the cores. */
+    uint32_t spin_limit;
+} sumo__shm;
+
+size_t sumo__shm_ctl_bytes(int size);
+/* Initialises a zeroed control block for size ranks (done by one rank before the others use it). */
+void sumo__shm_ctl_init(sumo__shm_ctl *ctl, int size);
+uint32_t sumo__shm_default_spin_limit(int ranks_sharing_cores);
+
+/* Blocks until *word != value. Fails with TIMEOUT at the transport's deadline (raising the
+ * group's abort flag) or PEER_FAILURE when the abort flag is raised by someone else. */
+sumo_result sumo__shm_wait_change(sumo__transport *tp, _Atomic uint32_t *word, uint32_t value,
+                                  int64_t deadline_ns, const char *what);
+/* Wakes every sleeper on word (only issues the system call when someone sleeps). */
+void sumo__shm_wake(sumo__shm *shm, _Atomic uint32_t *word);
+
+sumo_result sumo__shm_barrier(sumo__transport *tp);
+/* Raises the abort flag on behalf of rank and wakes everyone. */
+void sumo__shm_abort(sumo__shm *shm, int rank);
+
+#endif

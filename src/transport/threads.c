@@ -1,0 +1,173 @@
+/*
+ * The threads transport: P ranks are P threads of one process. The group's control block and
+ * mailboxes live on the heap; because the ranks share an address space, collectives can read
+ * and write each other's buffers directly (shm->same_address_space), and point-to-point
+ * messages are a single memcpy from the sender's buffer into the receiver's.
+ */
+#include "transport/transport.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* One direction between two ranks. The sender publishes a pointer and bumps `posted`; the
+ * receiver copies and bumps `taken`; the sender returns only after that, so its buffer can be
+ * reused at once. Each counter has one writer. */
+typedef struct mailbox {
+    _Atomic uint32_t posted;
+    const void *ptr;
+    size_t bytes;
+    _Atomic uint32_t taken __attribute__((aligned(SUMO__CACHELINE)));
+} __attribute__((aligned(SUMO__CACHELINE))) mailbox;
+
+typedef struct threads_group {
+    int size;
+    _Atomic int live_handles;
+    sumo__shm_ctl *ctl;
+    mailbox *boxes; /* boxes[src * size + dst] */
+} threads_group;
+
+typedef struct threads_transport {
+    sumo__transport base;
+    sumo__shm shm;
+    threads_group *group;
+} threads_transport;
+
+static mailbox *box(threads_group *g, int src, int dst) { return &g->boxes[(size_t)src * g->size + dst]; }
+
+static sumo_result threads_sendrecv(sumo__transport *tp, const void *sbuf, size_t sbytes, int dst,
+                                    void *rbuf, size_t rbytes, int src)
+{
+    threads_transport *t = (threads_transport *)tp;
+    threads_group *g = t->group;
+    int64_t deadline = sumo__now_ns() + tp->timeout_ns;
+    uint32_t my_post = 0;
+    if (dst >= 0) {
+        mailbox *out = box(g, tp->rank, dst);
+        out->ptr = sbuf;
+        out->bytes = sbytes;
+        my_post = atomic_load_explicit(&out->posted, memory_order_relaxed) + 1;
+        atomic_store_explicit(&out->posted, my_post, memory_order_release);
+        sumo__shm_wake(&t->shm, &out->posted);
+    }
+    if (src >= 0) {
+        mailbox *in = box(g, src, tp->rank);
+        uint32_t taken = atomic_load_explicit(&in->taken, memory_order_relaxed);
+        SUMO__CHECK(sumo__shm_wait_change(tp, &in->posted, taken, deadline, "receive"));
+        if (in->bytes != rbytes) {
+            atomic_store_explicit(&in->taken, taken + 1, memory_order_release);
+            sumo__shm_wake(&t->shm, &in->taken);
+            return SUMO__FAIL(tp, SUMO_ERR_INTERNAL,
+                              "receive from rank %d: expected %zu bytes, peer sent %zu", src,
+                              rbytes, in->bytes);
+        }
+        if (rbytes) memcpy(rbuf, in->ptr, rbytes);
+        atomic_store_explicit(&in->taken, taken + 1, memory_order_release);
+        sumo__shm_wake(&t->shm, &in->taken);
+    }
+    if (dst >= 0) {
+        mailbox *out = box(g, tp->rank, dst);
+        SUMO__CHECK(sumo__shm_wait_change(tp, &out->taken, my_post - 1, deadline, "send"));
+    }
+    return SUMO_SUCCESS;
+}
+
+static sumo_result threads_allgather_small(sumo__transport *tp, const void *in, void *out,
+                                           size_t bytes)
+{
+    threads_transport *t = (threads_transport *)tp;
+    sumo__shm_ctl *ctl = t->group->ctl;
+    if (bytes > sizeof ctl->desc[0].payload)
+        return SUMO__FAIL(tp, SUMO_ERR_INTERNAL, "allgather_small of %zu bytes", bytes);
+    memcpy(ctl->desc[tp->rank].payload, in, bytes);
+    SUMO__CHECK(sumo__shm_barrier(tp));
+    for (int r = 0; r < tp->size; r++)
+        memcpy((unsigned char *)out + (size_t)r * bytes, ctl->desc[r].payload, bytes);
+    /* Nobody may overwrite a payload before everyone has read it. */
+    return sumo__shm_barrier(tp);
+}
+
+static sumo_result threads_barrier(sumo__transport *tp) { return sumo__shm_barrier(tp); }
+
+static void group_release(threads_group *g)
+{
+    if (atomic_fetch_sub(&g->live_handles, 1) != 1) return;
+    free(g->ctl);
+    free(g->boxes);
+    free(g);
+}
+
+static void threads_destroy(sumo__transport *tp)
+{
+    threads_transport *t = (threads_transport *)tp;
+    /* A rank that leaves can no longer take part in anything: peers still waiting for it
+     * must fail now rather than at their deadline. */
+    if (tp->size > 1) sumo__shm_abort(&t->shm, tp->rank);
+    group_release(t->group);
+    free(t);
+}
+
+static const sumo__transport_ops threads_ops = {
+    .name = "threads",
+    .sendrecv = threads_sendrecv,
+    .allgather_small = threads_allgather_small,
+    .barrier = threads_barrier,
+    .destroy = threads_destroy,
+};
+
+static void *aligned_zalloc(size_t bytes)
+{
+    size_t rounded = (bytes + SUMO__CACHELINE - 1) / SUMO__CACHELINE * SUMO__CACHELINE;
+    void *p = aligned_alloc(SUMO__CACHELINE, rounded);
+    if (p) memset(p, 0, rounded);
+    return p;
+}
+
+sumo_result sumo__threads_transport_create(int nranks, sumo__transport **tps)
+{
+    threads_group *g = calloc(1, sizeof *g);
+    if (g == NULL) return SUMO_ERR_SYSTEM;
+    g->size = nranks;
+    g->ctl = aligned_zalloc(sumo__shm_ctl_bytes(nranks));
+    g->boxes = aligned_zalloc(sizeof(mailbox) * (size_t)nranks * (size_t)nranks);
+    if (g->ctl == NULL || g->boxes == NULL) {
+        free(g->ctl);
+        free(g->boxes);
+        free(g);
+        return SUMO_ERR_SYSTEM;
+    }
+    sumo__shm_ctl_init(g->ctl, nranks);
+    uint32_t spin_limit = sumo__shm_default_spin_limit(nranks);
+    int log_level = sumo__log_level_from_env();
+    int64_t timeout_ns = (int64_t)(sumo__timeout_from_env(300.0) * 1e9);
+    for (int r = 0; r < nranks; r++) {
+        threads_transport *t = aligned_zalloc(sizeof *t);
+        if (t == NULL) {
+            /* Ranks made so far are released like any departing rank. */
+            for (int k = 0; k < r; k++) threads_destroy(tps[k]);
+            if (r == 0) {
+                free(g->ctl);
+                free(g->boxes);
+                free(g);
+            }
+            return SUMO_ERR_SYSTEM;
+        }
+        atomic_fetch_add(&g->live_handles, 1);
+        t->group = g;
+        t->shm = (sumo__shm){.ctl = g->ctl,
+                             .rank = r,
+                             .size = nranks,
+                             .same_address_space = true,
+                             .spin_limit = spin_limit};
+        t->base = (sumo__transport){.ops = &threads_ops,
+                                    .rank = r,
+                                    .size = nranks,
+                                    .timeout_ns = timeout_ns,
+                                    .log_level = log_level,
+                                    .node_local_size = nranks,
+                                    .shm = &t->shm};
+        tps[r] = &t->base;
+    }
+    return SUMO_SUCCESS;
+}

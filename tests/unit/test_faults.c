@@ -1,0 +1,199 @@
+/*
+ * Bad input and faults on the threads transport: ranks that disagree, invalid buffers, a rank
+ * that never arrives, a rank that leaves. Every case must end with the same verdict on every
+ * rank, promptly, and leave no rank hanging.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "support/harness.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define P 3
+#define N 1000
+
+typedef struct scenario {
+    int which;
+    sumo_result first[P];  /* the call under test */
+    sumo_result after[P];  /* a correct allreduce afterwards */
+    char message[P][256];
+    float after_value[P];
+    double seconds[P];
+} scenario;
+
+enum { COUNT, DTYPE, OP, ROOT, KIND, NULL_BUF, OVERLAP, BAD_DTYPE_ALL, ZERO_NULL };
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void disagree_body(sumo_comm *comm, int rank, int size, void *arg)
+{
+    (void)size;
+    scenario *s = arg;
+    float *buf = calloc(N + 8, sizeof *buf);
+    float *out = calloc(N + 8, sizeof *out);
+    sumo_result r;
+    switch (s->which) {
+    case COUNT: r = sumo_allreduce(buf, out, rank == 1 ? N + 1 : N, SUMO_FLOAT32, SUMO_OP_SUM, comm); break;
+    case DTYPE: r = sumo_allreduce(buf, out, N, rank == 2 ? SUMO_BFLOAT16 : SUMO_FLOAT32, SUMO_OP_SUM, comm); break;
+    case OP: r = sumo_allreduce(buf, out, N, SUMO_FLOAT32, rank == 0 ? SUMO_OP_AVERAGE : SUMO_OP_SUM, comm); break;
+    case ROOT: r = sumo_broadcast(buf, out, N, SUMO_FLOAT32, rank == 1 ? 1 : 0, comm); break;
+    case KIND:
+        r = rank == 0 ? sumo_allgather(buf, out, 1, SUMO_FLOAT32, comm)
+                      : sumo_allreduce(buf, out, 1, SUMO_FLOAT32, SUMO_OP_SUM, comm);
+        break;
+    case NULL_BUF: r = sumo_allreduce(rank == 2 ? NULL : buf, out, N, SUMO_FLOAT32, SUMO_OP_SUM, comm); break;
+    case OVERLAP:
+        r = sumo_allreduce(buf, rank == 0 ? buf + 1 : out, N, SUMO_FLOAT32, SUMO_OP_SUM, comm);
+        break;
+    case BAD_DTYPE_ALL: r = sumo_allreduce(buf, out, N, (sumo_dtype)42, SUMO_OP_SUM, comm); break;
+    default: r = sumo_allreduce(NULL, NULL, 0, SUMO_FLOAT32, SUMO_OP_SUM, comm); break;
+    }
+    s->first[rank] = r;
+    const char *msg = "";
+    sumo_comm_error_message(comm, &msg);
+    snprintf(s->message[rank], sizeof s->message[rank], "%s", msg);
+    /* The communicator stays usable after a disagreement. */
+    for (int i = 0; i < N; i++) buf[i] = (float)(rank + 1);
+    s->after[rank] = sumo_allreduce(buf, buf, N, SUMO_FLOAT32, SUMO_OP_SUM, comm);
+    s->after_value[rank] = buf[N - 1];
+    free(buf);
+    free(out);
+}
+
+/* offender >= 0: that rank's message names the fault, the others' name the offender. */
+static void expect_everywhere_from(int which, sumo_result want, const char *needle, int offender)
+{
+    scenario s = {.which = which};
+    assert_int_equal(harness_run_threads(P, disagree_body, &s), 0);
+    for (int r = 0; r < P; r++) {
+        if (s.first[r] != want)
+            fail_msg("scenario %d rank %d: %s, want %s (%s)", which, r,
+                     sumo_result_name(s.first[r]), sumo_result_name(want), s.message[r]);
+        char named[64];
+        snprintf(named, sizeof named, "rank %d passed invalid arguments", offender);
+        const char *expect = offender >= 0 && r != offender ? named : needle;
+        if (expect && want != SUMO_SUCCESS && strstr(s.message[r], expect) == NULL)
+            fail_msg("scenario %d rank %d: message '%s' lacks '%s'", which, r, s.message[r], expect);
+        assert_int_equal(s.after[r], SUMO_SUCCESS);
+        assert_true(s.after_value[r] == 6.0f); /* 1 + 2 + 3 */
+    }
+}
+
+static void expect_everywhere(int which, sumo_result want, const char *needle)
+{
+    expect_everywhere_from(which, want, needle, -1);
+}
+
+static void test_count_mismatch(void **state) { (void)state; expect_everywhere(COUNT, SUMO_ERR_MISMATCH, "count"); }
+static void test_dtype_mismatch(void **state) { (void)state; expect_everywhere(DTYPE, SUMO_ERR_MISMATCH, "dtype"); }
+static void test_op_mismatch(void **state) { (void)state; expect_everywhere(OP, SUMO_ERR_MISMATCH, "op"); }
+static void test_root_mismatch(void **state) { (void)state; expect_everywhere(ROOT, SUMO_ERR_MISMATCH, "root"); }
+static void test_collective_mismatch(void **state) { (void)state; expect_everywhere(KIND, SUMO_ERR_MISMATCH, "allgather"); }
+static void test_null_buffer_on_one_rank(void **state) { (void)state; expect_everywhere_from(NULL_BUF, SUMO_ERR_INVALID_ARGUMENT, "NULL", 2); }
+static void test_overlapping_buffers(void **state) { (void)state; expect_everywhere_from(OVERLAP, SUMO_ERR_INVALID_ARGUMENT, "overlap", 0); }
+static void test_unknown_dtype(void **state) { (void)state; expect_everywhere(BAD_DTYPE_ALL, SUMO_ERR_INVALID_ARGUMENT, "dtype"); }
+static void test_count_zero_with_null(void **state) { (void)state; expect_everywhere(ZERO_NULL, SUMO_SUCCESS, NULL); }
+
+/* Rank P-1 arrives long after the deadline. */
+static void late_body(sumo_comm *comm, int rank, int size, void *arg)
+{
+    scenario *s = arg;
+    float buf[16] = {0};
+    sumo_comm_set_timeout(comm, 0.3);
+    if (rank == size - 1) nanosleep(&(struct timespec){.tv_sec = 1}, NULL);
+    double t0 = now_s();
+    s->first[rank] = sumo_allreduce(buf, buf, 16, SUMO_FLOAT32, SUMO_OP_SUM, comm);
+    s->seconds[rank] = now_s() - t0;
+    const char *msg = "";
+    sumo_comm_error_message(comm, &msg);
+    snprintf(s->message[rank], sizeof s->message[rank], "%s", msg);
+    /* A broken communicator refuses further work instead of hanging. */
+    s->after[rank] = sumo_allreduce(buf, buf, 16, SUMO_FLOAT32, SUMO_OP_SUM, comm);
+}
+
+static void test_rank_that_never_arrives_times_out(void **state)
+{
+    (void)state;
+    scenario s = {0};
+    assert_int_equal(harness_run_threads(P, late_body, &s), 0);
+    int timeouts = 0;
+    for (int r = 0; r < P; r++) {
+        assert_true(s.first[r] == SUMO_ERR_TIMEOUT || s.first[r] == SUMO_ERR_PEER_FAILURE);
+        assert_true(strlen(s.message[r]) > 10);
+        assert_true(s.after[r] == SUMO_ERR_PEER_FAILURE);
+        if (s.first[r] == SUMO_ERR_TIMEOUT) {
+            timeouts++;
+            assert_non_null(strstr(s.message[r], "deadline"));
+            assert_true(s.seconds[r] < 0.9); /* the deadline, not the late rank, ended it */
+        }
+    }
+    assert_true(timeouts >= 1);
+    assert_int_equal(s.first[P - 1], SUMO_ERR_PEER_FAILURE);
+}
+
+/* A rank that leaves (destroys its handle) while its peers wait for it. */
+typedef struct leaving {
+    sumo_comm *comms[2];
+    sumo_result result;
+    double seconds;
+} leaving;
+
+static void *stayer(void *arg)
+{
+    leaving *l = arg;
+    float buf[8] = {0};
+    sumo_comm_set_timeout(l->comms[0], 60);
+    double t0 = now_s();
+    l->result = sumo_allreduce(buf, buf, 8, SUMO_FLOAT32, SUMO_OP_SUM, l->comms[0]);
+    l->seconds = now_s() - t0;
+    return NULL;
+}
+
+static void test_rank_that_leaves_fails_peers_fast(void **state)
+{
+    (void)state;
+    leaving l = {0};
+    assert_int_equal(sumo_comm_create_threads(2, l.comms), SUMO_SUCCESS);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, stayer, &l), 0);
+    nanosleep(&(struct timespec){.tv_nsec = 100 * 1000 * 1000}, NULL);
+    sumo_comm_destroy(l.comms[1]);
+    pthread_join(t, NULL);
+    assert_int_equal(l.result, SUMO_ERR_PEER_FAILURE);
+    assert_true(l.seconds < 5);
+    const char *msg = "";
+    sumo_comm_error_message(l.comms[0], &msg);
+    assert_non_null(strstr(msg, "rank 1"));
+    sumo_comm_destroy(l.comms[0]);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_count_mismatch),
+        cmocka_unit_test(test_dtype_mismatch),
+        cmocka_unit_test(test_op_mismatch),
+        cmocka_unit_test(test_root_mismatch),
+        cmocka_unit_test(test_collective_mismatch),
+        cmocka_unit_test(test_null_buffer_on_one_rank),
+        cmocka_unit_test(test_overlapping_buffers),
+        cmocka_unit_test(test_unknown_dtype),
+        cmocka_unit_test(test_count_zero_with_null),
+        cmocka_unit_test(test_rank_that_never_arrives_times_out),
+        cmocka_unit_test(test_rank_that_leaves_fails_peers_fast),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
