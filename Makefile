@@ -25,7 +25,7 @@ endif
 
 WARN     := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes
 CPPFLAGS := -Iinclude -Isrc -D_GNU_SOURCE
-CFLAGS   := -std=c11 $(OPT) -g $(WARN) -fPIC -pthread -fno-strict-aliasing $(EXTRA_CFLAGS)
+CFLAGS   := -std=c11 $(OPT) -g $(WARN) -fPIC -pthread -fno-strict-aliasing -fno-math-errno $(EXTRA_CFLAGS)
 LDLIBS   := -lm -pthread
 
 ifeq ($(SAN),asan)
@@ -70,7 +70,7 @@ TOOL_DEFS :=
 TOOL_LIBS := $(LIBSUMO_TRAIN) $(LIBSUMO)
 endif
 
-.PHONY: all test test-unit test-threads test-mpi clean
+.PHONY: all test test-unit test-threads test-mpi test-cli clean
 all: $(TARGETS)
 
 $(BUILD)/%.o: %.c
@@ -119,10 +119,14 @@ test-mpi: $(MPI_TEST_BINS)
 	  echo "== mpirun -np $$np $$t"; \
 	  timeout 300 mpirun -np $$np $(MPIRUN_FLAGS) $$t || fail=1; done; done; exit $$fail
 
+# End-to-end checks of the command (training, checkpoints, resume, data errors).
+test-cli: $(BUILD)/sumo
+	tests/cli/test_train.sh $(BUILD)/sumo
+
 ifneq ($(MPICC),)
-test: test-unit test-mpi
+test: test-unit test-mpi test-cli
 else
-test: test-unit
+test: test-unit test-cli
 endif
 
 clean:

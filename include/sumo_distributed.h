@@ -1,0 +1,109 @@
+/*
+ * sumo distributed optimizer: one step of data-parallel training, from each rank's local
+ * gradient to parameters that are identical on every rank. It composes a base optimizer
+ * (sumo_optim.h) with an aggregator (sumo_aggregation.h) in one of three ways:
+ *
+ *   GRADIENT  combine the gradients, then every rank takes the same optimizer step
+ *             (sum, average, Adasum or ACGA on gradients);
+ *   DELTA     every rank takes a local optimizer step on its own gradient, the parameter
+ *             deltas are combined (Horovod's Adasum mode), and the combined delta is added to
+ *             the parameters saved before the step; optimizer state stays local;
+ *   SLOWMO    every rank takes tau local steps (optionally averaging parameters every
+ *             inner_period steps), then parameters are averaged exactly and a slow momentum
+ *             step is applied (Wang et al., ICLR 2020); Local SGD and BMUF are presets.
+ *
+ * The training loop calls sumo_distributed_step once per step whatever the mode, so a new
+ * method slots in without touching the loop.
+ */
+#ifndef SUMO_DISTRIBUTED_H
+#define SUMO_DISTRIBUTED_H
+
+#include "sumo.h"
+#include "sumo_aggregation.h"
+#include "sumo_optim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum sumo_update_mode {
+    SUMO_UPDATE_GRADIENT = 0,
+    SUMO_UPDATE_DELTA = 1,
+    SUMO_UPDATE_SLOWMO = 2,
+    SUMO_UPDATE_MODE_COUNT
+} sumo_update_mode;
+
+/* What SlowMo does to the base optimizer's buffers (momentum, Adam moments) at each outer
+ * step. The paper resets Nesterov-SGD's and keeps Adam's; fairscale keeps. */
+typedef enum sumo_buffer_policy {
+    SUMO_BUFFERS_KEEP = 0,
+    SUMO_BUFFERS_RESET = 1,
+    SUMO_BUFFERS_AVERAGE = 2,
+} sumo_buffer_policy;
+
+typedef struct sumo_slowmo_options {
+    int tau;                /* local steps per outer step, >= 1 (1: AR-SGD with slow momentum) */
+    int inner_period;       /* average parameters every inner_period local steps; 0: never.
+                               tau must be a multiple of it */
+    double alpha;           /* slow learning rate, > 0 (1.0 in every experiment of the paper) */
+    double beta;            /* slow momentum in [0, 1) */
+    sumo_buffer_policy buffers;
+    int memory_efficient;   /* 1: shard the slow buffer and anchor over ranks (1/N memory) */
+} sumo_slowmo_options;
+
+typedef enum sumo_slowmo_preset {
+    SUMO_SLOWMO_PRESET_SLOWMO = 0,   /* tau 12, alpha 1, beta 0.5 */
+    SUMO_SLOWMO_PRESET_LOCALSGD = 1, /* tau 12, alpha 1, beta 0 */
+    SUMO_SLOWMO_PRESET_BMUF = 2,     /* tau 12, alpha 1, beta 0.5, no inner averaging */
+} sumo_slowmo_preset;
+
+sumo_result sumo_slowmo_options_preset(sumo_slowmo_preset preset, sumo_slowmo_options *options);
+
+typedef struct sumo_distributed_options {
+    sumo_update_mode mode;
+    sumo_slowmo_options slowmo; /* SLOWMO only */
+} sumo_distributed_options;
+
+typedef struct sumo_distributed sumo_distributed;
+
+/*
+ * comm, optimizer and aggregator are borrowed and must outlive the handle. aggregator is used
+ * by GRADIENT and DELTA and may be NULL for SLOWMO (which averages exactly). nparams is the
+ * parameter count (the optimizer's n). Collective over comm.
+ */
+sumo_result sumo_distributed_create(sumo_comm *comm, sumo_optimizer *optimizer,
+                                    sumo_aggregator *aggregator, size_t nparams,
+                                    const sumo_distributed_options *options,
+                                    sumo_distributed **out);
+sumo_result sumo_distributed_destroy(sumo_distributed *dist);
+
+/*
+ * One training step: params (identical on every rank before the first step) are updated from
+ * this rank's grads (which may be overwritten) with learning rate lr. Afterwards params are
+ * bit-identical on every rank, except inside a SlowMo outer iteration, where each rank holds
+ * its own local parameters until the next exact average. *communicated (may be NULL) is set
+ * to 1 when this step communicated.
+ */
+sumo_result sumo_distributed_step(sumo_distributed *dist, float *params, float *grads, double lr,
+                                  int *communicated);
+
+/* True (1) when every rank holds the same parameters after the last step. */
+sumo_result sumo_distributed_synchronized(const sumo_distributed *dist, int *synchronized);
+
+/* State across steps (SlowMo's slow buffer, anchor, step counter; nothing else), for
+ * checkpoints. The optimizer and aggregator save their own. */
+sumo_result sumo_distributed_state_size(const sumo_distributed *dist, size_t *bytes);
+sumo_result sumo_distributed_state_save(const sumo_distributed *dist, void *buffer, size_t bytes);
+sumo_result sumo_distributed_state_load(sumo_distributed *dist, const void *buffer, size_t bytes);
+
+/* Communication so far (including the aggregator's): collective calls and bytes per rank. */
+sumo_result sumo_distributed_stats(const sumo_distributed *dist, sumo_comm_stats *stats);
+
+/* Extra memory this rank holds beyond the base optimizer, in bytes (SlowMo's buffers). */
+sumo_result sumo_distributed_extra_memory(const sumo_distributed *dist, size_t *bytes);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,34 @@
+/* The aggregator object and the table each method fills in. */
+#ifndef SUMO_AGGREGATOR_H
+#define SUMO_AGGREGATOR_H
+
+#include "sumo_aggregation.h"
+#include "common/common.h"
+
+typedef struct sumo__aggregator_vtbl {
+    sumo_result (*apply)(sumo_aggregator *agg, void *buffer, size_t count, sumo_dtype dtype);
+    size_t (*state_size)(const sumo_aggregator *agg);
+    sumo_result (*state_save)(const sumo_aggregator *agg, void *buffer);
+    sumo_result (*state_load)(sumo_aggregator *agg, const void *buffer);
+    void (*destroy)(sumo_aggregator *agg);
+} sumo__aggregator_vtbl;
+
+struct sumo_aggregator {
+    const sumo__aggregator_vtbl *vtbl;
+    sumo_comm *comm;
+    sumo_aggregator_options options; /* tensor_counts points at the copy below */
+    size_t *tensor_counts;
+    size_t ntensors;
+    size_t total;                    /* sum of tensor_counts */
+    sumo_comm_stats stats;
+    sumo_op op;                      /* the collective op for the stateless methods */
+    void *impl;                      /* method's own state */
+};
+
+/* ACGA (aggregation/acga.c): fills agg->vtbl and agg->impl. */
+sumo_result sumo__acga_init(sumo_aggregator *agg);
+
+/* Counts one collective of count elements of dtype in agg->stats. */
+void sumo__aggregator_count(sumo_aggregator *agg, size_t count, sumo_dtype dtype);
+
+#endif

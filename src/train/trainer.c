@@ -1,0 +1,680 @@
+#include "train/trainer.h"
+#include "train/checkpoint.h"
+#include "common/common.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char *const method_names[SUMO__METHOD_COUNT] = {
+    [SUMO__METHOD_SUM] = "sum",           [SUMO__METHOD_AVG] = "avg",
+    [SUMO__METHOD_ADASUM] = "adasum",     [SUMO__METHOD_ADASUM_DELTA] = "adasum-delta",
+    [SUMO__METHOD_ACGA] = "acga",         [SUMO__METHOD_SLOWMO] = "slowmo",
+    [SUMO__METHOD_LOCALSGD] = "localsgd", [SUMO__METHOD_BMUF] = "bmuf",
+};
+
+const char *sumo__method_name(sumo__method m)
+{
+    return (unsigned)m < SUMO__METHOD_COUNT ? method_names[m] : "unknown";
+}
+
+bool sumo__method_parse(const char *name, sumo__method *out)
+{
+    for (int m = 0; m < SUMO__METHOD_COUNT; m++)
+        if (strcmp(name, method_names[m]) == 0) {
+            *out = (sumo__method)m;
+            return true;
+        }
+    return false;
+}
+
+void sumo__train_config_default(sumo__train_config *cfg)
+{
+    *cfg = (sumo__train_config){
+        .workers = 1, .model = SUMO__MODEL_MLP, .hidden = 128, .batch = 64, .epochs = 1,
+        .seed = 1, .method = SUMO__METHOD_AVG, .lr = 0.05, .lr_scale = 1.0,
+        .schedule = SUMO_LR_CONSTANT,
+    };
+    sumo_optimizer_options_default(SUMO_OPTIM_SGD, &cfg->optim);
+    cfg->optim.momentum = 0.9;
+    cfg->optim.check_finite = 0; /* divergence is detected from the agreed loss instead */
+    sumo_aggregator_options agg;
+    sumo_aggregator_options_default(SUMO_AGGREGATE_ACGA, &agg);
+    cfg->acga = agg.acga;
+    sumo_slowmo_options_preset(SUMO_SLOWMO_PRESET_SLOWMO, &cfg->slowmo);
+}
+
+/* FNV-1a over the bytes that decide the trajectory: a resumed run must use the same ones. */
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static uint64_t config_hash(const sumo__train_config *c)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+#define MIX(field) h = fnv(h, &c->field, sizeof c->field)
+    MIX(workers); MIX(model); MIX(hidden); MIX(batch); MIX(epochs); MIX(seed); MIX(method);
+    MIX(optim); MIX(lr); MIX(lr_scale); MIX(warmup_epochs); MIX(schedule); MIX(acga);
+    MIX(slowmo); MIX(adasum_hierarchical); MIX(adasum_group_size); MIX(eval_every);
+    MIX(train_limit); MIX(test_limit);
+#undef MIX
+    return h;
+}
+
+/* splitmix64, for the epoch permutations: explicit state, same sequence everywhere. */
+static uint64_t mix64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static void epoch_permutation(uint32_t *perm, size_t n, uint64_t seed, int epoch)
+{
+    uint64_t s = seed * 0x2545F4914F6CDD1Dull + (uint64_t)epoch + 1;
+    for (size_t i = 0; i < n; i++) perm[i] = (uint32_t)i;
+    for (size_t i = n - 1; i > 0; i--) {
+        size_t j = (size_t)(mix64(&s) % (i + 1));
+        uint32_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+}
+
+static double now_s(void) { return (double)sumo__now_ns() * 1e-9; }
+
+/* Everything one rank needs during a run. */
+typedef struct rank_state {
+    sumo_comm *comm;
+    const sumo__train_config *cfg;
+    const sumo__dataset *train, *test;
+    int rank, size;
+    sumo__model *model;
+    sumo_optimizer *opt;
+    sumo_aggregator *agg;
+    sumo_distributed *dist;
+    sumo_lr_schedule sched;
+    size_t nparams, pixels;
+    long steps_per_epoch, total_steps;
+    long step;              /* steps taken */
+    double loss_sum;        /* local losses since the last evaluation */
+    long loss_count;
+    float *xbatch;
+    uint8_t *ybatch;
+    uint32_t *perm;
+    int perm_epoch;
+    float *eval_params;     /* averaged parameters, when ranks hold different ones */
+    FILE *log;
+    double t0, elapsed_before; /* wall clock; elapsed_before carries over a resume */
+    sumo_comm_stats comm_before; /* communication counted before a resume */
+    sumo__train_summary *summary;
+    char *err;
+    size_t errlen;
+} rank_state;
+
+static sumo_result fail(rank_state *s, sumo_result r, const char *what)
+{
+    const char *detail = "";
+    sumo_comm_error_message(s->comm, &detail);
+    if (s->err && s->errlen && s->err[0] == '\0')
+        snprintf(s->err, s->errlen, "rank %d: %s: %s%s%s", s->rank, what, sumo_strerror(r),
+                 detail[0] ? ": " : "", detail);
+    return r;
+}
+
+static sumo_result build(rank_state *s)
+{
+    const sumo__train_config *c = s->cfg;
+    sumo_result r = sumo__model_create(c->model, c->hidden, (size_t)c->batch, c->seed, &s->model);
+    if (r != SUMO_SUCCESS) return fail(s, r, "model");
+    s->nparams = sumo__model_num_params(s->model);
+    const size_t *layout;
+    size_t ntensors;
+    sumo__model_layout(s->model, &layout, &ntensors);
+    r = sumo_optimizer_create(&c->optim, layout, ntensors, &s->opt);
+    if (r != SUMO_SUCCESS) return fail(s, r, "optimizer options");
+
+    sumo_distributed_options dopt = {.mode = SUMO_UPDATE_GRADIENT, .slowmo = c->slowmo};
+    sumo_aggregator_options aopt;
+    bool needs_agg = true;
+    switch (c->method) {
+    case SUMO__METHOD_SUM: sumo_aggregator_options_default(SUMO_AGGREGATE_SUM, &aopt); break;
+    case SUMO__METHOD_AVG: sumo_aggregator_options_default(SUMO_AGGREGATE_AVERAGE, &aopt); break;
+    case SUMO__METHOD_ADASUM_DELTA: dopt.mode = SUMO_UPDATE_DELTA; /* fall through */
+    case SUMO__METHOD_ADASUM: sumo_aggregator_options_default(SUMO_AGGREGATE_ADASUM, &aopt); break;
+    case SUMO__METHOD_ACGA:
+        sumo_aggregator_options_default(SUMO_AGGREGATE_ACGA, &aopt);
+        aopt.acga = c->acga;
+        break;
+    default:
+        dopt.mode = SUMO_UPDATE_SLOWMO;
+        needs_agg = false;
+        break;
+    }
+    if (needs_agg) {
+        aopt.tensor_counts = layout;
+        aopt.ntensors = ntensors;
+        aopt.adasum_hierarchical = c->adasum_hierarchical;
+        aopt.adasum_group_size = c->adasum_group_size;
+        r = sumo_aggregator_create(s->comm, &aopt, &s->agg);
+        if (r != SUMO_SUCCESS) return fail(s, r, "aggregator");
+    }
+    r = sumo_distributed_create(s->comm, s->opt, s->agg, s->nparams, &dopt, &s->dist);
+    if (r != SUMO_SUCCESS) return fail(s, r, "distributed optimizer (check --tau/--inner-period)");
+
+    size_t usable = c->train_limit && c->train_limit < s->train->n ? c->train_limit : s->train->n;
+    s->steps_per_epoch = (long)(usable / ((size_t)s->size * (size_t)c->batch));
+    if (s->steps_per_epoch < 1) {
+        snprintf(s->err, s->errlen, "%zu training items cannot fill one step of %d workers x %d", usable,
+                 s->size, c->batch);
+        return SUMO_ERR_INVALID_ARGUMENT;
+    }
+    s->total_steps = s->steps_per_epoch * c->epochs;
+    sumo_lr_schedule_default(c->lr, &s->sched);
+    s->sched.kind = c->schedule;
+    s->sched.scale = c->lr_scale;
+    s->sched.warmup_steps = (uint64_t)llround(c->warmup_epochs * (double)s->steps_per_epoch);
+    s->sched.warmup_start_factor = 1.0;
+    if (c->schedule == SUMO_LR_STEP) {
+        s->sched.gamma = 0.1;
+        s->sched.step_size = (uint64_t)SUMO__MAX(s->total_steps / 2, 1);
+        if (s->sched.step_size < s->sched.warmup_steps) s->sched.step_size = s->sched.warmup_steps;
+    } else if (c->schedule == SUMO_LR_COSINE) {
+        s->sched.total_steps = (uint64_t)s->total_steps;
+    }
+    const char *why = "";
+    if (sumo_lr_schedule_check(&s->sched, &why) != SUMO_SUCCESS) {
+        snprintf(s->err, s->errlen, "learning-rate schedule: %s", why);
+        return SUMO_ERR_INVALID_ARGUMENT;
+    }
+    s->pixels = (size_t)s->train->rows * (size_t)s->train->cols;
+    s->xbatch = malloc((size_t)c->batch * s->pixels * sizeof *s->xbatch);
+    s->ybatch = malloc((size_t)c->batch);
+    s->perm = malloc(s->train->n * sizeof *s->perm);
+    s->eval_params = malloc(s->nparams * sizeof *s->eval_params);
+    if (!s->xbatch || !s->ybatch || !s->perm || !s->eval_params) return SUMO_ERR_SYSTEM;
+    s->perm_epoch = -1;
+    return SUMO_SUCCESS;
+}
+
+static void teardown(rank_state *s)
+{
+    sumo_distributed_destroy(s->dist);
+    sumo_aggregator_destroy(s->agg);
+    sumo_optimizer_destroy(s->opt);
+    sumo__model_destroy(s->model);
+    free(s->xbatch);
+    free(s->ybatch);
+    free(s->perm);
+    free(s->eval_params);
+    if (s->log) fclose(s->log);
+}
+
+/* Test loss and accuracy of the common model: each rank scores its share of the test set and
+ * the sums are reduced in rank order, so every rank gets the same numbers. When the ranks hold
+ * different parameters (inside a SlowMo outer iteration) the average model is scored. */
+static sumo_result evaluate(rank_state *s, double *test_loss, double *accuracy, double *train_loss)
+{
+    int synced = 1;
+    sumo_distributed_synchronized(s->dist, &synced);
+    float *params = sumo__model_params(s->model);
+    float *saved = NULL;
+    sumo_result r;
+    if (!synced) {
+        memcpy(s->eval_params, params, s->nparams * sizeof *params);
+        r = sumo_allreduce(s->eval_params, s->eval_params, s->nparams, SUMO_FLOAT32, SUMO_OP_AVERAGE, s->comm);
+        if (r != SUMO_SUCCESS) return fail(s, r, "evaluation average");
+        /* Score the average by swapping it in; the local parameters come back after. */
+        saved = malloc(s->nparams * sizeof *saved);
+        if (saved == NULL) return SUMO_ERR_SYSTEM;
+        memcpy(saved, params, s->nparams * sizeof *params);
+        memcpy(params, s->eval_params, s->nparams * sizeof *params);
+    }
+    size_t n = s->cfg->test_limit && s->cfg->test_limit < s->test->n ? s->cfg->test_limit : s->test->n;
+    size_t lo = n * (size_t)s->rank / (size_t)s->size, hi = n * (size_t)(s->rank + 1) / (size_t)s->size;
+    double loss = 0, acc = 0;
+    if (hi > lo)
+        sumo__model_evaluate(s->model, s->test->images + lo * s->pixels, s->test->labels + lo, hi - lo,
+                             &loss, &acc);
+    if (saved) {
+        memcpy(params, saved, s->nparams * sizeof *params);
+        free(saved);
+    }
+    double sums[4] = {loss * (double)(hi - lo), acc * (double)(hi - lo), s->loss_sum, (double)s->loss_count};
+    r = sumo_allreduce(sums, sums, 4, SUMO_FLOAT64, SUMO_OP_SUM, s->comm);
+    if (r != SUMO_SUCCESS) return fail(s, r, "evaluation sums");
+    *test_loss = sums[0] / (double)n;
+    *accuracy = sums[1] / (double)n;
+    *train_loss = sums[3] > 0 ? sums[2] / sums[3] : NAN;
+    s->loss_sum = 0;
+    s->loss_count = 0;
+    return SUMO_SUCCESS;
+}
+
+static sumo_comm_stats comm_so_far(const rank_state *s)
+{
+    sumo_comm_stats st = {0};
+    sumo_distributed_stats(s->dist, &st);
+    st.bytes += s->comm_before.bytes;
+    st.rounds += s->comm_before.rounds;
+    return st;
+}
+
+static void log_row(rank_state *s, double train_loss, double test_loss, double acc)
+{
+    if (s->rank != 0) return;
+    sumo_comm_stats st = comm_so_far(s);
+    double epoch = (double)s->step / (double)s->steps_per_epoch;
+    double wall = s->elapsed_before + now_s() - s->t0;
+    if (s->log) {
+        fprintf(s->log, "%ld,%.4f,%ld,%.6f,%.6f,%.4f,%.3f,%llu,%llu\n", s->step, epoch,
+                s->step * (long)s->size * s->cfg->batch, train_loss, test_loss, acc, wall,
+                (unsigned long long)st.bytes, (unsigned long long)st.rounds);
+        fflush(s->log);
+    }
+    sumo__train_summary *sum = s->summary;
+    sum->final_accuracy = acc;
+    sum->final_test_loss = test_loss;
+    sum->final_train_loss = train_loss;
+    if (acc > sum->best_accuracy) sum->best_accuracy = acc;
+    if (sum->steps_to_target < 0 && s->cfg->target_accuracy > 0 && acc >= s->cfg->target_accuracy) {
+        sum->steps_to_target = s->step;
+        sum->epochs_to_target = epoch;
+    }
+}
+
+static void progress(rank_state *s, int epoch, double last_acc)
+{
+    if (s->rank != 0 || !s->cfg->progress) return;
+    fprintf(stderr, "\r%-12s epoch %d/%d step %ld/%ld  test acc %5.2f%%  %6.1fs ",
+            sumo__method_name(s->cfg->method), epoch + 1, s->cfg->epochs, s->step, s->total_steps,
+            100 * last_acc, s->elapsed_before + now_s() - s->t0);
+    fflush(stderr);
+}
+
+/* ---- checkpoints -------------------------------------------------------------------------- */
+
+typedef struct train_counters {
+    int64_t step;
+    double loss_sum;
+    int64_t loss_count;
+    double elapsed;
+    sumo_comm_stats comm;      /* communication before the checkpoint, carried over */
+    double best_accuracy;
+    int64_t steps_to_target;
+    double epochs_to_target;
+} train_counters;
+
+typedef struct section {
+    void *ptr;
+    size_t bytes;
+} section;
+
+static sumo_result state_sections(rank_state *s, section sec[5], bool allocate)
+{
+    size_t opt_bytes, agg_bytes, dist_bytes;
+    sumo_optimizer_state_size(s->opt, &opt_bytes);
+    agg_bytes = 0;
+    if (s->agg) sumo_aggregator_state_size(s->agg, &agg_bytes);
+    sumo_distributed_state_size(s->dist, &dist_bytes);
+    sec[0] = (section){sumo__model_params(s->model), s->nparams * sizeof(float)};
+    sec[1] = (section){NULL, opt_bytes};
+    sec[2] = (section){NULL, agg_bytes};
+    sec[3] = (section){NULL, dist_bytes};
+    sec[4] = (section){NULL, sizeof(train_counters)};
+    (void)allocate;
+    return SUMO_SUCCESS;
+}
+
+static sumo_result save_checkpoint(rank_state *s)
+{
+    const sumo__train_config *c = s->cfg;
+    section sec[5];
+    state_sections(s, sec, true);
+    size_t total = 0;
+    for (int i = 0; i < 5; i++) total += sec[i].bytes + sizeof(uint64_t);
+    unsigned char *blob = malloc(total), *p = blob;
+    if (blob == NULL) return SUMO_ERR_SYSTEM;
+    train_counters tc = {.step = s->step, .loss_sum = s->loss_sum, .loss_count = s->loss_count,
+                         .elapsed = s->elapsed_before + now_s() - s->t0,
+                         .comm = comm_so_far(s),
+                         .best_accuracy = s->summary->best_accuracy,
+                         .steps_to_target = s->summary->steps_to_target,
+                         .epochs_to_target = s->summary->epochs_to_target};
+    sumo_result r = SUMO_SUCCESS;
+    for (int i = 0; i < 5 && r == SUMO_SUCCESS; i++) {
+        uint64_t len = sec[i].bytes;
+        memcpy(p, &len, sizeof len);
+        p += sizeof len;
+        switch (i) {
+        case 0: memcpy(p, sec[0].ptr, len); break;
+        case 1: r = sumo_optimizer_state_save(s->opt, p, len); break;
+        case 2: if (s->agg) r = sumo_aggregator_state_save(s->agg, p, len); break;
+        case 3: r = sumo_distributed_state_save(s->dist, p, len); break;
+        default: memcpy(p, &tc, sizeof tc); break;
+        }
+        p += len;
+    }
+    sumo__ckpt_id id = {.dir = c->checkpoint_dir, .step = s->step, .rank = s->rank, .size = s->size,
+                        .config_hash = config_hash(c)};
+    if (r == SUMO_SUCCESS) r = sumo__checkpoint_write_rank(&id, blob, total, s->err, s->errlen);
+    free(blob);
+    /* Every rank's file is in place before the manifest names the step. */
+    sumo_result b = sumo_barrier(s->comm);
+    if (r != SUMO_SUCCESS) return r;
+    if (b != SUMO_SUCCESS) return fail(s, b, "checkpoint barrier");
+    if (s->rank == 0) r = sumo__checkpoint_write_manifest(&id, s->err, s->errlen);
+    b = sumo_barrier(s->comm);
+    if (r != SUMO_SUCCESS) return r;
+    if (b != SUMO_SUCCESS) return fail(s, b, "checkpoint barrier");
+    return SUMO_SUCCESS;
+}
+
+static void remove_older(rank_state *s, long step)
+{
+    if (step < 0) return;
+    sumo__ckpt_id id = {.dir = s->cfg->checkpoint_dir, .step = step, .rank = s->rank, .size = s->size};
+    sumo__checkpoint_remove_rank(&id);
+}
+
+static sumo_result load_checkpoint(rank_state *s)
+{
+    const sumo__train_config *c = s->cfg;
+    sumo__ckpt_id id = {.dir = c->checkpoint_dir, .rank = s->rank, .size = s->size,
+                        .config_hash = config_hash(c)};
+    sumo_result r = sumo__checkpoint_read_manifest(&id, &id.step, s->err, s->errlen);
+    if (r != SUMO_SUCCESS) return r;
+    void *blob = NULL;
+    size_t bytes = 0;
+    r = sumo__checkpoint_read_rank(&id, &blob, &bytes, s->err, s->errlen);
+    if (r != SUMO_SUCCESS) return r;
+    section sec[5];
+    state_sections(s, sec, false);
+    unsigned char *p = blob, *end = p + bytes;
+    train_counters tc;
+    for (int i = 0; i < 5 && r == SUMO_SUCCESS; i++) {
+        uint64_t len;
+        if ((size_t)(end - p) < sizeof len) { r = SUMO_ERR_INVALID_ARGUMENT; break; }
+        memcpy(&len, p, sizeof len);
+        p += sizeof len;
+        if (len != sec[i].bytes || (size_t)(end - p) < len) { r = SUMO_ERR_INVALID_ARGUMENT; break; }
+        switch (i) {
+        case 0: memcpy(sec[0].ptr, p, len); break;
+        case 1: r = sumo_optimizer_state_load(s->opt, p, len); break;
+        case 2: if (s->agg) r = sumo_aggregator_state_load(s->agg, p, len); break;
+        case 3: r = sumo_distributed_state_load(s->dist, p, len); break;
+        default: memcpy(&tc, p, sizeof tc); break;
+        }
+        p += len;
+    }
+    free(blob);
+    if (r != SUMO_SUCCESS || p != end) {
+        snprintf(s->err, s->errlen, "%s: step %ld, rank %d: state does not fit this model/optimizer",
+                 c->checkpoint_dir, id.step, s->rank);
+        return SUMO_ERR_INVALID_ARGUMENT;
+    }
+    s->step = tc.step;
+    s->loss_sum = tc.loss_sum;
+    s->loss_count = tc.loss_count;
+    s->elapsed_before = tc.elapsed;
+    s->comm_before = tc.comm;
+    s->summary->best_accuracy = tc.best_accuracy;
+    s->summary->steps_to_target = tc.steps_to_target;
+    s->summary->epochs_to_target = tc.epochs_to_target;
+    return SUMO_SUCCESS;
+}
+
+/* Rows logged after the checkpoint being resumed from describe steps that will be taken
+ * again: drop them, so the resumed log reads as if the run had never stopped. */
+static void truncate_log(const char *path, long step)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL) return;
+    size_t cap = 1 << 16, len = 0;
+    char *kept = malloc(cap), line[1024];
+    while (kept && fgets(line, sizeof line, f)) {
+        long row_step;
+        bool header = sscanf(line, "%ld,", &row_step) != 1;
+        if (!header && row_step > step) break;
+        size_t n = strlen(line);
+        if (len + n + 1 > cap) {
+            char *grown = realloc(kept, cap *= 2);
+            if (grown == NULL) break;
+            kept = grown;
+        }
+        memcpy(kept + len, line, n);
+        len += n;
+    }
+    fclose(f);
+    char err[256];
+    if (kept) sumo__write_file_atomic(path, kept, len, err, sizeof err);
+    free(kept);
+}
+
+/* ---- the loop ----------------------------------------------------------------------------- */
+
+static void gather_batch(rank_state *s, long step)
+{
+    int epoch = (int)(step / s->steps_per_epoch);
+    long in_epoch = step % s->steps_per_epoch;
+    if (epoch != s->perm_epoch) {
+        size_t usable = s->cfg->train_limit && s->cfg->train_limit < s->train->n ? s->cfg->train_limit : s->train->n;
+        epoch_permutation(s->perm, usable, s->cfg->seed, epoch);
+        s->perm_epoch = epoch;
+    }
+    size_t b = (size_t)s->cfg->batch;
+    size_t first = ((size_t)in_epoch * (size_t)s->size + (size_t)s->rank) * b;
+    for (size_t i = 0; i < b; i++) {
+        uint32_t item = s->perm[first + i];
+        memcpy(s->xbatch + i * s->pixels, s->train->images + (size_t)item * s->pixels,
+               s->pixels * sizeof(float));
+        s->ybatch[i] = s->train->labels[item];
+    }
+}
+
+static uint64_t checksum(const float *p, size_t n)
+{
+    return fnv(0xcbf29ce484222325ull, p, n * sizeof *p);
+}
+
+/* The checksums of every rank's parameters, gathered as raw 8-byte words: an allgather only
+ * copies bytes, so any bit pattern survives. */
+static sumo_result verify_ranks(rank_state *s, const float *params)
+{
+    int synced = 1;
+    sumo_distributed_synchronized(s->dist, &synced);
+    if (!synced) return SUMO_SUCCESS;
+    uint64_t mine = checksum(params, s->nparams);
+    uint64_t *all = calloc((size_t)s->size, sizeof *all);
+    if (all == NULL) return SUMO_ERR_SYSTEM;
+    sumo_result r = sumo_allgather(&mine, all, 1, SUMO_FLOAT64, s->comm);
+    for (int k = 0; r == SUMO_SUCCESS && k < s->size; k++)
+        if (all[k] != all[0]) {
+            snprintf(s->err, s->errlen, "after step %ld rank %d holds parameters different from rank 0",
+                     s->step, k);
+            r = SUMO_ERR_INTERNAL;
+        }
+    free(all);
+    return r;
+}
+
+sumo_result sumo__train_rank(sumo_comm *comm, const sumo__train_config *cfg,
+                             const sumo__dataset *train, const sumo__dataset *test,
+                             sumo__train_summary *summary, char *err, size_t errlen)
+{
+    if (comm == NULL || cfg == NULL || train == NULL || test == NULL || summary == NULL)
+        return SUMO_ERR_INVALID_ARGUMENT;
+    if (err && errlen) err[0] = '\0';
+    rank_state s = {.comm = comm, .cfg = cfg, .train = train, .test = test, .summary = summary,
+                    .err = err, .errlen = errlen};
+    sumo_comm_rank(comm, &s.rank);
+    sumo_comm_size(comm, &s.size);
+    sumo__train_summary local = {.steps_to_target = -1};
+    *summary = local;
+    if (cfg->workers != s.size) {
+        snprintf(err, errlen, "--workers %d but the communicator has %d ranks", cfg->workers, s.size);
+        return SUMO_ERR_INVALID_ARGUMENT;
+    }
+    sumo_result r = build(&s);
+    if (r == SUMO_SUCCESS && cfg->resume) r = load_checkpoint(&s);
+    /* Every rank must agree that the set-up worked before the first collective of a step. */
+    float ok = r == SUMO_SUCCESS ? 0.0f : 1.0f;
+    sumo_result ar = sumo_allreduce(&ok, &ok, 1, SUMO_FLOAT32, SUMO_OP_SUM, comm);
+    if (r == SUMO_SUCCESS && (ar != SUMO_SUCCESS || ok != 0.0f)) {
+        r = ar != SUMO_SUCCESS ? fail(&s, ar, "set-up") : SUMO_ERR_PEER_FAILURE;
+        if (ar == SUMO_SUCCESS) snprintf(err, errlen, "rank %d: another rank failed to set up", s.rank);
+    }
+    if (r != SUMO_SUCCESS) {
+        teardown(&s);
+        return r;
+    }
+    if (s.rank == 0 && cfg->log_path && cfg->resume) truncate_log(cfg->log_path, s.step);
+    if (s.rank == 0 && cfg->log_path) {
+        bool append = cfg->resume && access(cfg->log_path, F_OK) == 0;
+        s.log = fopen(cfg->log_path, append ? "a" : "w");
+        if (s.log == NULL) snprintf(err, errlen, "%s: cannot open the log", cfg->log_path);
+        else if (!append)
+            fprintf(s.log, "step,epoch,samples,train_loss,test_loss,test_accuracy,wall_s,bytes,rounds\n");
+    }
+    s.t0 = now_s();
+    double acc = 0;
+    long last_checkpoint = cfg->resume ? s.step : -1;
+    float *params = sumo__model_params(s.model);
+    float *grads = sumo__model_grads(s.model);
+    double compute = 0, aggregate = 0;
+    while (s.step < s.total_steps && r == SUMO_SUCCESS) {
+        gather_batch(&s, s.step);
+        double loss = 0, t1 = now_s();
+        sumo__model_forward_backward(s.model, s.xbatch, s.ybatch, (size_t)cfg->batch, &loss);
+        double lr = 0, t2 = now_s();
+        sumo_lr_at(&s.sched, (uint64_t)s.step, &lr);
+        r = sumo_distributed_step(s.dist, params, grads, lr, NULL);
+        double t3 = now_s();
+        compute += t2 - t1;
+        aggregate += t3 - t2;
+        s.loss_sum += loss;
+        s.loss_count++;
+        s.step++;
+        if (r == SUMO_ERR_NONFINITE) {
+            summary->diverged = true; /* every rank sees the same status */
+            r = SUMO_SUCCESS;
+            break;
+        }
+        if (r != SUMO_SUCCESS) {
+            fail(&s, r, "step");
+            break;
+        }
+        if (cfg->verify_ranks && (r = verify_ranks(&s, params)) != SUMO_SUCCESS) break;
+        bool epoch_end = s.step % s.steps_per_epoch == 0;
+        bool eval = cfg->eval_every > 0 ? s.step % cfg->eval_every == 0 || s.step == s.total_steps : epoch_end;
+        if (eval) {
+            double test_loss = NAN, train_loss = NAN;
+            r = evaluate(&s, &test_loss, &acc, &train_loss);
+            if (r != SUMO_SUCCESS) break;
+            log_row(&s, train_loss, test_loss, acc);
+            if (!isfinite(train_loss) || !isfinite(test_loss)) {
+                summary->diverged = true;
+                break;
+            }
+        }
+        progress(&s, (int)((s.step - 1) / s.steps_per_epoch), acc);
+        bool stop = cfg->stop_after > 0 && s.step >= cfg->stop_after;
+        if (cfg->checkpoint_dir && ((cfg->checkpoint_every > 0 && s.step % cfg->checkpoint_every == 0) ||
+                                    s.step == s.total_steps)) {
+            r = save_checkpoint(&s);
+            if (r == SUMO_SUCCESS) {
+                remove_older(&s, last_checkpoint);
+                last_checkpoint = s.step;
+            }
+        }
+        if (stop) break;
+    }
+    if (s.rank == 0 && cfg->progress) fputc('\n', stderr);
+    summary->steps = s.step;
+    summary->wall_seconds = s.elapsed_before + now_s() - s.t0;
+    summary->compute_seconds = compute;
+    summary->aggregation_seconds = aggregate;
+    summary->nparams = s.nparams;
+    summary->comm = comm_so_far(&s);
+    sumo_distributed_extra_memory(s.dist, &summary->extra_memory_bytes);
+    summary->param_checksum = checksum(params, s.nparams);
+    teardown(&s);
+    return r;
+}
+
+/* ---- the threads launcher ------------------------------------------------------------------ */
+
+typedef struct thread_job {
+    sumo_comm *comm;
+    const sumo__train_config *cfg;
+    const sumo__dataset *train, *test;
+    sumo__train_summary summary;
+    sumo_result result;
+    char err[512];
+} thread_job;
+
+static void *train_thread(void *arg)
+{
+    thread_job *j = arg;
+    j->result = sumo__train_rank(j->comm, j->cfg, j->train, j->test, &j->summary, j->err, sizeof j->err);
+    return NULL;
+}
+
+sumo_result sumo__train_threads(const sumo__train_config *cfg, const sumo__dataset *train,
+                                const sumo__dataset *test, sumo__train_summary *summary,
+                                char *err, size_t errlen)
+{
+    int n = cfg->workers;
+    if (n < 1 || n > 1024) {
+        snprintf(err, errlen, "--workers must be in 1..1024");
+        return SUMO_ERR_INVALID_ARGUMENT;
+    }
+    sumo_comm **comms = calloc((size_t)n, sizeof *comms);
+    thread_job *jobs = calloc((size_t)n, sizeof *jobs);
+    pthread_t *threads = calloc((size_t)n, sizeof *threads);
+    sumo_result r = comms && jobs && threads ? sumo_comm_create_threads(n, comms) : SUMO_ERR_SYSTEM;
+    int started = 0;
+    for (int i = 0; r == SUMO_SUCCESS && i < n; i++) {
+        jobs[i] = (thread_job){.comm = comms[i], .cfg = cfg, .train = train, .test = test};
+        if (pthread_create(&threads[i], NULL, train_thread, &jobs[i]) != 0) {
+            snprintf(err, errlen, "cannot start worker thread %d", i);
+            r = SUMO_ERR_SYSTEM;
+            break;
+        }
+        started++;
+    }
+    for (int i = 0; i < started; i++) pthread_join(threads[i], NULL);
+    if (r == SUMO_SUCCESS) {
+        r = jobs[0].result;
+        *summary = jobs[0].summary;
+        /* Report the rank that failed first-hand, not the peers that failed because of it. */
+        for (int pass = 0; pass < 2 && err[0] == '\0'; pass++)
+            for (int i = 0; i < n && err[0] == '\0'; i++)
+                if (jobs[i].result != SUMO_SUCCESS && (pass || jobs[i].result != SUMO_ERR_PEER_FAILURE)) {
+                    snprintf(err, errlen, "%s", jobs[i].err);
+                    r = jobs[i].result;
+                }
+        for (int i = 0; i < n; i++) {
+            /* Every rank must end with the same parameters (SlowMo only after its last sync). */
+            if (jobs[i].summary.param_checksum != jobs[0].summary.param_checksum && r == SUMO_SUCCESS &&
+                (cfg->method < SUMO__METHOD_SLOWMO)) {
+                snprintf(err, errlen, "rank %d ended with parameters different from rank 0", i);
+                r = SUMO_ERR_INTERNAL;
+            }
+        }
+        if (err[0] == '\0' && jobs[0].err[0]) snprintf(err, errlen, "%s", jobs[0].err);
+    }
+    if (comms)
+        for (int i = 0; i < n; i++) sumo_comm_destroy(comms[i]);
+    free(comms);
+    free(jobs);
+    free(threads);
+    return r;
+}
