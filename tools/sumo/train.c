@@ -31,7 +31,8 @@ static void usage(FILE *out)
         "  --epochs E             [1]\n"
         "  --seed S               [1]\n"
         "  --reduce LIST          sum, avg, adasum, adasum-delta, acga, slowmo, localsgd, bmuf;\n"
-        "                         several, comma-separated, are compared [avg]\n"
+        "                         several, comma-separated, are compared [avg]; METHOD@S gives\n"
+        "                         that entry its own --lr-scaling S (e.g. avg@linear,adasum@2.5)\n"
         "  --optimizer O          sgd | adam | adamw | lamb [sgd]\n"
         "  --lr X                 single-worker learning rate [0.05]\n"
         "  --lr-scaling S         none | linear (x workers) | a factor such as 2.5 [none]\n"
@@ -48,6 +49,7 @@ static void usage(FILE *out)
         "  --data DIR             IDX files [/usr/share/datasets/fashion-mnist]\n"
         "  --train-limit N --test-limit N   use only the first N items\n"
         "  --log FILE             CSV log (one per method: FILE gets .METHOD before .csv)\n"
+        "  --summary FILE         append one CSV row per method with the end-of-run figures\n"
         "  --checkpoint-dir D --checkpoint-every K --resume --stop-after K\n"
         "  --no-progress --verify-ranks (check all ranks agree after every step)\n");
 }
@@ -58,6 +60,7 @@ typedef struct options {
     const char *transport;
     const char *data_dir;
     const char *log_path;
+    const char *summary_path;
     const char *lr_scaling;
     double momentum, tau_override, alpha_override, slow_beta_override, inner_override;
     int buffers_override, memory_efficient;
@@ -163,6 +166,7 @@ static int parse(int argc, char **argv, options *o)
         else if (FLAG("--train-limit")) LNG(c->train_limit, 0);
         else if (FLAG("--test-limit")) LNG(c->test_limit, 0);
         else if (FLAG("--log")) { NEED(); o->log_path = v; }
+        else if (FLAG("--summary")) { NEED(); o->summary_path = v; }
         else if (FLAG("--checkpoint-dir")) { NEED(); c->checkpoint_dir = v; }
         else if (FLAG("--checkpoint-every")) LNG(c->checkpoint_every, 0);
         else if (FLAG("--resume")) c->resume = true;
@@ -203,7 +207,7 @@ static int parse(int argc, char **argv, options *o)
 
 /* Method-specific settings: SlowMo presets, then the user's overrides; the learning-rate
  * scaling rule. */
-static int configure_method(options *o, sumo__method m, sumo__train_config *c)
+static int configure_method(options *o, sumo__method m, const char *scaling, sumo__train_config *c)
 {
     *c = o->cfg;
     c->method = m;
@@ -220,11 +224,12 @@ static int configure_method(options *o, sumo__method m, sumo__train_config *c)
         c->slowmo.memory_efficient = o->memory_efficient;
     }
     c->lr_scale = 1.0;
-    if (o->lr_scaling && strcmp(o->lr_scaling, "none") != 0) {
+    if (scaling == NULL) scaling = o->lr_scaling;
+    if (scaling && strcmp(scaling, "none") != 0) {
         double f;
-        if (strcmp(o->lr_scaling, "linear") == 0) c->lr_scale = c->workers;
-        else if (parse_double(o->lr_scaling, &f) && f > 0) c->lr_scale = f;
-        else return bad("--lr-scaling", o->lr_scaling);
+        if (strcmp(scaling, "linear") == 0) c->lr_scale = c->workers;
+        else if (parse_double(scaling, &f) && f > 0) c->lr_scale = f;
+        else return bad("--lr-scaling", scaling);
     }
     return 0;
 }
@@ -238,6 +243,33 @@ static void method_log_path(const char *base, const char *method, bool several, 
     const char *dot = strrchr(base, '.');
     if (dot && strcmp(dot, ".csv") == 0) snprintf(out, len, "%.*s.%s.csv", (int)(dot - base), base, method);
     else snprintf(out, len, "%s.%s", base, method);
+}
+
+static void write_summaries(const char *path, const char (*labels)[64],
+                            const sumo__train_config *configs, const sumo__train_summary *sums, int n)
+{
+    bool fresh = access(path, F_OK) != 0;
+    FILE *f = fopen(path, "a");
+    if (f == NULL) {
+        fprintf(stderr, "sumo train: %s: cannot open the summary file\n", path);
+        return;
+    }
+    if (fresh)
+        fprintf(f, "method,workers,batch,total_batch,optimizer,peak_lr,final_accuracy,best_accuracy,"
+                   "steps_to_target,epochs_to_target,steps,rounds,bytes,diverged,wall_s,"
+                   "aggregation_s,compute_s,extra_memory_bytes,params,fnv1a\n");
+    for (int k = 0; k < n; k++) {
+        const sumo__train_summary *s = &sums[k];
+        const sumo__train_config *c = &configs[k];
+        fprintf(f, "%s,%d,%d,%d,%s,%.6g,%.4f,%.4f,%ld,%.3f,%ld,%llu,%llu,%d,%.2f,%.3f,%.3f,%zu,%zu,%016llx\n",
+                labels[k], c->workers, c->batch, c->workers * c->batch,
+                sumo_optimizer_kind_name(c->optim.kind), c->lr * c->lr_scale, s->final_accuracy,
+                s->best_accuracy, s->steps_to_target, s->steps_to_target >= 0 ? s->epochs_to_target : -1.0,
+                s->steps, (unsigned long long)s->comm.rounds, (unsigned long long)s->comm.bytes,
+                s->diverged, s->wall_seconds, s->aggregation_seconds, s->compute_seconds,
+                s->extra_memory_bytes, s->nparams, (unsigned long long)s->param_checksum);
+    }
+    fclose(f);
 }
 
 int sumo_cmd_train(int argc, char **argv)
@@ -283,8 +315,18 @@ int sumo_cmd_train(int argc, char **argv)
     snprintf(list, sizeof list, "%s", o.methods);
     int nmethods = 0;
     sumo__method methods[16];
+    const char *scalings[16];
+    char labels[16][64];
     for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (nmethods == 16 || !sumo__method_parse(tok, &methods[nmethods])) {
+        if (nmethods == 16) {
+            rc = bad("--reduce", tok);
+            goto out;
+        }
+        snprintf(labels[nmethods], sizeof labels[nmethods], "%s", tok);
+        char *at = strchr(tok, '@');
+        scalings[nmethods] = at ? at + 1 : NULL;
+        if (at) *at = '\0';
+        if (!sumo__method_parse(tok, &methods[nmethods])) {
             rc = bad("--reduce", tok);
             goto out;
         }
@@ -294,17 +336,17 @@ int sumo_cmd_train(int argc, char **argv)
     sumo__train_config configs[16];
     for (int k = 0; k < nmethods; k++) {
         sumo__train_config *c = &configs[k];
-        if ((rc = configure_method(&o, methods[k], c)) != 0) goto out;
+        if ((rc = configure_method(&o, methods[k], scalings[k], c)) != 0) goto out;
         char log_path[1024];
         if (o.log_path) {
-            method_log_path(o.log_path, sumo__method_name(methods[k]), nmethods > 1, log_path, sizeof log_path);
+            method_log_path(o.log_path, labels[k], nmethods > 1, log_path, sizeof log_path);
             c->log_path = log_path;
         }
         err[0] = '\0';
         r = mpi_comm ? sumo__train_rank(mpi_comm, c, &train, &test, &summaries[k], err, sizeof err)
                      : sumo__train_threads(c, &train, &test, &summaries[k], err, sizeof err);
         if (r != SUMO_SUCCESS) {
-            fprintf(stderr, "sumo train: %s: %s (%s)\n", sumo__method_name(methods[k]),
+            fprintf(stderr, "sumo train: %s: %s (%s)\n", labels[k],
                     err[0] ? err : sumo_strerror(r), sumo_result_name(r));
             rc = 1;
             goto out;
@@ -316,7 +358,7 @@ int sumo_cmd_train(int argc, char **argv)
                c0->model == SUMO__MODEL_CNN ? "cnn" : "mlp", c0->workers, c0->batch,
                c0->workers * c0->batch, c0->epochs, sumo_optimizer_kind_name(c0->optim.kind),
                (unsigned long long)c0->seed);
-        printf("%-13s %8s %9s %9s %9s %7s %9s %8s %10s %8s\n", "method", "peak lr", "final acc",
+        printf("%-18s %8s %9s %9s %9s %7s %9s %8s %10s %8s\n", "method", "peak lr", "final acc",
                "best acc", "to target", "steps", "comm MiB", "rounds", "agg share", "wall s");
         for (int k = 0; k < nmethods; k++) {
             const sumo__train_summary *s = &summaries[k];
@@ -324,15 +366,16 @@ int sumo_cmd_train(int argc, char **argv)
             if (s->steps_to_target >= 0) snprintf(target, sizeof target, "%.2f ep", s->epochs_to_target);
             else snprintf(target, sizeof target, "-");
             double share = s->aggregation_seconds / (s->aggregation_seconds + s->compute_seconds + 1e-12);
-            printf("%-13s %8.4f %8.2f%% %8.2f%% %9s %7ld %9.1f %8llu %9.1f%% %8.1f%s\n",
-                   sumo__method_name(methods[k]), configs[k].lr * configs[k].lr_scale,
+            printf("%-18s %8.4f %8.2f%% %8.2f%% %9s %7ld %9.1f %8llu %9.1f%% %8.1f%s\n",
+                   labels[k], configs[k].lr * configs[k].lr_scale,
                    100 * s->final_accuracy, 100 * s->best_accuracy, target, s->steps,
                    (double)s->comm.bytes / (1024.0 * 1024.0), (unsigned long long)s->comm.rounds,
                    100 * share, s->wall_seconds, s->diverged ? "  diverged" : "");
         }
+        if (o.summary_path) write_summaries(o.summary_path, labels, configs, summaries, nmethods);
         for (int k = 0; k < nmethods; k++)
             printf("%s: %zu parameters, fnv1a %016llx, extra memory %zu bytes\n",
-                   sumo__method_name(methods[k]), summaries[k].nparams,
+                   labels[k], summaries[k].nparams,
                    (unsigned long long)summaries[k].param_checksum, summaries[k].extra_memory_bytes);
     }
 out:
