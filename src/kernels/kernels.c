@@ -1,0 +1,481 @@
+/*
+ * Kernels: scalar conversions, the portable path, and the run-time choice of path.
+ *
+ * The vector paths (kernels_avx2.c, kernels_avx512.c) share one body, kernels_simd.h, so the
+ * AVX-512 path runs the same logic the AVX2 path's tests exercise; only the primitives differ.
+ * The path is asked of libgcc's CPU model on every call: a few loads, no syscall, and no
+ * state of ours to initialise or race on.
+ */
+#include "kernels/kernels_isa.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- scalar conversions ------------------------------------------------------------------ */
+
+static inline uint32_t f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static inline float f32_from_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline float half_to_float(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+    if (exp == 0x1f) /* NaNs come out quiet, as F16C's vcvtph2ps makes them: paths agree */
+        return f32_from_bits(sign | 0x7f800000u | (mant << 13) | (mant ? 0x00400000u : 0));
+    if (exp == 0) /* zero or subnormal: mant * 2^-24 is exact in fp32 */
+        return f32_from_bits(sign | f32_bits((float)mant * 0x1p-24f));
+    return f32_from_bits(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+/* Integer rounding, so the result does not depend on the FP environment (FTZ, rounding mode)
+ * and matches vcvtps2ph with round-to-nearest-even bit for bit, NaN payloads included. */
+static inline uint16_t float_to_half(float f)
+{
+    uint32_t u = f32_bits(f);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 ties up to Inf */
+    if (a >= 0x38800000u) {                                 /* a normal half */
+        uint32_t r = a - 0x38000000u;                       /* exponent bias 127 -> 15 */
+        r += 0x0fffu + ((r >> 13) & 1u);                    /* a carry may bump the exponent */
+        return (uint16_t)(sign | (r >> 13));
+    }
+    uint32_t e = a >> 23;
+    if (e < 102) return sign; /* below 2^-25: rounds to zero */
+    /* Half subnormal: the value in units of 2^-24 is m * 2^(e-126), here m >> s. A result
+     * of 1024 is the smallest normal's encoding, so rounding up across the boundary works. */
+    uint32_t m = (a & 0x7fffffu) | 0x800000u, s = 126 - e;
+    uint32_t q = m >> s, rem = m & ((1u << s) - 1), halfway = 1u << (s - 1);
+    if (rem > halfway || (rem == halfway && (q & 1u))) q++;
+    return (uint16_t)(sign | q);
+}
+
+static inline float bf16_to_float(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
+
+static inline uint16_t float_to_bf16(float f)
+{
+    uint32_t u = f32_bits(f);
+    /* The rounding add below would carry a NaN whose payload sits in the low half into Inf. */
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* The static versions let the portable loops inline them; the vector paths call these for
+ * their tails only. */
+float sumo__half_to_float(uint16_t h) { return half_to_float(h); }
+uint16_t sumo__float_to_half(float f) { return float_to_half(f); }
+float sumo__bf16_to_float(uint16_t h) { return bf16_to_float(h); }
+uint16_t sumo__float_to_bf16(float f) { return float_to_bf16(f); }
+
+/*
+ * fp64 -> fp32 rounded to odd: truncate, and set the last bit when anything was dropped. A
+ * second rounding to a format at least two bits narrower (fp16, bf16) is then the correctly
+ * rounded one, which double -> float -> half with two RNE steps is not.
+ */
+static float double_to_float_odd(double d)
+{
+    float f = (float)d;
+    if ((double)f == d || isnan(d)) return f;
+    uint32_t u = f32_bits(f);
+    if (fabs((double)f) > fabs(d)) u -= 1; /* rounded away from zero (maybe to Inf): step back */
+    return f32_from_bits(u | 1u);
+}
+
+uint16_t sumo__double_to_half(double d) { return sumo__float_to_half(double_to_float_odd(d)); }
+uint16_t sumo__double_to_bf16(double d) { return sumo__float_to_bf16(double_to_float_odd(d)); }
+
+/* ---- portable path ------------------------------------------------------------------------ */
+
+/* Called with a constant dtype from a switch, so each loop is compiled per dtype. */
+static inline __attribute__((always_inline)) float load_f(sumo_dtype dt, const void *p, size_t i)
+{
+    switch (dt) {
+    case SUMO_FLOAT16: return half_to_float(((const uint16_t *)p)[i]);
+    case SUMO_BFLOAT16: return bf16_to_float(((const uint16_t *)p)[i]);
+    default: return ((const float *)p)[i];
+    }
+}
+
+static inline __attribute__((always_inline)) void store_f(sumo_dtype dt, void *p, size_t i,
+                                                          float v)
+{
+    switch (dt) {
+    case SUMO_FLOAT16: ((uint16_t *)p)[i] = float_to_half(v); break;
+    case SUMO_BFLOAT16: ((uint16_t *)p)[i] = float_to_bf16(v); break;
+    default: ((float *)p)[i] = v; break;
+    }
+}
+
+/*
+ * Few inputs and outputs: element i of every input is read, then element i of every output
+ * written, so exact aliasing is safe and each buffer is touched once. The pointers live in
+ * locals that no store can reach, so they are not reloaded per element.
+ */
+static inline __attribute__((always_inline)) void
+reduce_float_direct(sumo_dtype dt, void *const *outs, int nout, const void *const *ins, int nin,
+                    size_t n, int divisor)
+{
+    const void *ip[4];
+    void *op[4];
+    for (int j = 0; j < nin; j++) ip[j] = ins[j];
+    for (int k = 0; k < nout; k++) op[k] = outs[k];
+    const float fdiv = (float)divisor;
+    const int divide = divisor != 1;
+    for (size_t i = 0; i < n; i++) {
+        float v = load_f(dt, ip[0], i);
+        for (int j = 1; j < nin; j++) v = v + load_f(dt, ip[j], i);
+        if (divide) v = v / fdiv;
+        for (int k = 0; k < nout; k++) store_f(dt, op[k], i, v);
+    }
+}
+
+/*
+ * Many inputs or outputs: the sum of all but the last input builds up in an L1 block, one
+ * input stream at a time, and the pass adding the last input writes the outputs. Every input
+ * element of a block is read before any output element of it is written, and each buffer is
+ * still read or written once.
+ */
+static inline __attribute__((always_inline)) void
+reduce_float_blocked(sumo_dtype dt, void *const *outs, int nout, const void *const *ins,
+                     int nin, size_t n, int divisor)
+{
+    enum { B = SUMO__REDUCE_BLOCK_BYTES / sizeof(float) };
+    float acc[B];
+    const float fdiv = (float)divisor;
+    const int divide = divisor != 1;
+    for (size_t base = 0; base < n; base += B) {
+        const size_t m = SUMO__MIN((size_t)B, n - base);
+        if (nin >= 2) {
+            for (size_t i = 0; i < m; i++) acc[i] = load_f(dt, ins[0], base + i);
+            for (int j = 1; j < nin - 1; j++) {
+                const void *p = ins[j];
+                for (size_t i = 0; i < m; i++) acc[i] += load_f(dt, p, base + i);
+            }
+        }
+        const void *last = ins[nin - 1];
+        for (size_t i = 0; i < m; i++) {
+            float v = load_f(dt, last, base + i);
+            if (nin >= 2) v = acc[i] + v;
+            if (divide) v = v / fdiv;
+            for (int k = 0; k < nout; k++) store_f(dt, outs[k], base + i, v);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void
+reduce_float_portable(sumo_dtype dt, void *const *outs, int nout, const void *const *ins,
+                      int nin, size_t n, int divisor)
+{
+    if (nin == 2 && nout == 2) reduce_float_direct(dt, outs, 2, ins, 2, n, divisor);
+    else if (nin == 2 && nout == 1) reduce_float_direct(dt, outs, 1, ins, 2, n, divisor);
+    else if (nin <= 4 && nout <= 4) reduce_float_direct(dt, outs, nout, ins, nin, n, divisor);
+    else reduce_float_blocked(dt, outs, nout, ins, nin, n, divisor);
+}
+
+static void reduce_double_direct(void *const *outs, int nout, const void *const *ins, int nin,
+                                 size_t n, int divisor)
+{
+    const double *ip[4];
+    double *op[4];
+    for (int j = 0; j < nin; j++) ip[j] = ins[j];
+    for (int k = 0; k < nout; k++) op[k] = outs[k];
+    const double ddiv = (double)divisor;
+    const int divide = divisor != 1;
+    for (size_t i = 0; i < n; i++) {
+        double v = ip[0][i];
+        for (int j = 1; j < nin; j++) v = v + ip[j][i];
+        if (divide) v = v / ddiv;
+        for (int k = 0; k < nout; k++) op[k][i] = v;
+    }
+}
+
+static void reduce_double_blocked(void *const *outs, int nout, const void *const *ins, int nin,
+                                  size_t n, int divisor)
+{
+    enum { B = SUMO__REDUCE_BLOCK_BYTES / sizeof(double) };
+    double acc[B];
+    const double ddiv = (double)divisor;
+    const int divide = divisor != 1;
+    for (size_t base = 0; base < n; base += B) {
+        const size_t m = SUMO__MIN((size_t)B, n - base);
+        if (nin >= 2) {
+            const double *p0 = (const double *)ins[0] + base;
+            for (size_t i = 0; i < m; i++) acc[i] = p0[i];
+            for (int j = 1; j < nin - 1; j++) {
+                const double *p = (const double *)ins[j] + base;
+                for (size_t i = 0; i < m; i++) acc[i] += p[i];
+            }
+        }
+        const double *last = (const double *)ins[nin - 1] + base;
+        for (size_t i = 0; i < m; i++) {
+            double v = last[i];
+            if (nin >= 2) v = acc[i] + v;
+            if (divide) v = v / ddiv;
+            for (int k = 0; k < nout; k++) ((double *)outs[k])[base + i] = v;
+        }
+    }
+}
+
+void sumo__reduce_multi_portable(sumo_dtype dtype, void *const *outs, int nout,
+                                 const void *const *ins, int nin, size_t n, int divisor)
+{
+    switch (dtype) {
+    case SUMO_FLOAT32:
+        reduce_float_portable(SUMO_FLOAT32, outs, nout, ins, nin, n, divisor);
+        break;
+    case SUMO_FLOAT16:
+        reduce_float_portable(SUMO_FLOAT16, outs, nout, ins, nin, n, divisor);
+        break;
+    case SUMO_BFLOAT16:
+        reduce_float_portable(SUMO_BFLOAT16, outs, nout, ins, nin, n, divisor);
+        break;
+    case SUMO_FLOAT64:
+        if (nin <= 4 && nout <= 4) reduce_double_direct(outs, nout, ins, nin, n, divisor);
+        else reduce_double_blocked(outs, nout, ins, nin, n, divisor);
+        break;
+    default: break;
+    }
+}
+
+static inline __attribute__((always_inline)) double load_d(sumo_dtype dt, const void *p,
+                                                           size_t i)
+{
+    return dt == SUMO_FLOAT64 ? ((const double *)p)[i] : (double)load_f(dt, p, i);
+}
+
+void sumo__convert_portable(sumo_dtype dst_dtype, void *dst, sumo_dtype src_dtype,
+                            const void *src, size_t n)
+{
+    /* Element i is read before it is written, so fp16 <-> bf16 may run in place. */
+    for (size_t i = 0; i < n; i++) {
+        if (src_dtype == SUMO_FLOAT64 || dst_dtype == SUMO_FLOAT64) {
+            double v = load_d(src_dtype, src, i);
+            switch (dst_dtype) {
+            case SUMO_FLOAT64: ((double *)dst)[i] = v; break;
+            case SUMO_FLOAT32: ((float *)dst)[i] = (float)v; break;
+            case SUMO_FLOAT16: ((uint16_t *)dst)[i] = sumo__double_to_half(v); break;
+            case SUMO_BFLOAT16: ((uint16_t *)dst)[i] = sumo__double_to_bf16(v); break;
+            default: break;
+            }
+        } else {
+            store_f(dst_dtype, dst, i, load_f(src_dtype, src, i));
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void
+dot_norms_portable(sumo_dtype dt, const void *a, const void *b, size_t n, double out[3])
+{
+    /* Four independent chains per sum: one chain is latency-bound at a fraction of bandwidth. */
+    double s[3][4] = {{0}};
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        for (int l = 0; l < 4; l++) {
+            double x = load_d(dt, a, i + l), y = load_d(dt, b, i + l);
+            s[0][l] += x * y;
+            s[1][l] += x * x;
+            s[2][l] += y * y;
+        }
+    }
+    for (; i < n; i++) {
+        double x = load_d(dt, a, i), y = load_d(dt, b, i);
+        s[0][0] += x * y;
+        s[1][0] += x * x;
+        s[2][0] += y * y;
+    }
+    for (int q = 0; q < 3; q++) out[q] = (s[q][0] + s[q][1]) + (s[q][2] + s[q][3]);
+}
+
+void sumo__dot_norms_portable(sumo_dtype dtype, const void *a, const void *b, size_t n,
+                              double out[3])
+{
+    switch (dtype) {
+    case SUMO_FLOAT32: dot_norms_portable(SUMO_FLOAT32, a, b, n, out); break;
+    case SUMO_FLOAT64: dot_norms_portable(SUMO_FLOAT64, a, b, n, out); break;
+    case SUMO_FLOAT16: dot_norms_portable(SUMO_FLOAT16, a, b, n, out); break;
+    case SUMO_BFLOAT16: dot_norms_portable(SUMO_BFLOAT16, a, b, n, out); break;
+    default: break;
+    }
+}
+
+void sumo__scaled_add_portable(sumo_dtype dtype, void *a, double ca, const void *b, double cb,
+                               size_t n)
+{
+    /* fma() keeps the rounding identical to the vector paths' fused multiply-add. */
+    switch (dtype) {
+    case SUMO_FLOAT64: {
+        double *x = a;
+        const double *y = b;
+        for (size_t i = 0; i < n; i++) x[i] = fma(ca, x[i], cb * y[i]);
+        break;
+    }
+    case SUMO_FLOAT32: {
+        float *x = a;
+        const float *y = b;
+        for (size_t i = 0; i < n; i++) x[i] = (float)fma(ca, (double)x[i], cb * (double)y[i]);
+        break;
+    }
+    case SUMO_FLOAT16:
+    case SUMO_BFLOAT16: {
+        const float fa = (float)ca, fb = (float)cb;
+        for (size_t i = 0; i < n; i++)
+            store_f(dtype, a, i, fmaf(fa, load_f(dtype, a, i), fb * load_f(dtype, b, i)));
+        break;
+    }
+    default: break;
+    }
+}
+
+/* ---- dispatch ---------------------------------------------------------------------------- */
+
+sumo__isa sumo__kernel_isa_best(void)
+{
+#if SUMO__KERNELS_X86
+    /* Idempotent and cheap; needed only when called before libgcc's own constructor ran. The
+     * avx512f bit is set only when the OS saves zmm state, so this is also the XCR0 check. */
+    __builtin_cpu_init();
+#ifdef __clang__ /* knows no "f16c" here; every AVX2 CPU has F16C anyway */
+    const int f16c = 1;
+#else
+    const int f16c = __builtin_cpu_supports("f16c");
+#endif
+    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
+    if (avx2 && __builtin_cpu_supports("avx512f")) return SUMO__ISA_AVX512;
+    if (avx2) return SUMO__ISA_AVX2;
+#endif
+    return SUMO__ISA_PORTABLE;
+}
+
+const char *sumo__kernel_isa_name(sumo__isa isa)
+{
+    switch (isa) {
+    case SUMO__ISA_AVX512: return "avx512";
+    case SUMO__ISA_AVX2: return "avx2";
+    default: return "portable";
+    }
+}
+
+const char *sumo__kernel_isa(void) { return sumo__kernel_isa_name(sumo__kernel_isa_best()); }
+
+/* A path the CPU lacks (or an unknown value) becomes the best one it has. */
+static sumo__isa usable(sumo__isa isa)
+{
+    sumo__isa best = sumo__kernel_isa_best();
+    return (unsigned)isa <= (unsigned)best ? isa : best;
+}
+
+void sumo__reduce_multi_isa(sumo__isa isa, sumo_dtype dtype, void *const *outs, int nout,
+                            const void *const *ins, int nin, size_t n, int divisor)
+{
+    if (n == 0 || nin < 1 || nout < 1 || !sumo__dtype_valid((int)dtype)) return;
+    switch (usable(isa)) {
+#if SUMO__KERNELS_X86
+    case SUMO__ISA_AVX512:
+        sumo__reduce_multi_avx512(dtype, outs, nout, ins, nin, n, divisor);
+        return;
+    case SUMO__ISA_AVX2: sumo__reduce_multi_avx2(dtype, outs, nout, ins, nin, n, divisor); return;
+#endif
+    default: sumo__reduce_multi_portable(dtype, outs, nout, ins, nin, n, divisor); return;
+    }
+}
+
+void sumo__kernel_convert_isa(sumo__isa isa, sumo_dtype dst_dtype, void *dst,
+                              sumo_dtype src_dtype, const void *src, size_t n)
+{
+    if (n == 0 || !sumo__dtype_valid((int)dst_dtype) || !sumo__dtype_valid((int)src_dtype))
+        return;
+    if (dst_dtype == src_dtype) {
+        if (dst != src) memmove(dst, src, n * sumo__dtype_bytes(dst_dtype));
+        return;
+    }
+    switch (usable(isa)) {
+#if SUMO__KERNELS_X86
+    case SUMO__ISA_AVX512: sumo__convert_avx512(dst_dtype, dst, src_dtype, src, n); return;
+    case SUMO__ISA_AVX2: sumo__convert_avx2(dst_dtype, dst, src_dtype, src, n); return;
+#endif
+    default: sumo__convert_portable(dst_dtype, dst, src_dtype, src, n); return;
+    }
+}
+
+void sumo__kernel_dot_norms_isa(sumo__isa isa, sumo_dtype dtype, const void *a, const void *b,
+                                size_t n, double out[3])
+{
+    out[0] = out[1] = out[2] = 0.0;
+    if (n == 0 || !sumo__dtype_valid((int)dtype)) return;
+    switch (usable(isa)) {
+#if SUMO__KERNELS_X86
+    case SUMO__ISA_AVX512: sumo__dot_norms_avx512(dtype, a, b, n, out); return;
+    case SUMO__ISA_AVX2: sumo__dot_norms_avx2(dtype, a, b, n, out); return;
+#endif
+    default: sumo__dot_norms_portable(dtype, a, b, n, out); return;
+    }
+}
+
+void sumo__kernel_scaled_add_isa(sumo__isa isa, sumo_dtype dtype, void *a, double ca,
+                                 const void *b, double cb, size_t n)
+{
+    if (n == 0 || !sumo__dtype_valid((int)dtype)) return;
+    switch (usable(isa)) {
+#if SUMO__KERNELS_X86
+    case SUMO__ISA_AVX512: sumo__scaled_add_avx512(dtype, a, ca, b, cb, n); return;
+    case SUMO__ISA_AVX2: sumo__scaled_add_avx2(dtype, a, ca, b, cb, n); return;
+#endif
+    default: sumo__scaled_add_portable(dtype, a, ca, b, cb, n); return;
+    }
+}
+
+/* ---- the API of kernels.h ---------------------------------------------------------------- */
+
+void sumo__reduce_multi(sumo_dtype dtype, void *const *outs, int nout, const void *const *ins,
+                        int nin, size_t n, int divisor)
+{
+    sumo__reduce_multi_isa(sumo__kernel_isa_best(), dtype, outs, nout, ins, nin, n, divisor);
+}
+
+void sumo__kernel_add(sumo_dtype dtype, void *dst, const void *a, const void *b, size_t n)
+{
+    const void *ins[2] = {a, b};
+    void *outs[1] = {dst};
+    sumo__reduce_multi(dtype, outs, 1, ins, 2, n, 1);
+}
+
+void sumo__kernel_divide(sumo_dtype dtype, void *dst, const void *src, size_t n, int divisor)
+{
+    if (divisor == 1) { /* x / 1 == x: skip the pass (and keep signalling NaNs as they are) */
+        if (dst != src && n > 0) memmove(dst, src, n * sumo__dtype_bytes(dtype));
+        return;
+    }
+    const void *ins[1] = {src};
+    void *outs[1] = {dst};
+    sumo__reduce_multi(dtype, outs, 1, ins, 1, n, divisor);
+}
+
+void sumo__kernel_convert(sumo_dtype dst_dtype, void *dst, sumo_dtype src_dtype, const void *src,
+                          size_t n)
+{
+    sumo__kernel_convert_isa(sumo__kernel_isa_best(), dst_dtype, dst, src_dtype, src, n);
+}
+
+void sumo__kernel_dot_norms(sumo_dtype dtype, const void *a, const void *b, size_t n,
+                            double out[3])
+{
+    sumo__kernel_dot_norms_isa(sumo__kernel_isa_best(), dtype, a, b, n, out);
+}
+
+void sumo__kernel_scaled_add(sumo_dtype dtype, void *a, double ca, const void *b, double cb,
+                             size_t n)
+{
+    sumo__kernel_scaled_add_isa(sumo__kernel_isa_best(), dtype, a, ca, b, cb, n);
+}

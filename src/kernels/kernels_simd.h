@@ -1,0 +1,491 @@
+/*
+ * The vector kernels, written once over a small set of primitives and included by each
+ * vector path's file (kernels_avx2.c, kernels_avx512.c), which first defines:
+ *
+ *   SUMO__SIMD_SFX         suffix of the exported names (avx2, avx512)
+ *   SUMO__SIMD_TARGET      the target attribute every function here carries
+ *   vf, vd, vh             WF floats, WD = WF/2 doubles, WF 16-bit values (fp16/bf16 bits)
+ *   WF                     floats per vf
+ *   vf_*, vd_*, vh_*       loads/stores (unaligned), arithmetic, conversions: the list is
+ *                          kernels_avx2.c's
+ *
+ * No pointer is ever aligned by peeling: summation order must depend only on n, so the same
+ * data at another address gives the same bits. Tails (< one vector) run scalar code whose
+ * every operation is the vector one's IEEE twin, and the scalar conversions in kernels.c
+ * match the hardware's bit for bit, NaNs included.
+ *
+ * Each static function is always inlined and called with constant dtypes from a switch, so
+ * the dtype tests fold away and every loop is compiled per dtype.
+ */
+#ifndef SUMO__SIMD_SFX
+#error "kernels_simd.h is included by a vector path's file that defines the primitives"
+#endif
+
+#include <math.h>
+
+#define SUMO__SIMD_CAT2(a, b) a##_##b
+#define SUMO__SIMD_CAT(a, b) SUMO__SIMD_CAT2(a, b)
+#define SUMO__SIMD_NAME(name) SUMO__SIMD_CAT(name, SUMO__SIMD_SFX)
+#define SIMD_INLINE static inline __attribute__((always_inline)) SUMO__SIMD_TARGET
+
+#define WD (WF / 2)
+
+/* ---- dtype-generic loads and stores through fp32 ----------------------------------------- */
+
+SIMD_INLINE vf ld(sumo_dtype dt, const void *p, size_t i)
+{
+    switch (dt) {
+    case SUMO_FLOAT16: return vf_from_f16(vh_loadu((const uint16_t *)p + i));
+    case SUMO_BFLOAT16: return vf_from_bf16(vh_loadu((const uint16_t *)p + i));
+    default: return vf_loadu((const float *)p + i);
+    }
+}
+
+/* One value to nout outputs: narrowed once, stored nout times. */
+SIMD_INLINE void st(sumo_dtype dt, void *const *outs, int nout, size_t i, vf v)
+{
+    if (dt == SUMO_FLOAT32) {
+        for (int k = 0; k < nout; k++) vf_storeu((float *)outs[k] + i, v);
+        return;
+    }
+    vh h = dt == SUMO_FLOAT16 ? vh_from_f32_f16(v) : vh_from_f32_bf16(v);
+    for (int k = 0; k < nout; k++) vh_storeu((uint16_t *)outs[k] + i, h);
+}
+
+SIMD_INLINE float lds(sumo_dtype dt, const void *p, size_t i)
+{
+    switch (dt) {
+    case SUMO_FLOAT16: return sumo__half_to_float(((const uint16_t *)p)[i]);
+    case SUMO_BFLOAT16: return sumo__bf16_to_float(((const uint16_t *)p)[i]);
+    default: return ((const float *)p)[i];
+    }
+}
+
+SIMD_INLINE void sts(sumo_dtype dt, void *const *outs, int nout, size_t i, float v)
+{
+    if (dt == SUMO_FLOAT32) {
+        for (int k = 0; k < nout; k++) ((float *)outs[k])[i] = v;
+        return;
+    }
+    uint16_t h = dt == SUMO_FLOAT16 ? sumo__float_to_half(v) : sumo__float_to_bf16(v);
+    for (int k = 0; k < nout; k++) ((uint16_t *)outs[k])[i] = h;
+}
+
+/* ---- reduce ------------------------------------------------------------------------------- */
+
+/*
+ * Few inputs and outputs: each vector of every input is summed in registers and stored to
+ * every output before the next is loaded, so aliasing is safe and traffic is the minimum.
+ * Called with constant nin/nout for the common shapes, so the j and k loops unroll; the
+ * pointers are copied to locals the compiler can see no store reach.
+ */
+SIMD_INLINE void reduce_f_direct(sumo_dtype dt, void *const *outs, int nout,
+                                 const void *const *ins, int nin, size_t n, int divisor)
+{
+    const void *ip[4];
+    void *op[4];
+    for (int j = 0; j < nin; j++) ip[j] = ins[j];
+    for (int k = 0; k < nout; k++) op[k] = outs[k];
+    const int divide = divisor != 1;
+    const float fdiv = (float)divisor;
+    const vf vdiv = vf_set1(fdiv);
+    size_t i = 0;
+    for (; i + WF <= n; i += WF) {
+        vf v = ld(dt, ip[0], i);
+        for (int j = 1; j < nin; j++) v = vf_add(v, ld(dt, ip[j], i));
+        if (divide) v = vf_div(v, vdiv);
+        st(dt, op, nout, i, v);
+    }
+    for (; i < n; i++) {
+        float v = lds(dt, ip[0], i);
+        for (int j = 1; j < nin; j++) v = v + lds(dt, ip[j], i);
+        if (divide) v = v / fdiv;
+        sts(dt, op, nout, i, v);
+    }
+}
+
+/*
+ * Many inputs or outputs: per block, the sum of all inputs but the last builds up in an L1
+ * accumulator, one input stream at a time (few streams keep the prefetchers effective); the
+ * pass adding the last input writes the outputs. Every input element of a block is read
+ * before any output element of it is written.
+ */
+SIMD_INLINE void reduce_f_blocked(sumo_dtype dt, void *const *outs, int nout,
+                                  const void *const *ins, int nin, size_t n, int divisor)
+{
+    enum { B = SUMO__REDUCE_BLOCK_BYTES / sizeof(float) };
+    _Alignas(64) float acc[B];
+    const int divide = divisor != 1;
+    const float fdiv = (float)divisor;
+    const vf vdiv = vf_set1(fdiv);
+    for (size_t base = 0; base < n; base += B) {
+        const size_t m = SUMO__MIN((size_t)B, n - base), mv = m - m % WF;
+        if (nin >= 2) {
+            const void *p0 = ins[0];
+            size_t i = 0;
+            for (; i < mv; i += WF) vf_storeu(acc + i, ld(dt, p0, base + i));
+            for (; i < m; i++) acc[i] = lds(dt, p0, base + i);
+            for (int j = 1; j < nin - 1; j++) {
+                const void *p = ins[j];
+                for (i = 0; i < mv; i += WF)
+                    vf_storeu(acc + i, vf_add(vf_loadu(acc + i), ld(dt, p, base + i)));
+                for (; i < m; i++) acc[i] = acc[i] + lds(dt, p, base + i);
+            }
+        }
+        const void *last = ins[nin - 1];
+        size_t i = 0;
+        for (; i < mv; i += WF) {
+            vf v = ld(dt, last, base + i);
+            if (nin >= 2) v = vf_add(vf_loadu(acc + i), v);
+            if (divide) v = vf_div(v, vdiv);
+            st(dt, outs, nout, base + i, v);
+        }
+        for (; i < m; i++) {
+            float v = lds(dt, last, base + i);
+            if (nin >= 2) v = acc[i] + v;
+            if (divide) v = v / fdiv;
+            sts(dt, outs, nout, base + i, v);
+        }
+    }
+}
+
+SIMD_INLINE void reduce_d_direct(void *const *outs, int nout, const void *const *ins, int nin,
+                                 size_t n, int divisor)
+{
+    const double *ip[4];
+    double *op[4];
+    for (int j = 0; j < nin; j++) ip[j] = ins[j];
+    for (int k = 0; k < nout; k++) op[k] = outs[k];
+    const int divide = divisor != 1;
+    const double ddiv = (double)divisor;
+    const vd vdiv = vd_set1(ddiv);
+    size_t i = 0;
+    for (; i + WD <= n; i += WD) {
+        vd v = vd_loadu(ip[0] + i);
+        for (int j = 1; j < nin; j++) v = vd_add(v, vd_loadu(ip[j] + i));
+        if (divide) v = vd_div(v, vdiv);
+        for (int k = 0; k < nout; k++) vd_storeu(op[k] + i, v);
+    }
+    for (; i < n; i++) {
+        double v = ip[0][i];
+        for (int j = 1; j < nin; j++) v = v + ip[j][i];
+        if (divide) v = v / ddiv;
+        for (int k = 0; k < nout; k++) op[k][i] = v;
+    }
+}
+
+SIMD_INLINE void reduce_d_blocked(void *const *outs, int nout, const void *const *ins, int nin,
+                                  size_t n, int divisor)
+{
+    enum { B = SUMO__REDUCE_BLOCK_BYTES / sizeof(double) };
+    _Alignas(64) double acc[B];
+    const int divide = divisor != 1;
+    const double ddiv = (double)divisor;
+    const vd vdiv = vd_set1(ddiv);
+    for (size_t base = 0; base < n; base += B) {
+        const size_t m = SUMO__MIN((size_t)B, n - base), mv = m - m % WD;
+        if (nin >= 2) {
+            const double *p0 = (const double *)ins[0] + base;
+            size_t i = 0;
+            for (; i < mv; i += WD) vd_storeu(acc + i, vd_loadu(p0 + i));
+            for (; i < m; i++) acc[i] = p0[i];
+            for (int j = 1; j < nin - 1; j++) {
+                const double *p = (const double *)ins[j] + base;
+                for (i = 0; i < mv; i += WD)
+                    vd_storeu(acc + i, vd_add(vd_loadu(acc + i), vd_loadu(p + i)));
+                for (; i < m; i++) acc[i] = acc[i] + p[i];
+            }
+        }
+        const double *last = (const double *)ins[nin - 1] + base;
+        size_t i = 0;
+        for (; i < mv; i += WD) {
+            vd v = vd_loadu(last + i);
+            if (nin >= 2) v = vd_add(vd_loadu(acc + i), v);
+            if (divide) v = vd_div(v, vdiv);
+            for (int k = 0; k < nout; k++) vd_storeu((double *)outs[k] + base + i, v);
+        }
+        for (; i < m; i++) {
+            double v = last[i];
+            if (nin >= 2) v = acc[i] + v;
+            if (divide) v = v / ddiv;
+            for (int k = 0; k < nout; k++) ((double *)outs[k])[base + i] = v;
+        }
+    }
+}
+
+SIMD_INLINE void reduce_f(sumo_dtype dt, void *const *outs, int nout, const void *const *ins,
+                          int nin, size_t n, int divisor)
+{
+    if (nin == 2 && nout == 2) reduce_f_direct(dt, outs, 2, ins, 2, n, divisor);
+    else if (nin == 2 && nout == 1) reduce_f_direct(dt, outs, 1, ins, 2, n, divisor);
+    else if (nin == 1 && nout == 1) reduce_f_direct(dt, outs, 1, ins, 1, n, divisor);
+    else if (nin <= 4 && nout <= 4) reduce_f_direct(dt, outs, nout, ins, nin, n, divisor);
+    else reduce_f_blocked(dt, outs, nout, ins, nin, n, divisor);
+}
+
+SUMO__SIMD_TARGET void SUMO__SIMD_NAME(sumo__reduce_multi)(sumo_dtype dtype, void *const *outs,
+                                                          int nout, const void *const *ins,
+                                                          int nin, size_t n, int divisor)
+{
+    switch (dtype) {
+    case SUMO_FLOAT32: reduce_f(SUMO_FLOAT32, outs, nout, ins, nin, n, divisor); break;
+    case SUMO_FLOAT16: reduce_f(SUMO_FLOAT16, outs, nout, ins, nin, n, divisor); break;
+    case SUMO_BFLOAT16: reduce_f(SUMO_BFLOAT16, outs, nout, ins, nin, n, divisor); break;
+    case SUMO_FLOAT64:
+        if (nin == 2 && nout == 2) reduce_d_direct(outs, 2, ins, 2, n, divisor);
+        else if (nin == 2 && nout == 1) reduce_d_direct(outs, 1, ins, 2, n, divisor);
+        else if (nin == 1 && nout == 1) reduce_d_direct(outs, 1, ins, 1, n, divisor);
+        else if (nin <= 4 && nout <= 4) reduce_d_direct(outs, nout, ins, nin, n, divisor);
+        else reduce_d_blocked(outs, nout, ins, nin, n, divisor);
+        break;
+    default: break;
+    }
+}
+
+/* ---- convert ------------------------------------------------------------------------------ */
+
+/* Between fp32, fp16 and bf16 (in place too when both are 16-bit: loads precede stores). */
+SIMD_INLINE void convert_ff(sumo_dtype dd, void *dst, sumo_dtype sd, const void *src, size_t n)
+{
+    void *const outs[1] = {dst};
+    size_t i = 0;
+    for (; i + WF <= n; i += WF) st(dd, outs, 1, i, ld(sd, src, i));
+    for (; i < n; i++) sts(dd, outs, 1, i, lds(sd, src, i));
+}
+
+SIMD_INLINE void convert_to_f64(double *dst, sumo_dtype sd, const void *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + WF <= n; i += WF) {
+        vf v = ld(sd, src, i);
+        vd_storeu(dst + i, vd_from_lo(v));
+        vd_storeu(dst + i + WD, vd_from_hi(v));
+    }
+    for (; i < n; i++) dst[i] = (double)lds(sd, src, i);
+}
+
+SUMO__SIMD_TARGET void SUMO__SIMD_NAME(sumo__convert)(sumo_dtype dst_dtype, void *dst,
+                                                     sumo_dtype src_dtype, const void *src,
+                                                     size_t n)
+{
+    /* fp64 -> fp16/bf16 needs round-to-odd through fp32; rare enough to stay scalar. */
+    if (src_dtype == SUMO_FLOAT64 && dst_dtype != SUMO_FLOAT32) {
+        sumo__convert_portable(dst_dtype, dst, src_dtype, src, n);
+        return;
+    }
+    if (src_dtype == SUMO_FLOAT64) {
+        float *d = dst;
+        const double *s = src;
+        size_t i = 0;
+        for (; i + WF <= n; i += WF)
+            vf_storeu(d + i, vf_from_vd(vd_loadu(s + i), vd_loadu(s + i + WD)));
+        for (; i < n; i++) d[i] = (float)s[i];
+        return;
+    }
+#define SUMO__PAIR(d, s) ((int)(d) * SUMO_DTYPE_COUNT + (int)(s))
+    switch (SUMO__PAIR(dst_dtype, src_dtype)) {
+    case SUMO__PAIR(SUMO_FLOAT64, SUMO_FLOAT32): convert_to_f64(dst, SUMO_FLOAT32, src, n); break;
+    case SUMO__PAIR(SUMO_FLOAT64, SUMO_FLOAT16): convert_to_f64(dst, SUMO_FLOAT16, src, n); break;
+    case SUMO__PAIR(SUMO_FLOAT64, SUMO_BFLOAT16):
+        convert_to_f64(dst, SUMO_BFLOAT16, src, n);
+        break;
+    case SUMO__PAIR(SUMO_FLOAT32, SUMO_FLOAT16):
+        convert_ff(SUMO_FLOAT32, dst, SUMO_FLOAT16, src, n);
+        break;
+    case SUMO__PAIR(SUMO_FLOAT32, SUMO_BFLOAT16):
+        convert_ff(SUMO_FLOAT32, dst, SUMO_BFLOAT16, src, n);
+        break;
+    case SUMO__PAIR(SUMO_FLOAT16, SUMO_FLOAT32):
+        convert_ff(SUMO_FLOAT16, dst, SUMO_FLOAT32, src, n);
+        break;
+    case SUMO__PAIR(SUMO_BFLOAT16, SUMO_FLOAT32):
+        convert_ff(SUMO_BFLOAT16, dst, SUMO_FLOAT32, src, n);
+        break;
+    case SUMO__PAIR(SUMO_FLOAT16, SUMO_BFLOAT16):
+        convert_ff(SUMO_FLOAT16, dst, SUMO_BFLOAT16, src, n);
+        break;
+    case SUMO__PAIR(SUMO_BFLOAT16, SUMO_FLOAT16):
+        convert_ff(SUMO_BFLOAT16, dst, SUMO_FLOAT16, src, n);
+        break;
+    default: sumo__convert_portable(dst_dtype, dst, src_dtype, src, n); break;
+    }
+#undef SUMO__PAIR
+}
+
+/* ---- dot_norms ---------------------------------------------------------------------------- */
+
+/*
+ * Four accumulators per sum, each a full vector of doubles: enough independent FMA chains to
+ * hide their latency, so the loop runs at memory speed rather than at one FMA per 4 cycles.
+ * The conversions and FMAs fill the out-of-order window enough that fewer loads are in
+ * flight than in a plain read loop; prefetching 1 KiB ahead per stream recovers most of the
+ * gap (measured on Zen 3: from ~75% to ~90% of a two-stream read's bandwidth). A prefetch
+ * past the end does not fault; the address is formed as an integer so it is no C overflow.
+ */
+#define SUMO__DOT_PREFETCH_BYTES 1024
+
+SIMD_INLINE void prefetch_ahead(const void *p, size_t byte_offset, size_t bytes)
+{
+    uintptr_t at = (uintptr_t)p + byte_offset + SUMO__DOT_PREFETCH_BYTES;
+    for (size_t k = 0; k < bytes; k += SUMO__CACHELINE) __builtin_prefetch((const void *)(at + k));
+}
+SIMD_INLINE void dot_f(sumo_dtype dt, const void *a, const void *b, size_t n, double out[3])
+{
+    vd d0 = vd_zero(), d1 = vd_zero(), d2 = vd_zero(), d3 = vd_zero();
+    vd p0 = vd_zero(), p1 = vd_zero(), p2 = vd_zero(), p3 = vd_zero();
+    vd q0 = vd_zero(), q1 = vd_zero(), q2 = vd_zero(), q3 = vd_zero();
+    size_t i = 0;
+    const size_t esz = sumo__dtype_bytes(dt);
+    for (; i + 2 * WF <= n; i += 2 * WF) {
+        prefetch_ahead(a, i * esz, 2 * WF * esz);
+        prefetch_ahead(b, i * esz, 2 * WF * esz);
+        vf x = ld(dt, a, i), y = ld(dt, b, i);
+        vd xl = vd_from_lo(x), xh = vd_from_hi(x), yl = vd_from_lo(y), yh = vd_from_hi(y);
+        d0 = vd_fmadd(xl, yl, d0);
+        d1 = vd_fmadd(xh, yh, d1);
+        p0 = vd_fmadd(xl, xl, p0);
+        p1 = vd_fmadd(xh, xh, p1);
+        q0 = vd_fmadd(yl, yl, q0);
+        q1 = vd_fmadd(yh, yh, q1);
+        x = ld(dt, a, i + WF);
+        y = ld(dt, b, i + WF);
+        xl = vd_from_lo(x), xh = vd_from_hi(x), yl = vd_from_lo(y), yh = vd_from_hi(y);
+        d2 = vd_fmadd(xl, yl, d2);
+        d3 = vd_fmadd(xh, yh, d3);
+        p2 = vd_fmadd(xl, xl, p2);
+        p3 = vd_fmadd(xh, xh, p3);
+        q2 = vd_fmadd(yl, yl, q2);
+        q3 = vd_fmadd(yh, yh, q3);
+    }
+    if (i + WF <= n) {
+        vf x = ld(dt, a, i), y = ld(dt, b, i);
+        vd xl = vd_from_lo(x), xh = vd_from_hi(x), yl = vd_from_lo(y), yh = vd_from_hi(y);
+        d0 = vd_fmadd(xl, yl, d0);
+        d1 = vd_fmadd(xh, yh, d1);
+        p0 = vd_fmadd(xl, xl, p0);
+        p1 = vd_fmadd(xh, xh, p1);
+        q0 = vd_fmadd(yl, yl, q0);
+        q1 = vd_fmadd(yh, yh, q1);
+        i += WF;
+    }
+    double dot = vd_hsum(vd_add(vd_add(d0, d1), vd_add(d2, d3)));
+    double aa = vd_hsum(vd_add(vd_add(p0, p1), vd_add(p2, p3)));
+    double bb = vd_hsum(vd_add(vd_add(q0, q1), vd_add(q2, q3)));
+    for (; i < n; i++) {
+        double x = (double)lds(dt, a, i), y = (double)lds(dt, b, i);
+        dot = fma(x, y, dot);
+        aa = fma(x, x, aa);
+        bb = fma(y, y, bb);
+    }
+    out[0] = dot;
+    out[1] = aa;
+    out[2] = bb;
+}
+
+SIMD_INLINE void dot_d(const double *a, const double *b, size_t n, double out[3])
+{
+    vd d0 = vd_zero(), d1 = vd_zero(), d2 = vd_zero(), d3 = vd_zero();
+    vd p0 = vd_zero(), p1 = vd_zero(), p2 = vd_zero(), p3 = vd_zero();
+    vd q0 = vd_zero(), q1 = vd_zero(), q2 = vd_zero(), q3 = vd_zero();
+    size_t i = 0;
+    for (; i + 4 * WD <= n; i += 4 * WD) {
+        prefetch_ahead(a, i * sizeof(double), 4 * WD * sizeof(double));
+        prefetch_ahead(b, i * sizeof(double), 4 * WD * sizeof(double));
+        vd x0 = vd_loadu(a + i), x1 = vd_loadu(a + i + WD);
+        vd y0 = vd_loadu(b + i), y1 = vd_loadu(b + i + WD);
+        d0 = vd_fmadd(x0, y0, d0);
+        d1 = vd_fmadd(x1, y1, d1);
+        p0 = vd_fmadd(x0, x0, p0);
+        p1 = vd_fmadd(x1, x1, p1);
+        q0 = vd_fmadd(y0, y0, q0);
+        q1 = vd_fmadd(y1, y1, q1);
+        x0 = vd_loadu(a + i + 2 * WD), x1 = vd_loadu(a + i + 3 * WD);
+        y0 = vd_loadu(b + i + 2 * WD), y1 = vd_loadu(b + i + 3 * WD);
+        d2 = vd_fmadd(x0, y0, d2);
+        d3 = vd_fmadd(x1, y1, d3);
+        p2 = vd_fmadd(x0, x0, p2);
+        p3 = vd_fmadd(x1, x1, p3);
+        q2 = vd_fmadd(y0, y0, q2);
+        q3 = vd_fmadd(y1, y1, q3);
+    }
+    for (; i + WD <= n; i += WD) {
+        vd x = vd_loadu(a + i), y = vd_loadu(b + i);
+        d0 = vd_fmadd(x, y, d0);
+        p0 = vd_fmadd(x, x, p0);
+        q0 = vd_fmadd(y, y, q0);
+    }
+    double dot = vd_hsum(vd_add(vd_add(d0, d1), vd_add(d2, d3)));
+    double aa = vd_hsum(vd_add(vd_add(p0, p1), vd_add(p2, p3)));
+    double bb = vd_hsum(vd_add(vd_add(q0, q1), vd_add(q2, q3)));
+    for (; i < n; i++) {
+        dot = fma(a[i], b[i], dot);
+        aa = fma(a[i], a[i], aa);
+        bb = fma(b[i], b[i], bb);
+    }
+    out[0] = dot;
+    out[1] = aa;
+    out[2] = bb;
+}
+
+SUMO__SIMD_TARGET void SUMO__SIMD_NAME(sumo__dot_norms)(sumo_dtype dtype, const void *a,
+                                                       const void *b, size_t n, double out[3])
+{
+    switch (dtype) {
+    case SUMO_FLOAT32: dot_f(SUMO_FLOAT32, a, b, n, out); break;
+    case SUMO_FLOAT16: dot_f(SUMO_FLOAT16, a, b, n, out); break;
+    case SUMO_BFLOAT16: dot_f(SUMO_BFLOAT16, a, b, n, out); break;
+    case SUMO_FLOAT64: dot_d(a, b, n, out); break;
+    default: break;
+    }
+}
+
+/* ---- scaled_add --------------------------------------------------------------------------- */
+
+SIMD_INLINE void scaled_add_f32(float *a, double ca, const float *b, double cb, size_t n)
+{
+    const vd vca = vd_set1(ca), vcb = vd_set1(cb);
+    size_t i = 0;
+    for (; i + WF <= n; i += WF) {
+        vf x = vf_loadu(a + i), y = vf_loadu(b + i);
+        vd lo = vd_fmadd(vca, vd_from_lo(x), vd_mul(vcb, vd_from_lo(y)));
+        vd hi = vd_fmadd(vca, vd_from_hi(x), vd_mul(vcb, vd_from_hi(y)));
+        vf_storeu(a + i, vf_from_vd(lo, hi));
+    }
+    for (; i < n; i++) a[i] = (float)fma(ca, (double)a[i], cb * (double)b[i]);
+}
+
+SIMD_INLINE void scaled_add_f64(double *a, double ca, const double *b, double cb, size_t n)
+{
+    const vd vca = vd_set1(ca), vcb = vd_set1(cb);
+    size_t i = 0;
+    for (; i + WD <= n; i += WD)
+        vd_storeu(a + i, vd_fmadd(vca, vd_loadu(a + i), vd_mul(vcb, vd_loadu(b + i))));
+    for (; i < n; i++) a[i] = fma(ca, a[i], cb * b[i]);
+}
+
+SIMD_INLINE void scaled_add_half(sumo_dtype dt, void *a, float ca, const void *b, float cb,
+                                 size_t n)
+{
+    void *const outs[1] = {a};
+    const vf vca = vf_set1(ca), vcb = vf_set1(cb);
+    size_t i = 0;
+    for (; i + WF <= n; i += WF)
+        st(dt, outs, 1, i, vf_fmadd(vca, ld(dt, a, i), vf_mul(vcb, ld(dt, b, i))));
+    for (; i < n; i++) sts(dt, outs, 1, i, fmaf(ca, lds(dt, a, i), cb * lds(dt, b, i)));
+}
+
+SUMO__SIMD_TARGET void SUMO__SIMD_NAME(sumo__scaled_add)(sumo_dtype dtype, void *a, double ca,
+                                                        const void *b, double cb, size_t n)
+{
+    switch (dtype) {
+    case SUMO_FLOAT32: scaled_add_f32(a, ca, b, cb, n); break;
+    case SUMO_FLOAT64: scaled_add_f64(a, ca, b, cb, n); break;
+    case SUMO_FLOAT16: scaled_add_half(SUMO_FLOAT16, a, (float)ca, b, (float)cb, n); break;
+    case SUMO_BFLOAT16: scaled_add_half(SUMO_BFLOAT16, a, (float)ca, b, (float)cb, n); break;
+    default: break;
+    }
+}
+
+#undef SIMD_INLINE
+#undef WD
+#undef SUMO__DOT_PREFETCH_BYTES
