@@ -50,6 +50,10 @@ static long futex_wait(_Atomic uint32_t *word, uint32_t value, int64_t timeout_n
 
 void sumo__shm_wake(sumo__shm *shm, _Atomic uint32_t *word)
 {
+    /* The caller's store to word must be visible before we read sleepers (a store-load
+     * order x86 does not give for free); the waiter does the mirror image (increment
+     * sleepers, then re-read word), so one of the two always sees the other. */
+    atomic_thread_fence(memory_order_seq_cst);
     if (atomic_load(&shm->ctl->sleepers) != 0)
         syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
