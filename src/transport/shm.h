@@ -25,7 +25,7 @@ typedef struct sumo__shm_desc {
     uint64_t sendptr;   /* meaningful only when the ranks share an address space */
     uint64_t recvptr;
     unsigned char payload[64];
-} __attribute__((aligned(128))) sumo__shm_desc;
+} __attribute__((aligned(SUMO__CACHELINE))) sumo__shm_desc;
 
 typedef struct sumo__shm_ctl {
     _Atomic uint32_t arrived __attribute__((aligned(SUMO__CACHELINE)));
