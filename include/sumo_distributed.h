@@ -69,7 +69,9 @@ typedef struct sumo_distributed sumo_distributed;
 /*
  * comm, optimizer and aggregator are borrowed and must outlive the handle. aggregator is used
  * by GRADIENT and DELTA and may be NULL for SLOWMO (which averages exactly). nparams is the
- * parameter count (the optimizer's n). Collective over comm.
+ * parameter count (the optimizer's n). For SLOWMO this is collective over comm: ranks whose
+ * SlowMo options differ all get SUMO_ERR_MISMATCH, and invalid options on any rank give
+ * SUMO_ERR_INVALID_ARGUMENT on every rank.
  */
 sumo_result sumo_distributed_create(sumo_comm *comm, sumo_optimizer *optimizer,
                                     sumo_aggregator *aggregator, size_t nparams,
@@ -82,7 +84,10 @@ sumo_result sumo_distributed_destroy(sumo_distributed *dist);
  * this rank's grads (which may be overwritten) with learning rate lr. Afterwards params are
  * bit-identical on every rank, except inside a SlowMo outer iteration, where each rank holds
  * its own local parameters until the next exact average. *communicated (may be NULL) is set
- * to 1 when this step communicated.
+ * to 1 when this step communicated. SUMO_ERR_NONFINITE, on every rank alike, says the
+ * combined update held NaN or Inf (Adasum and ACGA name the tensor in the communicator's
+ * error message; SlowMo's average went non-finite): training has diverged. SlowMo refuses an
+ * outer step at lr 0 (its update divides by the rate) with SUMO_ERR_INVALID_ARGUMENT.
  */
 sumo_result sumo_distributed_step(sumo_distributed *dist, float *params, float *grads, double lr,
                                   int *communicated);
