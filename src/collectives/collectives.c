@@ -16,13 +16,18 @@
  * Each output element is computed by exactly one rank, or by partners computing the same
  * commutative sum, so every rank ends bit-identical. The shm algorithms sum in rank order.
  */
-#include "collectives/comm.h"
+#include "collectives/agree.h"
 #include "kernels/kernels.h"
 
 #include <stdio.h>
 #include <string.h>
 
-enum call_kind { KIND_ALLREDUCE = 1, KIND_ALLGATHER, KIND_BROADCAST, KIND_BARRIER };
+enum call_kind {
+    KIND_ALLREDUCE = SUMO__CALL_ALLREDUCE,
+    KIND_ALLGATHER = SUMO__CALL_ALLGATHER,
+    KIND_BROADCAST = SUMO__CALL_BROADCAST,
+    KIND_BARRIER = SUMO__CALL_BARRIER,
+};
 
 static const char *kind_name(uint32_t kind)
 {
@@ -35,18 +40,8 @@ static const char *kind_name(uint32_t kind)
     }
 }
 
-/* What every rank announces; also carried by allgather_small on transports without shm. */
-typedef struct call_desc {
-    uint32_t kind;
-    uint32_t dtype;
-    uint32_t op;
-    int32_t root;
-    uint64_t count;
-    uint32_t local_error; /* a sumo_result: this rank's own arguments were invalid */
-    uint32_t pad;
-    uint64_t sendptr;
-    uint64_t recvptr;
-} call_desc;
+/* What every rank announces (collectives/agree.h). */
+typedef sumo__call_desc call_desc;
 
 #define SMALL_MESSAGE_BYTES (64 * 1024)
 
@@ -117,6 +112,12 @@ static sumo_result compare_descs(sumo_comm *c, const call_desc *all, const call_
         if (o->root != mine->root)
             return SUMO__FAIL(tp, SUMO_ERR_MISMATCH, "%s: rank %d passed root %d, rank %d %d",
                               kind_name(mine->kind), r, o->root, tp->rank, mine->root);
+        if (o->aux != mine->aux)
+            return SUMO__FAIL(tp, SUMO_ERR_MISMATCH,
+                              "%s: rank %d passed a different tensor layout or op options than "
+                              "rank %d (layout hash %016llx vs %016llx)",
+                              kind_name(mine->kind), r, tp->rank, (unsigned long long)o->aux,
+                              (unsigned long long)mine->aux);
     }
     return SUMO_SUCCESS;
 }
@@ -154,6 +155,8 @@ static sumo_result agree(sumo_comm *c, call_desc *d)
     }
     return SUMO_SUCCESS;
 }
+
+sumo_result sumo__agree(sumo_comm *c, sumo__call_desc *d) { return agree(c, d); }
 
 /* The buffer rank k published in the agreement step (shared address space only). */
 static unsigned char *peer_ptr(sumo__transport *tp, int k, bool recv)
@@ -539,7 +542,7 @@ static sumo__algo pick_allreduce(sumo_comm *c, const call_desc *d)
     if (c->tp->shm) return SUMO__ALGO_SHM;
     size_t bytes = d->count * sumo__dtype_bytes(d->dtype);
     if (bytes <= SMALL_MESSAGE_BYTES) {
-        if (c->native_allreduce && (d->dtype == SUMO_FLOAT32 || d->dtype == SUMO_FLOAT64))
+        if (c->tp->ops->native_allreduce && (d->dtype == SUMO_FLOAT32 || d->dtype == SUMO_FLOAT64))
             return SUMO__ALGO_NATIVE;
         return SUMO__ALGO_RECURSIVE_DOUBLING;
     }
@@ -575,7 +578,7 @@ sumo_result sumo__allreduce_locked(sumo_comm *c, const void *sendbuf, void *recv
     case SUMO__ALGO_RECURSIVE_DOUBLING: return allreduce_recursive_doubling(c, &d, sendbuf, recvbuf);
     case SUMO__ALGO_NATIVE:
         SUMO__CHECK(agree(c, &d));
-        return c->native_allreduce(c->tp, sendbuf, recvbuf, count, dtype, op);
+        return c->tp->ops->native_allreduce(c->tp, sendbuf, recvbuf, count, dtype, op);
     default: return SUMO__FAIL(c->tp, SUMO_ERR_INTERNAL, "allreduce: unknown algorithm %d", (int)algo);
     }
 }

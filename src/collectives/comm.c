@@ -132,7 +132,7 @@ sumo_result sumo__comm_set_algorithm(sumo_comm *comm, sumo__algo algo)
 {
     if (comm == NULL) return SUMO_ERR_INVALID_ARGUMENT;
     if (algo == SUMO__ALGO_SHM && comm->tp->shm == NULL) return SUMO_ERR_INVALID_USAGE;
-    if (algo == SUMO__ALGO_NATIVE && comm->native_allreduce == NULL) return SUMO_ERR_INVALID_USAGE;
+    if (algo == SUMO__ALGO_NATIVE && comm->tp->ops->native_allreduce == NULL) return SUMO_ERR_INVALID_USAGE;
     comm->algo = algo;
     return SUMO_SUCCESS;
 }

@@ -39,9 +39,6 @@ struct sumo_comm {
     size_t scratch_bytes;
     /* Ops created on this handle (Adasum with a layout); owned by collectives/adasum.c. */
     struct sumo__op_table *op_table;
-    /* Optional native allreduce of the transport (MPI), NULL when it has none. */
-    sumo_result (*native_allreduce)(sumo__transport *tp, const void *sendbuf, void *recvbuf,
-                                    size_t count, sumo_dtype dtype, sumo_op op);
 };
 
 /* Wraps a transport (taking ownership) into a communicator. */

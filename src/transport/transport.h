@@ -28,6 +28,10 @@ typedef struct sumo__transport_ops {
     /* out[r*bytes .. (r+1)*bytes) = rank r's in, for every r. For small records (<= 64 B). */
     sumo_result (*allgather_small)(sumo__transport *tp, const void *in, void *out, size_t bytes);
     sumo_result (*barrier)(sumo__transport *tp);
+    /* Optional (NULL when the transport has none): the library's own allreduce (MPI's), for
+     * fp32/fp64 SUM and AVERAGE, bounded by the deadline like everything else. */
+    sumo_result (*native_allreduce)(sumo__transport *tp, const void *sendbuf, void *recvbuf,
+                                    size_t count, sumo_dtype dtype, sumo_op op);
     /* Marks this rank as gone so peers waiting on it fail fast, then frees the rank's state. */
     void (*destroy)(sumo__transport *tp);
 } sumo__transport_ops;

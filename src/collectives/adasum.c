@@ -1,0 +1,753 @@
+/*
+ * Adasum allreduce (design/adasum.md).
+ *
+ * The combine, per tensor of the op's layout:
+ *     Adasum(a, b) = (1 - a.b / (2|a|^2)) a + (1 - a.b / (2|b|^2)) b,
+ * a coefficient being 1 when its squared norm is below sqrt(DBL_MIN) = 2^-511 (so Adasum(a, 0)
+ * = a and nothing divides by zero). Dot products and norms accumulate in double for every dtype;
+ * the update is sumo__kernel_scaled_add (double for fp32/fp64, fp32 FMA for fp16/bf16), rounded
+ * to the dtype after every combine.
+ *
+ * THE RESULT, for P ranks (every rank gets the same bits; the tree shape is part of it, because
+ * Adasum is not associative):
+ *   Participants. Flat: u_i = rank i's input, G = P. Hierarchical with group size g (P % g == 0):
+ *   G = P / g and u_i = the average of ranks [i*g, (i+1)*g): summed in rank order in the
+ *   accumulator type (fp32 for fp16/bf16, else the dtype), divided once by g, rounded once.
+ *   Tree. G2 = the largest power of two <= G, R = G - G2. The 2R leading participants first
+ *   combine in pairs: w_i = Adasum(u_{2i}, u_{2i+1}) for i < R; the others move up unchanged:
+ *   w_i = u_{i+R} for R <= i < G2. Then the balanced binary tree over w_0 .. w_{G2-1} in order:
+ *   level 0 combines (w0,w1), (w2,w3), ..., level 1 combines those results pairwise, and so on;
+ *   the lower-numbered operand is always the left one. Examples:
+ *     G=1: u0.   G=2: A(u0,u1).   G=3: A(A(u0,u1), u2).   G=4: A(A(u0,u1), A(u2,u3)).
+ *     G=5: A(A(A(u0,u1), u2), A(u3,u4)).   G=6: A(A(A(u0,u1), A(u2,u3)), A(u4,u5)).
+ *     G=7: A(A(A(u0,u1), A(u2,u3)), A(A(u4,u5), u6)).
+ *
+ * HOW (rank r = grp * g + mem; flat is g = 1, grp = r, mem = 0):
+ *   1. Hierarchical: member m of each group gets slice m of its group's average (slice m = part
+ *      m of [0, N) cut in g nearly equal parts).
+ *   2. Fold, for i < R: member m of group 2i and member m of group 2i+1 run one combine level
+ *      on slice m (2i is LEFT); 2i+1 hands its combined half to 2i and waits for the result.
+ *   3. Vector-halving distance-doubling over the G2 remaining groups, on slice m: the notes'
+ *      algorithm with "rank" read as "group".
+ *   4. Every rank gets every finished element, and the status.
+ *   A combine level: partners split [lo, hi) in halves; each keeps one half and computes, for
+ *   every tensor on it, (dot, |LEFT|^2, |RIGHT|^2) of its data and its partner's. Those 3T
+ *   doubles are summed over the block of ranks that together hold all of LEFT and RIGHT (2L
+ *   groups x g members) by recursive doubling, folded to a power of two: IEEE addition is
+ *   commutative, so both partners of every step hold the same bits and the whole block gets the
+ *   same coefficients. Then x = c_own * x + c_other * partner's on the kept half. Every
+ *   element's final value is computed by exactly one rank and copied to the others, so all
+ *   ranks end bit-identical, whichever of the two data paths below moved the bytes (they
+ *   compute the same operations on the same ranges: same bits).
+ *
+ * Data paths.
+ *   Point to point (MPI, or any forced algorithm): partners swap halves with sendrecv, the
+ *   allgather runs in exact reverse order, step 1 exchanges slices, step 4 sends them back.
+ *   Scratch: the receive area (flat: half the buffer; hierarchical: the g-1 slices of the
+ *   group's peers, under one buffer) plus 2 x 3T doubles.
+ *   Direct (threads: one address space, the default there): no data goes through the
+ *   transport. Partners read each other's buffers after a handshake, step 1 reads the group's
+ *   send buffers, the fold's right half is written straight into its survivor's buffer, and
+ *   the last level writes each finished chunk into every rank's receive buffer while it is in
+ *   cache (no allgather). Scratch: 2 x 3T doubles and 2P pointers. Why it is safe: a rank
+ *   writes into another's receive buffer only ranges nobody reads any more (after the last
+ *   level's sums, which every survivor reaches only after all its earlier reads, and which
+ *   the folded ranks' survivors reach only after the hand-off), and the call ends with a
+ *   barrier, so no rank returns while its buffers are still read or written.
+ *   Both take the scratch from the handle's kept scratch: nothing is allocated once it is big
+ *   enough.
+ *
+ * NaN and Inf: a tensor whose summed (dot, norms) are not finite gets NaN coefficients, so its
+ * result is NaN from that level on while the other tensors are untouched. The last level's sums
+ * cover every tensor of every rank and are seen by every rank of step 3, so they all name the
+ * same first bad tensor (folded ranks receive it with the result): SUMO_ERR_NONFINITE on every
+ * rank. Squared norms that overflow double count as non-finite. With one participant (G = 1)
+ * nothing is combined, and a separate pass over the sums checks the same condition.
+ *
+ * Shared memory: sumo__agree() needs a barrier, or a dependency on data every rank sent after
+ * agreeing, before the next agreement. The direct path ends with a barrier; on the point to
+ * point path with P >= 2 every rank's last receive depends on data that every other rank sent
+ * after agreeing (the last level's sums span all ranks of step 3, which hold everything the
+ * folded ranks and the groups sent).
+ */
+#include "collectives/agree.h"
+#include "kernels/kernels.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* sqrt(DBL_MIN) = sqrt(2^-1022), exactly; Horovod's tiny-norm threshold. */
+#define TINY_NORM_SQ 0x1p-511
+
+/* Ranks and levels are ints; a power of two among them has at most 31 halvings. */
+#define MAX_LEVELS 32
+
+typedef struct adasum_op {
+    size_t ntensors;  /* 0: the whole buffer is one tensor, whatever the count */
+    size_t *offsets;  /* ntensors + 1 prefix sums (NULL when ntensors == 0) */
+    int group_size;   /* 1 when flat */
+    uint64_t hash;    /* of the layout and the options, compared across ranks */
+} adasum_op;
+
+struct sumo__op_table {
+    adasum_op **ops; /* ops[id - SUMO_OP_COUNT]; NULL once destroyed, ids are never reused */
+    size_t n, cap;
+};
+
+/* ---- the op table ------------------------------------------------------------------------ */
+
+static uint64_t hash_mix(uint64_t h, uint64_t v)
+{
+    /* FNV-1a over the 8 bytes of v. */
+    for (int i = 0; i < 8; i++) {
+        h ^= (v >> (8 * i)) & 0xff;
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+static uint64_t layout_hash(const size_t *counts, size_t ntensors, int group_size)
+{
+    uint64_t h = hash_mix(0xcbf29ce484222325ull, 0x41646173756d31ull); /* "Adasum1" */
+    h = hash_mix(h, (uint64_t)ntensors);
+    for (size_t t = 0; t < ntensors; t++) h = hash_mix(h, (uint64_t)counts[t]);
+    return hash_mix(h, (uint64_t)group_size);
+}
+
+static void op_free(adasum_op *op)
+{
+    if (op == NULL) return;
+    free(op->offsets);
+    free(op);
+}
+
+void sumo__op_table_free(sumo_comm *comm)
+{
+    struct sumo__op_table *t = comm->op_table;
+    if (t == NULL) return;
+    for (size_t i = 0; i < t->n; i++) op_free(t->ops[i]);
+    free(t->ops);
+    free(t);
+    comm->op_table = NULL;
+}
+
+static adasum_op *op_lookup(const sumo_comm *comm, int op)
+{
+    const struct sumo__op_table *t = comm->op_table;
+    if (t == NULL || op < SUMO_OP_COUNT || (size_t)(op - SUMO_OP_COUNT) >= t->n) return NULL;
+    return t->ops[op - SUMO_OP_COUNT];
+}
+
+/* Local checks of the options; the group size resolved (1 when flat). */
+static sumo_result options_check(sumo_comm *comm, const sumo_adasum_options *o, int *group_size,
+                                 size_t *total)
+{
+    sumo__transport *tp = comm->tp;
+    if (o->struct_size < sizeof *o)
+        return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
+                          "adasum options: struct_size %zu is smaller than this library's %zu",
+                          o->struct_size, sizeof *o);
+    if (o->ntensors > 0 && o->tensor_counts == NULL)
+        return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
+                          "adasum options: %zu tensors but tensor_counts is NULL", o->ntensors);
+    /* Bounded so that 3 doubles per tensor (the per-level sums) stay addressable. */
+    if (o->ntensors > SIZE_MAX / 64)
+        return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT, "adasum options: %zu tensors is too many",
+                          o->ntensors);
+    size_t sum = 0;
+    for (size_t t = 0; t < o->ntensors; t++) {
+        if (__builtin_add_overflow(sum, o->tensor_counts[t], &sum))
+            return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
+                              "adasum options: tensor counts overflow size_t at tensor %zu", t);
+    }
+    *total = sum;
+    *group_size = 1;
+    if (!o->hierarchical) return SUMO_SUCCESS;
+    int g = o->group_size;
+    if (g < 0)
+        return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT, "adasum options: group_size %d < 0", g);
+    if (g == 0) g = tp->node_local_size > 0 ? tp->node_local_size : tp->size;
+    if (g > tp->size || tp->size % g != 0)
+        return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
+                          "adasum options: group_size %d does not divide the %d ranks", g,
+                          tp->size);
+    *group_size = g;
+    return SUMO_SUCCESS;
+}
+
+sumo_result sumo_op_create_adasum(sumo_comm *comm, const sumo_adasum_options *options,
+                                  sumo_op *op)
+{
+    if (comm == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    if (options == NULL || op == NULL)
+        return SUMO__FAIL(comm->tp, SUMO_ERR_INVALID_ARGUMENT,
+                          "sumo_op_create_adasum: NULL %s", options == NULL ? "options" : "op");
+    pthread_mutex_lock(&comm->lock);
+    sumo_result r = SUMO_SUCCESS;
+    int g = 1;
+    size_t total = 0;
+    adasum_op *a = NULL;
+    r = options_check(comm, options, &g, &total);
+    if (r != SUMO_SUCCESS) goto out;
+    struct sumo__op_table *t = comm->op_table;
+    if (t == NULL) {
+        t = calloc(1, sizeof *t);
+        if (t == NULL) goto oom;
+        comm->op_table = t;
+    }
+    if (t->n >= (size_t)INT32_MAX - SUMO_OP_COUNT) {
+        r = SUMO__FAIL(comm->tp, SUMO_ERR_INVALID_USAGE, "sumo_op_create_adasum: out of op ids");
+        goto out;
+    }
+    if (t->n == t->cap) {
+        size_t cap = t->cap ? 2 * t->cap : 8;
+        adasum_op **ops = realloc(t->ops, cap * sizeof *ops);
+        if (ops == NULL) goto oom;
+        t->ops = ops;
+        t->cap = cap;
+    }
+    a = calloc(1, sizeof *a);
+    if (a == NULL) goto oom;
+    a->ntensors = options->ntensors;
+    a->group_size = g;
+    a->hash = layout_hash(options->tensor_counts, options->ntensors, g);
+    if (a->ntensors > 0) {
+        a->offsets = malloc((a->ntensors + 1) * sizeof *a->offsets);
+        if (a->offsets == NULL) goto oom;
+        a->offsets[0] = 0;
+        for (size_t k = 0; k < a->ntensors; k++)
+            a->offsets[k + 1] = a->offsets[k] + options->tensor_counts[k];
+    }
+    t->ops[t->n] = a;
+    *op = (sumo_op)(SUMO_OP_COUNT + (int)t->n);
+    t->n++;
+    a = NULL;
+    goto out;
+oom:
+    r = SUMO__FAIL(comm->tp, SUMO_ERR_SYSTEM, "sumo_op_create_adasum: out of memory");
+out:
+    op_free(a);
+    pthread_mutex_unlock(&comm->lock);
+    return r;
+}
+
+sumo_result sumo_op_destroy(sumo_comm *comm, sumo_op op)
+{
+    if (comm == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    /* Queued requests may still use the op: they run first, as for a blocking collective. */
+    sumo__comm_enter(comm);
+    sumo_result r = SUMO_SUCCESS;
+    adasum_op *a = op_lookup(comm, (int)op);
+    if (a == NULL) {
+        r = SUMO__FAIL(comm->tp, SUMO_ERR_INVALID_ARGUMENT,
+                       "sumo_op_destroy: op %d was not created on this communicator (or was "
+                       "destroyed already)",
+                       (int)op);
+    } else {
+        comm->op_table->ops[op - SUMO_OP_COUNT] = NULL;
+        op_free(a);
+    }
+    sumo__comm_leave(comm);
+    return r;
+}
+
+/* ---- one call ---------------------------------------------------------------------------- */
+
+/* Elements per step of the update pass: the chunk just written is still in cache when it is
+ * copied on to the other ranks. */
+#define UPDATE_CHUNK_BYTES (32 * 1024)
+
+/* Where the update pass also writes its result (direct mode). */
+enum { FORWARD_NONE = -1, FORWARD_ALL = -2 };
+
+typedef struct run {
+    sumo_comm *c;
+    sumo__transport *tp;
+    sumo_dtype dtype;
+    size_t esz;
+    size_t ntensors;          /* >= 1 */
+    const size_t *off;        /* ntensors + 1 */
+    size_t single[2];         /* the offsets of a one-tensor layout */
+    unsigned char *x;         /* the receive buffer: the working vector */
+    const unsigned char *src; /* where this rank's data is: sendbuf until the first update */
+    unsigned char *y;         /* receive area (point-to-point mode) */
+    double *sums, *peer;      /* 3 * ntensors each */
+    const void **ins;         /* g pointers (hierarchical average) */
+    /* Direct mode (ranks share an address space): every rank's buffers, from the agreement. */
+    bool direct;
+    const unsigned char **send_of;
+    unsigned char **recv_of;
+    int g, ngroups, grp, mem;
+    int g2, rem; /* groups in the power-of-two stage; pairs folded before it */
+    size_t bad;  /* first tensor whose result is NaN, or SIZE_MAX */
+} run;
+
+/* The groups taking part in one sum of the per-level triples: [first, first + ngroups) in
+ * virtual numbering (step 3) or real numbering (the fold), with all g members of each. */
+typedef struct block {
+    int first, ngroups;
+    bool virtual_groups;
+} block;
+
+static int real_group(const run *a, int v) { return v < a->rem ? 2 * v : v + a->rem; }
+
+static int block_rank(const run *a, const block *b, int idx)
+{
+    int grp = b->first + idx / a->g;
+    if (b->virtual_groups) grp = real_group(a, grp);
+    return grp * a->g + idx % a->g;
+}
+
+static size_t slice_off(size_t n, int parts, int s)
+{
+    return (n / (size_t)parts) * (size_t)s + SUMO__MIN((size_t)s, n % (size_t)parts);
+}
+
+/* The first tensor that ends after pos (zero-length tensors at pos are skipped). */
+static size_t first_tensor(const run *a, size_t pos)
+{
+    size_t lo = 0, hi = a->ntensors;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (a->off[mid + 1] > pos) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
+/* A pairwise synchronisation: both ranks have reached it (and everything each wrote before is
+ * visible to the other). */
+static sumo_result handshake(sumo__transport *tp, int peer)
+{
+    return tp->ops->sendrecv(tp, NULL, 0, peer, NULL, 0, peer);
+}
+
+/* Sums the 3T doubles in a->sums over the block; every rank of it ends with the same bits. */
+static sumo_result block_sum(run *a, const block *b, int my_group)
+{
+    sumo__transport *tp = a->tp;
+    size_t len = 3 * a->ntensors, bytes = len * sizeof(double);
+    int n = b->ngroups * a->g, me = (my_group - b->first) * a->g + a->mem;
+    int pof2 = 1;
+    while (pof2 * 2 <= n) pof2 *= 2;
+    int extra = n - pof2, vme;
+    if (me < 2 * extra) {
+        if (me % 2) {
+            SUMO__CHECK(tp->ops->sendrecv(tp, a->sums, bytes, block_rank(a, b, me - 1), NULL, 0, -1));
+            vme = -1;
+        } else {
+            SUMO__CHECK(tp->ops->sendrecv(tp, NULL, 0, -1, a->peer, bytes, block_rank(a, b, me + 1)));
+            for (size_t i = 0; i < len; i++) a->sums[i] += a->peer[i];
+            vme = me / 2;
+        }
+    } else {
+        vme = me - extra;
+    }
+    if (vme >= 0) {
+        for (int mask = 1; mask < pof2; mask <<= 1) {
+            int vpeer = vme ^ mask;
+            int peer = block_rank(a, b, vpeer < extra ? 2 * vpeer : vpeer + extra);
+            SUMO__CHECK(tp->ops->sendrecv(tp, a->sums, bytes, peer, a->peer, bytes, peer));
+            /* Commutative in IEEE arithmetic: both partners compute the same bits. */
+            for (size_t i = 0; i < len; i++) a->sums[i] += a->peer[i];
+        }
+    }
+    if (me < 2 * extra) {
+        int partner = block_rank(a, b, me % 2 ? me - 1 : me + 1);
+        if (me % 2) SUMO__CHECK(tp->ops->sendrecv(tp, NULL, 0, -1, a->sums, bytes, partner));
+        else SUMO__CHECK(tp->ops->sendrecv(tp, a->sums, bytes, partner, NULL, 0, -1));
+    }
+    return SUMO_SUCCESS;
+}
+
+/* False, with NaN coefficients, when the tensor's sums are not finite. */
+static bool coefficients(const double s[3], double *cl, double *cr)
+{
+    if (!isfinite(s[0]) || !isfinite(s[1]) || !isfinite(s[2])) {
+        *cl = *cr = NAN;
+        return false;
+    }
+    *cl = s[1] < TINY_NORM_SQ ? 1.0 : 1.0 - s[0] / (2.0 * s[1]);
+    *cr = s[2] < TINY_NORM_SQ ? 1.0 : 1.0 - s[0] / (2.0 * s[2]);
+    return true;
+}
+
+/* Copies x[s, e) into the same place of the receive buffer of `forward` (a rank, or all
+ * others). */
+static void forward_range(run *a, size_t s, size_t e, int forward)
+{
+    size_t esz = a->esz;
+    if (forward == FORWARD_NONE || e <= s) return;
+    for (int q = 0; q < a->tp->size; q++) {
+        if (q == a->tp->rank || (forward != FORWARD_ALL && q != forward)) continue;
+        memcpy(a->recv_of[q] + s * esz, a->x + s * esz, (e - s) * esz);
+    }
+}
+
+/* x[s, e) = c_own * (this rank's data) + c_other * theirs, chunk by chunk so that the first
+ * copy from the send buffer and the forwarding read what is still in cache. */
+static void update(run *a, size_t s, size_t e, double c_own, const unsigned char *theirs,
+                   double c_other, int forward)
+{
+    size_t esz = a->esz, chunk = UPDATE_CHUNK_BYTES / esz;
+    for (size_t c0 = s; c0 < e; c0 += chunk) {
+        size_t len = SUMO__MIN(chunk, e - c0);
+        unsigned char *xc = a->x + c0 * esz;
+        if (a->src != a->x) memcpy(xc, a->src + c0 * esz, len * esz);
+        sumo__kernel_scaled_add(a->dtype, xc, c_own, theirs + (c0 - s) * esz, c_other, len);
+        forward_range(a, c0, c0 + len, forward);
+    }
+}
+
+/*
+ * One combine level on [*lo, *hi) with the partner rank `peer`: this rank is LEFT when `left`.
+ * Leaves the kept half in [*lo, *hi). peer_in_recv: the partner's data is in its receive
+ * buffer already (direct mode reads it there, else in its send buffer). On the last level,
+ * records the first non-finite tensor.
+ */
+static sumo_result combine_level(run *a, size_t *lo, size_t *hi, int peer, bool left,
+                                 bool peer_in_recv, const block *b, int my_group, bool last,
+                                 int forward)
+{
+    sumo__transport *tp = a->tp;
+    size_t esz = a->esz, mid = *lo + (*hi - *lo) / 2;
+    size_t klo = left ? *lo : mid, khi = left ? mid : *hi;
+    size_t glo = left ? mid : *lo, ghi = left ? *hi : mid;
+    const unsigned char *theirs; /* the partner's element klo */
+    if (a->direct) {
+        /* The partner finished writing what we read (its previous level) and reads ours. */
+        SUMO__CHECK(handshake(tp, peer));
+        theirs = (peer_in_recv ? a->recv_of[peer] : a->send_of[peer]) + klo * esz;
+    } else {
+        SUMO__CHECK(tp->ops->sendrecv(tp, a->src + glo * esz, (ghi - glo) * esz, peer, a->y,
+                                      (khi - klo) * esz, peer));
+        theirs = a->y;
+    }
+    memset(a->sums, 0, 3 * a->ntensors * sizeof(double));
+    size_t t0 = first_tensor(a, klo);
+    for (size_t t = t0; t < a->ntensors && a->off[t] < khi; t++) {
+        size_t s = SUMO__MAX(a->off[t], klo), e = SUMO__MIN(a->off[t + 1], khi);
+        if (e <= s) continue;
+        const unsigned char *mine = a->src + s * esz, *other = theirs + (s - klo) * esz;
+        sumo__kernel_dot_norms(a->dtype, left ? mine : other, left ? other : mine, e - s,
+                               &a->sums[3 * t]);
+    }
+    SUMO__CHECK(block_sum(a, b, my_group));
+    if (last) {
+        for (size_t t = 0; t < a->ntensors; t++) {
+            double cl, cr;
+            if (!coefficients(&a->sums[3 * t], &cl, &cr)) {
+                a->bad = t;
+                break;
+            }
+        }
+    }
+    for (size_t t = t0; t < a->ntensors && a->off[t] < khi; t++) {
+        size_t s = SUMO__MAX(a->off[t], klo), e = SUMO__MIN(a->off[t + 1], khi);
+        if (e <= s) continue;
+        double cl, cr;
+        coefficients(&a->sums[3 * t], &cl, &cr);
+        update(a, s, e, left ? cl : cr, theirs + (s - klo) * esz, left ? cr : cl, forward);
+    }
+    /* Elements of no tensor cannot exist (the layout covers [0, count)), so x[klo, khi) is
+     * complete. */
+    a->src = a->x;
+    *lo = klo;
+    *hi = khi;
+    return SUMO_SUCCESS;
+}
+
+/* G == 1: nothing is combined, but a non-finite tensor must still become NaN and be named. */
+static sumo_result check_single(run *a, size_t lo, size_t hi)
+{
+    size_t esz = a->esz;
+    if (a->src != a->x) {
+        if (hi > lo) memcpy(a->x + lo * esz, a->src + lo * esz, (hi - lo) * esz);
+        a->src = a->x;
+    }
+    memset(a->sums, 0, 3 * a->ntensors * sizeof(double));
+    size_t t0 = first_tensor(a, lo);
+    for (size_t t = t0; t < a->ntensors && a->off[t] < hi; t++) {
+        size_t s = SUMO__MAX(a->off[t], lo), e = SUMO__MIN(a->off[t + 1], hi);
+        if (e > s) sumo__kernel_dot_norms(a->dtype, a->x + s * esz, a->x + s * esz, e - s, &a->sums[3 * t]);
+    }
+    block b = {.first = a->grp, .ngroups = 1, .virtual_groups = false};
+    SUMO__CHECK(block_sum(a, &b, a->grp));
+    for (size_t t = 0; t < a->ntensors; t++) {
+        double cl, cr;
+        if (coefficients(&a->sums[3 * t], &cl, &cr)) continue;
+        if (a->bad == SIZE_MAX) a->bad = t;
+        size_t s = SUMO__MAX(a->off[t], lo), e = SUMO__MIN(a->off[t + 1], hi);
+        if (e > s) sumo__kernel_scaled_add(a->dtype, a->x + s * esz, NAN, a->x + s * esz, 0.0, e - s);
+    }
+    if (a->direct) forward_range(a, lo, hi, FORWARD_ALL); /* one group: all ranks */
+    return SUMO_SUCCESS;
+}
+
+/* Step 1: member `mem` ends with slice `mem` of its group's average, in rank order. */
+static sumo_result group_average(run *a, size_t n)
+{
+    sumo__transport *tp = a->tp;
+    int g = a->g, base = a->grp * g;
+    size_t esz = a->esz;
+    size_t lo = slice_off(n, g, a->mem), len = slice_off(n, g, a->mem + 1) - lo;
+    if (a->direct) {
+        /* Every input is complete since the agreement; each member reads its slice of all. */
+        for (int k = 0; k < g; k++) a->ins[k] = a->send_of[base + k] + lo * esz;
+    } else {
+        for (int s = 1; s < g; s++) {
+            int to = (a->mem + s) % g, from = (a->mem - s + g) % g;
+            size_t tlo = slice_off(n, g, to), tlen = slice_off(n, g, to + 1) - tlo;
+            int slot = from < a->mem ? from : from - 1;
+            SUMO__CHECK(tp->ops->sendrecv(tp, a->src + tlo * esz, tlen * esz, base + to,
+                                          a->y + (size_t)slot * len * esz, len * esz,
+                                          base + from));
+        }
+        for (int k = 0; k < g; k++) {
+            int slot = k < a->mem ? k : k - 1;
+            a->ins[k] = k == a->mem ? (const void *)(a->src + lo * esz)
+                                    : (const void *)(a->y + (size_t)slot * len * esz);
+        }
+    }
+    if (len > 0) {
+        void *out = a->x + lo * esz;
+        sumo__reduce_multi(a->dtype, &out, 1, a->ins, g, len, g);
+    }
+    a->src = a->x;
+    return SUMO_SUCCESS;
+}
+
+/* Step 4, hierarchical, point to point: every member gets every slice of the result. */
+static sumo_result group_allgather(run *a, size_t n)
+{
+    sumo__transport *tp = a->tp;
+    int g = a->g, base = a->grp * g;
+    size_t esz = a->esz;
+    size_t lo = slice_off(n, g, a->mem), len = slice_off(n, g, a->mem + 1) - lo;
+    for (int s = 1; s < g; s++) {
+        int to = (a->mem + s) % g, from = (a->mem - s + g) % g;
+        size_t flo = slice_off(n, g, from), flen = slice_off(n, g, from + 1) - flo;
+        SUMO__CHECK(tp->ops->sendrecv(tp, a->x + lo * esz, len * esz, base + to,
+                                      a->x + flo * esz, flen * esz, base + from));
+    }
+    return SUMO_SUCCESS;
+}
+
+/* Steps 2 to 4 on this rank's slice [s0, s1) (in direct mode, step 4 is the last level's
+ * forwarding and the caller's barrier). */
+static sumo_result adasum_slice(run *a, size_t s0, size_t s1)
+{
+    sumo__transport *tp = a->tp;
+    size_t esz = a->esz;
+    if (a->ngroups == 1) return check_single(a, s0, s1);
+    bool folded_away = false; /* a group 2i+1 of the fold */
+    if (a->grp < 2 * a->rem) {
+        bool left = a->grp % 2 == 0;
+        int partner_grp = left ? a->grp + 1 : a->grp - 1;
+        int peer = partner_grp * a->g + a->mem;
+        block b = {.first = a->grp & ~1, .ngroups = 2, .virtual_groups = false};
+        size_t lo = s0, hi = s1;
+        int forward = !left && a->direct ? peer : FORWARD_NONE;
+        SUMO__CHECK(combine_level(a, &lo, &hi, peer, left, a->g > 1, &b, a->grp, false, forward));
+        if (left) {
+            if (a->direct) SUMO__CHECK(tp->ops->sendrecv(tp, NULL, 0, -1, NULL, 0, peer));
+            else SUMO__CHECK(tp->ops->sendrecv(tp, NULL, 0, -1, a->x + hi * esz, (s1 - hi) * esz, peer));
+        } else {
+            if (a->direct) SUMO__CHECK(tp->ops->sendrecv(tp, NULL, 0, peer, NULL, 0, -1));
+            else SUMO__CHECK(tp->ops->sendrecv(tp, a->x + lo * esz, (hi - lo) * esz, peer, NULL, 0, -1));
+            folded_away = true;
+        }
+    }
+    if (folded_away) {
+        int peer = (a->grp - 1) * a->g + a->mem;
+        uint64_t status;
+        if (!a->direct)
+            SUMO__CHECK(tp->ops->sendrecv(tp, NULL, 0, -1, a->x + s0 * esz, (s1 - s0) * esz, peer));
+        SUMO__CHECK(tp->ops->sendrecv(tp, NULL, 0, -1, &status, sizeof status, peer));
+        a->bad = status == UINT64_MAX ? SIZE_MAX : (size_t)status;
+        return SUMO_SUCCESS;
+    }
+    int vgrp = a->grp < 2 * a->rem ? a->grp / 2 : a->grp - a->rem;
+    size_t lo_at[MAX_LEVELS + 1], hi_at[MAX_LEVELS + 1];
+    int levels = 0;
+    lo_at[0] = s0;
+    hi_at[0] = s1;
+    for (int L = 1; L < a->g2; L <<= 1, levels++) {
+        int vpeer = vgrp ^ L, peer_grp = real_group(a, vpeer);
+        int peer = peer_grp * a->g + a->mem;
+        bool last = 2 * L == a->g2;
+        /* Partners share their history, except on the first level after a fold: a folded
+         * survivor may face one that did not fold. */
+        bool peer_in_recv = a->g > 1 || L > 1 || peer_grp < 2 * a->rem;
+        block b = {.first = vgrp / (2 * L) * (2 * L), .ngroups = 2 * L, .virtual_groups = true};
+        size_t lo = lo_at[levels], hi = hi_at[levels];
+        SUMO__CHECK(combine_level(a, &lo, &hi, peer, (vgrp & L) == 0, peer_in_recv, &b, vgrp,
+                                  last, last && a->direct ? FORWARD_ALL : FORWARD_NONE));
+        lo_at[levels + 1] = lo;
+        hi_at[levels + 1] = hi;
+    }
+    for (int k = levels - 1; k >= 0 && !a->direct; k--) {
+        int peer = real_group(a, vgrp ^ (1 << k)) * a->g + a->mem;
+        bool left = (vgrp & (1 << k)) == 0;
+        size_t klo = lo_at[k + 1], khi = hi_at[k + 1];
+        /* The partner holds the other part of [lo_at[k], hi_at[k]). */
+        size_t olo = left ? khi : lo_at[k], ohi = left ? hi_at[k] : klo;
+        SUMO__CHECK(tp->ops->sendrecv(tp, a->x + klo * esz, (khi - klo) * esz, peer,
+                                      a->x + olo * esz, (ohi - olo) * esz, peer));
+    }
+    if (a->grp < 2 * a->rem) {
+        int peer = (a->grp + 1) * a->g + a->mem;
+        uint64_t status = a->bad == SIZE_MAX ? UINT64_MAX : (uint64_t)a->bad;
+        if (!a->direct)
+            SUMO__CHECK(tp->ops->sendrecv(tp, a->x + s0 * esz, (s1 - s0) * esz, peer, NULL, 0, -1));
+        SUMO__CHECK(tp->ops->sendrecv(tp, &status, sizeof status, peer, NULL, 0, -1));
+    }
+    return SUMO_SUCCESS;
+}
+
+/* Local checks, no communication; finds the op's layout. */
+static sumo_result validate(sumo_comm *c, const sumo__call_desc *d, const void *sendbuf,
+                            void *recvbuf, const adasum_op **aop)
+{
+    sumo__transport *tp = c->tp;
+    if (!sumo__dtype_valid((int)d->dtype))
+        return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT, "allreduce: unknown dtype %u", d->dtype);
+    *aop = NULL;
+    if (d->op != SUMO_OP_ADASUM) {
+        *aop = op_lookup(c, (int)d->op);
+        if (*aop == NULL)
+            return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
+                              "allreduce: op %u was not created on this communicator (or was "
+                              "destroyed)",
+                              d->op);
+    }
+    size_t bytes;
+    if (sumo__mul_overflows(d->count, sumo__dtype_bytes(d->dtype), &bytes))
+        return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT, "allreduce: count %llu overflows size_t",
+                          (unsigned long long)d->count);
+    if (bytes && (sendbuf == NULL || recvbuf == NULL))
+        return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT, "allreduce: NULL buffer with count %llu",
+                          (unsigned long long)d->count);
+    if (sendbuf != recvbuf && sumo__ranges_overlap(sendbuf, bytes, recvbuf, bytes))
+        return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
+                          "allreduce: send and receive buffers overlap without being the same "
+                          "pointer");
+    const adasum_op *o = *aop;
+    if (o && o->ntensors > 0 && o->offsets[o->ntensors] != d->count)
+        return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
+                          "allreduce: the Adasum op's %zu tensors hold %zu elements, but count is "
+                          "%llu",
+                          o->ntensors, o->offsets[o->ntensors], (unsigned long long)d->count);
+    return SUMO_SUCCESS;
+}
+
+/* Scratch offsets of one call. */
+typedef struct scratch_plan {
+    size_t y, sums, ins, ptrs, total;
+} scratch_plan;
+
+static size_t align64(size_t v) { return (v + 63) / 64 * 64; }
+
+/* False on overflow. */
+static bool plan_scratch(const run *a, size_t n, scratch_plan *sp)
+{
+    size_t slice = slice_off(n, a->g, a->mem + 1) - slice_off(n, a->g, a->mem);
+    size_t y_elems = 0;
+    if (!a->direct) {
+        y_elems = a->ngroups > 1 ? slice - slice / 2 : 0;
+        if (a->g > 1) {
+            size_t peers;
+            if (sumo__mul_overflows(slice, (size_t)(a->g - 1), &peers)) return false;
+            y_elems = SUMO__MAX(y_elems, peers);
+        }
+    }
+    size_t y_bytes;
+    if (sumo__mul_overflows(y_elems, a->esz, &y_bytes) || y_bytes > SIZE_MAX / 2) return false;
+    size_t sums_bytes = 2 * 3 * a->ntensors * sizeof(double); /* ntensors bounded at creation */
+    size_t ptr_bytes = (size_t)a->tp->size * sizeof(void *);
+    sp->y = 0;
+    sp->sums = align64(y_bytes);
+    sp->ins = align64(sp->sums + sums_bytes);
+    sp->ptrs = align64(sp->ins + (size_t)a->g * sizeof(void *));
+    sp->total = sp->ptrs + (a->direct ? 2 * ptr_bytes : 0);
+    /* sumo__agree() borrows the scratch for its descriptors on large groups: never regrow it
+     * between the agreement and the data phase. */
+    sp->total = SUMO__MAX(sp->total, (size_t)a->tp->size * sizeof(sumo__call_desc));
+    return true;
+}
+
+sumo_result sumo__allreduce_adasum(sumo_comm *c, const void *sendbuf, void *recvbuf,
+                                   size_t count, sumo_dtype dtype, sumo_op op)
+{
+    sumo__transport *tp = c->tp;
+    sumo__call_desc d = {.kind = SUMO__CALL_ALLREDUCE, .dtype = (uint32_t)dtype,
+                         .op = (uint32_t)op, .count = count, .sendptr = (uintptr_t)sendbuf,
+                         .recvptr = (uintptr_t)recvbuf};
+    const adasum_op *aop = NULL;
+    run a = {.c = c, .tp = tp, .dtype = dtype, .x = recvbuf, .src = sendbuf, .bad = SIZE_MAX};
+    scratch_plan sp = {0};
+    d.local_error = validate(c, &d, sendbuf, recvbuf, &aop);
+    if (d.local_error == SUMO_SUCCESS) {
+        a.esz = sumo__dtype_bytes(dtype);
+        a.single[0] = 0;
+        a.single[1] = count;
+        a.ntensors = aop && aop->ntensors ? aop->ntensors : 1;
+        a.off = aop && aop->ntensors ? aop->offsets : a.single;
+        a.g = aop ? aop->group_size : 1;
+        d.aux = aop ? aop->hash : layout_hash(NULL, 0, 1);
+        a.ngroups = tp->size / a.g;
+        a.grp = tp->rank / a.g;
+        a.mem = tp->rank % a.g;
+        a.g2 = 1;
+        while (a.g2 * 2 <= a.ngroups) a.g2 *= 2;
+        a.rem = a.ngroups - a.g2;
+        a.direct = tp->size > 1 && tp->shm && tp->shm->same_address_space &&
+                   (c->algo == SUMO__ALGO_AUTO || c->algo == SUMO__ALGO_SHM);
+        void *s;
+        if (!plan_scratch(&a, count, &sp))
+            d.local_error = SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
+                                       "allreduce: adasum scratch for count %zu overflows size_t",
+                                       count);
+        else
+            d.local_error = sumo__comm_scratch(c, sp.total, &s);
+    }
+    SUMO__LOG(tp->log_level, SUMO__LOG_INFO,
+              "rank %d allreduce count %zu %s adasum: %zu tensors, %d groups of %d, %s", tp->rank,
+              count, sumo__dtype_name(dtype), a.ntensors, a.ngroups, a.g,
+              a.direct ? "direct" : "point to point");
+    SUMO__CHECK(sumo__agree(c, &d));
+    void *s;
+    SUMO__CHECK(sumo__comm_scratch(c, sp.total, &s));
+    unsigned char *base = s;
+    a.y = base + sp.y;
+    a.sums = (double *)(void *)(base + sp.sums);
+    a.peer = a.sums + 3 * a.ntensors;
+    a.ins = (const void **)(void *)(base + sp.ins);
+    if (a.direct) {
+        /* Published in the agreement; nobody overwrites them before our final barrier. */
+        a.send_of = (const unsigned char **)(void *)(base + sp.ptrs);
+        a.recv_of = (unsigned char **)(void *)(base + sp.ptrs) + tp->size;
+        for (int k = 0; k < tp->size; k++) {
+            sumo__call_desc o;
+            memcpy(&o, tp->shm->ctl->desc[k].payload, sizeof o);
+            a.send_of[k] = (const unsigned char *)(uintptr_t)o.sendptr;
+            a.recv_of[k] = (unsigned char *)(uintptr_t)o.recvptr;
+        }
+    }
+    size_t s0 = 0, s1 = count;
+    if (a.g > 1) {
+        SUMO__CHECK(group_average(&a, count));
+        s0 = slice_off(count, a.g, a.mem);
+        s1 = slice_off(count, a.g, a.mem + 1);
+    }
+    SUMO__CHECK(adasum_slice(&a, s0, s1));
+    if (a.direct) SUMO__CHECK(sumo__shm_barrier(tp));
+    else if (a.g > 1) SUMO__CHECK(group_allgather(&a, count));
+    if (a.bad != SIZE_MAX)
+        return SUMO__FAIL(tp, SUMO_ERR_NONFINITE,
+                          "adasum: tensor %zu (of %zu; elements [%zu, %zu)) holds NaN or Inf, or "
+                          "its squared norm overflows double: its result is NaN",
+                          a.bad, a.ntensors, a.off[a.bad], a.off[a.bad + 1]);
+    return SUMO_SUCCESS;
+}
