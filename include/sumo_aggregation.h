@@ -69,9 +69,11 @@ sumo_result sumo_aggregator_destroy(sumo_aggregator *aggregator);
 /*
  * Combines every rank's buffer in place; count must equal the layout's total. fp32 for every
  * method; the stateless methods also take fp64, fp16 and bf16. A failure of the collective is
- * returned as is; ACGA reports a degenerate step (all-zero gradients, a coefficient sum at or
- * below zero, NaN/Inf) with SUMO_ERR_NONFINITE or SUMO_ERR_INVALID_ARGUMENT and leaves a
- * defined result (see acga.c).
+ * returned as is. NaN/Inf: Adasum and ACGA return SUMO_ERR_NONFINITE on every rank, that
+ * tensor's result is NaN and the others are exact (ACGA's momentum does not advance). A
+ * degenerate ACGA step (all-zero gradients, a coefficient sum at or below 1e-6 of the sum of
+ * their magnitudes) falls back to uniform weights, the average of the unit-normalised
+ * gradients, and succeeds (see acga.c).
  */
 sumo_result sumo_aggregator_apply(sumo_aggregator *aggregator, void *buffer, size_t count,
                                   sumo_dtype dtype);

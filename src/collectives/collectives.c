@@ -374,10 +374,16 @@ static sumo_result allgather_staged(sumo_comm *c, call_desc *d, const void *send
 
 /* ---- point to point (any transport; the only choice across machines) -------------------- */
 /*
- * On a shared-memory transport these still agree through the control block; no extra barrier
- * is needed at the end because every rank's result depends on data every other rank sent
- * after it had finished reading the descriptors.
+ * On a shared-memory transport these still agree through the control block, so they end with
+ * a barrier there (p2p_done): a rank whose part finished early (the root of a broadcast, any
+ * rank when count is 0) must not publish its next descriptor while a peer still reads this
+ * one.
  */
+static sumo_result p2p_done(sumo_comm *c)
+{
+    return c->tp->shm ? sumo__shm_barrier(c->tp) : SUMO_SUCCESS;
+}
+
 
 /* Copies (or widens) the input into the accumulator buffer the p2p algorithms work on. */
 static sumo_result p2p_work_buffers(sumo_comm *c, const call_desc *d, const void *sendbuf,
@@ -439,7 +445,7 @@ static sumo_result allreduce_ring(sumo_comm *c, call_desc *d, const void *sendbu
                                       seg_len(n, size, rs) * aesz, prev));
     }
     p2p_finish(d, work, recvbuf);
-    return SUMO_SUCCESS;
+    return p2p_done(c);
 }
 
 /*
@@ -488,7 +494,7 @@ static sumo_result allreduce_recursive_doubling(sumo_comm *c, call_desc *d, cons
         else SUMO__CHECK(tp->ops->sendrecv(tp, work, bytes, me + 1, NULL, 0, -1));
     }
     p2p_finish(d, work, recvbuf);
-    return SUMO_SUCCESS;
+    return p2p_done(c);
 }
 
 static sumo_result broadcast_tree(sumo_comm *c, call_desc *d, const void *sendbuf, void *recvbuf)
@@ -508,7 +514,7 @@ static sumo_result broadcast_tree(sumo_comm *c, call_desc *d, const void *sendbu
             SUMO__CHECK(tp->ops->sendrecv(tp, NULL, 0, -1, recvbuf, bytes, src));
         }
     }
-    return SUMO_SUCCESS;
+    return p2p_done(c);
 }
 
 static sumo_result allgather_ring(sumo_comm *c, call_desc *d, const void *sendbuf, void *recvbuf)
@@ -525,7 +531,7 @@ static sumo_result allgather_ring(sumo_comm *c, call_desc *d, const void *sendbu
         SUMO__CHECK(tp->ops->sendrecv(tp, out + (size_t)ss * bytes, bytes, (me + 1) % size,
                                       out + (size_t)rs * bytes, bytes, (me + size - 1) % size));
     }
-    return SUMO_SUCCESS;
+    return p2p_done(c);
 }
 
 /* ---- entry points ------------------------------------------------------------------------- */
@@ -578,7 +584,8 @@ sumo_result sumo__allreduce_locked(sumo_comm *c, const void *sendbuf, void *recv
     case SUMO__ALGO_RECURSIVE_DOUBLING: return allreduce_recursive_doubling(c, &d, sendbuf, recvbuf);
     case SUMO__ALGO_NATIVE:
         SUMO__CHECK(agree(c, &d));
-        return c->tp->ops->native_allreduce(c->tp, sendbuf, recvbuf, count, dtype, op);
+        SUMO__CHECK(c->tp->ops->native_allreduce(c->tp, sendbuf, recvbuf, count, dtype, op));
+        return p2p_done(c);
     default: return SUMO__FAIL(c->tp, SUMO_ERR_INTERNAL, "allreduce: unknown algorithm %d", (int)algo);
     }
 }

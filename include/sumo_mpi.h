@@ -1,0 +1,37 @@
+/*
+ * sumo over MPI: ranks are the processes of an MPI communicator, on one machine or many.
+ * Link libsumo_mpi.a before libsumo.a and build with mpicc.
+ *
+ * On one node the collectives run through an MPI-3 shared-memory window (cache-sized chunks
+ * staged through it: each user buffer is read once and written once); across nodes over
+ * point-to-point messages (ring and recursive doubling), or MPI_Allreduce itself for small
+ * fp32/fp64 messages. Every wait is bounded by the communicator's deadline
+ * (sumo_comm_set_timeout), so a process that dies or never arrives gives SUMO_ERR_TIMEOUT
+ * instead of a hang. Set SUMO_MPI_SHM=0 to force the point-to-point path on one node (for
+ * benchmarking the network path), and SUMO_SHM_STAGE_BYTES to size the staging area.
+ */
+#ifndef SUMO_MPI_H
+#define SUMO_MPI_H
+
+#include "sumo.h"
+
+#include <mpi.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * Collective over comm (every process calls it). The communicator is duplicated, with errors
+ * returned rather than fatal, so sumo's messages never mix with the caller's; the caller may
+ * free comm afterwards. MPI must be initialised (MPI_THREAD_SERIALIZED or more if several
+ * threads use sumo handles, MPI_THREAD_MULTIPLE for asynchronous requests). Destroy the
+ * handle before MPI_Finalize.
+ */
+sumo_result sumo_comm_create_mpi(MPI_Comm comm, sumo_comm **out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,24 @@
+#include "collectives/comm.h"
+#include "transport/transport_mpi.h"
+#include "sumo_mpi.h"
+
+#include <stdio.h>
+
+sumo_result sumo_comm_create_mpi(MPI_Comm comm, sumo_comm **out)
+{
+    if (out == NULL || comm == MPI_COMM_NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) return SUMO_ERR_INVALID_USAGE;
+    sumo__transport *tp = NULL;
+    char err[256] = "";
+    sumo_result r = sumo__mpi_transport_create(comm, &tp, err, sizeof err);
+    if (r != SUMO_SUCCESS) {
+        /* No handle exists to carry the message: this is the one place that prints. */
+        if (sumo__log_level_from_env() >= SUMO__LOG_WARN) fprintf(stderr, "sumo: %s\n", err);
+        return r;
+    }
+    r = sumo__comm_wrap(tp, out);
+    if (r != SUMO_SUCCESS) tp->ops->destroy(tp);
+    return r;
+}
