@@ -1,0 +1,350 @@
+/*
+ * ACGA over the MPI transport (run under mpirun -np 2, 3, 4): every step equals an independent
+ * double-precision reference of design/acga.md (the same definition as tests/unit/test_acga.c,
+ * written plainly), every rank holds the same bits, a NaN step is NONFINITE on every rank and
+ * leaves the momentum alone, and a checkpointed aggregator continues bit for bit.
+ *
+ * Every rank's gradient is a function of (seed, step, rank, index), so each rank computes the
+ * whole reference by itself. Rank 0 prints a final "acga mpi: N passed, M failed" line; the exit
+ * status is non-zero when anything failed.
+ */
+#include "sumo.h"
+#include "sumo_aggregation.h"
+#include "sumo_mpi.h"
+#include "support/harness.h"
+
+#include <math.h>
+#include <mpi.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int g_rank, g_size, g_passed, g_failed;
+
+/* Records one check: it fails when it failed on any rank. */
+static void check(bool ok, const char *what)
+{
+    int bad = !ok, any = 0;
+    MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (any) {
+        g_failed++;
+        if (bad) fprintf(stderr, "rank %d/%d: FAILED %s\n", g_rank, g_size, what);
+    } else {
+        g_passed++;
+    }
+}
+
+/* A consensus direction per step, per-rank noise and scale: positive, well-separated
+ * coefficients. */
+static float input(uint64_t seed, int step, int rank, size_t i)
+{
+    uint64_t c = seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)step << 40) ^ (i * 0xD1B54A32D192ED03ull);
+    uint64_t n = c ^ ((uint64_t)(rank + 1) << 20);
+    harness_next(&c);
+    harness_next(&n);
+    double scale = 0.5 + 0.25 * rank + 0.1 * step;
+    return (float)(scale * (harness_uniform(&c) + 0.6 * harness_uniform(&n)));
+}
+
+/* ---- the reference ----------------------------------------------------------------------- */
+
+typedef struct ref_acga {
+    int N;
+    size_t K;
+    size_t *off; /* K + 1 */
+    double beta, eps;
+    int refperm, guard, rescale, init;
+    double *m; /* N*K, group-major sorted EMA */
+} ref_acga;
+
+static void ref_init(ref_acga *F, const sumo_aggregator_options *o, size_t count)
+{
+    memset(F, 0, sizeof *F);
+    F->N = g_size;
+    F->beta = o->acga.beta;
+    F->eps = o->acga.eps;
+    F->refperm = o->acga.reference_permutation;
+    F->guard = o->acga.negative_guard;
+    F->rescale = o->acga.rescale;
+    F->K = o->acga.per_tensor && o->ntensors ? o->ntensors : 1;
+    F->off = calloc(F->K + 1, sizeof *F->off);
+    if (o->acga.per_tensor && o->ntensors)
+        for (size_t k = 0; k < F->K; k++) F->off[k + 1] = F->off[k] + o->tensor_counts[k];
+    else
+        F->off[1] = count;
+    F->m = calloc((size_t)F->N * F->K, sizeof *F->m);
+}
+
+static void ref_free(ref_acga *F)
+{
+    free(F->off);
+    free(F->m);
+}
+
+/* One step over in[r] (all ranks' inputs): G and the error scale; 1 when a group was NaN. */
+static int ref_step(ref_acga *F, float **in, double *G, double *bound)
+{
+    const int N = F->N;
+    const size_t n = F->off[F->K];
+    double *s = calloc(n + 1, sizeof *s), *mnew = calloc((size_t)N * F->K, sizeof *mnew);
+    double *a = calloc((size_t)N, sizeof *a), *den = calloc((size_t)N, sizeof *den),
+           *mm = calloc((size_t)N, sizeof *mm), *ap = calloc((size_t)N, sizeof *ap),
+           *w = calloc((size_t)N, sizeof *w);
+    int *idx = calloc((size_t)N, sizeof *idx);
+    for (int r = 0; r < N; r++)
+        for (size_t i = 0; i < n; i++) s[i] += in[r][i];
+    int any_bad = 0;
+    for (size_t k = 0; k < F->K; k++) {
+        size_t lo = F->off[k], hi = F->off[k + 1];
+        int bad = 0;
+        double ss = 0;
+        for (size_t i = lo; i < hi; i++) ss += s[i] * s[i];
+        for (int r = 0; r < N; r++) {
+            double dot = 0, nn = 0;
+            for (size_t i = lo; i < hi; i++) dot += in[r][i] * s[i], nn += (double)in[r][i] * in[r][i];
+            den[r] = sqrt(nn) + F->eps;
+            a[r] = den[r] == 0 ? 0.0 : dot / den[r] / N;
+            if (!isfinite(a[r])) bad = 1;
+        }
+        if (bad) {
+            any_bad = 1;
+            for (size_t i = lo; i < hi; i++) G[i] = NAN, bound[i] = 0;
+            continue;
+        }
+        for (int r = 0; r < N; r++) {
+            int pos = 0;
+            for (int j = 0; j < N; j++) pos += a[j] < a[r] || (a[j] == a[r] && j < r);
+            idx[pos] = r;
+        }
+        for (int p = 0; p < N; p++) {
+            double v = a[idx[p]];
+            mm[p] = mnew[k * N + p] = F->init ? F->beta * F->m[k * N + p] + (1 - F->beta) * v : v;
+        }
+        for (int p = 0; p < N; p++) {
+            if (F->refperm) ap[p] = mm[idx[p]];
+            else ap[idx[p]] = mm[p];
+        }
+        double mn = ap[0], sum = 0, l1 = 0;
+        for (int r = 1; r < N; r++) mn = fmin(mn, ap[r]);
+        if (F->guard && mn < 0)
+            for (int r = 0; r < N; r++) ap[r] -= mn;
+        for (int r = 0; r < N; r++) sum += ap[r], l1 += fabs(ap[r]);
+        for (int r = 0; r < N; r++) w[r] = sum > 1e-6 * l1 ? ap[r] / sum : 1.0 / N;
+        double gg = 0;
+        for (size_t i = lo; i < hi; i++) {
+            G[i] = bound[i] = 0;
+            for (int r = 0; r < N; r++) {
+                double c = den[r] == 0 ? 0.0 : w[r] / den[r];
+                G[i] += c * in[r][i];
+                bound[i] += fabs(c * in[r][i]);
+            }
+            gg += G[i] * G[i];
+        }
+        if (F->rescale && gg > 0) {
+            double f = sqrt(ss) / N / sqrt(gg);
+            for (size_t i = lo; i < hi; i++) G[i] *= f, bound[i] *= f;
+        }
+    }
+    if (!any_bad) {
+        memcpy(F->m, mnew, (size_t)N * F->K * sizeof *mnew);
+        F->init = 1;
+    }
+    free(s);
+    free(mnew);
+    free(a);
+    free(den);
+    free(mm);
+    free(ap);
+    free(w);
+    free(idx);
+    return any_bad;
+}
+
+/* ---- one configuration -------------------------------------------------------------------- */
+
+typedef struct config {
+    const char *name;
+    const size_t *counts; /* NULL: no layout */
+    size_t ntensors, count;
+    int per_tensor, refperm, rescale;
+    double beta;
+    int steps;
+    int nan_step;      /* >= 0: the last rank puts a NaN into this step */
+    int restore_after; /* > 0: checkpoint and continue in a fresh aggregator at this step */
+} config;
+
+static bool same_on_every_rank(const float *p, size_t n)
+{
+    float *root = malloc(n * sizeof *root + 4);
+    if (n) memcpy(root, p, n * sizeof *p);
+    if (n) MPI_Bcast(root, (int)(n * sizeof *p), MPI_BYTE, 0, MPI_COMM_WORLD);
+    bool same = n == 0 || memcmp(root, p, n * sizeof *p) == 0;
+    free(root);
+    return same;
+}
+
+static void run_config(sumo_comm *comm, const config *c, uint64_t seed)
+{
+    char what[300];
+    sumo_aggregator_options o;
+    sumo_aggregator_options_default(SUMO_AGGREGATE_ACGA, &o);
+    o.tensor_counts = c->counts;
+    o.ntensors = c->counts ? c->ntensors : 0;
+    o.acga.per_tensor = c->per_tensor;
+    o.acga.reference_permutation = c->refperm;
+    o.acga.rescale = c->rescale;
+    o.acga.beta = c->beta;
+    sumo_aggregator *agg = NULL;
+    snprintf(what, sizeof what, "%s: create", c->name);
+    sumo_result r = sumo_aggregator_create(comm, &o, &agg);
+    check(r == SUMO_SUCCESS, what);
+    if (r != SUMO_SUCCESS) return;
+    size_t n = c->count;
+    ref_acga F;
+    ref_init(&F, &o, n);
+    float **all = malloc((size_t)g_size * sizeof *all);
+    for (int q = 0; q < g_size; q++) all[q] = malloc((n + 1) * sizeof(float));
+    float *buf = malloc((n + 1) * sizeof(float));
+    double *G = malloc((n + 1) * sizeof *G), *bound = malloc((n + 1) * sizeof *bound);
+    for (int s = 0; s < c->steps; s++) {
+        if (c->restore_after > 0 && s == c->restore_after) {
+            size_t bytes = 0;
+            sumo_aggregator_state_size(agg, &bytes);
+            unsigned char *st = malloc(bytes + 1);
+            sumo_result rs = sumo_aggregator_state_save(agg, st, bytes);
+            sumo_aggregator_destroy(agg);
+            agg = NULL;
+            sumo_result rc = sumo_aggregator_create(comm, &o, &agg);
+            sumo_result rl = rc == SUMO_SUCCESS ? sumo_aggregator_state_load(agg, st, bytes) : rc;
+            free(st);
+            snprintf(what, sizeof what, "%s: save, recreate, load before step %d", c->name, s);
+            check(rs == SUMO_SUCCESS && rc == SUMO_SUCCESS && rl == SUMO_SUCCESS, what);
+            if (rc != SUMO_SUCCESS) break;
+        }
+        for (int q = 0; q < g_size; q++)
+            for (size_t i = 0; i < n; i++) all[q][i] = input(seed, s, q, i);
+        if (s == c->nan_step && n > 0) all[g_size - 1][n / 2] = NAN;
+        memcpy(buf, all[g_rank], n * sizeof(float));
+        r = sumo_aggregator_apply(agg, buf, n, SUMO_FLOAT32);
+        int bad = ref_step(&F, all, G, bound);
+        snprintf(what, sizeof what, "%s: step %d status %s", c->name, s, sumo_result_name(r));
+        check(r == (bad ? SUMO_ERR_NONFINITE : SUMO_SUCCESS), what);
+        snprintf(what, sizeof what, "%s: step %d bit-identical on every rank", c->name, s);
+        check(same_on_every_rank(buf, n), what);
+        size_t wrong = 0;
+        for (size_t i = 0; i < n; i++) {
+            bool ok = isnan(G[i]) ? isnan(buf[i]) : fabs(buf[i] - G[i]) <= 2e-5 * bound[i] + 1e-30;
+            if (!ok && wrong++ == 0)
+                fprintf(stderr, "rank %d: %s step %d element %zu = %.9g, reference %.9g\n", g_rank,
+                        c->name, s, i, buf[i], G[i]);
+        }
+        snprintf(what, sizeof what, "%s: step %d equals the reference", c->name, s);
+        check(wrong == 0, what);
+    }
+    sumo_comm_stats st;
+    sumo_aggregator_stats(agg, &st);
+    uint64_t per_step = 3 + (uint64_t)c->rescale;
+    snprintf(what, sizeof what, "%s: %llu collectives", c->name, (unsigned long long)st.rounds);
+    /* A NaN step in whole-model mode skips the final allreduce (and the rescale). */
+    uint64_t skipped = c->nan_step >= 0 && F.K == 1 ? per_step - 2 : 0;
+    uint64_t since = c->restore_after > 0 ? (uint64_t)(c->steps - c->restore_after) : (uint64_t)c->steps;
+    if (c->nan_step >= 0 && c->restore_after > 0 && c->nan_step < c->restore_after) skipped = 0;
+    check(st.rounds == per_step * since - skipped, what);
+    sumo_aggregator_destroy(agg);
+    ref_free(&F);
+    for (int q = 0; q < g_size; q++) free(all[q]);
+    free(all);
+    free(buf);
+    free(G);
+    free(bound);
+}
+
+/* The uninterrupted run and a checkpointed one give the same bits. */
+static void checkpoint_bits(sumo_comm *comm)
+{
+    const size_t counts[] = {100, 3, 257};
+    sumo_aggregator_options o;
+    sumo_aggregator_options_default(SUMO_AGGREGATE_ACGA, &o);
+    o.tensor_counts = counts;
+    o.ntensors = 3;
+    o.acga.per_tensor = 1;
+    o.acga.beta = 0.9;
+    const size_t n = 360;
+    float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+    sumo_aggregator *x = NULL, *y = NULL;
+    bool ok = sumo_aggregator_create(comm, &o, &x) == SUMO_SUCCESS &&
+              sumo_aggregator_create(comm, &o, &y) == SUMO_SUCCESS;
+    for (int s = 0; s < 6 && ok; s++) {
+        if (s == 3) {
+            size_t bytes = 0;
+            sumo_aggregator_state_size(y, &bytes);
+            unsigned char *st = malloc(bytes);
+            ok = sumo_aggregator_state_save(y, st, bytes) == SUMO_SUCCESS;
+            sumo_aggregator_destroy(y);
+            y = NULL;
+            ok = ok && sumo_aggregator_create(comm, &o, &y) == SUMO_SUCCESS &&
+                 sumo_aggregator_state_load(y, st, bytes) == SUMO_SUCCESS;
+            free(st);
+        }
+        for (size_t i = 0; i < n; i++) a[i] = b[i] = input(77, s, g_rank, i);
+        ok = ok && sumo_aggregator_apply(x, a, n, SUMO_FLOAT32) == SUMO_SUCCESS &&
+             sumo_aggregator_apply(y, b, n, SUMO_FLOAT32) == SUMO_SUCCESS &&
+             memcmp(a, b, n * sizeof *a) == 0;
+    }
+    check(ok, "checkpoint round trip continues bit for bit");
+    sumo_aggregator_destroy(x);
+    sumo_aggregator_destroy(y);
+    free(a);
+    free(b);
+}
+
+static const size_t awkward[] = {0, 1, 7, 0, 33, 1, 517, 3, 0, 2, 129};
+static const size_t big[] = {3, 70001, 0, 5};
+
+static size_t total(const size_t *c, size_t k)
+{
+    size_t t = 0;
+    for (size_t i = 0; i < k; i++) t += c[i];
+    return t;
+}
+
+int main(int argc, char **argv)
+{
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+    sumo_comm *comm = NULL;
+    sumo_result r = sumo_comm_create_mpi(MPI_COMM_WORLD, &comm);
+    check(r == SUMO_SUCCESS, "sumo_comm_create_mpi");
+    if (r == SUMO_SUCCESS) {
+        sumo_comm_set_timeout(comm, 60);
+        const size_t na = sizeof awkward / sizeof awkward[0], nb = sizeof big / sizeof big[0];
+        const config cs[] = {
+            {"whole, beta 0", NULL, 0, 1001, 0, 0, 0, 0.0, 3, -1, 0},
+            {"whole, beta 0.9", NULL, 0, 1001, 0, 0, 0, 0.9, 5, -1, 0},
+            {"whole, beta 0.9, reference permutation", NULL, 0, 1001, 0, 1, 0, 0.9, 5, -1, 0},
+            {"whole, rescale", NULL, 0, 513, 0, 0, 1, 0.5, 3, -1, 0},
+            {"one element", NULL, 0, 1, 0, 0, 0, 0.5, 3, -1, 0},
+            {"empty", NULL, 0, 0, 0, 0, 0, 0.5, 2, -1, 0},
+            {"awkward layout, whole model", awkward, na, 0, 0, 0, 0, 0.8, 4, -1, 0},
+            {"awkward layout, per tensor", awkward, na, 0, 1, 0, 0, 0.8, 4, -1, 0},
+            {"awkward, per tensor, reference permutation, rescale", awkward, na, 0, 1, 1, 1, 0.8, 4, -1, 0},
+            {"big, per tensor", big, nb, 0, 1, 0, 0, 0.9, 3, -1, 0},
+            {"whole, NaN at step 1", NULL, 0, 300, 0, 0, 0, 0.7, 3, 1, 0},
+            {"per tensor, NaN at step 2", awkward, na, 0, 1, 0, 0, 0.7, 4, 2, 0},
+            {"whole, checkpoint at step 2", NULL, 0, 400, 0, 0, 0, 0.9, 5, -1, 2},
+            {"per tensor, checkpoint at step 3", big, nb, 0, 1, 0, 1, 0.9, 5, -1, 3},
+        };
+        for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
+            config c = cs[k];
+            if (c.counts) c.count = total(c.counts, c.ntensors);
+            run_config(comm, &c, 1000 + k);
+        }
+        checkpoint_bits(comm);
+    }
+    sumo_comm_destroy(comm);
+    if (g_rank == 0) printf("acga mpi (np %d): %d passed, %d failed\n", g_size, g_passed, g_failed);
+    MPI_Finalize();
+    return g_failed ? 1 : 0;
+}
