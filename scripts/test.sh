@@ -22,6 +22,8 @@ step make test
 step make -j"$jobs" SAN=asan test-unit
 step make -j"$jobs" SAN=tsan test-threads
 step ./build/sumo bench --quick
+# The experiments' small versions: each checks its table and plot are produced and well formed.
+for e in e1 e2 e3; do step ./scripts/experiment $e --quick; done
 
 echo "=== tests finished in $(( $(date +%s) - start )) s"
 if [ $status -eq 0 ]; then echo "all test steps passed"; else echo "some test steps FAILED"; fi
