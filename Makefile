@@ -113,7 +113,7 @@ $(BUILD)/tests/mpi/%: tests/mpi/%.c $(TEST_SUPPORT) $(LIBSUMO_TRAIN) $(LIBSUMO_M
 	$(MPICC) $(CPPFLAGS) -Itests $(CFLAGS) $< $(TEST_SUPPORT) $(LIBSUMO_TRAIN) $(LIBSUMO_MPI) $(LIBSUMO) $(LDFLAGS) $(TRAIN_LIBS) $(LDLIBS) -o $@
 
 # Unit tests: each binary is a cmocka suite; a failing suite fails the target after all ran.
-test-unit: $(UNIT_BINS)
+test-unit: $(UNIT_BINS) $(BUILD)/sumo
 	@fail=0; for t in $(UNIT_BINS); do echo "== $$t"; $$t || fail=1; done; exit $$fail
 
 # The subset that exercises threads against each other (what TSan is for).

@@ -11,10 +11,10 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # Waits in the tests are bounded; nothing should come near this.
 export SUMO_TIMEOUT=${SUMO_TIMEOUT:-120}
 
-status=0
+status=0 passed=0 failed=0
 step() {
   echo "=== $*"
-  if ! "$@"; then echo "=== FAILED: $*"; status=1; fi
+  if "$@"; then passed=$((passed + 1)); else echo "=== FAILED: $*"; status=1; failed=$((failed + 1)); fi
 }
 
 step make -j"$jobs"
@@ -26,5 +26,5 @@ step ./build/sumo bench --quick
 for e in e1 e2 e3; do step ./scripts/experiment $e --quick; done
 
 echo "=== tests finished in $(( $(date +%s) - start )) s"
-if [ $status -eq 0 ]; then echo "all test steps passed"; else echo "some test steps FAILED"; fi
+echo "test steps: $passed passed, $failed failed"
 exit $status
