@@ -18,6 +18,11 @@
 
 /* A sleeping waiter wakes at least this often to look at its deadline and the abort flag. */
 #define SLEEP_SLICE_NS (20 * 1000 * 1000)
+/* Yields before the first sleep. A futex hand-off costs tens of microseconds (the sleeper
+ * must be woken and scheduled); when ranks outnumber cores, a yield hands the core straight
+ * to the peer we wait for, and when they don't it returns at once, so this bounded phase is
+ * cheap either way (4 ranks on 2 cores: 4 KiB allreduce 240 us -> 10 us). */
+#define YIELD_LIMIT 100
 
 size_t sumo__shm_ctl_bytes(int size)
 {
@@ -64,15 +69,14 @@ void sumo__shm_abort(sumo__shm *shm, int rank)
     /* The first rank to abort is the one named in everyone's message. */
     atomic_compare_exchange_strong(&shm->ctl->abort_flag, &expected, (uint32_t)rank + 1);
     /* Sleepers wake within a slice anyway; this makes it immediate for barrier sleepers. */
-    atomic_fetch_add(&shm->ctl->generation, 0);
     syscall(SYS_futex, (uint32_t *)&shm->ctl->generation, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
 static sumo_result peer_failed(sumo__transport *tp, const char *what)
 {
     return SUMO__FAIL(tp, SUMO_ERR_PEER_FAILURE,
-                      "%s: rank %d left or failed (aborted the group); this communicator is "
-                      "unusable",
+                      "%s: rank %d aborted the group (it failed, timed out waiting, or left); "
+                      "this communicator is unusable",
                       what, (int)atomic_load(&tp->shm->ctl->abort_flag) - 1);
 }
 
@@ -84,6 +88,11 @@ sumo_result sumo__shm_wait_change(sumo__transport *tp, _Atomic uint32_t *word, u
     for (uint32_t spin = 0; spin < shm->spin_limit; spin++) {
         if (atomic_load_explicit(word, memory_order_acquire) != value) return SUMO_SUCCESS;
         cpu_relax();
+    }
+    for (int y = 0; y < YIELD_LIMIT && sumo__now_ns() < deadline_ns; y++) {
+        if (atomic_load_explicit(word, memory_order_acquire) != value) return SUMO_SUCCESS;
+        if (atomic_load(&ctl->abort_flag)) return peer_failed(tp, what);
+        sched_yield();
     }
     for (;;) {
         if (atomic_load_explicit(word, memory_order_acquire) != value) return SUMO_SUCCESS;

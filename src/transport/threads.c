@@ -6,6 +6,7 @@
  */
 #include "transport/transport.h"
 
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,9 +14,15 @@
 
 /* One direction between two ranks. The sender publishes a pointer and bumps `posted`; the
  * receiver copies and bumps `taken`; the sender returns only after that, so its buffer can be
- * reused at once. Each counter has one writer. */
+ * reused at once. Each counter has one writer. `state` settles the one race left: a sender
+ * that fails before its message was taken retracts it (POSTED -> IDLE), and a receiver claims
+ * it before copying (POSTED -> COPYING), so no copy ever reads a buffer its owner has
+ * already got back. */
+enum { MAIL_IDLE = 0, MAIL_POSTED = 1, MAIL_COPYING = 2 };
+
 typedef struct mailbox {
     _Atomic uint32_t posted;
+    _Atomic uint32_t state;
     const void *ptr;
     size_t bytes;
     _Atomic uint32_t taken __attribute__((aligned(SUMO__CACHELINE)));
@@ -36,6 +43,14 @@ typedef struct threads_transport {
 
 static mailbox *box(threads_group *g, int src, int dst) { return &g->boxes[(size_t)src * g->size + dst]; }
 
+/* A sender leaving with an error takes its message back, or waits out the copy in flight. */
+static void retract(mailbox *out, uint32_t my_post)
+{
+    uint32_t posted = MAIL_POSTED;
+    if (atomic_compare_exchange_strong(&out->state, &posted, MAIL_IDLE)) return;
+    while (atomic_load_explicit(&out->taken, memory_order_acquire) != my_post) sched_yield();
+}
+
 static sumo_result threads_sendrecv(sumo__transport *tp, const void *sbuf, size_t sbytes, int dst,
                                     void *rbuf, size_t rbytes, int src)
 {
@@ -43,34 +58,40 @@ static sumo_result threads_sendrecv(sumo__transport *tp, const void *sbuf, size_
     threads_group *g = t->group;
     int64_t deadline = sumo__now_ns() + tp->timeout_ns;
     uint32_t my_post = 0;
-    if (dst >= 0) {
-        mailbox *out = box(g, tp->rank, dst);
+    mailbox *out = dst >= 0 ? box(g, tp->rank, dst) : NULL;
+    if (out) {
         out->ptr = sbuf;
         out->bytes = sbytes;
+        atomic_store_explicit(&out->state, MAIL_POSTED, memory_order_relaxed);
         my_post = atomic_load_explicit(&out->posted, memory_order_relaxed) + 1;
         atomic_store_explicit(&out->posted, my_post, memory_order_release);
         sumo__shm_wake(&t->shm, &out->posted);
     }
+    sumo_result r = SUMO_SUCCESS;
     if (src >= 0) {
         mailbox *in = box(g, src, tp->rank);
         uint32_t taken = atomic_load_explicit(&in->taken, memory_order_relaxed);
-        SUMO__CHECK(sumo__shm_wait_change(tp, &in->posted, taken, deadline, "receive"));
-        if (in->bytes != rbytes) {
+        r = sumo__shm_wait_change(tp, &in->posted, taken, deadline, "receive");
+        uint32_t posted = MAIL_POSTED;
+        if (r == SUMO_SUCCESS && !atomic_compare_exchange_strong(&in->state, &posted, MAIL_COPYING))
+            r = SUMO__FAIL(tp, SUMO_ERR_PEER_FAILURE, "receive from rank %d: it withdrew its message",
+                           src);
+        if (r == SUMO_SUCCESS) {
+            if (in->bytes != rbytes)
+                r = SUMO__FAIL(tp, SUMO_ERR_INTERNAL,
+                               "receive from rank %d: expected %zu bytes, peer sent %zu", src,
+                               rbytes, in->bytes);
+            else if (rbytes)
+                memcpy(rbuf, in->ptr, rbytes);
+            atomic_store_explicit(&in->state, MAIL_IDLE, memory_order_relaxed);
             atomic_store_explicit(&in->taken, taken + 1, memory_order_release);
             sumo__shm_wake(&t->shm, &in->taken);
-            return SUMO__FAIL(tp, SUMO_ERR_INTERNAL,
-                              "receive from rank %d: expected %zu bytes, peer sent %zu", src,
-                              rbytes, in->bytes);
         }
-        if (rbytes) memcpy(rbuf, in->ptr, rbytes);
-        atomic_store_explicit(&in->taken, taken + 1, memory_order_release);
-        sumo__shm_wake(&t->shm, &in->taken);
     }
-    if (dst >= 0) {
-        mailbox *out = box(g, tp->rank, dst);
-        SUMO__CHECK(sumo__shm_wait_change(tp, &out->taken, my_post - 1, deadline, "send"));
-    }
-    return SUMO_SUCCESS;
+    if (out && r == SUMO_SUCCESS)
+        r = sumo__shm_wait_change(tp, &out->taken, my_post - 1, deadline, "send");
+    if (out && r != SUMO_SUCCESS) retract(out, my_post);
+    return r;
 }
 
 static sumo_result threads_allgather_small(sumo__transport *tp, const void *in, void *out,
