@@ -36,7 +36,8 @@ fail_lock:
 
 sumo_result sumo_comm_create_threads(int nranks, sumo_comm **comms)
 {
-    if (comms == NULL || nranks < 1 || nranks > 4096) return SUMO_ERR_INVALID_ARGUMENT;
+    /* The mailboxes are nranks^2 cache lines: 1024 ranks is 128 MiB, a sane ceiling. */
+    if (comms == NULL || nranks < 1 || nranks > 1024) return SUMO_ERR_INVALID_ARGUMENT;
     sumo__transport **tps = calloc((size_t)nranks, sizeof *tps);
     if (tps == NULL) return SUMO_ERR_SYSTEM;
     sumo_result r = sumo__threads_transport_create(nranks, tps);
@@ -140,6 +141,8 @@ sumo_result sumo__comm_set_algorithm(sumo_comm *comm, sumo__algo algo)
 sumo_result sumo__comm_scratch(sumo_comm *comm, size_t bytes, void **out)
 {
     if (bytes > comm->scratch_bytes) {
+        if (bytes > SIZE_MAX - 4095)
+            return SUMO__FAIL(comm->tp, SUMO_ERR_SYSTEM, "scratch of %zu bytes", bytes);
         size_t rounded = (bytes + 4095) / 4096 * 4096;
         void *p = aligned_alloc(4096, rounded);
         if (p == NULL)

@@ -111,6 +111,7 @@ double sumo__timeout_from_env(double fallback)
     char *end = NULL;
     errno = 0;
     double s = strtod(v, &end);
-    if (errno != 0 || end == v || *end != '\0' || !(s > 0)) return fallback;
+    /* The bound keeps deadlines (now + timeout in int64 nanoseconds) from overflowing. */
+    if (errno != 0 || end == v || *end != '\0' || !(s > 0) || s > 1e8) return fallback;
     return s;
 }
