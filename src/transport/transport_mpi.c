@@ -15,6 +15,7 @@
  * usual reaction to a dead peer is to end the job anyway.
  */
 #include "transport/transport_mpi.h"
+#include "kernels/kernels.h"
 
 #include <limits.h>
 #include <sched.h>
@@ -49,37 +50,74 @@ static sumo_result mpi_fail(sumo__transport *tp, sumo_result code, int mpi_rc, c
     return SUMO__FAIL(tp, code, "%s: MPI error: %s", what, msg);
 }
 
+/* Spins, then yields the core, then sleeps briefly: with more ranks than cores the peer we
+ * wait for needs this core, and MPI progresses only inside our MPI_Test calls. */
+static void poll_pause(uint64_t polls)
+{
+    if (polls < 2000) return;
+    if (polls < 200000) sched_yield();
+    else nanosleep(&(struct timespec){.tv_nsec = 20000}, NULL);
+}
+
 /*
- * Polls until every request completes or the deadline passes. On timeout the first
- * `receives` requests (point-to-point receives) are cancelled so their buffers are released;
- * sends and nonblocking collectives cannot be cancelled (MPI makes that an error) and are
- * left to the broken communicator.
+ * Cancels the receives among reqs. A cancelled receive completes locally unless its message
+ * is already arriving, in which case it completes when the transfer does; waiting for that
+ * guarantees MPI writes nothing into the caller's buffer after we return. The wait is bounded
+ * all the same (a transfer from a peer that died midway may never end): returns false when a
+ * receive did not settle in time and its buffer may still be written.
+ */
+static bool settle_receives(sumo__transport *tp, MPI_Request *reqs, int receives)
+{
+    bool settled = true;
+    for (int i = 0; i < receives; i++)
+        if (reqs[i] != MPI_REQUEST_NULL) MPI_Cancel(&reqs[i]);
+    int64_t grace = sumo__now_ns() + SUMO__MIN(tp->timeout_ns, (int64_t)1000000000);
+    for (int i = 0; i < receives; i++) {
+        int done = 0;
+        for (uint64_t polls = 0; reqs[i] != MPI_REQUEST_NULL && !done; polls++) {
+            if (MPI_Test(&reqs[i], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+            if (!done && sumo__now_ns() > grace) break;
+            poll_pause(polls);
+        }
+        if (reqs[i] != MPI_REQUEST_NULL && !done) settled = false;
+    }
+    return settled;
+}
+
+static const char *unsettled_note(bool settled)
+{
+    return settled ? "" : "; a receive could not be cancelled, its buffer may still be written";
+}
+
+/*
+ * Polls until every request completes or the deadline passes. On failure the first
+ * `receives` requests (point-to-point receives) are cancelled and settled; sends and
+ * nonblocking collectives cannot be cancelled (MPI makes that an error) and are left to the
+ * broken communicator. statuses may be MPI_STATUSES_IGNORE.
  */
 static sumo_result wait_all(sumo__transport *tp, MPI_Request *reqs, int n, int receives,
-                            int64_t deadline, const char *what)
+                            MPI_Status *statuses, int64_t deadline, const char *what)
 {
     for (uint64_t polls = 0;; polls++) {
         int done = 0;
-        int rc = MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
-        if (rc != MPI_SUCCESS) return mpi_fail(tp, SUMO_ERR_PEER_FAILURE, rc, what);
+        int rc = MPI_Testall(n, reqs, &done, statuses);
+        if (rc != MPI_SUCCESS) {
+            bool settled = settle_receives(tp, reqs, receives);
+            char msg[MPI_MAX_ERROR_STRING] = "";
+            int len = 0;
+            MPI_Error_string(rc, msg, &len);
+            return SUMO__FAIL(tp, SUMO_ERR_PEER_FAILURE, "%s: MPI error: %s%s", what, msg,
+                              unsettled_note(settled));
+        }
         if (done) return SUMO_SUCCESS;
         if ((polls & 63) == 0 && sumo__now_ns() > deadline) {
-            /* A cancelled receive completes locally; waiting for it guarantees MPI writes
-             * nothing into the caller's buffer after we return. */
-            for (int i = 0; i < receives; i++) {
-                if (reqs[i] == MPI_REQUEST_NULL) continue;
-                MPI_Cancel(&reqs[i]);
-                MPI_Wait(&reqs[i], MPI_STATUS_IGNORE);
-            }
+            bool settled = settle_receives(tp, reqs, receives);
             return SUMO__FAIL(tp, SUMO_ERR_TIMEOUT,
                               "%s: rank %d waited %.3f s for its peers (deadline reached; raise "
-                              "it with sumo_comm_set_timeout or SUMO_TIMEOUT)",
-                              what, tp->rank, (double)tp->timeout_ns / 1e9);
+                              "it with sumo_comm_set_timeout or SUMO_TIMEOUT)%s",
+                              what, tp->rank, (double)tp->timeout_ns / 1e9, unsettled_note(settled));
         }
-        if (polls > 2000) {
-            if (polls > 200000) nanosleep(&(struct timespec){.tv_nsec = 20000}, NULL);
-            else sched_yield();
-        }
+        poll_pause(polls);
     }
 }
 
@@ -90,20 +128,33 @@ static sumo_result mpi_sendrecv(sumo__transport *tp, const void *sbuf, size_t sb
     int64_t deadline = sumo__now_ns() + tp->timeout_ns;
     /* Both sides cut a message at the same offsets, so pieces pair up in order. */
     size_t soff = 0, roff = 0;
+    /* An empty message is one message: it goes (or is awaited) in the first round only. */
+    bool first = true;
     do {
         MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+        MPI_Status status[2];
         size_t rlen = SUMO__MIN(rbytes - roff, MAX_MESSAGE_BYTES);
         size_t slen = SUMO__MIN(sbytes - soff, MAX_MESSAGE_BYTES);
+        bool receiving = src >= 0 && (roff < rbytes || (rbytes == 0 && first));
         int rc = MPI_SUCCESS;
-        if (src >= 0 && (roff < rbytes || rbytes == 0))
+        if (receiving)
             rc = MPI_Irecv((unsigned char *)rbuf + roff, (int)rlen, MPI_BYTE, src, TAG, t->comm, &reqs[0]);
-        if (rc == MPI_SUCCESS && dst >= 0 && (soff < sbytes || sbytes == 0))
+        if (rc == MPI_SUCCESS && dst >= 0 && (soff < sbytes || (sbytes == 0 && first)))
             rc = MPI_Isend((const unsigned char *)sbuf + soff, (int)slen, MPI_BYTE, dst, TAG, t->comm,
                            &reqs[1]);
-        if (rc != MPI_SUCCESS) return mpi_fail(tp, SUMO_ERR_PEER_FAILURE, rc, "sendrecv");
-        SUMO__CHECK(wait_all(tp, reqs, 2, 1, deadline, "sendrecv"));
+        if (rc != MPI_SUCCESS) {
+            settle_receives(tp, reqs, 1);
+            return mpi_fail(tp, SUMO_ERR_PEER_FAILURE, rc, "sendrecv");
+        }
+        SUMO__CHECK(wait_all(tp, reqs, 2, 1, status, deadline, "sendrecv"));
+        /* A shorter message would complete the receive silently and shift every later one. */
+        int got = 0;
+        if (receiving && (MPI_Get_count(&status[0], MPI_BYTE, &got) != MPI_SUCCESS || (size_t)got != rlen))
+            return SUMO__FAIL(tp, SUMO_ERR_INTERNAL,
+                              "receive from rank %d: expected %zu bytes, peer sent %d", src, rlen, got);
         soff += slen;
         roff += rlen;
+        first = false;
     } while ((dst >= 0 && soff < sbytes) || (src >= 0 && roff < rbytes));
     return SUMO_SUCCESS;
 }
@@ -115,7 +166,7 @@ static sumo_result mpi_allgather_small(sumo__transport *tp, const void *in, void
     MPI_Request req;
     int rc = MPI_Iallgather(in, (int)bytes, MPI_BYTE, t->gather_buf, (int)bytes, MPI_BYTE, t->comm, &req);
     if (rc != MPI_SUCCESS) return mpi_fail(tp, SUMO_ERR_PEER_FAILURE, rc, "allgather");
-    SUMO__CHECK(wait_all(tp, &req, 1, 0, sumo__now_ns() + tp->timeout_ns, "allgather"));
+    SUMO__CHECK(wait_all(tp, &req, 1, 0, MPI_STATUSES_IGNORE, sumo__now_ns() + tp->timeout_ns, "allgather"));
     memcpy(out, t->gather_buf, bytes * (size_t)tp->size);
     return SUMO_SUCCESS;
 }
@@ -127,16 +178,21 @@ static sumo_result mpi_barrier(sumo__transport *tp)
     MPI_Request req;
     int rc = MPI_Ibarrier(t->comm, &req);
     if (rc != MPI_SUCCESS) return mpi_fail(tp, SUMO_ERR_PEER_FAILURE, rc, "barrier");
-    return wait_all(tp, &req, 1, 0, sumo__now_ns() + tp->timeout_ns, "barrier");
+    return wait_all(tp, &req, 1, 0, MPI_STATUSES_IGNORE, sumo__now_ns() + tp->timeout_ns, "barrier");
 }
 
 static sumo_result mpi_native_allreduce(sumo__transport *tp, const void *sendbuf, void *recvbuf,
                                         size_t count, sumo_dtype dtype, sumo_op op)
 {
     mpi_transport *t = (mpi_transport *)tp;
-    if ((dtype != SUMO_FLOAT32 && dtype != SUMO_FLOAT64) || op > SUMO_OP_AVERAGE)
-        return SUMO__FAIL(tp, SUMO_ERR_INVALID_USAGE, "MPI_Allreduce has no %s %s",
-                          sumo__dtype_name(dtype), sumo__op_name((int)op));
+    if ((dtype != SUMO_FLOAT32 && dtype != SUMO_FLOAT64) || op > SUMO_OP_AVERAGE) {
+        sumo_result r = SUMO__FAIL(tp, SUMO_ERR_INVALID_USAGE, "MPI_Allreduce has no %s %s",
+                                   sumo__dtype_name(dtype), sumo__op_name((int)op));
+        /* Every rank fails here alike, right after the agreement; on shared memory a barrier
+         * must separate that agreement from the next one (collectives/agree.h). */
+        if (tp->shm) sumo__shm_barrier(tp);
+        return r;
+    }
     MPI_Datatype type = dtype == SUMO_FLOAT32 ? MPI_FLOAT : MPI_DOUBLE;
     size_t esz = sumo__dtype_bytes(dtype), piece = MAX_MESSAGE_BYTES / esz;
     int64_t deadline = sumo__now_ns() + tp->timeout_ns;
@@ -147,21 +203,25 @@ static sumo_result mpi_native_allreduce(sumo__transport *tp, const void *sendbuf
         int rc = MPI_Iallreduce(in, (unsigned char *)recvbuf + off * esz, (int)n, type, MPI_SUM,
                                 t->comm, &req);
         if (rc != MPI_SUCCESS) return mpi_fail(tp, SUMO_ERR_PEER_FAILURE, rc, "MPI_Allreduce");
-        SUMO__CHECK(wait_all(tp, &req, 1, 0, deadline, "MPI_Allreduce"));
+        SUMO__CHECK(wait_all(tp, &req, 1, 0, MPI_STATUSES_IGNORE, deadline, "MPI_Allreduce"));
     }
-    if (op == SUMO_OP_AVERAGE) {
-        /* Divide (not multiply by 1/P), as every other path does. */
-        if (dtype == SUMO_FLOAT32)
-            for (size_t i = 0; i < count; i++) ((float *)recvbuf)[i] /= (float)tp->size;
-        else
-            for (size_t i = 0; i < count; i++) ((double *)recvbuf)[i] /= (double)tp->size;
-    }
+    /* Divide (not multiply by 1/P), as every other path does. */
+    if (op == SUMO_OP_AVERAGE) sumo__kernel_divide(dtype, recvbuf, recvbuf, count, tp->size);
     return SUMO_SUCCESS;
 }
 
 static void mpi_destroy(sumo__transport *tp)
 {
     mpi_transport *t = (mpi_transport *)tp;
+    /* The frees below are collective and blocking: meet the peers first under the deadline,
+     * so a peer that is gone makes destroy leak instead of hang. */
+    if (!tp->broken) {
+        MPI_Request req;
+        if (MPI_Ibarrier(t->comm, &req) != MPI_SUCCESS ||
+            wait_all(tp, &req, 1, 0, MPI_STATUSES_IGNORE, sumo__now_ns() + tp->timeout_ns,
+                     "destroy") != SUMO_SUCCESS)
+            tp->broken = true;
+    }
     if (tp->broken) {
         if (tp->shm) sumo__shm_abort(tp->shm, tp->rank);
         /* gather_buf stays allocated: MPI may still complete the abandoned collective. */
@@ -192,67 +252,85 @@ static size_t stage_bytes_from_env(void)
     if (v == NULL || *v == '\0') return DEFAULT_STAGE_BYTES;
     char *end;
     unsigned long long b = strtoull(v, &end, 10);
-    if (*end != '\0' || b < 4096 || b > ((size_t)1 << 30)) return DEFAULT_STAGE_BYTES;
+    if (*end != '\0' || b < 8192 || b > ((size_t)1 << 30)) return DEFAULT_STAGE_BYTES;
     return (size_t)b / 4096 * 4096;
 }
 
-/* Ranks per node when nodes hold equal, consecutive blocks of ranks; else 0. */
-static int packed_node_size(mpi_transport *t, MPI_Comm node, bool *one_node, char *err, size_t errlen)
+/* Blocking MPI calls cannot time out, so creation polls a nonblocking one where MPI has it. */
+static int wait_one(MPI_Request *req, int64_t deadline)
 {
-    int node_rank, node_size;
-    MPI_Comm_rank(node, &node_rank);
-    MPI_Comm_size(node, &node_size);
-    int mine[2] = {node_rank, node_size};
-    int *all = malloc(sizeof(int) * 2 * (size_t)t->base.size);
-    if (all == NULL) return -1;
-    int rc = MPI_Allgather(mine, 2, MPI_INT, all, 2, MPI_INT, t->comm);
-    if (rc != MPI_SUCCESS) {
-        snprintf(err, errlen, "MPI_Allgather of the node layout failed");
-        free(all);
-        return -1;
+    for (uint64_t polls = 0;; polls++) {
+        int done = 0;
+        int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) return rc;
+        if (done) return MPI_SUCCESS;
+        if ((polls & 63) == 0 && sumo__now_ns() > deadline) return MPI_ERR_PENDING;
+        poll_pause(polls);
     }
-    bool packed = true;
-    for (int r = 0; r < t->base.size; r++)
-        if (all[2 * r + 1] != node_size || all[2 * r] != r % node_size) packed = false;
-    free(all);
-    *one_node = node_size == t->base.size;
-    return packed ? node_size : 0;
 }
 
-static sumo_result map_window(mpi_transport *t, MPI_Comm node, char *err, size_t errlen)
+/* Ranks per node when nodes hold equal, consecutive blocks of ranks; else 0. layout holds
+ * (node rank, node size) of every rank, a record of `stride` ints each. */
+static int packed_node_size(int size, const int *layout, int stride)
+{
+    int node_size = layout[1];
+    for (int r = 0; r < size; r++)
+        if (layout[stride * r + 1] != node_size || layout[stride * r] != r % node_size) return 0;
+    return node_size;
+}
+
+/*
+ * Maps the shared window: rank 0's segment starts with the control block, then every rank's
+ * staging area. Every rank calls this (it is collective) and every rank learns whether all
+ * succeeded, so they keep or free the window together.
+ */
+static sumo_result map_window(mpi_transport *t, size_t stage, char *err, size_t errlen)
 {
     int size = t->base.size, rank = t->base.rank;
-    size_t stage = stage_bytes_from_env();
     size_t ctl = (sumo__shm_ctl_bytes(size) + 4095) / 4096 * 4096;
+    t->stage = calloc((size_t)size, sizeof *t->stage);
     void *base = NULL;
     MPI_Aint mine = (MPI_Aint)(stage + (rank == 0 ? ctl : 0));
-    int rc = MPI_Win_allocate_shared(mine, 1, MPI_INFO_NULL, node, &base, &t->win);
+    /* One node holds every rank here, so the communicator itself can share memory (and its
+     * ranks are the window's ranks). */
+    int rc = MPI_Win_allocate_shared(mine, 1, MPI_INFO_NULL, t->comm, &base, &t->win);
     if (rc != MPI_SUCCESS) {
         snprintf(err, errlen, "MPI_Win_allocate_shared of %zu bytes failed", (size_t)mine);
+        free(t->stage);
+        t->stage = NULL;
         return SUMO_ERR_SYSTEM;
     }
-    t->have_win = true;
-    t->stage = calloc((size_t)size, sizeof *t->stage);
-    if (t->stage == NULL) return SUMO_ERR_SYSTEM;
+    int ok = t->stage != NULL;
     sumo__shm_ctl *ctlp = NULL;
-    for (int r = 0; r < size; r++) {
+    for (int r = 0; r < size && ok; r++) {
         MPI_Aint bytes;
         int disp;
-        void *ptr;
-        MPI_Win_shared_query(t->win, r, &bytes, &disp, &ptr);
-        t->stage[r] = (unsigned char *)ptr + (r == 0 ? ctl : 0);
+        void *ptr = NULL;
+        if (MPI_Win_shared_query(t->win, r, &bytes, &disp, &ptr) != MPI_SUCCESS || ptr == NULL) ok = 0;
+        else t->stage[r] = (unsigned char *)ptr + (r == 0 ? ctl : 0);
         if (r == 0) ctlp = ptr;
     }
-    /* Loads and stores into the window are synchronised by our own atomics; the passive
-     * epoch keeps that legal under MPI's memory model. */
-    MPI_Win_lock_all(MPI_MODE_NOCHECK, t->win);
-    if (rank == 0) {
+    /* Loads and stores into the window are ordered by our own atomics; the passive epoch
+     * keeps that legal under MPI's memory model. */
+    if (ok) MPI_Win_lock_all(MPI_MODE_NOCHECK, t->win);
+    if (ok && rank == 0) {
         memset(ctlp, 0, ctl);
         sumo__shm_ctl_init(ctlp, size);
     }
-    MPI_Win_sync(t->win);
-    MPI_Barrier(t->comm);
-    MPI_Win_sync(t->win);
+    if (ok) MPI_Win_sync(t->win);
+    /* Publishes the initialised control block and tells everyone whether all ranks mapped. */
+    int all_ok = 0;
+    if (MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, t->comm) != MPI_SUCCESS) all_ok = 0;
+    if (ok) MPI_Win_sync(t->win);
+    if (!all_ok) {
+        snprintf(err, errlen, "mapping the shared window failed on %s", ok ? "a peer" : "this rank");
+        if (ok) MPI_Win_unlock_all(t->win);
+        MPI_Win_free(&t->win);
+        free(t->stage);
+        t->stage = NULL;
+        return SUMO_ERR_SYSTEM;
+    }
+    t->have_win = true;
     t->shm = (sumo__shm){.ctl = ctlp,
                          .rank = rank,
                          .size = size,
@@ -264,52 +342,93 @@ static sumo_result map_window(mpi_transport *t, MPI_Comm node, char *err, size_t
     return SUMO_SUCCESS;
 }
 
+/*
+ * Everything after the duplication is collective and must take the same branch on every
+ * rank; a launcher may hand ranks different environments, so the ranks agree on the settings
+ * (rank 0's staging size, shared memory only if all want it) before acting on them.
+ */
+static sumo_result setup(mpi_transport *t, char *err, size_t errlen)
+{
+    int size = t->base.size;
+    MPI_Comm node = MPI_COMM_NULL;
+    if (MPI_Comm_split_type(t->comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS) {
+        snprintf(err, errlen, "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) failed");
+        return SUMO_ERR_SYSTEM;
+    }
+    int node_rank = 0, node_size = 0;
+    MPI_Comm_rank(node, &node_rank);
+    MPI_Comm_size(node, &node_size);
+    MPI_Comm_free(&node);
+    /* Per rank: node rank, node size, wants shared memory, staging bytes / 4096. */
+    const char *shm_env = getenv("SUMO_MPI_SHM");
+    int mine[4] = {node_rank, node_size, !(shm_env && strcmp(shm_env, "0") == 0),
+                   (int)(stage_bytes_from_env() / 4096)};
+    int *all = malloc(sizeof(int) * 4 * (size_t)size);
+    int ok = all != NULL, all_ok = 0;
+    if (MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, t->comm) != MPI_SUCCESS || !all_ok) {
+        snprintf(err, errlen, "cannot allocate the node layout on %s", ok ? "a peer" : "this rank");
+        free(all);
+        return SUMO_ERR_SYSTEM;
+    }
+    if (MPI_Allgather(mine, 4, MPI_INT, all, 4, MPI_INT, t->comm) != MPI_SUCCESS) {
+        snprintf(err, errlen, "MPI_Allgather of the node layout failed");
+        free(all);
+        return SUMO_ERR_SYSTEM;
+    }
+    bool want_shm = size > 1 && node_size == size;
+    for (int r = 0; r < size; r++) want_shm = want_shm && all[4 * r + 2];
+    size_t stage = (size_t)all[3] * 4096;
+    t->base.node_local_size = packed_node_size(size, all, 4);
+    free(all);
+    return want_shm ? map_window(t, stage, err, errlen) : SUMO_SUCCESS;
+}
+
 sumo_result sumo__mpi_transport_create(MPI_Comm comm, sumo__transport **out, char *err,
                                        size_t errlen)
 {
     mpi_transport *t = calloc(1, sizeof *t);
-    if (t == NULL) return SUMO_ERR_SYSTEM;
-    if (MPI_Comm_dup(comm, &t->comm) != MPI_SUCCESS) {
-        snprintf(err, errlen, "MPI_Comm_dup failed");
+    unsigned char *gather_buf = NULL;
+    int size = 0;
+    if (MPI_Comm_size(comm, &size) != MPI_SUCCESS) {
+        snprintf(err, errlen, "MPI_Comm_size failed: not a valid communicator");
         free(t);
+        return SUMO_ERR_INVALID_ARGUMENT;
+    }
+    gather_buf = malloc(64 * (size_t)size);
+    /* A local failure here cannot be told to the peers before the communicator exists; they
+     * then time out in the duplication below instead of hanging. */
+    if (t == NULL || gather_buf == NULL) {
+        snprintf(err, errlen, "out of memory creating the MPI transport");
+        free(t);
+        free(gather_buf);
         return SUMO_ERR_SYSTEM;
     }
-    /* Our failures are statuses, not the default abort of the whole job. */
-    MPI_Comm_set_errhandler(t->comm, MPI_ERRORS_RETURN);
+    t->gather_buf = gather_buf;
     t->base = (sumo__transport){.ops = &mpi_ops,
                                 .timeout_ns = (int64_t)(sumo__timeout_from_env(300.0) * 1e9),
                                 .log_level = sumo__log_level_from_env()};
+    /* The nonblocking duplication makes a rank that never calls create a timeout here. The
+     * calls after it are blocking (MPI has no nonblocking split or window allocation), but
+     * they only run once every rank has arrived. */
+    MPI_Request req;
+    int rc = MPI_Comm_idup(comm, &t->comm, &req);
+    if (rc == MPI_SUCCESS) rc = wait_one(&req, sumo__now_ns() + t->base.timeout_ns);
+    if (rc != MPI_SUCCESS) {
+        if (rc == MPI_ERR_PENDING)
+            snprintf(err, errlen, "MPI_Comm_idup: not every rank called sumo_comm_create_mpi "
+                                  "within %.3f s (SUMO_TIMEOUT)", (double)t->base.timeout_ns / 1e9);
+        else snprintf(err, errlen, "MPI_Comm_idup failed");
+        /* A pending duplication may still write t->comm: t is left to it. */
+        return rc == MPI_ERR_PENDING ? SUMO_ERR_TIMEOUT : SUMO_ERR_SYSTEM;
+    }
+    /* Our failures are statuses, not the default abort of the whole job. */
+    MPI_Comm_set_errhandler(t->comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(t->comm, &t->base.rank);
     MPI_Comm_size(t->comm, &t->base.size);
-    MPI_Comm node = MPI_COMM_NULL;
-    sumo_result r = SUMO_SUCCESS;
-    t->gather_buf = malloc(64 * (size_t)t->base.size);
-    if (t->gather_buf == NULL) r = SUMO_ERR_SYSTEM;
-    if (MPI_Comm_split_type(t->comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS) {
-        snprintf(err, errlen, "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) failed");
-        r = SUMO_ERR_SYSTEM;
-    }
-    bool one_node = false;
-    if (r == SUMO_SUCCESS) {
-        int per_node = packed_node_size(t, node, &one_node, err, errlen);
-        if (per_node < 0) r = SUMO_ERR_SYSTEM;
-        else t->base.node_local_size = per_node;
-    }
-    /* Mapping the window is collective: every rank must take the same branch, and a launcher
-     * may hand the ranks different environments, so the ranks agree on it first. */
-    const char *shm_env = getenv("SUMO_MPI_SHM");
-    int want_shm = !(shm_env && strcmp(shm_env, "0") == 0) && one_node, all_want = 0;
-    if (r == SUMO_SUCCESS && MPI_Allreduce(&want_shm, &all_want, 1, MPI_INT, MPI_MIN, t->comm) != MPI_SUCCESS) {
-        snprintf(err, errlen, "MPI_Allreduce of the shared-memory choice failed");
-        r = SUMO_ERR_SYSTEM;
-    }
-    if (r == SUMO_SUCCESS && all_want && t->base.size > 1) r = map_window(t, node, err, errlen);
-    if (node != MPI_COMM_NULL) MPI_Comm_free(&node);
+    sumo_result r = setup(t, err, errlen);
     if (r != SUMO_SUCCESS) {
-        if (t->have_win) MPI_Win_free(&t->win);
         MPI_Comm_free(&t->comm);
         free(t->gather_buf);
-        free(t->stage);
         free(t);
         return r;
     }
