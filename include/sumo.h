@@ -98,7 +98,7 @@ sumo_result sumo_op_destroy(sumo_comm *comm, sumo_op op);
 /*
  * The threads transport: nranks ranks inside this process, each to be driven by its own
  * thread (rank r by the thread that uses comms[r]), exchanging through shared memory. No
- * server, no launcher. Each of the nranks handles must be destroyed; the group is freed with
+ * server, no launcher. nranks is 1 to 1024 (SUMO_ERR_INVALID_ARGUMENT otherwise). Each of the nranks handles must be destroyed; the group is freed with
  * the last one. Destroying one rank's handle while others are still in a collective makes
  * theirs fail with SUMO_ERR_PEER_FAILURE.
  */

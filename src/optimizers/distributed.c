@@ -1,6 +1,7 @@
 #include "optimizers/distributed.h"
 
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 
 void sumo__distributed_count(sumo_distributed *dist, size_t count, sumo_dtype dtype)
@@ -67,22 +68,35 @@ sumo_result sumo_distributed_destroy(sumo_distributed *dist)
 
 /* Horovod's Adasum mode: a local step, the deltas combined, added to the saved parameters.
  * The optimizer's state has advanced on the local gradient, which is the point: its momentum
- * and moments stay local. */
+ * and moments stay local.
+ *
+ * A rank whose local step fails must still take part in the collective, or its peers wait
+ * out the deadline: it sends a NaN delta instead. The combined delta is bit-identical on
+ * every rank, so every rank sees the same non-finite values and gives up the step alike,
+ * whatever the aggregator (a sum or an average would pass the NaN on silently). */
 static sumo_result delta_step(sumo_distributed *d, float *params, float *grads, double lr)
 {
     size_t n = d->nparams;
     memcpy(d->saved, params, n * sizeof *params);
-    sumo_result r = sumo_optimizer_step(d->optimizer, params, grads, lr);
-    if (r != SUMO_SUCCESS) return r;
-    for (size_t i = 0; i < n; i++) grads[i] = params[i] - d->saved[i];
-    r = sumo_aggregator_apply(d->aggregator, grads, n, SUMO_FLOAT32);
-    /* On failure the combined delta is not trustworthy: go back to the common parameters. */
-    if (r != SUMO_SUCCESS && r != SUMO_ERR_NONFINITE) {
-        memcpy(params, d->saved, n * sizeof *params);
-        return r;
+    sumo_result local = sumo_optimizer_step(d->optimizer, params, grads, lr);
+    if (local == SUMO_SUCCESS)
+        for (size_t i = 0; i < n; i++) grads[i] = params[i] - d->saved[i];
+    else
+        for (size_t i = 0; i < n; i++) grads[i] = NAN;
+    sumo_result r = sumo_aggregator_apply(d->aggregator, grads, n, SUMO_FLOAT32);
+    int nonfinite = 0;
+    if (r == SUMO_SUCCESS) {
+        for (size_t i = 0; i < n; i++) {
+            float v = d->saved[i] + grads[i];
+            nonfinite |= !isfinite(v);
+            params[i] = v;
+        }
     }
-    for (size_t i = 0; i < n; i++) params[i] = d->saved[i] + grads[i];
-    return r;
+    /* Nothing half-done survives: the parameters are those from before the step. */
+    if (r != SUMO_SUCCESS || nonfinite || local != SUMO_SUCCESS)
+        memcpy(params, d->saved, n * sizeof *params);
+    if (local != SUMO_SUCCESS) return local;
+    return r == SUMO_SUCCESS && nonfinite ? SUMO_ERR_NONFINITE : r;
 }
 
 sumo_result sumo_distributed_step(sumo_distributed *dist, float *params, float *grads, double lr,
