@@ -65,6 +65,7 @@
  * finite; anything else is SUMO_ERR_INVALID_ARGUMENT with the reason in the comm's message.
  */
 #include "aggregation/aggregator.h"
+#include "collectives/agree.h"
 #include "collectives/comm.h"
 #include "kernels/kernels.h"
 
@@ -204,13 +205,19 @@ static sumo_result acga_apply(sumo_aggregator *agg, void *buffer, size_t count, 
     acga *a = impl_of(agg);
     const sumo_acga_options *o = &agg->options.acga;
     sumo__transport *tp = tp_of(agg);
+    /* Local failures are announced to the peers, which are entering the first exchange. */
     if (dtype != SUMO_FLOAT32)
-        return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT, "acga: dtype %s: only float32 is supported",
-                          sumo__dtype_name(dtype));
+        return sumo__fail_together(agg->comm, SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
+                                                         "acga: dtype %s: only float32 is supported",
+                                                         sumo__dtype_name(dtype)));
     float *g = buffer;
     const size_t K = a->ngroups;
     const int n = a->nranks;
-    SUMO__CHECK(ensure_sum(a, count));
+    sumo_result grown = ensure_sum(a, count);
+    if (grown != SUMO_SUCCESS) {
+        sumo__fail_together(agg->comm, grown);
+        return SUMO__FAIL(tp, grown, "acga: no room for the sum of %zu floats", count);
+    }
 
     /* 1. The consensus: the sum of every rank's gradient. */
     sumo__aggregator_count(agg, count, SUMO_FLOAT32);

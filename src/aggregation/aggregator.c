@@ -1,4 +1,6 @@
 #include "aggregation/aggregator.h"
+#include "collectives/agree.h"
+#include "collectives/comm.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -80,9 +82,17 @@ sumo_result sumo_aggregator_destroy(sumo_aggregator *agg)
 
 sumo_result sumo_aggregator_apply(sumo_aggregator *agg, void *buffer, size_t count, sumo_dtype dtype)
 {
-    if (agg == NULL || (buffer == NULL && count > 0) || !sumo__dtype_valid(dtype))
-        return SUMO_ERR_INVALID_ARGUMENT;
-    if (agg->ntensors > 0 && count != agg->total) return SUMO_ERR_INVALID_ARGUMENT;
+    if (agg == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    /* The peers are entering the exchange: tell them, rather than leave them to the deadline. */
+    sumo__transport *tp = agg->comm->tp;
+    if ((buffer == NULL && count > 0) || !sumo__dtype_valid(dtype))
+        return sumo__fail_together(agg->comm, SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
+                                                         "aggregator: NULL buffer or unknown dtype"));
+    if (agg->ntensors > 0 && count != agg->total)
+        return sumo__fail_together(agg->comm,
+                                   SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
+                                              "aggregator: count %zu does not match the layout's "
+                                              "total %zu", count, agg->total));
     if (agg->vtbl) return agg->vtbl->apply(agg, buffer, count, dtype);
     sumo__aggregator_count(agg, count, dtype);
     return sumo_allreduce(buffer, buffer, count, dtype, agg->op, agg->comm);

@@ -144,9 +144,13 @@ static sumo_result options_check(sumo_comm *comm, const sumo_adasum_options *o, 
                                  size_t *total)
 {
     sumo__transport *tp = comm->tp;
-    if (o->struct_size < sizeof *o)
+    /* One version exists so far. A later library will accept this size and read only the
+     * fields it had; a larger size comes from a newer header whose fields this library would
+     * silently ignore. */
+    if (o->struct_size != sizeof *o)
         return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
-                          "adasum options: struct_size %zu is smaller than this library's %zu",
+                          "adasum options: struct_size %zu, but this library's options are %zu "
+                          "bytes (built against another sumo.h?)",
                           o->struct_size, sizeof *o);
     if (o->ntensors > 0 && o->tensor_counts == NULL)
         return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,

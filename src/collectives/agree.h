@@ -37,4 +37,12 @@ typedef struct sumo__call_desc {
  */
 sumo_result sumo__agree(sumo_comm *c, sumo__call_desc *d);
 
+/*
+ * For the layers above: this rank failed (code, with the message already set on the
+ * transport) where its peers are entering a collective. Announcing the failure in their
+ * agreement step makes every rank return at once (with code, naming this rank) instead of
+ * waiting out the deadline; no data moves. Returns code on this rank.
+ */
+sumo_result sumo__fail_together(sumo_comm *c, sumo_result code);
+
 #endif

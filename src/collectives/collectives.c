@@ -86,7 +86,8 @@ static sumo_result compare_descs(sumo_comm *c, const call_desc *all, const call_
         if (all[r].local_error != SUMO_SUCCESS) {
             if (mine->local_error != SUMO_SUCCESS) return (sumo_result)mine->local_error;
             return SUMO__FAIL(tp, (sumo_result)all[r].local_error,
-                              "%s: rank %d passed invalid arguments (%s); no rank moved data",
+                              "%s: rank %d failed before moving data (%s: its arguments, or "
+                              "a layer above); no rank moved data",
                               kind_name(mine->kind), r,
                               sumo_result_name((sumo_result)all[r].local_error));
         }
@@ -540,6 +541,16 @@ static sumo_result usable(sumo_comm *c)
 {
     if (c->tp->broken) return SUMO_ERR_PEER_FAILURE; /* errmsg still names the first failure */
     return SUMO_SUCCESS;
+}
+
+sumo_result sumo__fail_together(sumo_comm *c, sumo_result code)
+{
+    sumo__comm_enter(c);
+    /* The peers' comparison looks at local_error before the kind, so any kind will do. */
+    call_desc d = {.kind = KIND_BARRIER, .local_error = (uint32_t)code};
+    if (usable(c) == SUMO_SUCCESS) agree(c, &d);
+    sumo__comm_leave(c);
+    return code;
 }
 
 static sumo__algo pick_allreduce(sumo_comm *c, const call_desc *d)

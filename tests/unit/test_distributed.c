@@ -294,6 +294,68 @@ static void test_nonfinite_keeps_params(void **state)
     }
 }
 
+/* One rank's bad call (a count that does not match the layout, the wrong dtype for ACGA):
+ * its peers, already inside the exchange, are told at once and fail with it instead of
+ * waiting out the deadline (a timeout status would show they were not told); nothing is
+ * broken, and the next call succeeds everywhere. */
+typedef struct bad_call_run {
+    sumo_aggregation method;
+    int wrong_dtype;
+    sumo_result first[MAXR], second[MAXR];
+    float out[MAXR][N];
+} bad_call_run;
+
+static void bad_call_rank(sumo_comm *comm, int rank, int size, void *arg)
+{
+    (void)size;
+    bad_call_run *b = arg;
+    sumo_aggregator_options ao;
+    sumo_aggregator *agg = NULL;
+    b->first[rank] = b->second[rank] = SUMO_ERR_INTERNAL;
+    if (sumo_comm_set_timeout(comm, 20.0) != SUMO_SUCCESS) return;
+    if (sumo_aggregator_options_default(b->method, &ao) != SUMO_SUCCESS) return;
+    ao.tensor_counts = layout;
+    ao.ntensors = NT;
+    if (sumo_aggregator_create(comm, &ao, &agg) != SUMO_SUCCESS) return;
+    float g[N];
+    for (size_t j = 0; j < N; j++) g[j] = (float)(rank + 1) * (j % 2 ? 1.0f : 2.0f);
+    if (rank == 1)
+        b->first[rank] = b->wrong_dtype ? sumo_aggregator_apply(agg, g, N, SUMO_FLOAT64)
+                                        : sumo_aggregator_apply(agg, g, N - 1, SUMO_FLOAT32);
+    else
+        b->first[rank] = sumo_aggregator_apply(agg, g, N, SUMO_FLOAT32);
+    for (size_t j = 0; j < N; j++) g[j] = (float)(rank + 1) * (j % 2 ? 1.0f : 2.0f);
+    b->second[rank] = sumo_aggregator_apply(agg, g, N, SUMO_FLOAT32);
+    memcpy(b->out[rank], g, sizeof g);
+    sumo_aggregator_destroy(agg);
+}
+
+static void test_one_rank_bad_call(void **state)
+{
+    (void)state;
+    const struct { sumo_aggregation method; int wrong_dtype; } cases[] = {
+        {SUMO_AGGREGATE_SUM, 0}, {SUMO_AGGREGATE_ADASUM, 0}, {SUMO_AGGREGATE_ACGA, 0},
+        {SUMO_AGGREGATE_ACGA, 1},
+    };
+    const int P = 3;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        bad_call_run b = {.method = cases[c].method, .wrong_dtype = cases[c].wrong_dtype};
+        assert_int_equal(harness_run_threads(P, bad_call_rank, &b), 0);
+        for (int r = 0; r < P; r++) {
+            if (b.first[r] != SUMO_ERR_INVALID_ARGUMENT || b.second[r] != SUMO_SUCCESS)
+                fail_msg("method %d wrong dtype %d rank %d: %s, then %s", cases[c].method,
+                         cases[c].wrong_dtype, r, sumo_result_name(b.first[r]),
+                         sumo_result_name(b.second[r]));
+            assert_memory_equal(b.out[r], b.out[0], sizeof b.out[0]);
+        }
+        /* The sum of (r + 1) * {2, 1, 2, ...} over 3 ranks: the retry really combined. */
+        if (cases[c].method == SUMO_AGGREGATE_SUM) {
+            assert_true(b.out[0][0] == 12.0f);
+            assert_true(b.out[0][1] == 6.0f);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -303,6 +365,7 @@ int main(void)
         cmocka_unit_test(test_delta_average_momentum),
         cmocka_unit_test(test_modes_differ),
         cmocka_unit_test(test_nonfinite_keeps_params),
+        cmocka_unit_test(test_one_rank_bad_call),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

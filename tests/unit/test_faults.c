@@ -83,7 +83,7 @@ static void expect_everywhere_from(int which, sumo_result want, const char *need
             fail_msg("scenario %d rank %d: %s, want %s (%s)", which, r,
                      sumo_result_name(s.first[r]), sumo_result_name(want), s.message[r]);
         char named[64];
-        snprintf(named, sizeof named, "rank %d passed invalid arguments", offender);
+        snprintf(named, sizeof named, "rank %d failed before moving data", offender);
         const char *expect = offender >= 0 && r != offender ? named : needle;
         if (expect && want != SUMO_SUCCESS && strstr(s.message[r], expect) == NULL)
             fail_msg("scenario %d rank %d: message '%s' lacks '%s'", which, r, s.message[r], expect);
