@@ -55,6 +55,25 @@ static inline bool sumo__ranges_overlap(const void *a, size_t abytes, const void
 }
 
 /* Overflow-checked n * size. */
+/* splitmix64 from an explicit state: the same sequence on every platform and thread, for
+ * seeded initialisation and data permutations. */
+static inline uint64_t sumo__splitmix64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* FNV-1a over bytes, continuing from h (start from SUMO__FNV_OFFSET). */
+#define SUMO__FNV_OFFSET 0xcbf29ce484222325ull
+static inline uint64_t sumo__fnv1a(uint64_t h, const void *data, size_t bytes)
+{
+    const unsigned char *b = data;
+    for (size_t i = 0; i < bytes; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
 static inline bool sumo__mul_overflows(size_t n, size_t size, size_t *out)
 {
     return __builtin_mul_overflow(n, size, out);

@@ -71,19 +71,11 @@ sumo_result sumo__model_config_default(sumo__model_kind kind, sumo__model_config
 /* ---------------------------------------------------------------------------------------- */
 /* Initialisation                                                                            */
 
-static uint64_t splitmix64(uint64_t *state)
-{
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 /* Uniform in [-bound, bound): 24 random bits, exact in float, scaled in double. */
 static void fill_uniform(float *w, size_t n, double bound, uint64_t *state)
 {
     for (size_t i = 0; i < n; i++) {
-        double u = (double)(splitmix64(state) >> 40) * 0x1p-24;
+        double u = (double)(sumo__splitmix64(state) >> 40) * 0x1p-24;
         w[i] = (float)((2.0 * u - 1.0) * bound);
     }
 }

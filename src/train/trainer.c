@@ -47,18 +47,11 @@ void sumo__train_config_default(sumo__train_config *cfg)
     sumo_slowmo_options_preset(SUMO_SLOWMO_PRESET_SLOWMO, &cfg->slowmo);
 }
 
-/* FNV-1a over the bytes that decide the trajectory: a resumed run must use the same ones. */
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
-}
-
+/* A hash of the settings that decide the trajectory: a resumed run must use the same ones. */
 static uint64_t config_hash(const sumo__train_config *c)
 {
-    uint64_t h = 0xcbf29ce484222325ull;
-#define MIX(field) h = fnv(h, &c->field, sizeof c->field)
+    uint64_t h = SUMO__FNV_OFFSET;
+#define MIX(field) h = sumo__fnv1a(h, &c->field, sizeof c->field)
     MIX(workers); MIX(model); MIX(hidden); MIX(batch); MIX(epochs); MIX(seed); MIX(method);
     MIX(optim); MIX(lr); MIX(lr_scale); MIX(warmup_epochs); MIX(schedule); MIX(acga);
     MIX(slowmo); MIX(adasum_hierarchical); MIX(adasum_group_size); MIX(eval_every);
@@ -67,21 +60,12 @@ static uint64_t config_hash(const sumo__train_config *c)
     return h;
 }
 
-/* splitmix64, for the epoch permutations: explicit state, same sequence everywhere. */
-static uint64_t mix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 static void epoch_permutation(uint32_t *perm, size_t n, uint64_t seed, int epoch)
 {
     uint64_t s = seed * 0x2545F4914F6CDD1Dull + (uint64_t)epoch + 1;
     for (size_t i = 0; i < n; i++) perm[i] = (uint32_t)i;
     for (size_t i = n - 1; i > 0; i--) {
-        size_t j = (size_t)(mix64(&s) % (i + 1));
+        size_t j = (size_t)(sumo__splitmix64(&s) % (i + 1));
         uint32_t t = perm[i];
         perm[i] = perm[j];
         perm[j] = t;
@@ -481,7 +465,7 @@ static void gather_batch(rank_state *s, long step)
 
 static uint64_t checksum(const float *p, size_t n)
 {
-    return fnv(0xcbf29ce484222325ull, p, n * sizeof *p);
+    return sumo__fnv1a(SUMO__FNV_OFFSET, p, n * sizeof *p);
 }
 
 /* The checksums of every rank's parameters, gathered as raw 8-byte words: an allgather only
