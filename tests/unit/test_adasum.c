@@ -842,14 +842,16 @@ static void api_body(sumo_comm *comm, int rank, int size, void *arg)
     size_t counts[2] = {1, 2};
     sumo_op op;
     sumo_adasum_options o = {.struct_size = sizeof o, .tensor_counts = counts, .ntensors = 2};
-    sumo_adasum_options small = o;
+    sumo_adasum_options small = o, large = o;
     small.struct_size = 8;
+    large.struct_size = sizeof o + 8;
     sumo_adasum_options nullc = o;
     nullc.tensor_counts = NULL;
     sumo_adasum_options hier = o;
     hier.hierarchical = 1;
     hier.group_size = 3; /* does not divide 2 */
     if (sumo_op_create_adasum(comm, &small, &op) != SUMO_ERR_INVALID_ARGUMENT) bad[rank]++;
+    if (sumo_op_create_adasum(comm, &large, &op) != SUMO_ERR_INVALID_ARGUMENT) bad[rank]++;
     if (sumo_op_create_adasum(comm, &nullc, &op) != SUMO_ERR_INVALID_ARGUMENT) bad[rank]++;
     if (sumo_op_create_adasum(comm, &hier, &op) != SUMO_ERR_INVALID_ARGUMENT) bad[rank]++;
     if (sumo_op_create_adasum(comm, NULL, &op) != SUMO_ERR_INVALID_ARGUMENT) bad[rank]++;
