@@ -3,10 +3,8 @@
  * the same run, on the threads transport. ACGA's step is two full-size allreduces, one
  * allgather of N scalars and two local passes (dot/norms, scale), so about 2x an average.
  *
- * Build (after `make BUILD=build`):
- *   gcc -O2 -std=c11 -D_GNU_SOURCE -Iinclude bench/acga_cost.c build/libsumo.a -lm -pthread \
- *       -o build/acga_cost
- * Run: build/acga_cost [ranks (4)] [MiB per rank (64)] [repeats (11)]
+ * Built by `make` as build/bench/acga_cost.
+ * Run: build/bench/acga_cost [ranks (4)] [MiB per rank (64)] [repeats (11)]
  * Prints the median seconds of each and their ratio, and of ACGA's first collective alone (a
  * sum into another buffer) to separate the collectives from ACGA's local passes. The buffer is
  * refilled from the gradient before every call, outside the timed region.
