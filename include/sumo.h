@@ -98,8 +98,8 @@ sumo_result sumo_op_destroy(sumo_comm *comm, sumo_op op);
 /*
  * The threads transport: nranks ranks inside this process, each to be driven by its own
  * thread (rank r by the thread that uses comms[r]), exchanging through shared memory. No
- * server, no launcher. nranks is 1 to 1024 (SUMO_ERR_INVALID_ARGUMENT otherwise). Each of the nranks handles must be destroyed; the group is freed with
- * the last one. Destroying one rank's handle while others are still in a collective makes
+ * server, no launcher. nranks is 1 to 1024 (SUMO_ERR_INVALID_ARGUMENT otherwise). Each of
+ * the nranks handles must be destroyed; the group is freed with the last one. Destroying one rank's handle while others are still in a collective makes
  * theirs fail with SUMO_ERR_PEER_FAILURE.
  */
 sumo_result sumo_comm_create_threads(int nranks, sumo_comm **comms);
@@ -152,7 +152,8 @@ sumo_result sumo_barrier(sumo_comm *comm);
  * until sumo_request_wait() returns or sumo_request_test() reports completion. Requests on
  * one handle complete in the order they were started, and a blocking collective on the
  * handle waits for them first. Every request must be waited on (wait frees it), also after
- * test reported completion.
+ * test reported completion. Destroying the handle first completes its requests; they can
+ * still be waited on afterwards (wait returns their result and frees them).
  */
 sumo_result sumo_allreduce_start(const void *sendbuf, void *recvbuf, size_t count,
                                  sumo_dtype dtype, sumo_op op, sumo_comm *comm,

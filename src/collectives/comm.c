@@ -4,8 +4,9 @@
 #include <string.h>
 
 struct sumo_request {
-    sumo_comm *comm;
-    sumo_request *next;
+    sumo_comm *comm;      /* NULL once the handle was destroyed (the request had completed) */
+    sumo_request *next;   /* in the queue */
+    sumo_request *prev_unwaited, *next_unwaited;
     const void *sendbuf;
     void *recvbuf;
     size_t count;
@@ -73,6 +74,10 @@ sumo_result sumo_comm_destroy(sumo_comm *comm)
     if (comm == NULL) return SUMO_SUCCESS;
     /* Requests still queued run to completion (or fail on their peers) before we leave. */
     stop_progress(comm);
+    /* Requests not yet waited on stay waitable: they are complete and keep their result. */
+    pthread_mutex_lock(&comm->lock);
+    for (sumo_request *r = comm->queue.unwaited; r; r = r->next_unwaited) r->comm = NULL;
+    pthread_mutex_unlock(&comm->lock);
     comm->tp->ops->destroy(comm->tp);
     pthread_cond_destroy(&comm->work);
     pthread_cond_destroy(&comm->idle);
@@ -214,6 +219,9 @@ sumo_result sumo_allreduce_start(const void *sendbuf, void *recvbuf, size_t coun
     else comm->queue.head = req;
     comm->queue.tail = req;
     comm->queue.pending++;
+    req->next_unwaited = comm->queue.unwaited;
+    if (req->next_unwaited) req->next_unwaited->prev_unwaited = req;
+    comm->queue.unwaited = req;
     pthread_cond_signal(&comm->work);
     pthread_mutex_unlock(&comm->lock);
     *request = req;
@@ -231,10 +239,15 @@ sumo_result sumo_request_wait(sumo_request *request)
 {
     if (request == NULL) return SUMO_ERR_INVALID_ARGUMENT;
     sumo_comm *c = request->comm;
-    pthread_mutex_lock(&c->lock);
-    while (!atomic_load_explicit(&request->done, memory_order_acquire))
-        pthread_cond_wait(&c->idle, &c->lock);
-    pthread_mutex_unlock(&c->lock);
+    if (c != NULL) {
+        pthread_mutex_lock(&c->lock);
+        while (!atomic_load_explicit(&request->done, memory_order_acquire))
+            pthread_cond_wait(&c->idle, &c->lock);
+        if (request->prev_unwaited) request->prev_unwaited->next_unwaited = request->next_unwaited;
+        else c->queue.unwaited = request->next_unwaited;
+        if (request->next_unwaited) request->next_unwaited->prev_unwaited = request->prev_unwaited;
+        pthread_mutex_unlock(&c->lock);
+    }
     sumo_result r = request->result;
     free(request);
     return r;

@@ -21,7 +21,8 @@ typedef enum sumo__algo {
 
 typedef struct sumo__request_queue {
     sumo_request *head, *tail;
-    int pending; /* queued or running */
+    int pending;          /* queued or running */
+    sumo_request *unwaited; /* every request not yet waited on, to detach at destroy */
 } sumo__request_queue;
 
 struct sumo_comm {
