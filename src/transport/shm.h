@@ -13,17 +13,10 @@
 
 typedef struct sumo__transport sumo__transport;
 
-/* One rank's announcement of the collective it is entering; compared across ranks before any
- * data moves so that disagreeing ranks fail together instead of corrupting memory. */
+/* One rank's slot for small announcements: the collectives' agreement descriptor (compared
+ * across ranks before any data moves, so that disagreeing ranks fail together instead of
+ * corrupting memory) and allgather_small's values. A cache line each. */
 typedef struct sumo__shm_desc {
-    uint32_t kind;
-    uint32_t dtype;
-    uint32_t op;
-    int32_t root;
-    uint64_t count;
-    uint64_t aux;       /* collective-specific: a layout hash, a chunk count */
-    uint64_t sendptr;   /* meaningful only when the ranks share an address space */
-    uint64_t recvptr;
     unsigned char payload[64];
 } __attribute__((aligned(SUMO__CACHELINE))) sumo__shm_desc;
 
