@@ -26,17 +26,9 @@ typedef struct scenario {
     sumo_result after[P];  /* a correct allreduce afterwards */
     char message[P][256];
     float after_value[P];
-    double seconds[P];
 } scenario;
 
 enum { COUNT, DTYPE, OP, ROOT, KIND, NULL_BUF, OVERLAP, BAD_DTYPE_ALL, ZERO_NULL };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void disagree_body(sumo_comm *comm, int rank, int size, void *arg)
 {
@@ -114,9 +106,7 @@ static void late_body(sumo_comm *comm, int rank, int size, void *arg)
     float buf[16] = {0};
     sumo_comm_set_timeout(comm, 0.3);
     if (rank == size - 1) nanosleep(&(struct timespec){.tv_sec = 1}, NULL);
-    double t0 = now_s();
     s->first[rank] = sumo_allreduce(buf, buf, 16, SUMO_FLOAT32, SUMO_OP_SUM, comm);
-    s->seconds[rank] = now_s() - t0;
     const char *msg = "";
     sumo_comm_error_message(comm, &msg);
     snprintf(s->message[rank], sizeof s->message[rank], "%s", msg);
@@ -136,8 +126,10 @@ static void test_rank_that_never_arrives_times_out(void **state)
         assert_true(s.after[r] == SUMO_ERR_PEER_FAILURE);
         if (s.first[r] == SUMO_ERR_TIMEOUT) {
             timeouts++;
+            /* The status itself shows the deadline ended the wait: had the rank waited for
+             * the late one, the allreduce would have succeeded. No timing assertion here (the
+             * machines are shared). */
             assert_non_null(strstr(s.message[r], "deadline"));
-            assert_true(s.seconds[r] < 0.9); /* the deadline, not the late rank, ended it */
         }
     }
     assert_true(timeouts >= 1);
@@ -148,7 +140,6 @@ static void test_rank_that_never_arrives_times_out(void **state)
 typedef struct leaving {
     sumo_comm *comms[2];
     sumo_result result;
-    double seconds;
 } leaving;
 
 static void *stayer(void *arg)
@@ -156,9 +147,7 @@ static void *stayer(void *arg)
     leaving *l = arg;
     float buf[8] = {0};
     sumo_comm_set_timeout(l->comms[0], 60);
-    double t0 = now_s();
     l->result = sumo_allreduce(buf, buf, 8, SUMO_FLOAT32, SUMO_OP_SUM, l->comms[0]);
-    l->seconds = now_s() - t0;
     return NULL;
 }
 
@@ -172,8 +161,8 @@ static void test_rank_that_leaves_fails_peers_fast(void **state)
     nanosleep(&(struct timespec){.tv_nsec = 100 * 1000 * 1000}, NULL);
     sumo_comm_destroy(l.comms[1]);
     pthread_join(t, NULL);
+    /* Not TIMEOUT: the leaving rank's abort, not the 60 s deadline, ended the wait. */
     assert_int_equal(l.result, SUMO_ERR_PEER_FAILURE);
-    assert_true(l.seconds < 5);
     const char *msg = "";
     sumo_comm_error_message(l.comms[0], &msg);
     assert_non_null(strstr(msg, "rank 1"));
