@@ -87,11 +87,12 @@ sumo_result sumo_distributed_destroy(sumo_distributed *dist);
  * to 1 when this step communicated. SUMO_ERR_NONFINITE, on every rank alike, says the
  * combined update held NaN or Inf (Adasum and ACGA name the tensor in the communicator's
  * error message; SlowMo's average went non-finite): training has diverged. In GRADIENT and
- * DELTA modes a failed step leaves params as they were on every rank; in DELTA mode a rank
+ * DELTA modes a failed step leaves params as they were on every rank (in DELTA mode the
+ * local optimizer state of ranks whose own step succeeded has advanced); in DELTA mode a rank
  * whose local optimizer step fails (it refuses a NaN gradient) returns that error, and it
  * still takes part in the exchange so its peers get SUMO_ERR_NONFINITE instead of waiting
- * out the deadline. SlowMo refuses an
- * outer step at lr 0 (its update divides by the rate) with SUMO_ERR_INVALID_ARGUMENT.
+ * out the deadline. SlowMo refuses an outer step at lr 0 (its update divides by the rate)
+ * with SUMO_ERR_INVALID_ARGUMENT.
  */
 sumo_result sumo_distributed_step(sumo_distributed *dist, float *params, float *grads, double lr,
                                   int *communicated);

@@ -1,7 +1,7 @@
 #include "optimizers/distributed.h"
 
-#include <stdlib.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 void sumo__distributed_count(sumo_distributed *dist, size_t count, sumo_dtype dtype)
