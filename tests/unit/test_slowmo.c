@@ -5,7 +5,7 @@
  * Every worker minimises its own separable quadratic f_i(x) = sum_j a_ij (x_j - c_ij)^2 / 2,
  * whose gradient a_ij (x_j - c_ij) the test computes itself; the full-batch gradient is the
  * average of the workers'. The oracles are written here in double, independently of the
- * library, from the design notes (/work/shared/design/slowmo.md):
+ * library, from the design notes (design/slowmo.md):
  *   (a) tau = 1, base SGD(lr 1): full-batch SGD(lr alpha, momentum beta), at every step;
  *   (b) tau = 2, beta = 0.5: the fairscale-style manual reference (full-batch SGD(lr 1), and
  *       every 2 steps gradient := old - p, p := old, a momentum-SGD step, old := p);
