@@ -136,11 +136,11 @@ sumo_result sumo_comm_error_message(const sumo_comm *comm, const char **message)
  * Memory: scratch is kept in the handle between calls (the hot path does not allocate) and
  * freed by sumo_comm_destroy. Sum and average on ranks that share memory (threads; MPI
  * ranks of one node) need none beyond the MPI transport's fixed staging area. Their
- * point-to-point algorithms (MPI across nodes, or SUMO_MPI_SHM=0) keep count/P elements for
- * large messages and count for small ones, in the accumulation type, plus for fp16 and bf16
- * an fp32 copy of the whole buffer (twice its bytes: plan for it with buffers of several
- * GiB). Adasum keeps nothing of size count on threads; over MPI at most half the buffer
- * flat, and (g-1)/g of it hierarchical with groups of g ranks.
+ * point-to-point algorithms (MPI across nodes, or SUMO_MPI_SHM=0) keep, for large messages
+ * (the ring), count/P elements of the accumulation type, two of them for fp16 and bf16
+ * (partial sums travel in fp32); for small messages (recursive doubling, or when forced)
+ * up to twice count elements of it. Adasum keeps nothing of size count on threads; over MPI
+ * at most half the buffer flat, and (g-1)/g of it hierarchical with groups of g ranks.
  */
 sumo_result sumo_allreduce(const void *sendbuf, void *recvbuf, size_t count, sumo_dtype dtype,
                            sumo_op op, sumo_comm *comm);

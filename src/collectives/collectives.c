@@ -413,10 +413,74 @@ static void p2p_finish(const call_desc *d, void *work, void *recvbuf)
     if (acc != (sumo_dtype)d->dtype) sumo__kernel_convert(d->dtype, recvbuf, acc, work, d->count);
 }
 
+/*
+ * The ring for fp16 and bf16: partial sums travel in fp32 (one rounding, at the end). The
+ * reduce-scatter runs chunk by chunk (chunk k of every segment, then chunk k + 1), so only
+ * two fp32 chunks are kept, not an fp32 copy of the buffer; the owner rounds each finished
+ * chunk and the allgather moves the narrow type. Every element sees the same additions in the
+ * same order as in the fp32 ring: same bits.
+ */
+#define RING_WIDEN_CHUNK_ELEMS ((size_t)1 << 18)
+
+/* Chunk k of segment s: [*lo, *lo + return value). Segments differ in length by at most one
+ * element, so a segment's last chunk may be short or empty. */
+static size_t ring_chunk(size_t n, int size, int s, size_t k, size_t chunk, size_t *lo)
+{
+    size_t start = seg_off(n, size, s), end = seg_off(n, size, s + 1);
+    *lo = SUMO__MIN(start + k * chunk, end);
+    return SUMO__MIN(chunk, end - *lo);
+}
+
+static sumo_result allreduce_ring_widened(sumo_comm *c, call_desc *d, const void *sendbuf,
+                                          void *recvbuf)
+{
+    sumo__transport *tp = c->tp;
+    int size = tp->size, me = tp->rank;
+    int next = (me + 1) % size, prev = (me + size - 1) % size;
+    size_t n = d->count;
+    sumo_dtype dt = (sumo_dtype)d->dtype, acc = accumulator_of(dt);
+    size_t esz = sumo__dtype_bytes(dt), aesz = sumo__dtype_bytes(acc);
+    const unsigned char *in = sendbuf;
+    unsigned char *out = recvbuf;
+    if (n == 0) return p2p_done(c); /* the buffers may be NULL */
+    size_t seg_max = n / (size_t)size + 1, chunk = SUMO__MIN(seg_max, RING_WIDEN_CHUNK_ELEMS);
+    size_t nchunks = (seg_max + chunk - 1) / chunk;
+    void *s;
+    SUMO__CHECK(sumo__comm_scratch(c, 2 * (chunk * aesz + 64), &s));
+    unsigned char *partial = s, *incoming = partial + (chunk * aesz + 63) / 64 * 64;
+    int own = (me + 1) % size;
+    for (size_t k = 0; k < nchunks; k++) {
+        size_t lo, len = ring_chunk(n, size, me, k, chunk, &lo);
+        sumo__kernel_convert(acc, partial, dt, in + lo * esz, len);
+        for (int step = 0; step < size - 1; step++) {
+            int ss = (me - step + size) % size, rs = (me - step - 1 + 2 * size) % size;
+            size_t slo, slen = ring_chunk(n, size, ss, k, chunk, &slo);
+            len = ring_chunk(n, size, rs, k, chunk, &lo);
+            SUMO__CHECK(tp->ops->sendrecv(tp, partial, slen * aesz, next, incoming, len * aesz, prev));
+            sumo__kernel_convert(acc, partial, dt, in + lo * esz, len);
+            sumo__kernel_add(acc, partial, incoming, partial, len);
+        }
+        /* Chunk k of every input segment has been read: its output may overwrite it. */
+        len = ring_chunk(n, size, own, k, chunk, &lo);
+        if (d->op == SUMO_OP_AVERAGE) sumo__kernel_divide(acc, partial, partial, len, size);
+        sumo__kernel_convert(dt, out + lo * esz, acc, partial, len);
+    }
+    for (int step = 0; step < size - 1; step++) {
+        int ss = (own - step + size) % size, rs = (own - step - 1 + size) % size;
+        SUMO__CHECK(tp->ops->sendrecv(tp, out + seg_off(n, size, ss) * esz,
+                                      seg_len(n, size, ss) * esz, next,
+                                      out + seg_off(n, size, rs) * esz,
+                                      seg_len(n, size, rs) * esz, prev));
+    }
+    return p2p_done(c);
+}
+
 static sumo_result allreduce_ring(sumo_comm *c, call_desc *d, const void *sendbuf, void *recvbuf)
 {
     sumo__transport *tp = c->tp;
     SUMO__CHECK(agree(c, d));
+    if (accumulator_of((sumo_dtype)d->dtype) != (sumo_dtype)d->dtype)
+        return allreduce_ring_widened(c, d, sendbuf, recvbuf);
     int size = tp->size, me = tp->rank;
     int next = (me + 1) % size, prev = (me + size - 1) % size;
     size_t n = d->count;

@@ -238,6 +238,25 @@ static void test_allreduce_p2p_algorithms(void **state)
     assert_int_equal(bad, 0);
 }
 
+/* fp16/bf16 through the ring with segments of several chunks (the widened ring reduces
+ * 2^18 elements at a time): exact integer sums, in place and not. */
+static void test_ring_narrow_types_many_chunks(void **state)
+{
+    (void)state;
+    int bad = 0;
+    const sumo_dtype narrow[] = {SUMO_FLOAT16, SUMO_BFLOAT16};
+    const int ranks[] = {2, 3};
+    for (size_t d = 0; d < 2; d++)
+        for (size_t p = 0; p < 2; p++)
+            for (int in_place = 0; in_place < 2; in_place++) {
+                config c = {.kind = ALLREDUCE, .dtype = narrow[d], .op = SUMO_OP_SUM,
+                            .count = ((size_t)5 << 18) + 7, .in_place = in_place,
+                            .integer_data = true, .algo = SUMO__ALGO_RING};
+                bad += check_config(c, ranks[p]);
+            }
+    assert_int_equal(bad, 0);
+}
+
 /* Random data through the p2p algorithms: not rank-order sums, but identical on all ranks. */
 static void rank_identity_body(sumo_comm *comm, int rank, int size, void *arg)
 {
@@ -426,6 +445,7 @@ int main(void)
         cmocka_unit_test(test_comm_handles),
         cmocka_unit_test(test_allreduce_shm_matches_rank_order_sum),
         cmocka_unit_test(test_allreduce_p2p_algorithms),
+        cmocka_unit_test(test_ring_narrow_types_many_chunks),
         cmocka_unit_test(test_p2p_bit_identical_on_random_data),
         cmocka_unit_test(test_allgather_and_broadcast),
         cmocka_unit_test(test_barrier),
