@@ -413,6 +413,22 @@ static void p2p_finish(const call_desc *d, void *work, void *recvbuf)
     if (acc != (sumo_dtype)d->dtype) sumo__kernel_convert(d->dtype, recvbuf, acc, work, d->count);
 }
 
+/* The ring's allgather: each rank starts with its finished segment `own` of buf (elements of
+ * esz bytes) and passes segments on until every rank holds all of them. */
+static sumo_result ring_allgather(sumo__transport *tp, unsigned char *buf, size_t esz, size_t n,
+                                  int own)
+{
+    int size = tp->size, next = (tp->rank + 1) % size, prev = (tp->rank + size - 1) % size;
+    for (int step = 0; step < size - 1; step++) {
+        int ss = (own - step + size) % size, rs = (own - step - 1 + size) % size;
+        SUMO__CHECK(tp->ops->sendrecv(tp, buf + seg_off(n, size, ss) * esz,
+                                      seg_len(n, size, ss) * esz, next,
+                                      buf + seg_off(n, size, rs) * esz,
+                                      seg_len(n, size, rs) * esz, prev));
+    }
+    return SUMO_SUCCESS;
+}
+
 /*
  * The ring for fp16 and bf16: partial sums travel in fp32 (one rounding, at the end). The
  * reduce-scatter runs chunk by chunk (chunk k of every segment, then chunk k + 1), so only
@@ -465,51 +481,37 @@ static sumo_result allreduce_ring_widened(sumo_comm *c, call_desc *d, const void
         if (d->op == SUMO_OP_AVERAGE) sumo__kernel_divide(acc, partial, partial, len, size);
         sumo__kernel_convert(dt, out + lo * esz, acc, partial, len);
     }
-    for (int step = 0; step < size - 1; step++) {
-        int ss = (own - step + size) % size, rs = (own - step - 1 + size) % size;
-        SUMO__CHECK(tp->ops->sendrecv(tp, out + seg_off(n, size, ss) * esz,
-                                      seg_len(n, size, ss) * esz, next,
-                                      out + seg_off(n, size, rs) * esz,
-                                      seg_len(n, size, rs) * esz, prev));
-    }
+    SUMO__CHECK(ring_allgather(tp, out, esz, n, own));
     return p2p_done(c);
 }
 
+/* fp32 and fp64: the type accumulates itself, so the ring works in the receive buffer. */
 static sumo_result allreduce_ring(sumo_comm *c, call_desc *d, const void *sendbuf, void *recvbuf)
 {
     sumo__transport *tp = c->tp;
     SUMO__CHECK(agree(c, d));
-    if (accumulator_of((sumo_dtype)d->dtype) != (sumo_dtype)d->dtype)
-        return allreduce_ring_widened(c, d, sendbuf, recvbuf);
+    sumo_dtype dt = (sumo_dtype)d->dtype;
+    if (accumulator_of(dt) != dt) return allreduce_ring_widened(c, d, sendbuf, recvbuf);
     int size = tp->size, me = tp->rank;
     int next = (me + 1) % size, prev = (me + size - 1) % size;
-    size_t n = d->count;
-    sumo_dtype acc = accumulator_of(d->dtype);
-    size_t aesz = sumo__dtype_bytes(acc);
+    size_t n = d->count, esz = sumo__dtype_bytes(dt);
     void *workv, *tmp;
     SUMO__CHECK(p2p_work_buffers(c, d, sendbuf, recvbuf, n / (size_t)size + 1, &workv, &tmp));
     unsigned char *work = workv;
     for (int step = 0; step < size - 1; step++) {
         int ss = (me - step + size) % size, rs = (me - step - 1 + 2 * size) % size;
-        SUMO__CHECK(tp->ops->sendrecv(tp, work + seg_off(n, size, ss) * aesz,
-                                      seg_len(n, size, ss) * aesz, next, tmp,
-                                      seg_len(n, size, rs) * aesz, prev));
-        unsigned char *mine = work + seg_off(n, size, rs) * aesz;
-        sumo__kernel_add(acc, mine, tmp, mine, seg_len(n, size, rs));
+        SUMO__CHECK(tp->ops->sendrecv(tp, work + seg_off(n, size, ss) * esz,
+                                      seg_len(n, size, ss) * esz, next, tmp,
+                                      seg_len(n, size, rs) * esz, prev));
+        unsigned char *mine = work + seg_off(n, size, rs) * esz;
+        sumo__kernel_add(dt, mine, tmp, mine, seg_len(n, size, rs));
     }
     int own = (me + 1) % size;
     if (d->op == SUMO_OP_AVERAGE) {
-        unsigned char *seg = work + seg_off(n, size, own) * aesz;
-        sumo__kernel_divide(acc, seg, seg, seg_len(n, size, own), size);
+        unsigned char *seg = work + seg_off(n, size, own) * esz;
+        sumo__kernel_divide(dt, seg, seg, seg_len(n, size, own), size);
     }
-    for (int step = 0; step < size - 1; step++) {
-        int ss = (own - step + size) % size, rs = (own - step - 1 + size) % size;
-        SUMO__CHECK(tp->ops->sendrecv(tp, work + seg_off(n, size, ss) * aesz,
-                                      seg_len(n, size, ss) * aesz, next,
-                                      work + seg_off(n, size, rs) * aesz,
-                                      seg_len(n, size, rs) * aesz, prev));
-    }
-    p2p_finish(d, work, recvbuf);
+    SUMO__CHECK(ring_allgather(tp, work, esz, n, own));
     return p2p_done(c);
 }
 
