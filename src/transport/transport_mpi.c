@@ -42,12 +42,19 @@ typedef struct mpi_transport {
     unsigned char **stage;
 } mpi_transport;
 
-static sumo_result mpi_fail(sumo__transport *tp, sumo_result code, int mpi_rc, const char *what)
+/* note is appended to the message ("" for none). */
+static sumo_result mpi_fail_note(sumo__transport *tp, sumo_result code, int mpi_rc,
+                                 const char *what, const char *note)
 {
     char msg[MPI_MAX_ERROR_STRING] = "";
     int len = 0;
     MPI_Error_string(mpi_rc, msg, &len);
-    return SUMO__FAIL(tp, code, "%s: MPI error: %s", what, msg);
+    return SUMO__FAIL(tp, code, "%s: MPI error: %s%s", what, msg, note);
+}
+
+static sumo_result mpi_fail(sumo__transport *tp, sumo_result code, int mpi_rc, const char *what)
+{
+    return mpi_fail_note(tp, code, mpi_rc, what, "");
 }
 
 /* Spins, then yields the core, then sleeps briefly: with more ranks than cores the peer we
@@ -89,8 +96,25 @@ static const char *unsettled_note(bool settled)
     return settled ? "" : "; a receive could not be cancelled, its buffer may still be written";
 }
 
+/* What poll_requests returns when the deadline passed first (MPI's error codes are >= 0). */
+#define POLL_TIMED_OUT (-1)
+
+/* Polls until every request completes (MPI_SUCCESS), MPI reports an error (its code) or the
+ * deadline passes (POLL_TIMED_OUT). Blocking MPI calls cannot time out, hence the polling. */
+static int poll_requests(MPI_Request *reqs, int n, MPI_Status *statuses, int64_t deadline)
+{
+    for (uint64_t polls = 0;; polls++) {
+        int done = 0;
+        int rc = MPI_Testall(n, reqs, &done, statuses);
+        if (rc != MPI_SUCCESS) return rc;
+        if (done) return MPI_SUCCESS;
+        if ((polls & 63) == 0 && sumo__now_ns() > deadline) return POLL_TIMED_OUT;
+        poll_pause(polls);
+    }
+}
+
 /*
- * Polls until every request completes or the deadline passes. On failure the first
+ * Waits for every request under the deadline. On failure the first
  * `receives` requests (point-to-point receives) are cancelled and settled; sends and
  * nonblocking collectives cannot be cancelled (MPI makes that an error) and are left to the
  * broken communicator. statuses may be MPI_STATUSES_IGNORE.
@@ -98,27 +122,14 @@ static const char *unsettled_note(bool settled)
 static sumo_result wait_all(sumo__transport *tp, MPI_Request *reqs, int n, int receives,
                             MPI_Status *statuses, int64_t deadline, const char *what)
 {
-    for (uint64_t polls = 0;; polls++) {
-        int done = 0;
-        int rc = MPI_Testall(n, reqs, &done, statuses);
-        if (rc != MPI_SUCCESS) {
-            bool settled = settle_receives(tp, reqs, receives);
-            char msg[MPI_MAX_ERROR_STRING] = "";
-            int len = 0;
-            MPI_Error_string(rc, msg, &len);
-            return SUMO__FAIL(tp, SUMO_ERR_PEER_FAILURE, "%s: MPI error: %s%s", what, msg,
-                              unsettled_note(settled));
-        }
-        if (done) return SUMO_SUCCESS;
-        if ((polls & 63) == 0 && sumo__now_ns() > deadline) {
-            bool settled = settle_receives(tp, reqs, receives);
-            return SUMO__FAIL(tp, SUMO_ERR_TIMEOUT,
-                              "%s: rank %d waited %.3f s for its peers (deadline reached; raise "
-                              "it with sumo_comm_set_timeout or SUMO_TIMEOUT)%s",
-                              what, tp->rank, (double)tp->timeout_ns / 1e9, unsettled_note(settled));
-        }
-        poll_pause(polls);
-    }
+    int rc = poll_requests(reqs, n, statuses, deadline);
+    if (rc == MPI_SUCCESS) return SUMO_SUCCESS;
+    const char *note = unsettled_note(settle_receives(tp, reqs, receives));
+    if (rc != POLL_TIMED_OUT) return mpi_fail_note(tp, SUMO_ERR_PEER_FAILURE, rc, what, note);
+    return SUMO__FAIL(tp, SUMO_ERR_TIMEOUT,
+                      "%s: rank %d waited %.3f s for its peers (deadline reached; raise it with "
+                      "sumo_comm_set_timeout or SUMO_TIMEOUT)%s",
+                      what, tp->rank, (double)tp->timeout_ns / 1e9, note);
 }
 
 static sumo_result mpi_sendrecv(sumo__transport *tp, const void *sbuf, size_t sbytes, int dst,
@@ -254,19 +265,6 @@ static size_t stage_bytes_from_env(void)
     unsigned long long b = strtoull(v, &end, 10);
     if (*end != '\0' || b < 8192 || b > ((size_t)1 << 30)) return DEFAULT_STAGE_BYTES;
     return (size_t)b / 4096 * 4096;
-}
-
-/* Blocking MPI calls cannot time out, so creation polls a nonblocking one where MPI has it. */
-static int wait_one(MPI_Request *req, int64_t deadline)
-{
-    for (uint64_t polls = 0;; polls++) {
-        int done = 0;
-        int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
-        if (rc != MPI_SUCCESS) return rc;
-        if (done) return MPI_SUCCESS;
-        if ((polls & 63) == 0 && sumo__now_ns() > deadline) return MPI_ERR_PENDING;
-        poll_pause(polls);
-    }
 }
 
 /* Ranks per node when nodes hold equal, consecutive blocks of ranks; else 0. layout holds
@@ -412,14 +410,15 @@ sumo_result sumo__mpi_transport_create(MPI_Comm comm, sumo__transport **out, cha
      * they only run once every rank has arrived. */
     MPI_Request req;
     int rc = MPI_Comm_idup(comm, &t->comm, &req);
-    if (rc == MPI_SUCCESS) rc = wait_one(&req, sumo__now_ns() + t->base.timeout_ns);
+    if (rc == MPI_SUCCESS)
+        rc = poll_requests(&req, 1, MPI_STATUSES_IGNORE, sumo__now_ns() + t->base.timeout_ns);
     if (rc != MPI_SUCCESS) {
-        if (rc == MPI_ERR_PENDING)
+        if (rc == POLL_TIMED_OUT)
             snprintf(err, errlen, "MPI_Comm_idup: not every rank called sumo_comm_create_mpi "
                                   "within %.3f s (SUMO_TIMEOUT)", (double)t->base.timeout_ns / 1e9);
         else snprintf(err, errlen, "MPI_Comm_idup failed");
         /* A pending duplication may still write t->comm: t is left to it. */
-        return rc == MPI_ERR_PENDING ? SUMO_ERR_TIMEOUT : SUMO_ERR_SYSTEM;
+        return rc == POLL_TIMED_OUT ? SUMO_ERR_TIMEOUT : SUMO_ERR_SYSTEM;
     }
     /* Our failures are statuses, not the default abort of the whole job. */
     MPI_Comm_set_errhandler(t->comm, MPI_ERRORS_RETURN);
