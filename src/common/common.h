@@ -54,7 +54,6 @@ static inline bool sumo__ranges_overlap(const void *a, size_t abytes, const void
     return pa < pb + bbytes && pb < pa + abytes;
 }
 
-/* Overflow-checked n * size. */
 /* splitmix64 from an explicit state: the same sequence on every platform and thread, for
  * seeded initialisation and data permutations. */
 static inline uint64_t sumo__splitmix64(uint64_t *state)
@@ -74,6 +73,7 @@ static inline uint64_t sumo__fnv1a(uint64_t h, const void *data, size_t bytes)
     return h;
 }
 
+/* Overflow-checked n * size. */
 static inline bool sumo__mul_overflows(size_t n, size_t size, size_t *out)
 {
     return __builtin_mul_overflow(n, size, out);

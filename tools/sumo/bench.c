@@ -637,13 +637,8 @@ static int time_runs(group *g, int active, int reps, bool from_last_start,
 
 /* ---- data: deterministic inputs, references --------------------------------------------- */
 
-static uint64_t mix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
+/* splitmix64's output for state x: a stateless hash of the element's coordinates. */
+static uint64_t mix64(uint64_t x) { return sumo__splitmix64(&x); }
 
 /* Rank r's element i, uniform in [-1, 1) before rounding to the dtype. */
 static double gen_value(int rank, size_t i)
