@@ -63,14 +63,33 @@ typedef enum sumo_dtype {
 /* Bytes per element of dtype, or SUMO_ERR_INVALID_ARGUMENT for an unknown dtype. */
 sumo_result sumo_dtype_size(sumo_dtype dtype, size_t *size);
 
-typedef enum sumo_op {
-    SUMO_OP_SUM = 0,
-    SUMO_OP_AVERAGE = 1, /* the sum in rank order, divided by the number of ranks */
-    SUMO_OP_ADASUM = 2,  /* adaptive summation over the whole buffer as one tensor; for a
-                            per-tensor layout create an op with sumo_op_create_adasum() */
-    SUMO_OP_COUNT
-    /* Values from SUMO_OP_COUNT up are ops created on a communicator. */
-} sumo_op;
+/*
+ * A reduction. An integer handle, not an enum: the three predefined ops below, or an op created
+ * on one communicator by sumo_op_create_adasum (values from SUMO_OP_PREDEFINED_COUNT up, valid
+ * only on that communicator until sumo_op_destroy).
+ *
+ * SUMO_OP_ADASUM combines the whole buffer as ONE tensor: its dot products and norms span
+ * every element. A buffer that packs several tensors (a model's layers) gives a different
+ * result that way than Adasum per tensor, which is what Horovod and the papers compute. For
+ * per-tensor Adasum create an op with the buffer's layout (sumo_op_create_adasum).
+ *
+ * What Adasum computes, for P ranks (the tree is part of the result: Adasum is not
+ * associative). The combine of two vectors is
+ *     A(a, b) = (1 - a.b / (2|a|^2)) a + (1 - a.b / (2|b|^2)) b,
+ * with a coefficient of exactly 1 where its squared norm is below 2^-511 (sqrt of DBL_MIN), so
+ * A(a, 0) = a and nothing divides by zero; dot products and norms accumulate in double. With
+ * P2 the largest power of two <= P and R = P - P2, the first 2R ranks first combine in pairs
+ * (A(g0, g1), A(g2, g3), ...), and then a balanced binary tree runs over the P2 results in
+ * rank order, the lower rank always the left operand:
+ *     P=3: A(A(g0,g1), g2)    P=4: A(A(g0,g1), A(g2,g3))    P=5: A(A(A(g0,g1), g2), A(g3,g4))
+ *     P=6: A(A(A(g0,g1), A(g2,g3)), A(g4,g5))
+ * Hierarchical ops apply the same tree to the averages of groups of consecutive ranks.
+ */
+typedef uint32_t sumo_op;
+#define SUMO_OP_SUM ((sumo_op)0)
+#define SUMO_OP_AVERAGE ((sumo_op)1) /* the sum in rank order, divided by the number of ranks */
+#define SUMO_OP_ADASUM ((sumo_op)2)  /* adaptive summation, the whole buffer as one tensor */
+#define SUMO_OP_PREDEFINED_COUNT 3u
 
 typedef struct sumo_comm sumo_comm;
 typedef struct sumo_request sumo_request;
@@ -98,12 +117,26 @@ sumo_result sumo_op_destroy(sumo_comm *comm, sumo_op op);
 /*
  * The threads transport: nranks ranks inside this process, each to be driven by its own
  * thread (rank r by the thread that uses comms[r]), exchanging through shared memory. No
- * server, no launcher. nranks is 1 to 1024 (SUMO_ERR_INVALID_ARGUMENT otherwise). Each of
- * the nranks handles must be destroyed; the group is freed with the last one. Destroying one rank's handle while others are still in a collective makes
- * theirs fail with SUMO_ERR_PEER_FAILURE.
+ * server, no launcher. nranks is 1 to SUMO_THREADS_MAX_RANKS (SUMO_ERR_INVALID_ARGUMENT
+ * otherwise). Each of the nranks handles must be destroyed; the group is freed with the last
+ * one. Destroying one rank's handle while others are still in a collective makes theirs fail
+ * with SUMO_ERR_PEER_FAILURE.
  */
+#define SUMO_THREADS_MAX_RANKS 1024
 sumo_result sumo_comm_create_threads(int nranks, sumo_comm **comms);
 sumo_result sumo_comm_destroy(sumo_comm *comm);
+
+/*
+ * The runner every threads user would otherwise write: creates a threads communicator of
+ * nranks ranks, calls fn(comm_r, r, arg) on one new thread per rank, destroys each rank's
+ * handle as soon as its fn returns (so peers still waiting on it fail at once instead of at
+ * their deadline) and returns when every thread has ended. results (NULL, or nranks entries)
+ * receives each rank's return. Returns SUMO_SUCCESS when every fn did, else the result of the
+ * lowest failing rank; SUMO_ERR_SYSTEM when a thread could not be started (the ranks already
+ * running then see that rank leave and fail with SUMO_ERR_PEER_FAILURE).
+ */
+typedef sumo_result (*sumo_rank_fn)(sumo_comm *comm, int rank, void *arg);
+sumo_result sumo_threads_run(int nranks, sumo_rank_fn fn, void *arg, sumo_result *results);
 
 sumo_result sumo_comm_rank(const sumo_comm *comm, int *rank);
 sumo_result sumo_comm_size(const sumo_comm *comm, int *size);
@@ -119,6 +152,35 @@ sumo_result sumo_comm_transport(const sumo_comm *comm, const char **name);
  */
 sumo_result sumo_comm_set_timeout(sumo_comm *comm, double seconds);
 sumo_result sumo_comm_get_timeout(const sumo_comm *comm, double *seconds);
+
+/*
+ * Settings of a communicator, zstd style: one setter for every parameter, each checked against
+ * what this communicator's transport offers. Set them on every rank alike, between
+ * collectives (ranks that use different algorithms still agree on each call and give the same
+ * bits: every algorithm computes the rank-order sum, but mixing them is wasted work).
+ */
+typedef enum sumo_comm_param {
+    /* Which sum/average allreduce algorithm to run (a sumo_algorithm). Default AUTO: shared
+     * memory where every rank shares this node's memory, else recursive doubling up to 64 KiB
+     * (or the peer library's allreduce for fp32/fp64) and the ring above. Setting one this
+     * transport cannot run is SUMO_ERR_INVALID_USAGE. Adasum runs in shared memory under AUTO
+     * and SHARED_MEMORY, and over point-to-point messages under every other choice. */
+    SUMO_PARAM_ALGORITHM = 1,
+} sumo_comm_param;
+
+typedef enum sumo_algorithm {
+    SUMO_ALGORITHM_AUTO = 0,
+    SUMO_ALGORITHM_SHARED_MEMORY = 1,      /* ranks read each other's slices (threads) or stage
+                                              cache-sized chunks through a shared window (MPI) */
+    SUMO_ALGORITHM_RING = 2,               /* reduce-scatter + allgather around a ring */
+    SUMO_ALGORITHM_RECURSIVE_DOUBLING = 3, /* log2 P exchanges of the whole buffer */
+    SUMO_ALGORITHM_PEER = 4,               /* the peer library's own allreduce (MPI_Allreduce),
+                                              fp32 and fp64 only */
+    SUMO_ALGORITHM_COUNT
+} sumo_algorithm;
+
+sumo_result sumo_comm_set_param(sumo_comm *comm, sumo_comm_param param, int value);
+sumo_result sumo_comm_get_param(const sumo_comm *comm, sumo_comm_param param, int *value);
 
 /*
  * The detail of the last failure on this handle ("" when none). The string belongs to the

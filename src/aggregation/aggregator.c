@@ -74,7 +74,7 @@ sumo_result sumo_aggregator_destroy(sumo_aggregator *agg)
 {
     if (agg == NULL) return SUMO_SUCCESS;
     if (agg->vtbl && agg->vtbl->destroy) agg->vtbl->destroy(agg);
-    if (agg->op >= SUMO_OP_COUNT) sumo_op_destroy(agg->comm, agg->op);
+    if (agg->op >= SUMO_OP_PREDEFINED_COUNT) sumo_op_destroy(agg->comm, agg->op);
     free(agg->tensor_counts);
     free(agg);
     return SUMO_SUCCESS;

@@ -91,7 +91,7 @@ typedef struct adasum_op {
 } adasum_op;
 
 struct sumo__op_table {
-    adasum_op **ops; /* ops[id - SUMO_OP_COUNT]; NULL once destroyed, ids are never reused */
+    adasum_op **ops; /* ops[id - SUMO_OP_PREDEFINED_COUNT]; NULL once destroyed, ids are never reused */
     size_t n, cap;
 };
 
@@ -132,11 +132,11 @@ void sumo__op_table_free(sumo_comm *comm)
     comm->op_table = NULL;
 }
 
-static adasum_op *op_lookup(const sumo_comm *comm, int op)
+static adasum_op *op_lookup(const sumo_comm *comm, sumo_op op)
 {
     const struct sumo__op_table *t = comm->op_table;
-    if (t == NULL || op < SUMO_OP_COUNT || (size_t)(op - SUMO_OP_COUNT) >= t->n) return NULL;
-    return t->ops[op - SUMO_OP_COUNT];
+    if (t == NULL || op < SUMO_OP_PREDEFINED_COUNT || (size_t)(op - SUMO_OP_PREDEFINED_COUNT) >= t->n) return NULL;
+    return t->ops[op - SUMO_OP_PREDEFINED_COUNT];
 }
 
 /* Local checks of the options; the group size resolved (1 when flat). */
@@ -200,7 +200,7 @@ sumo_result sumo_op_create_adasum(sumo_comm *comm, const sumo_adasum_options *op
         if (t == NULL) goto oom;
         comm->op_table = t;
     }
-    if (t->n >= (size_t)INT32_MAX - SUMO_OP_COUNT) {
+    if (t->n >= (size_t)UINT32_MAX - SUMO_OP_PREDEFINED_COUNT) {
         r = SUMO__FAIL(comm->tp, SUMO_ERR_INVALID_USAGE, "sumo_op_create_adasum: out of op ids");
         goto out;
     }
@@ -224,7 +224,7 @@ sumo_result sumo_op_create_adasum(sumo_comm *comm, const sumo_adasum_options *op
             a->offsets[k + 1] = a->offsets[k] + options->tensor_counts[k];
     }
     t->ops[t->n] = a;
-    *op = (sumo_op)(SUMO_OP_COUNT + (int)t->n);
+    *op = (sumo_op)(SUMO_OP_PREDEFINED_COUNT + t->n);
     t->n++;
     a = NULL;
     goto out;
@@ -242,14 +242,14 @@ sumo_result sumo_op_destroy(sumo_comm *comm, sumo_op op)
     /* Queued requests may still use the op: they run first, as for a blocking collective. */
     sumo__comm_enter(comm);
     sumo_result r = SUMO_SUCCESS;
-    adasum_op *a = op_lookup(comm, (int)op);
+    adasum_op *a = op_lookup(comm, op);
     if (a == NULL) {
         r = SUMO__FAIL(comm->tp, SUMO_ERR_INVALID_ARGUMENT,
-                       "sumo_op_destroy: op %d was not created on this communicator (or was "
+                       "sumo_op_destroy: op %u was not created on this communicator (or was "
                        "destroyed already)",
-                       (int)op);
+                       op);
     } else {
-        comm->op_table->ops[op - SUMO_OP_COUNT] = NULL;
+        comm->op_table->ops[op - SUMO_OP_PREDEFINED_COUNT] = NULL;
         op_free(a);
     }
     sumo__comm_leave(comm);
@@ -619,7 +619,7 @@ static sumo_result validate(sumo_comm *c, const sumo__call_desc *d, const void *
         return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT, "allreduce: unknown dtype %u", d->dtype);
     *aop = NULL;
     if (d->op != SUMO_OP_ADASUM) {
-        *aop = op_lookup(c, (int)d->op);
+        *aop = op_lookup(c, d->op);
         if (*aop == NULL)
             return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
                               "allreduce: op %u was not created on this communicator (or was "
@@ -707,7 +707,7 @@ sumo_result sumo__allreduce_adasum(sumo_comm *c, const void *sendbuf, void *recv
         while (a.g2 * 2 <= a.ngroups) a.g2 *= 2;
         a.rem = a.ngroups - a.g2;
         a.direct = tp->size > 1 && tp->shm && tp->shm->same_address_space &&
-                   (c->algo == SUMO__ALGO_AUTO || c->algo == SUMO__ALGO_SHM);
+                   (c->algo == SUMO_ALGORITHM_AUTO || c->algo == SUMO_ALGORITHM_SHARED_MEMORY);
         void *s;
         if (!plan_scratch(&a, count, &sp))
             d.local_error = SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,

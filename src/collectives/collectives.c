@@ -54,7 +54,7 @@ static sumo_result validate(sumo_comm *c, const call_desc *d, const void *sendbu
     if (d->kind == KIND_BARRIER) return SUMO_SUCCESS;
     if (!sumo__dtype_valid((int)d->dtype))
         return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT, "%s: unknown dtype %u", what, d->dtype);
-    if (d->kind == KIND_ALLREDUCE && d->op >= SUMO_OP_COUNT)
+    if (d->kind == KIND_ALLREDUCE && d->op >= SUMO_OP_PREDEFINED_COUNT)
         return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT, "%s: unknown op %u", what, d->op);
     if (d->kind == KIND_BROADCAST && (d->root < 0 || d->root >= tp->size))
         return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT, "%s: root %d out of range [0, %d)", what,
@@ -108,8 +108,8 @@ static sumo_result compare_descs(sumo_comm *c, const call_desc *all, const call_
                               sumo__dtype_name(mine->dtype));
         if (o->op != mine->op)
             return SUMO__FAIL(tp, SUMO_ERR_MISMATCH, "%s: rank %d passed op %s, rank %d %s",
-                              kind_name(mine->kind), r, sumo__op_name((int)o->op), tp->rank,
-                              sumo__op_name((int)mine->op));
+                              kind_name(mine->kind), r, sumo__op_name(o->op), tp->rank,
+                              sumo__op_name(mine->op));
         if (o->root != mine->root)
             return SUMO__FAIL(tp, SUMO_ERR_MISMATCH, "%s: rank %d passed root %d, rank %d %d",
                               kind_name(mine->kind), r, o->root, tp->rank, mine->root);
@@ -619,17 +619,17 @@ sumo_result sumo__fail_together(sumo_comm *c, sumo_result code)
     return code;
 }
 
-static sumo__algo pick_allreduce(sumo_comm *c, const call_desc *d)
+static sumo_algorithm pick_allreduce(sumo_comm *c, const call_desc *d)
 {
-    if (c->algo != SUMO__ALGO_AUTO) return c->algo;
-    if (c->tp->shm) return SUMO__ALGO_SHM;
+    if (c->algo != SUMO_ALGORITHM_AUTO) return c->algo;
+    if (c->tp->shm) return SUMO_ALGORITHM_SHARED_MEMORY;
     size_t bytes = d->count * sumo__dtype_bytes(d->dtype);
     if (bytes <= SMALL_MESSAGE_BYTES) {
         if (c->tp->ops->native_allreduce && (d->dtype == SUMO_FLOAT32 || d->dtype == SUMO_FLOAT64))
-            return SUMO__ALGO_NATIVE;
-        return SUMO__ALGO_RECURSIVE_DOUBLING;
+            return SUMO_ALGORITHM_PEER;
+        return SUMO_ALGORITHM_RECURSIVE_DOUBLING;
     }
-    return SUMO__ALGO_RING;
+    return SUMO_ALGORITHM_RING;
 }
 
 static size_t bytes_of(size_t count, sumo_dtype dtype)
@@ -644,22 +644,22 @@ sumo_result sumo__allreduce_locked(sumo_comm *c, const void *sendbuf, void *recv
                                    sumo_dtype dtype, sumo_op op)
 {
     SUMO__CHECK(usable(c));
-    if ((int)op >= SUMO_OP_ADASUM) return sumo__allreduce_adasum(c, sendbuf, recvbuf, count, dtype, op);
+    if (op >= SUMO_OP_ADASUM) return sumo__allreduce_adasum(c, sendbuf, recvbuf, count, dtype, op);
     call_desc d = {.kind = KIND_ALLREDUCE, .dtype = (uint32_t)dtype, .op = (uint32_t)op,
                    .count = count, .sendptr = (uintptr_t)sendbuf, .recvptr = (uintptr_t)recvbuf};
     size_t bytes = bytes_of(count, dtype);
     d.local_error = validate(c, &d, sendbuf, recvbuf, bytes, bytes);
-    sumo__algo algo = pick_allreduce(c, &d);
+    sumo_algorithm algo = pick_allreduce(c, &d);
     SUMO__LOG(c->tp->log_level, SUMO__LOG_INFO, "rank %d allreduce count %zu %s %s algo %d",
               c->tp->rank, count, sumo__dtype_name(dtype), sumo__op_name(op), (int)algo);
     if (d.local_error != SUMO_SUCCESS) return agree(c, &d);
     switch (algo) {
-    case SUMO__ALGO_SHM:
+    case SUMO_ALGORITHM_SHARED_MEMORY:
         if (c->tp->shm->same_address_space) return allreduce_direct(c, &d);
         return allreduce_staged(c, &d, sendbuf, recvbuf);
-    case SUMO__ALGO_RING: return allreduce_ring(c, &d, sendbuf, recvbuf);
-    case SUMO__ALGO_RECURSIVE_DOUBLING: return allreduce_recursive_doubling(c, &d, sendbuf, recvbuf);
-    case SUMO__ALGO_NATIVE:
+    case SUMO_ALGORITHM_RING: return allreduce_ring(c, &d, sendbuf, recvbuf);
+    case SUMO_ALGORITHM_RECURSIVE_DOUBLING: return allreduce_recursive_doubling(c, &d, sendbuf, recvbuf);
+    case SUMO_ALGORITHM_PEER:
         SUMO__CHECK(agree(c, &d));
         SUMO__CHECK(c->tp->ops->native_allreduce(c->tp, sendbuf, recvbuf, count, dtype, op));
         return p2p_done(c);
@@ -686,7 +686,7 @@ static sumo_result broadcast_locked(sumo_comm *c, const void *sendbuf, void *rec
     size_t bytes = bytes_of(count, dtype);
     d.local_error = validate(c, &d, sendbuf, recvbuf, bytes, bytes);
     if (d.local_error != SUMO_SUCCESS) return agree(c, &d);
-    bool shm = c->tp->shm && (c->algo == SUMO__ALGO_AUTO || c->algo == SUMO__ALGO_SHM);
+    bool shm = c->tp->shm && (c->algo == SUMO_ALGORITHM_AUTO || c->algo == SUMO_ALGORITHM_SHARED_MEMORY);
     if (shm && c->tp->shm->same_address_space) return broadcast_direct(c, &d);
     if (shm) return broadcast_staged(c, &d, sendbuf, recvbuf);
     return broadcast_tree(c, &d, sendbuf, recvbuf);
@@ -714,7 +714,7 @@ static sumo_result allgather_locked(sumo_comm *c, const void *sendbuf, void *rec
         recv_bytes = SIZE_MAX;
     d.local_error = validate(c, &d, sendbuf, recvbuf, send_bytes, recv_bytes);
     if (d.local_error != SUMO_SUCCESS) return agree(c, &d);
-    bool shm = c->tp->shm && (c->algo == SUMO__ALGO_AUTO || c->algo == SUMO__ALGO_SHM);
+    bool shm = c->tp->shm && (c->algo == SUMO_ALGORITHM_AUTO || c->algo == SUMO_ALGORITHM_SHARED_MEMORY);
     if (shm && c->tp->shm->same_address_space) return allgather_direct(c, &d, sendbuf);
     if (shm) return allgather_staged(c, &d, sendbuf, recvbuf);
     return allgather_ring(c, &d, sendbuf, recvbuf);

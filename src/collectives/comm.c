@@ -38,7 +38,7 @@ fail_lock:
 sumo_result sumo_comm_create_threads(int nranks, sumo_comm **comms)
 {
     /* The mailboxes are nranks^2 cache lines: 1024 ranks is 128 MiB, a sane ceiling. */
-    if (comms == NULL || nranks < 1 || nranks > 1024) return SUMO_ERR_INVALID_ARGUMENT;
+    if (comms == NULL || nranks < 1 || nranks > SUMO_THREADS_MAX_RANKS) return SUMO_ERR_INVALID_ARGUMENT;
     sumo__transport **tps = calloc((size_t)nranks, sizeof *tps);
     if (tps == NULL) return SUMO_ERR_SYSTEM;
     sumo_result r = sumo__threads_transport_create(nranks, tps);
@@ -134,12 +134,27 @@ sumo_result sumo_comm_error_message(const sumo_comm *comm, const char **message)
     return SUMO_SUCCESS;
 }
 
-sumo_result sumo__comm_set_algorithm(sumo_comm *comm, sumo__algo algo)
+sumo_result sumo_comm_set_param(sumo_comm *comm, sumo_comm_param param, int value)
 {
     if (comm == NULL) return SUMO_ERR_INVALID_ARGUMENT;
-    if (algo == SUMO__ALGO_SHM && comm->tp->shm == NULL) return SUMO_ERR_INVALID_USAGE;
-    if (algo == SUMO__ALGO_NATIVE && comm->tp->ops->native_allreduce == NULL) return SUMO_ERR_INVALID_USAGE;
-    comm->algo = algo;
+    if (param != SUMO_PARAM_ALGORITHM)
+        return SUMO__FAIL(comm->tp, SUMO_ERR_INVALID_ARGUMENT, "sumo_comm_set_param: unknown parameter %d", (int)param);
+    if (value < 0 || value >= SUMO_ALGORITHM_COUNT)
+        return SUMO__FAIL(comm->tp, SUMO_ERR_INVALID_ARGUMENT, "sumo_comm_set_param: unknown algorithm %d", value);
+    if (value == SUMO_ALGORITHM_SHARED_MEMORY && comm->tp->shm == NULL)
+        return SUMO__FAIL(comm->tp, SUMO_ERR_INVALID_USAGE, "sumo_comm_set_param: the ranks of this communicator do not share memory");
+    if (value == SUMO_ALGORITHM_PEER && comm->tp->ops->native_allreduce == NULL)
+        return SUMO__FAIL(comm->tp, SUMO_ERR_INVALID_USAGE, "sumo_comm_set_param: transport %s has no allreduce of its own", comm->tp->ops->name);
+    pthread_mutex_lock(&comm->lock);
+    comm->algo = (sumo_algorithm)value;
+    pthread_mutex_unlock(&comm->lock);
+    return SUMO_SUCCESS;
+}
+
+sumo_result sumo_comm_get_param(const sumo_comm *comm, sumo_comm_param param, int *value)
+{
+    if (comm == NULL || value == NULL || param != SUMO_PARAM_ALGORITHM) return SUMO_ERR_INVALID_ARGUMENT;
+    *value = (int)comm->algo;
     return SUMO_SUCCESS;
 }
 

@@ -9,16 +9,6 @@
 
 #include <pthread.h>
 
-/* Which allreduce algorithm to use; AUTO picks by transport and size. Forcing one is for
- * tests and benchmarks (every algorithm must give the same answer). */
-typedef enum sumo__algo {
-    SUMO__ALGO_AUTO = 0,
-    SUMO__ALGO_SHM,             /* shared memory: direct (threads) or staged (processes) */
-    SUMO__ALGO_RING,            /* reduce-scatter + allgather around a ring of sendrecvs */
-    SUMO__ALGO_RECURSIVE_DOUBLING,
-    SUMO__ALGO_NATIVE,          /* the transport's own allreduce (MPI_Allreduce) */
-} sumo__algo;
-
 typedef struct sumo__request_queue {
     sumo_request *head, *tail;
     int pending;          /* queued or running */
@@ -34,7 +24,7 @@ struct sumo_comm {
     pthread_t progress;
     bool progress_started;
     bool stopping;
-    sumo__algo algo;
+    sumo_algorithm algo;
     /* Scratch kept between calls so the hot path does not allocate. */
     void *scratch;
     size_t scratch_bytes;
@@ -44,7 +34,6 @@ struct sumo_comm {
 
 /* Wraps a transport (taking ownership) into a communicator. */
 sumo_result sumo__comm_wrap(sumo__transport *tp, sumo_comm **out);
-sumo_result sumo__comm_set_algorithm(sumo_comm *comm, sumo__algo algo);
 /* Grows the handle's scratch to at least bytes. */
 sumo_result sumo__comm_scratch(sumo_comm *comm, size_t bytes, void **out);
 

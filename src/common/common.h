@@ -44,7 +44,7 @@ static inline size_t sumo__dtype_bytes(sumo_dtype dtype)
 static inline bool sumo__dtype_valid(int dtype) { return dtype >= 0 && dtype < SUMO_DTYPE_COUNT; }
 
 const char *sumo__dtype_name(sumo_dtype dtype);
-const char *sumo__op_name(int op);
+const char *sumo__op_name(sumo_op op);
 
 /* True when [a, a+abytes) and [b, b+bbytes) share a byte. */
 static inline bool sumo__ranges_overlap(const void *a, size_t abytes, const void *b, size_t bbytes)

@@ -198,7 +198,7 @@ static sumo_result mpi_native_allreduce(sumo__transport *tp, const void *sendbuf
     mpi_transport *t = (mpi_transport *)tp;
     if ((dtype != SUMO_FLOAT32 && dtype != SUMO_FLOAT64) || op > SUMO_OP_AVERAGE) {
         sumo_result r = SUMO__FAIL(tp, SUMO_ERR_INVALID_USAGE, "MPI_Allreduce has no %s %s",
-                                   sumo__dtype_name(dtype), sumo__op_name((int)op));
+                                   sumo__dtype_name(dtype), sumo__op_name(op));
         /* Every rank fails here alike, right after the agreement; on shared memory a barrier
          * must separate that agreement from the next one (collectives/agree.h). */
         if (tp->shm) sumo__shm_barrier(tp);

@@ -83,7 +83,7 @@ static bool same_everywhere(const void *buf, size_t bytes)
 /* One way to run a collective: a handle and the algorithm forced on it. */
 typedef struct target {
     sumo_comm *comm;
-    sumo__algo algo;
+    sumo_algorithm algo;
     const char *name;
 } target;
 
@@ -132,9 +132,9 @@ static void test_allreduce(const target *targets, int ntargets)
                         const target *tg = &targets[t];
                         for (size_t i = 0; i < n; i++) harness_set(dtypes[d], in, i, value(rank, i, integer));
                         unsigned char *dst = in_place ? in : out;
-                        sumo__comm_set_algorithm(tg->comm, tg->algo);
+                        sumo_comm_set_param(tg->comm, SUMO_PARAM_ALGORITHM, tg->algo);
                         sumo_result r = sumo_allreduce(in, dst, n, dtypes[d], op, tg->comm);
-                        if (tg->algo == SUMO__ALGO_NATIVE && d >= 2) {
+                        if (tg->algo == SUMO_ALGORITHM_PEER && d >= 2) {
                             /* MPI has no fp16/bf16: refused alike on every rank. */
                             CHECK(r == SUMO_ERR_INVALID_USAGE, "%s allreduce %s n %zu: %s", tg->name,
                                   dtype_names[d], n, sumo_result_name(r));
@@ -155,7 +155,7 @@ static void test_allreduce(const target *targets, int ntargets)
                 free(want);
                 free(tol);
             }
-    for (int t = 0; t < ntargets; t++) sumo__comm_set_algorithm(targets[t].comm, SUMO__ALGO_AUTO);
+    for (int t = 0; t < ntargets; t++) sumo_comm_set_param(targets[t].comm, SUMO_PARAM_ALGORITHM, SUMO_ALGORITHM_AUTO);
 }
 
 static void test_gather_and_broadcast(sumo_comm *comm, const char *name)
@@ -269,34 +269,34 @@ static void run_suite(sumo_comm *comm, const char *name)
     const char *transport = "";
     sumo_comm_transport(comm, &transport);
     CHECK(strcmp(transport, "mpi") == 0, "transport name %s", transport);
-    const sumo__algo forced[] = {SUMO__ALGO_AUTO, SUMO__ALGO_SHM, SUMO__ALGO_RING,
-                                 SUMO__ALGO_RECURSIVE_DOUBLING, SUMO__ALGO_NATIVE};
+    const sumo_algorithm forced[] = {SUMO_ALGORITHM_AUTO, SUMO_ALGORITHM_SHARED_MEMORY, SUMO_ALGORITHM_RING,
+                                 SUMO_ALGORITHM_RECURSIVE_DOUBLING, SUMO_ALGORITHM_PEER};
     const char *const forced_names[] = {"auto", "shm", "ring", "recursive-doubling", "native"};
     for (int a = 0; a < 5; a++) {
-        if (sumo__comm_set_algorithm(comm, forced[a]) != SUMO_SUCCESS) continue; /* not on this path */
+        if (sumo_comm_set_param(comm, SUMO_PARAM_ALGORITHM, forced[a]) != SUMO_SUCCESS) continue; /* not on this path */
         char label[64];
         snprintf(label, sizeof label, "%s/%s", name, forced_names[a]);
         /* Forcing SHM or not decides the path of broadcast and allgather too. */
-        if (forced[a] <= SUMO__ALGO_RING) test_gather_and_broadcast(comm, label);
+        if (forced[a] <= SUMO_ALGORITHM_RING) test_gather_and_broadcast(comm, label);
         test_disagreement(comm, label);
     }
-    sumo__comm_set_algorithm(comm, SUMO__ALGO_AUTO);
+    sumo_comm_set_param(comm, SUMO_PARAM_ALGORITHM, SUMO_ALGORITHM_AUTO);
 }
 
 /* Every allreduce algorithm on both paths: shared memory, and point-to-point messages only
  * (SUMO_MPI_SHM=0), as between machines. */
 static void test_all_targets(sumo_comm *shm, sumo_comm *p2p)
 {
-    static const struct { sumo__algo algo; const char *name; } algos[] = {
-        {SUMO__ALGO_AUTO, "auto"}, {SUMO__ALGO_SHM, "shm"}, {SUMO__ALGO_RING, "ring"},
-        {SUMO__ALGO_RECURSIVE_DOUBLING, "recursive-doubling"}, {SUMO__ALGO_NATIVE, "native"}};
+    static const struct { sumo_algorithm algo; const char *name; } algos[] = {
+        {SUMO_ALGORITHM_AUTO, "auto"}, {SUMO_ALGORITHM_SHARED_MEMORY, "shm"}, {SUMO_ALGORITHM_RING, "ring"},
+        {SUMO_ALGORITHM_RECURSIVE_DOUBLING, "recursive-doubling"}, {SUMO_ALGORITHM_PEER, "native"}};
     char names[10][64];
     target targets[10];
     int n = 0;
     for (int path = 0; path < 2; path++)
         for (int a = 0; a < 5; a++) {
             sumo_comm *comm = path == 0 ? shm : p2p;
-            if (comm == NULL || sumo__comm_set_algorithm(comm, algos[a].algo) != SUMO_SUCCESS) continue;
+            if (comm == NULL || sumo_comm_set_param(comm, SUMO_PARAM_ALGORITHM, algos[a].algo) != SUMO_SUCCESS) continue;
             snprintf(names[n], sizeof names[n], "%s/%s", path == 0 ? "shared-memory node" : "point-to-point",
                      algos[a].name);
             targets[n] = (target){.comm = comm, .algo = algos[a].algo, .name = names[n]};
@@ -321,10 +321,10 @@ static void test_big(void)
         sumo_comm *comm = NULL;
         CHECK(sumo_comm_create_mpi(MPI_COMM_WORLD, &comm) == SUMO_SUCCESS, "big: create");
         if (comm == NULL) continue;
-        const sumo__algo algos[] = {SUMO__ALGO_SHM, SUMO__ALGO_RING, SUMO__ALGO_RECURSIVE_DOUBLING, SUMO__ALGO_NATIVE};
+        const sumo_algorithm algos[] = {SUMO_ALGORITHM_SHARED_MEMORY, SUMO_ALGORITHM_RING, SUMO_ALGORITHM_RECURSIVE_DOUBLING, SUMO_ALGORITHM_PEER};
         const char *const names[] = {"shm", "ring", "recursive-doubling", "native"};
         for (int a = 0; a < 4; a++) {
-            if (sumo__comm_set_algorithm(comm, algos[a]) != SUMO_SUCCESS) continue;
+            if (sumo_comm_set_param(comm, SUMO_PARAM_ALGORITHM, algos[a]) != SUMO_SUCCESS) continue;
             for (size_t i = 0; i < n; i++) in[i] = (float)value(rank, i, true);
             struct timespec t0;
             clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -342,7 +342,7 @@ static void test_big(void)
                 printf("big: allreduce of %zu fp32, %s/%s: %.2f s (first touch included)\n", n,
                        shm ? "shared-memory node" : "point-to-point", names[a], s);
         }
-        sumo__comm_set_algorithm(comm, SUMO__ALGO_AUTO);
+        sumo_comm_set_param(comm, SUMO_PARAM_ALGORITHM, SUMO_ALGORITHM_AUTO);
         for (size_t i = 0; i < n; i++) in[i] = (float)value(rank, i, true);
         sumo_result r = sumo_broadcast(in, out, n, SUMO_FLOAT32, size - 1, comm);
         size_t bad = 0;

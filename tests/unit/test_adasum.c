@@ -105,7 +105,7 @@ static void body(sumo_comm *comm, int rank, int size, void *arg)
     (void)size;
     job *j = arg;
     sumo_comm_set_timeout(comm, 30);
-    if (j->p2p) sumo__comm_set_algorithm(comm, SUMO__ALGO_RING);
+    if (j->p2p) sumo_comm_set_param(comm, SUMO_PARAM_ALGORITHM, SUMO_ALGORITHM_RING);
     sumo_op op = SUMO_OP_ADASUM;
     if (j->use_op) {
         sumo_adasum_options o = {.struct_size = sizeof o, .tensor_counts = j->counts,
@@ -672,7 +672,7 @@ static void fault_body(sumo_comm *comm, int rank, int size, void *arg)
 {
     fault_run *f = arg;
     sumo_comm_set_timeout(comm, 30);
-    if (f->p2p) sumo__comm_set_algorithm(comm, SUMO__ALGO_RING);
+    if (f->p2p) sumo_comm_set_param(comm, SUMO_PARAM_ALGORITHM, SUMO_ALGORITHM_RING);
     size_t counts[6];
     memcpy(counts, fault_counts, sizeof counts);
     sumo_adasum_options o = {.struct_size = sizeof o, .tensor_counts = counts, .ntensors = 6};
@@ -857,7 +857,7 @@ static void api_body(sumo_comm *comm, int rank, int size, void *arg)
     if (sumo_op_create_adasum(comm, NULL, &op) != SUMO_ERR_INVALID_ARGUMENT) bad[rank]++;
     if (sumo_op_destroy(comm, SUMO_OP_SUM) != SUMO_ERR_INVALID_ARGUMENT) bad[rank]++;
     if (sumo_op_create_adasum(comm, &o, &op) != SUMO_SUCCESS) bad[rank]++;
-    if ((int)op < SUMO_OP_COUNT) bad[rank]++;
+    if (op < SUMO_OP_PREDEFINED_COUNT) bad[rank]++;
     counts[0] = 99; /* the op copied the layout */
     float in[3] = {1, 2, 3}, out[3];
     if (sumo_allreduce(in, out, 3, SUMO_FLOAT32, op, comm) != SUMO_SUCCESS) bad[rank]++;

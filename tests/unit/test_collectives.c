@@ -29,7 +29,7 @@ typedef struct config {
     size_t count;
     bool in_place;
     bool integer_data;
-    sumo__algo algo;
+    sumo_algorithm algo;
     int root;
 } config;
 
@@ -85,7 +85,7 @@ static void rank_body(sumo_comm *comm, int rank, int size, void *arg)
     run *r = arg;
     const config *c = &r->cfg;
     sumo_result res = SUMO_SUCCESS;
-    if (c->algo != SUMO__ALGO_AUTO) res = sumo__comm_set_algorithm(comm, c->algo);
+    if (c->algo != SUMO_ALGORITHM_AUTO) res = sumo_comm_set_param(comm, SUMO_PARAM_ALGORITHM, c->algo);
     if (res == SUMO_SUCCESS) {
         switch (c->kind) {
         case ALLREDUCE:
@@ -212,7 +212,7 @@ static void test_allreduce_shm_matches_rank_order_sum(void **state)
                         if (sizes[s] >= 16 && w == NCOUNTS - 1 && d > 0) continue; /* time */
                         config c = {.kind = ALLREDUCE, .dtype = dtypes[d], .op = (sumo_op)op,
                                     .count = counts_for(sizes[s], w), .in_place = in_place,
-                                    .algo = SUMO__ALGO_AUTO};
+                                    .algo = SUMO_ALGORITHM_AUTO};
                         bad += check_config(c, sizes[s]);
                     }
     assert_int_equal(bad, 0);
@@ -222,7 +222,7 @@ static void test_allreduce_p2p_algorithms(void **state)
 {
     (void)state;
     int bad = 0;
-    const sumo__algo algos[] = {SUMO__ALGO_RING, SUMO__ALGO_RECURSIVE_DOUBLING};
+    const sumo_algorithm algos[] = {SUMO_ALGORITHM_RING, SUMO_ALGORITHM_RECURSIVE_DOUBLING};
     for (size_t a = 0; a < 2; a++)
         for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
             for (size_t d = 0; d < 4; d++)
@@ -251,7 +251,7 @@ static void test_ring_narrow_types_many_chunks(void **state)
             for (int in_place = 0; in_place < 2; in_place++) {
                 config c = {.kind = ALLREDUCE, .dtype = narrow[d], .op = SUMO_OP_SUM,
                             .count = ((size_t)5 << 18) + 7, .in_place = in_place,
-                            .integer_data = true, .algo = SUMO__ALGO_RING};
+                            .integer_data = true, .algo = SUMO_ALGORITHM_RING};
                 bad += check_config(c, ranks[p]);
             }
     assert_int_equal(bad, 0);
@@ -262,7 +262,7 @@ static void rank_identity_body(sumo_comm *comm, int rank, int size, void *arg)
 {
     (void)size;
     run *r = arg;
-    r->result[rank] = sumo__comm_set_algorithm(comm, r->cfg.algo);
+    r->result[rank] = sumo_comm_set_param(comm, SUMO_PARAM_ALGORITHM, r->cfg.algo);
     if (r->result[rank] == SUMO_SUCCESS)
         r->result[rank] = sumo_allreduce(r->send[rank], r->recv[rank], r->cfg.count, r->cfg.dtype,
                                          r->cfg.op, comm);
@@ -271,7 +271,7 @@ static void rank_identity_body(sumo_comm *comm, int rank, int size, void *arg)
 static void test_p2p_bit_identical_on_random_data(void **state)
 {
     (void)state;
-    const sumo__algo algos[] = {SUMO__ALGO_RING, SUMO__ALGO_RECURSIVE_DOUBLING};
+    const sumo_algorithm algos[] = {SUMO_ALGORITHM_RING, SUMO_ALGORITHM_RECURSIVE_DOUBLING};
     for (size_t a = 0; a < 2; a++)
         for (int size = 2; size <= 7; size++)
             for (size_t d = 0; d < 4; d++) {
@@ -307,7 +307,7 @@ static void test_allgather_and_broadcast(void **state)
 {
     (void)state;
     int bad = 0;
-    const sumo__algo algos[] = {SUMO__ALGO_AUTO, SUMO__ALGO_RING};
+    const sumo_algorithm algos[] = {SUMO_ALGORITHM_AUTO, SUMO_ALGORITHM_RING};
     for (size_t a = 0; a < 2; a++)
         for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
             for (size_t d = 0; d < 4; d++)
@@ -372,7 +372,7 @@ static void test_results_repeat_bit_for_bit(void **state)
     (void)state;
     for (int rep = 0; rep < 2; rep++) {
         config c = {.kind = ALLREDUCE, .dtype = SUMO_FLOAT32, .op = SUMO_OP_AVERAGE,
-                    .count = 77777, .algo = rep ? SUMO__ALGO_RING : SUMO__ALGO_AUTO};
+                    .count = 77777, .algo = rep ? SUMO_ALGORITHM_RING : SUMO_ALGORITHM_AUTO};
         run a = {.cfg = c, .size = 5}, b = {.cfg = c, .size = 5};
         run *runs[2] = {&a, &b};
         for (int j = 0; j < 2; j++) {

@@ -59,8 +59,8 @@ enum { TRANSPORT_THREADS, TRANSPORT_MPI };
 #define NTENSORS 1000
 
 /* ACGA is an aggregator, not an allreduce op: the bench gives it a number of its own. */
-#define BENCH_OP_ACGA SUMO_OP_COUNT
-#define BENCH_NOPS (SUMO_OP_COUNT + 1)
+#define BENCH_OP_ACGA SUMO_OP_PREDEFINED_COUNT
+#define BENCH_NOPS (SUMO_OP_PREDEFINED_COUNT + 1)
 
 typedef struct bench_opts {
     int transport;
@@ -81,7 +81,7 @@ typedef struct bench_opts {
     bool mem_set;
     int mem_reps;
     bool mem_reps_set;
-    sumo__algo algo;
+    sumo_algorithm algo;
     const char *csv_path;
 } bench_opts;
 
@@ -183,25 +183,25 @@ static int parse_op(const char *s, int *out)
     return 0;
 }
 
-static int parse_algo(const char *s, sumo__algo *out)
+static int parse_algo(const char *s, sumo_algorithm *out)
 {
-    if (strcmp(s, "auto") == 0) *out = SUMO__ALGO_AUTO;
-    else if (strcmp(s, "shm") == 0) *out = SUMO__ALGO_SHM;
-    else if (strcmp(s, "ring") == 0) *out = SUMO__ALGO_RING;
-    else if (strcmp(s, "rd") == 0) *out = SUMO__ALGO_RECURSIVE_DOUBLING;
-    else if (strcmp(s, "native") == 0) *out = SUMO__ALGO_NATIVE;
+    if (strcmp(s, "auto") == 0) *out = SUMO_ALGORITHM_AUTO;
+    else if (strcmp(s, "shm") == 0) *out = SUMO_ALGORITHM_SHARED_MEMORY;
+    else if (strcmp(s, "ring") == 0) *out = SUMO_ALGORITHM_RING;
+    else if (strcmp(s, "rd") == 0) *out = SUMO_ALGORITHM_RECURSIVE_DOUBLING;
+    else if (strcmp(s, "native") == 0) *out = SUMO_ALGORITHM_PEER;
     else return -1;
     return 0;
 }
 
-static const char *algo_name(sumo__algo a)
+static const char *algo_name(sumo_algorithm a)
 {
     switch (a) {
-    case SUMO__ALGO_AUTO: return "auto";
-    case SUMO__ALGO_SHM: return "shm";
-    case SUMO__ALGO_RING: return "ring";
-    case SUMO__ALGO_RECURSIVE_DOUBLING: return "rd";
-    case SUMO__ALGO_NATIVE: return "native";
+    case SUMO_ALGORITHM_AUTO: return "auto";
+    case SUMO_ALGORITHM_SHARED_MEMORY: return "shm";
+    case SUMO_ALGORITHM_RING: return "ring";
+    case SUMO_ALGORITHM_RECURSIVE_DOUBLING: return "rd";
+    case SUMO_ALGORITHM_PEER: return "native";
     default: return "?";
     }
 }
@@ -239,7 +239,7 @@ static int parse_options(int argc, char **argv, bench_opts *o)
                       .max_bytes = 256 * MIB, .step = 2, .dtype = SUMO_FLOAT32,
                       .ops = {SUMO_OP_SUM, SUMO_OP_AVERAGE, SUMO_OP_ADASUM}, .nops = 3,
                       .iters = 20, .warmup = 5, .pin = true, .mem_bytes = 256 * MIB,
-                      .mem_reps = 10, .algo = SUMO__ALGO_AUTO};
+                      .mem_reps = 10, .algo = SUMO_ALGORITHM_AUTO};
     o->transport = launched_by_mpirun() ? TRANSPORT_MPI : TRANSPORT_THREADS;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i], *val = NULL;
@@ -412,7 +412,7 @@ struct group {
     bool common_clock;
     int64_t base_ns; /* common origin of the stamps, so doubles hold them exactly */
     sumo_comm *comm; /* NULL for groups that only measure memory */
-    sumo__algo algo;
+    sumo_algorithm algo;
     void (*sync)(group *g);
     /* v[i] = max over members of v[i], on every member. */
     void (*max)(group *g, double *v, size_t n);
@@ -421,10 +421,10 @@ struct group {
     void *impl;
 };
 
-static sumo_result configure_comm(sumo_comm *comm, sumo__algo algo)
+static sumo_result configure_comm(sumo_comm *comm, sumo_algorithm algo)
 {
-    if (algo == SUMO__ALGO_AUTO) return SUMO_SUCCESS;
-    sumo_result r = sumo__comm_set_algorithm(comm, algo);
+    if (algo == SUMO_ALGORITHM_AUTO) return SUMO_SUCCESS;
+    sumo_result r = sumo_comm_set_param(comm, SUMO_PARAM_ALGORITHM, algo);
     if (r == SUMO_ERR_INVALID_USAGE) {
         const char *name = "?";
         sumo_comm_transport(comm, &name);
@@ -441,7 +441,7 @@ typedef struct team {
     pthread_barrier_t bar;
     double *slots; /* size * TEAM_SLOT */
     sumo_comm **comms;
-    sumo__algo algo;
+    sumo_algorithm algo;
     sumo_result renew_status;
     int (*body)(group *g, void *arg);
     void *arg;
@@ -525,7 +525,7 @@ static void *member_main(void *p)
 
 /* Runs body on size threads, member r with comms[r] (comms may be NULL). Returns the largest
  * result of the bodies, or -1 when the threads could not be started. */
-static int run_team(int size, sumo_comm **comms, sumo__algo algo, bool pin,
+static int run_team(int size, sumo_comm **comms, sumo_algorithm algo, bool pin,
                     int (*body)(group *g, void *arg), void *arg)
 {
     team t = {.size = size, .comms = comms, .algo = algo, .body = body, .arg = arg, .pin = pin};
@@ -1809,7 +1809,7 @@ typedef struct threads_env {
 static int threads_mem_runner(void *env, int active, int (*body)(group *g, void *arg), void *arg)
 {
     threads_env *e = env;
-    return run_team(active, NULL, SUMO__ALGO_AUTO, e->o->pin, body, arg);
+    return run_team(active, NULL, SUMO_ALGORITHM_AUTO, e->o->pin, body, arg);
 }
 
 static int bench_threads(bench_ctx *c)
