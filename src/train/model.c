@@ -282,11 +282,6 @@ void sumo__model_destroy(sumo__model *m)
 float *sumo__model_params(sumo__model *m) { return m != NULL ? m->params : NULL; }
 float *sumo__model_grads(sumo__model *m) { return m != NULL ? m->grads : NULL; }
 size_t sumo__model_num_params(const sumo__model *m) { return m != NULL ? m->nparams : 0; }
-const sumo__model_config *sumo__model_get_config(const sumo__model *m)
-{
-    return m != NULL ? &m->cfg : NULL;
-}
-size_t sumo__model_max_batch(const sumo__model *m) { return m != NULL ? m->max_batch : 0; }
 
 void sumo__model_layout(const sumo__model *m, const size_t **sizes, size_t *ntensors)
 {

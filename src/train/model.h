@@ -92,8 +92,6 @@ size_t sumo__model_num_params(const sumo__model *m);
 void sumo__model_layout(const sumo__model *m, const size_t **sizes, size_t *ntensors);
 /* PyTorch-style name of tensor i ("conv1.weight"), or "?" out of range. */
 const char *sumo__model_tensor_name(const sumo__model *m, size_t i);
-const sumo__model_config *sumo__model_get_config(const sumo__model *m);
-size_t sumo__model_max_batch(const sumo__model *m);
 /* One line describing the architecture, e.g. "mlp 784-128-10 (101770 params)". */
 void sumo__model_describe(const sumo__model *m, char *buf, size_t len);
 
