@@ -31,7 +31,7 @@ typedef enum sumo_aggregation {
  * ACGA (Choukroun et al., arXiv 2411.03742, read from the authors' sample code): weights
  * w_r = a'_r / sum(a') with a_r = <g_r, sum_j g_j> / (|g_r| + eps) / N, smoothed over steps on
  * the sorted coefficients, and G = sum_r w_r g_r / (|g_r| + eps). Defaults match the reference
- * except the permutation, whose reference form is a bug for N >= 3 (see the design notes).
+ * except the permutation, whose reference form is a bug for N >= 3 (docs/design/acga.md).
  */
 typedef struct sumo_acga_options {
     double beta;               /* coefficient momentum in [0, 1); default 0 (the reference) */

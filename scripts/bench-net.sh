@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The network regime of E3 / issue 3: `sumo bench --transport mpi` with every byte between ranks
-# going through TCP over links shaped to a datacentre network's bandwidth, on one machine.
+# The network regime of E3 (docs/design/experiments.md): `sumo bench --transport mpi` with every
+# byte between ranks going through TCP over links shaped to a datacentre network's bandwidth, on
+# one machine.
 #
 # Ranks on one machine normally exchange through shared memory at memory bandwidth, which hides
 # what Adasum's extra dot-product allreduces and its tree cost where the network is the

@@ -1,6 +1,6 @@
 /*
  * SlowMo (Wang et al., ICLR 2020, Algorithm 1) over the public collectives of the
- * distributed optimizer's communicator. See design/slowmo.md.
+ * distributed optimizer's communicator. See docs/design/slowmo.md.
  *
  * Every call of sumo__slowmo_step is one local step of the base optimizer. Counting local
  * steps k = 1 .. tau within an outer iteration:

@@ -1,8 +1,9 @@
 /*
  * ACGA over the MPI transport (run under mpirun -np 2, 3, 4): every step equals an independent
- * double-precision reference of design/acga.md (the same definition as tests/unit/test_acga.c,
- * written plainly), every rank holds the same bits, a NaN step is NONFINITE on every rank and
- * leaves the momentum alone, and a checkpointed aggregator continues bit for bit.
+ * double-precision reference of docs/design/acga.md (the same definition as
+ * tests/unit/test_acga.c, written plainly), every rank holds the same bits, a NaN step is
+ * NONFINITE on every rank and leaves the momentum alone, and a checkpointed aggregator continues
+ * bit for bit.
  *
  * Every rank's gradient is a function of (seed, step, rank, index), so each rank computes the
  * whole reference by itself. Rank 0 prints a final "acga mpi: N passed, M failed" line; the exit

@@ -1,17 +1,17 @@
 /*
  * ACGA aggregation on the threads transport against an independent reference.
  *
- * The reference below is design/acga.md's step written out plainly in double: the sum of the
- * ranks' gradients, dot products and norms by straight loops, the stable sort as a count of
+ * The reference below is docs/design/acga.md's step written out plainly in double: the sum of
+ * the ranks' gradients, dot products and norms by straight loops, the stable sort as a count of
  * smaller keys (ties by rank), the EMA, both back-mappings, the negative guard, the documented
  * fallback (uniform weights when sum(a') <= 1e-6 sum|a'|), the weighted sum and the optional
  * rescale. It shares no code with src/aggregation/acga.c. The library works on an fp32 sum, so
  * results are compared within a bound scaled by sum_r |w_r g_r,i| / (|g_r| + eps); where the
- * notes promise bits (plain averaging, ranks, checkpoints) the comparison is bitwise.
+ * note promises bits (plain averaging, ranks, checkpoints) the comparison is bitwise.
  *
- * The design notes' five oracles: identical gradients, orthogonal gradients, the
- * non-involutive permutation, uniform weights == sumo's average bit for bit, and every rank's
- * bits equal (checked on every step of every test).
+ * The note's five oracles: identical gradients, orthogonal gradients, the non-involutive
+ * permutation, uniform weights == sumo's average bit for bit, and every rank's bits equal
+ * (checked on every step of every test).
  */
 #include <setjmp.h>
 #include <stdarg.h>

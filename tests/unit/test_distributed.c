@@ -8,8 +8,8 @@
  *     on its own gradient, and the parameters move by the Adasum (or average) of the deltas;
  *   - a NaN in one worker's gradient: SUMO_ERR_NONFINITE on the other ranks (not a timeout),
  *     and every rank's parameters stay exactly as they were before that step.
- * Adasum over P ranks is the balanced binary tree of pairwise combines over rank order
- * (design notes, adasum.md), per tensor of the layout. The parameters must also be
+ * Adasum over P ranks (powers of two here) is the balanced binary tree of pairwise combines over
+ * rank order (docs/design/adasum.md), per tensor of the layout. The parameters must also be
  * bit-identical on every rank after every step.
  */
 #include <setjmp.h>

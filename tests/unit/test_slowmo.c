@@ -5,7 +5,7 @@
  * Every worker minimises its own separable quadratic f_i(x) = sum_j a_ij (x_j - c_ij)^2 / 2,
  * whose gradient a_ij (x_j - c_ij) the test computes itself; the full-batch gradient is the
  * average of the workers'. The oracles are written here in double, independently of the
- * library, from the design notes (design/slowmo.md):
+ * library, from docs/design/slowmo.md:
  *   (a) tau = 1, base SGD(lr 1): full-batch SGD(lr alpha, momentum beta), at every step;
  *   (b) tau = 2, beta = 0.5: the fairscale-style manual reference (full-batch SGD(lr 1), and
  *       every 2 steps gradient := old - p, p := old, a momentum-SGD step, old := p);
@@ -201,7 +201,8 @@ static void check_manual_tau2(double gamma, double alpha)
     for (int t = 0; t < sc->steps; t++) sc->lr[t] = gamma;
     run(sc);
     /* Full-batch SGD(lr gamma); every 2 steps gradient := (old - p) / gamma, p := old, then a
-     * momentum-SGD step of rate alpha gamma; old := p. (gamma 1, alpha 1: the notes' form.) */
+     * momentum-SGD step of rate alpha gamma; old := p. (gamma 1, alpha 1: the form in
+     * docs/design/slowmo.md.) */
     double p[MAXN], old[MAXN], buf[MAXN];
     for (size_t j = 0; j < sc->n; j++) p[j] = old[j] = x_init(j);
     int outer = 0;

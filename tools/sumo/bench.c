@@ -54,7 +54,7 @@ enum { TRANSPORT_THREADS, TRANSPORT_MPI };
 #define MAX_RANK_LIST 16
 #define MAX_SIZES 256
 #define MIB ((size_t)1 << 20)
-/* The size the goals are stated at. */
+/* The size the derived figures' goals are read at (docs/design/experiments.md, E3). */
 #define GOAL_BYTES (64 * MIB)
 #define NTENSORS 1000
 
@@ -792,7 +792,7 @@ static void adasum_pair(sumo_dtype dtype, double *a, const double *b, size_t n)
  * Against the tree collectives/adasum.c defines for any P, written here independently: with P2
  * the largest power of two <= P and R = P - P2, the 2R leading ranks first combine in pairs
  * (w_i = A(u_2i, u_2i+1) for i < R, w_i = u_(i+R) after), then the balanced binary tree over
- * w_0 .. w_(P2-1) in order (for powers of two: the rank-order tree of design/adasum.md).
+ * w_0 .. w_(P2-1) in order (for powers of two: the rank-order tree of docs/design/adasum.md).
  * Tolerance is Horovod's: relative L2 error below 100 epsilon of the dtype.
  */
 static int check_adasum(sumo_dtype dtype, int p, const void *buf, size_t n, char *why, size_t whylen)
