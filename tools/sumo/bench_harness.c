@@ -137,7 +137,8 @@ typedef struct team {
     sumo_comm **given, **renewed;
     sumo_result renew_status;
     bool setup_failed;
-    int *status; /* each member's body result */
+    int *status;          /* each member's body result */
+    sumo_result *started; /* each member's handshake */
     bench_body body;
     void *arg;
 } team;
@@ -223,15 +224,31 @@ static bool team_configure(team *t, bench_group *g)
     return false;
 }
 
+/*
+ * A pthread barrier cannot be left: members may wait at the team's only once all are running.
+ * When the runner could not start a thread it drops that rank's handle, and sumo's barrier
+ * then fails on every member instead of blocking. Its deadline is made generous for this one
+ * call: SUMO_TIMEOUT is meant for the collectives measured, not for threads starting up.
+ */
+#define HANDSHAKE_TIMEOUT_S 600.0
+
+static sumo_result handshake(sumo_comm *comm)
+{
+    double timeout = 0;
+    sumo_comm_get_timeout(comm, &timeout);
+    sumo_comm_set_timeout(comm, timeout > HANDSHAKE_TIMEOUT_S ? timeout : HANDSHAKE_TIMEOUT_S);
+    sumo_result r = sumo_barrier(comm);
+    if (r == SUMO_SUCCESS) sumo_comm_set_timeout(comm, timeout);
+    return r;
+}
+
 static sumo_result member_main(sumo_comm *comm, int rank, void *arg)
 {
     team *t = arg;
     const bench_team_spec *spec = t->spec;
     if (spec->pin) pin_to_cpu(rank);
-    /* A pthread barrier cannot be left: members may wait at the team's only once all are
-     * running. When the runner could not start a thread it drops that rank's handle, and
-     * sumo's barrier fails on every member instead of blocking. */
-    if (sumo_barrier(comm) != SUMO_SUCCESS) {
+    t->started[rank] = handshake(comm);
+    if (t->started[rank] != SUMO_SUCCESS) {
         t->status[rank] = 1;
         return SUMO_SUCCESS;
     }
@@ -254,6 +271,7 @@ static void team_free(team *t)
     free(t->given);
     free(t->renewed);
     free(t->status);
+    free(t->started);
 }
 
 static bool team_alloc(team *t, int size, int max_reps)
@@ -263,7 +281,29 @@ static bool team_alloc(team *t, int size, int max_reps)
     t->given = calloc((size_t)size, sizeof *t->given);
     t->renewed = calloc((size_t)size, sizeof *t->renewed);
     t->status = calloc((size_t)size, sizeof *t->status);
-    return t->slots && t->scratch && t->given && t->renewed && t->status;
+    t->started = calloc((size_t)size, sizeof *t->started);
+    return t->slots && t->scratch && t->given && t->renewed && t->status && t->started;
+}
+
+/* The team's outcome: the worst body result, or 1 after saying why the team did not run. */
+static int team_outcome(const team *t, sumo_result run)
+{
+    const bench_team_spec *spec = t->spec;
+    if (run != SUMO_SUCCESS) {
+        fprintf(stderr, "sumo bench: threads communicator of %d ranks (algorithm %s): %s\n",
+                spec->size, bench_algo_name(spec->algo), sumo_strerror(run));
+        return 1;
+    }
+    int worst = 0;
+    for (int i = 0; i < spec->size; i++) {
+        if (t->started[i] != SUMO_SUCCESS) {
+            fprintf(stderr, "sumo bench: %d threads did not all start: %s\n", spec->size,
+                    sumo_strerror(t->started[i]));
+            return 1;
+        }
+        worst = t->status[i] > worst ? t->status[i] : worst;
+    }
+    return worst;
 }
 
 int bench_run_team(const bench_team_spec *spec, bench_body body, void *arg)
@@ -276,17 +316,10 @@ int bench_run_team(const bench_team_spec *spec, bench_body body, void *arg)
         return 1;
     }
     t.base_ns = bench_now_ns();
-    sumo_result r = sumo_threads_run(spec->size, member_main, &t, NULL);
-    int worst = 0;
-    for (int i = 0; i < spec->size; i++) worst = t.status[i] > worst ? t.status[i] : worst;
-    if (r != SUMO_SUCCESS) {
-        fprintf(stderr, "sumo bench: threads communicator of %d ranks (algorithm %s): %s\n",
-                spec->size, bench_algo_name(spec->algo), sumo_strerror(r));
-        worst = 1;
-    }
+    int outcome = team_outcome(&t, sumo_threads_run(spec->size, member_main, &t, NULL));
     pthread_barrier_destroy(&t.barrier);
     team_free(&t);
-    return worst;
+    return outcome;
 }
 
 /* ---- MPI ---------------------------------------------------------------------------------- */

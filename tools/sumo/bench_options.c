@@ -2,6 +2,7 @@
 
 #include "args.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -138,17 +139,46 @@ static bool parse_rank_item(const char *flag, const char *item, int *out)
     return false;
 }
 
-/* Prints the parser's message when a numeric value is refused. */
-static bool checked(bool parsed, const sumo_args_error *err)
-{
-    if (!parsed) fprintf(stderr, "sumo bench: %s\n", err->message);
-    return parsed;
-}
-
-/* A flag that takes_value(). Returns false after printing why the value is refused. */
-static bool parse_value_flag(bench_opts *o, const char *flag, const char *val)
+/* The numeric flags, read by args.h; *matched tells whether flag is one of them. Returns
+ * false after printing why the value is refused. */
+static bool parse_numeric_flag(bench_opts *o, const char *flag, const char *val, bool *matched)
 {
     sumo_args_error err;
+    bool ok;
+    *matched = true;
+    if (strcmp(flag, "--min") == 0) {
+        ok = sumo_args_bytes(flag, val, 1, SIZE_MAX, &o->min_bytes, &err);
+        o->min_set = true;
+    } else if (strcmp(flag, "--max") == 0) {
+        ok = sumo_args_bytes(flag, val, 1, SIZE_MAX, &o->max_bytes, &err);
+        o->max_set = true;
+    } else if (strcmp(flag, "--step") == 0) {
+        ok = sumo_args_double(flag, val, 1.01, false, 1024, false, &o->step, &err);
+        o->step_set = true;
+    } else if (strcmp(flag, "--iters") == 0) {
+        ok = sumo_args_int(flag, val, 1, 100000, &o->iters, &err);
+        o->iters_set = true;
+    } else if (strcmp(flag, "--warmup") == 0) {
+        ok = sumo_args_int(flag, val, 0, 100000, &o->warmup, &err);
+        o->warmup_set = true;
+    } else if (strcmp(flag, "--mem-size") == 0) {
+        ok = sumo_args_bytes(flag, val, BENCH_MIB, SIZE_MAX, &o->mem_bytes, &err);
+        o->mem_set = true;
+    } else if (strcmp(flag, "--mem-reps") == 0) {
+        ok = sumo_args_int(flag, val, 1, 10000, &o->mem_reps, &err);
+        o->mem_reps_set = true;
+    } else {
+        *matched = false;
+        return false;
+    }
+    if (!ok) fprintf(stderr, "sumo bench: %s\n", err.message);
+    return ok;
+}
+
+/* The flags whose value is a name, a list or a path. Returns false after printing why the
+ * value is refused. */
+static bool parse_named_flag(bench_opts *o, const char *flag, const char *val)
+{
     if (strcmp(flag, "--transport") == 0) {
         o->transport_set = true;
         return parse_transport(val, &o->transport) || bad_value(flag, val);
@@ -158,45 +188,25 @@ static bool parse_value_flag(bench_opts *o, const char *flag, const char *val)
         o->nranks = parse_list(flag, val, BENCH_MAX_RANK_LIST, o->ranks, parse_rank_item);
         return o->nranks > 0;
     }
-    if (strcmp(flag, "--min") == 0) {
-        o->min_set = true;
-        return checked(sumo_args_bytes(flag, val, 1, SIZE_MAX, &o->min_bytes, &err), &err);
-    }
-    if (strcmp(flag, "--max") == 0) {
-        o->max_set = true;
-        return checked(sumo_args_bytes(flag, val, 1, SIZE_MAX, &o->max_bytes, &err), &err);
-    }
-    if (strcmp(flag, "--step") == 0) {
-        o->step_set = true;
-        return checked(sumo_args_double(flag, val, 1.01, false, 1024, false, &o->step, &err), &err);
-    }
-    if (strcmp(flag, "--dtype") == 0) return parse_dtype(val, &o->dtype) || bad_value(flag, val);
     if (strcmp(flag, "--ops") == 0) {
         o->nops = parse_list(flag, val, BENCH_NOPS, o->ops, parse_op_item);
         return o->nops > 0;
     }
-    if (strcmp(flag, "--iters") == 0) {
-        o->iters_set = true;
-        return checked(sumo_args_int(flag, val, 1, 100000, &o->iters, &err), &err);
-    }
-    if (strcmp(flag, "--warmup") == 0) {
-        o->warmup_set = true;
-        return checked(sumo_args_int(flag, val, 0, 100000, &o->warmup, &err), &err);
-    }
+    if (strcmp(flag, "--dtype") == 0) return parse_dtype(val, &o->dtype) || bad_value(flag, val);
     if (strcmp(flag, "--algo") == 0) return parse_algo(val, &o->algo) || bad_value(flag, val);
-    if (strcmp(flag, "--mem-size") == 0) {
-        o->mem_set = true;
-        return checked(sumo_args_bytes(flag, val, BENCH_MIB, SIZE_MAX, &o->mem_bytes, &err), &err);
-    }
-    if (strcmp(flag, "--mem-reps") == 0) {
-        o->mem_reps_set = true;
-        return checked(sumo_args_int(flag, val, 1, 10000, &o->mem_reps, &err), &err);
-    }
     if (strcmp(flag, "--csv") == 0) {
         o->csv_path = val;
         return true;
     }
-    return bad_value(flag, val); /* a flag takes_value() lists but this function forgot */
+    return bad_value(flag, val); /* a flag takes_value() lists but no parser knows */
+}
+
+/* A flag that takes_value(). Returns false after printing why the value is refused. */
+static bool parse_value_flag(bench_opts *o, const char *flag, const char *val)
+{
+    bool numeric;
+    bool ok = parse_numeric_flag(o, flag, val, &numeric);
+    return numeric ? ok : parse_named_flag(o, flag, val);
 }
 
 /* The flags without a value; false when flag is none of them. */

@@ -9,7 +9,6 @@
 
 #include <stdbool.h>
 #include <stddef.h>
-#include <stdio.h>
 
 enum { BENCH_TRANSPORT_THREADS, BENCH_TRANSPORT_MPI };
 
