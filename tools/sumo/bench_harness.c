@@ -136,7 +136,6 @@ typedef struct team {
      * must not destroy the runner's handle, which the runner destroys itself. */
     sumo_comm **given, **renewed;
     sumo_result renew_status;
-    bool setup_failed;
     int *status;          /* each member's body result */
     sumo_result *started; /* each member's handshake */
     bench_body body;
@@ -216,11 +215,9 @@ static bool team_configure(team *t, bench_group *g)
     double failed = r != SUMO_SUCCESS;
     team_max(g, &failed, 1);
     if (failed == 0) return true;
-    if (g->rank == 0) {
+    if (g->rank == 0)
         fprintf(stderr, "sumo bench: threads communicator of %d ranks (algorithm %s): %s\n",
                 t->spec->size, bench_algo_name(g->algo), sumo_strerror(r));
-        t->setup_failed = true;
-    }
     return false;
 }
 
