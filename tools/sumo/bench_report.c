@@ -1,0 +1,343 @@
+#include "bench_report.h"
+
+#include "bench_reference.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- CSV ---------------------------------------------------------------------------------- */
+
+int bench_report_open_csv(bench_report *rep)
+{
+    if (rep->o->csv_path == NULL || !rep->printer) return 0;
+    rep->csv = fopen(rep->o->csv_path, "w");
+    if (rep->csv == NULL) {
+        fprintf(stderr, "sumo bench: cannot write %s: %s\n", rep->o->csv_path, strerror(errno));
+        return -1;
+    }
+    fprintf(rep->csv, "section,transport,ranks,dtype,op,bytes,count,time_us,min_us,gbps,busbw_gbps,"
+                      "ref_us,ratio,check,status\n");
+    return 0;
+}
+
+void bench_report_close(bench_report *rep)
+{
+    if (rep->csv) fclose(rep->csv);
+    rep->csv = NULL;
+    free(rep->rows);
+    rep->rows = NULL;
+    rep->nrows = rep->cap = 0;
+}
+
+/* One CSV row's values after section, transport and ranks; the columns are described in the
+ * usage text. */
+typedef struct csv_values {
+    const char *dtype, *op;
+    double bytes;
+    size_t count;
+    double us, min_us, gbps, busbw, ref_us, ratio;
+    const char *check, *status;
+} csv_values;
+
+static void csv_row(const bench_report *rep, const char *section, int ranks, const csv_values *v)
+{
+    if (rep->csv == NULL) return;
+    fprintf(rep->csv, "%s,%s,%d,%s,%s,%.0f,%zu,%.3f,%.3f,%.4f,%.4f,%.3f,%.4f,%s,%s\n", section,
+            rep->transport, ranks, v->dtype, v->op, v->bytes, v->count, v->us, v->min_us, v->gbps,
+            v->busbw, v->ref_us, v->ratio, v->check, v->status);
+}
+
+/* A row of the memory, kernel or floor sections: no minimum, no bus bandwidth, no check. */
+static csv_values bandwidth_values(const char *dtype, const char *op, double bytes, size_t count,
+                                   double us, double gbps, double ref_us, double ratio)
+{
+    return (csv_values){.dtype = dtype, .op = op, .bytes = bytes, .count = count, .us = us,
+                        .min_us = NAN, .gbps = gbps, .busbw = NAN, .ref_us = ref_us,
+                        .ratio = ratio, .check = "-", .status = "SUMO_SUCCESS"};
+}
+
+/* ---- the header ---------------------------------------------------------------------------- */
+
+static void cpu_model(char *model, size_t len)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f == NULL) return;
+    char line[512];
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, "model name", 10) == 0) {
+            const char *p = strchr(line, ':');
+            if (p) {
+                snprintf(model, len, "%s", p + 2);
+                model[strcspn(model, "\n")] = '\0';
+            }
+            break;
+        }
+    fclose(f);
+}
+
+static void print_transport(const bench_report *rep)
+{
+    const bench_opts *o = rep->o;
+    printf("# transport: %s", rep->transport);
+    if (o->transport == BENCH_TRANSPORT_THREADS) {
+        printf(", P =");
+        for (int i = 0; i < o->nranks; i++) printf("%s%d", i ? "," : " ", o->ranks[i]);
+        printf(", threads %s\n", o->pin ? "pinned one per cpu (round robin)" : "not pinned");
+    } else {
+        const char *shm = getenv("SUMO_MPI_SHM");
+        printf(", P = %d on %d machine(s), SUMO_MPI_SHM=%s\n", rep->world_size, rep->nodes,
+               shm ? shm : "(unset)");
+    }
+}
+
+void bench_print_machine(const bench_report *rep)
+{
+    char host[256] = "?", model[256] = "?";
+    gethostname(host, sizeof host - 1);
+    cpu_model(model, sizeof model);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    double mem_gib = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE) / (1 << 30);
+    const bench_opts *o = rep->o;
+    printf("# sumo bench (sumo %d.%d.%d)\n", SUMO_VERSION_MAJOR, SUMO_VERSION_MINOR, SUMO_VERSION_PATCH);
+    printf("# machine: %s, %s, %ld cpus, %.1f GiB\n", host, model, cores, mem_gib);
+    /* The label names the library function the ISA comes from, as the report always has. */
+    printf("# kernels: %s (sumo__kernel_isa)\n", bench_kernel_isa());
+    print_transport(rep);
+    printf("# dtype: %s, ops:", bench_dtype_name(o->dtype));
+    for (int i = 0; i < o->nops; i++) printf("%s%s", i ? "," : " ", bench_op_label(o->ops[i]));
+    printf(", sizes %zu to %zu B (x%g)%s\n", rep->sizes[0], rep->sizes[rep->nsizes - 1], o->step,
+           o->check ? ", results checked" : "");
+    fflush(stdout);
+}
+
+void bench_print_mpi(const bench_report *rep, const char *version, int provided, int wanted,
+                     int ranks_on_node)
+{
+    printf("# mpi: %s; thread level %d of %d; %d rank(s) per machine\n", version, provided, wanted,
+           ranks_on_node);
+    if (rep->o->ranks_set) printf("# (--ranks is for the threads transport; P is mpirun's -np)\n");
+    fflush(stdout);
+}
+
+/* ---- memory and kernels -------------------------------------------------------------------- */
+
+void bench_print_stream(const bench_report *rep, const bench_mem_results *m)
+{
+    const bench_opts *o = rep->o;
+    printf("#\n# memory bandwidth: STREAM-like %s loops over fp64 arrays of %zu MiB, median of %d "
+           "(bytes counted as STREAM does: no write-allocate); each %s on its own part\n",
+           bench_stream_isa(), o->mem_bytes / BENCH_MIB, o->mem_reps,
+           o->transport == BENCH_TRANSPORT_THREADS ? "thread" : "rank of this machine");
+    printf("#%9s", "threads");
+    for (int k = 0; k < BENCH_NSTREAM; k++) printf(" %9s(GB/s)", bench_stream_name(k));
+    printf("\n");
+    for (int i = 0; i < m->nt; i++) {
+        printf("#%9d", m->threads[i]);
+        for (int k = 0; k < BENCH_NSTREAM; k++) {
+            printf(" %15.2f", m->stream[i][k]);
+            double bytes = (double)bench_stream_passes(k) * (double)o->mem_bytes;
+            csv_values v = bandwidth_values("fp64", bench_stream_name(k), bytes, 0, NAN,
+                                            m->stream[i][k], NAN, NAN);
+            csv_row(rep, "memory", m->threads[i], &v);
+        }
+        printf("\n");
+    }
+    fflush(stdout);
+}
+
+void bench_print_kernels(const bench_report *rep, const bench_mem_results *m, size_t kbytes)
+{
+    const char *dt = bench_dtype_name(rep->o->dtype);
+    printf("#\n# kernels (%s, %s, %zu MiB per operand, median of %d) against the STREAM loop "
+           "moving the same kind of traffic with as many threads, run in alternation with it; "
+           "goal >= 80%%\n",
+           bench_kernel_isa(), dt, kbytes / BENCH_MIB, rep->o->mem_reps);
+    printf("#%-36s %7s %10s %8s %10s %7s\n", " kernel", "threads", "GB/s", "bound", "GB/s", "ratio");
+    for (int i = 0; i < m->nk; i++) {
+        for (int k = 0; k < BENCH_NKERNELS; k++) {
+            const bench_kernel_info *d = bench_kernel(k);
+            double bound = m->kbound[i][k], ratio = m->kernel[i][k] / bound;
+            printf("# %-35s %7d %10.2f %8s %10.2f %6.0f%%%s\n", d->name, m->kthreads[i],
+                   m->kernel[i][k], bench_stream_name(d->bound), bound, 100 * ratio,
+                   ratio >= 0.8 ? "" : "  below goal");
+            csv_values v = bandwidth_values(dt, d->csv_name, (double)kbytes * d->operand_passes,
+                                            0, NAN, m->kernel[i][k], NAN, ratio);
+            csv_row(rep, "kernel", m->kthreads[i], &v);
+        }
+    }
+    fflush(stdout);
+}
+
+/* ---- the allreduce table ------------------------------------------------------------------- */
+
+void bench_print_table_header(const bench_report *rep, int p)
+{
+    const bench_opts *o = rep->o;
+    printf("#\n# allreduce, transport %s, P = %d, dtype %s, in place, algorithm %s\n"
+           "# time = median of %d iterations after %d warm-up, from the last rank's start to the "
+           "last rank's end%s\n",
+           rep->transport, p, bench_dtype_name(o->dtype), bench_algo_name(o->algo), o->iters,
+           o->warmup,
+           rep->nodes > 1 ? " (ranks on several machines: largest per-rank time instead)" : "");
+    if (rep->peer)
+        printf("# peer = MPI_Allreduce(MPI_IN_PLACE, MPI_SUM) on the same buffers (also for avg, "
+               "which MPI lacks, and adasum); ratio = sumo time / peer time\n");
+    printf("#\n#%11s %12s %6s %7s %11s %11s %12s %12s %6s", "size(B)", "count", "type", "redop",
+           "time(us)", "min(us)", "algbw(GB/s)", "busbw(GB/s)", "check");
+    if (rep->peer) printf(" %11s %7s", "peer(us)", "ratio");
+    printf("\n");
+    fflush(stdout);
+}
+
+static void print_row(const bench_report *rep, const bench_row *r, const char *err_detail)
+{
+    const bench_opts *o = rep->o;
+    const char *dt = bench_dtype_name(o->dtype), *check = bench_verdict_name(r->check);
+    size_t count = r->bytes / bench_dtype_bytes(o->dtype);
+    char peer[32] = "-", ratio[32] = "-";
+    if (r->has_peer) {
+        snprintf(peer, sizeof peer, "%.2f", r->peer_med_us);
+        if (r->status == 0) snprintf(ratio, sizeof ratio, "%.3f", r->med_us / r->peer_med_us);
+    }
+    double algbw = r->bytes / (r->med_us * 1e3);
+    double busbw = algbw * 2.0 * (r->ranks - 1) / r->ranks;
+    if (r->status == 0)
+        printf("%12zu %12zu %6s %7s %11.2f %11.2f %12.3f %12.3f %6s", r->bytes, count, dt,
+               bench_op_label(r->op), r->med_us, r->min_us, algbw, busbw, check);
+    else
+        printf("%12zu %12zu %6s %7s %11s %11s %12s %12s %6s", r->bytes, count, dt,
+               bench_op_label(r->op), "n/a", "n/a", "n/a", "n/a", check);
+    if (rep->peer) printf(" %11s %7s", peer, ratio);
+    if (r->status != 0)
+        printf("  # %s%s%s", sumo_result_name((sumo_result)r->status),
+               err_detail && *err_detail ? ": " : "", err_detail ? err_detail : "");
+    printf("\n");
+    fflush(stdout);
+    bool ran = r->status == 0;
+    csv_values v = {.dtype = dt, .op = bench_op_label(r->op), .bytes = (double)r->bytes,
+                    .count = count, .us = ran ? r->med_us : NAN, .min_us = ran ? r->min_us : NAN,
+                    .gbps = ran ? algbw : NAN, .busbw = ran ? busbw : NAN,
+                    .ref_us = r->has_peer ? r->peer_med_us : NAN,
+                    .ratio = r->has_peer && ran ? r->med_us / r->peer_med_us : NAN,
+                    .check = check, .status = sumo_result_name((sumo_result)r->status)};
+    csv_row(rep, "allreduce", r->ranks, &v);
+}
+
+static void keep_row(bench_report *rep, const bench_row *r)
+{
+    if (rep->nrows == rep->cap) {
+        size_t cap = rep->cap ? 2 * rep->cap : 64;
+        bench_row *p = realloc(rep->rows, cap * sizeof *p);
+        if (p == NULL) return; /* the row is printed; only the derived figures lose it */
+        rep->rows = p;
+        rep->cap = cap;
+    }
+    rep->rows[rep->nrows++] = *r;
+}
+
+void bench_report_row(bench_report *rep, const bench_row *r, const char *err_detail,
+                      const char *why)
+{
+    print_row(rep, r, err_detail);
+    if (r->check == BENCH_CHECK_FAIL || r->check == BENCH_CHECK_NA)
+        printf("#   check %s: %s\n", bench_verdict_name(r->check), why);
+    /* An op the library refuses is reported, not a failure of the run. */
+    bool refused = r->status == SUMO_ERR_INVALID_ARGUMENT || r->status == SUMO_ERR_INVALID_USAGE;
+    bool optional = r->op == SUMO_OP_ADASUM || r->op == BENCH_OP_ACGA;
+    if (r->check == BENCH_CHECK_FAIL || (r->status != 0 && !(refused && optional))) rep->failures++;
+    keep_row(rep, r);
+}
+
+static const bench_row *find_row(const bench_report *rep, int ranks, size_t bytes, int op)
+{
+    for (size_t i = 0; i < rep->nrows; i++)
+        if (rep->rows[i].ranks == ranks && rep->rows[i].bytes == bytes && rep->rows[i].op == op)
+            return &rep->rows[i];
+    return NULL;
+}
+
+/* ---- derived figures ----------------------------------------------------------------------- */
+
+/*
+ * The floor of an in-place allreduce on shared memory: each of the P buffers read once and
+ * written once, 2 P S bytes, at the bandwidth of a+=b with P workers.
+ */
+static void print_floors(const bench_report *rep, const bench_mem_results *m)
+{
+    const bench_opts *o = rep->o;
+    const char *dt = bench_dtype_name(o->dtype);
+    for (int i = 0; i < m->nf; i++) {
+        int p = m->franks[i];
+        double floor_us = 2.0 * p * (double)m->f_bytes / m->f_bw[i] / 1e3;
+        double ratio = m->f_us[i] / floor_us;
+        printf("#   floor, P=%d %zu B %s sum: %.1f us; its %d buffers read and written once at "
+               "the %d-worker a+=b bandwidth (%.2f GB/s, measured in alternation) take %.1f us: "
+               "%.2fx",
+               p, m->f_bytes, dt, m->f_us[i], p, p, m->f_bw[i], floor_us, ratio);
+        if (o->transport == BENCH_TRANSPORT_THREADS && p == 2)
+            printf(" (goal <= 1.5x: %s)", ratio <= 1.5 ? "met" : "NOT met");
+        printf("\n");
+        csv_values v = bandwidth_values(dt, "sum", (double)m->f_bytes,
+                                        m->f_bytes / bench_dtype_bytes(o->dtype), m->f_us[i],
+                                        m->f_bw[i], floor_us, ratio);
+        csv_row(rep, "floor", p, &v);
+    }
+}
+
+/* sumo against MPI_Allreduce, Adasum and ACGA against the plain reductions, at one size. */
+static void print_ratios_at(const bench_report *rep, int p, size_t bytes)
+{
+    const bench_row *s = find_row(rep, p, bytes, SUMO_OP_SUM);
+    const bench_row *a = find_row(rep, p, bytes, SUMO_OP_ADASUM);
+    if (rep->peer && s && s->status == 0 && s->has_peer) {
+        double ratio = s->med_us / s->peer_med_us;
+        printf("#   P=%d %9zu B sum: sumo %.2f us, MPI_Allreduce %.2f us, ratio %.3f", p, bytes,
+               s->med_us, s->peer_med_us, ratio);
+        if (bytes == BENCH_GOAL_BYTES) printf(" (goal <= 0.4: %s)", ratio <= 0.4 ? "met" : "NOT met");
+        printf("\n");
+    }
+    if (s && a && s->status == 0 && a->status == 0)
+        printf("#   P=%d %9zu B adasum/sum time: %.2f (E3: \"almost as efficient as summing\")\n", p,
+               bytes, a->med_us / s->med_us);
+    const bench_row *ac = find_row(rep, p, bytes, BENCH_OP_ACGA);
+    const bench_row *av = find_row(rep, p, bytes, SUMO_OP_AVERAGE);
+    if (ac && av && ac->status == 0 && av->status == 0)
+        printf("#   P=%d %9zu B acga/avg time: %.2f (ACGA: \"at almost the cost of an average\")\n",
+               p, bytes, ac->med_us / av->med_us);
+}
+
+static void print_worst_kernel(const bench_mem_results *m)
+{
+    int worst_k = 0, worst_i = 0;
+    double worst = INFINITY;
+    for (int i = 0; i < m->nk; i++)
+        for (int k = 0; k < BENCH_NKERNELS; k++) {
+            double r = m->kernel[i][k] / m->kbound[i][k];
+            if (r < worst) worst = r, worst_k = k, worst_i = i;
+        }
+    printf("#   kernels: lowest is %s with %d thread(s) at %.0f%% of its bound (goal >= 80%%: %s)\n",
+           bench_kernel(worst_k)->name, m->kthreads[worst_i], 100 * worst,
+           worst >= 0.8 ? "met" : "NOT met");
+}
+
+void bench_print_derived(const bench_report *rep, const bench_mem_results *m)
+{
+    const bench_opts *o = rep->o;
+    size_t gs = bench_goal_size(rep->sizes, rep->nsizes);
+    printf("#\n# derived figures%s\n",
+           gs == BENCH_GOAL_BYTES ? "" : " (64 MiB not swept: read at the largest size)");
+    print_floors(rep, m);
+    bool threads = o->transport == BENCH_TRANSPORT_THREADS;
+    int nps = threads ? o->nranks : 1;
+    for (int pi = 0; pi < nps; pi++) {
+        int p = threads ? o->ranks[pi] : rep->world_size;
+        size_t probe[3] = {4 << 10, BENCH_MIB, gs};
+        for (int k = 0; k < 3; k++)
+            if (k == 0 || probe[k] != probe[k - 1]) print_ratios_at(rep, p, probe[k]);
+    }
+    if (m->nk > 0) print_worst_kernel(m);
+    fflush(stdout);
+}

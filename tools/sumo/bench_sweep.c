@@ -1,0 +1,208 @@
+#include "bench_sweep.h"
+
+#include "bench_reference.h"
+#include "sumo_aggregation.h"
+
+#ifdef SUMO_HAVE_MPI
+#include <mpi.h>
+#endif
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* ---- one call ----------------------------------------------------------------------------- */
+
+typedef struct coll_call {
+    void *buf;
+    size_t count;
+    sumo_dtype dtype;
+    int op;
+    bool peer;             /* MPI_Allreduce instead of sumo */
+    sumo_aggregator *acga; /* op BENCH_OP_ACGA */
+} coll_call;
+
+static int call_collective(bench_group *g, void *arg)
+{
+    coll_call *c = arg;
+    if (c->op == BENCH_OP_ACGA) return (int)sumo_aggregator_apply(c->acga, c->buf, c->count, c->dtype);
+    if (!c->peer)
+        return (int)sumo_allreduce(c->buf, c->buf, c->count, c->dtype, (sumo_op)c->op, g->comm);
+#ifdef SUMO_HAVE_MPI
+    MPI_Datatype t = c->dtype == SUMO_FLOAT64 ? MPI_DOUBLE : MPI_FLOAT;
+    int r = MPI_Allreduce(MPI_IN_PLACE, c->buf, (int)c->count, t, MPI_SUM, MPI_COMM_WORLD);
+    return r == MPI_SUCCESS ? 0 : (int)SUMO_ERR_INTERNAL;
+#else
+    return (int)SUMO_ERR_INVALID_USAGE;
+#endif
+}
+
+static bench_timed timed_call(bench_group *g, coll_call *call)
+{
+    return (bench_timed){.active = g->size, .from_last_start = true, .fn = call_collective,
+                         .arg = call};
+}
+
+/* Warm-up, then the timed iterations; median and minimum in microseconds. */
+static int measure_collective(bench_group *g, const bench_opts *o, coll_call *call,
+                              double *med_us, double *min_us)
+{
+    bench_timed run = timed_call(g, call);
+    int st = 0;
+    if (o->warmup > 0) st = bench_time_runs(g, &run, o->warmup, g->durations);
+    if (st == 0) st = bench_time_runs(g, &run, o->iters, g->durations);
+    double mn = NAN, med = st == 0 ? bench_median(g->durations, o->iters, &mn) : NAN;
+    *med_us = med / 1e3;
+    *min_us = mn / 1e3;
+    return st;
+}
+
+/* One allreduce on fresh data, then the reference on the printing rank and a hash on all. */
+static int check_collective(bench_group *g, const bench_report *rep, coll_call *call, char *why,
+                            size_t whylen)
+{
+    bench_fill(call->dtype, call->buf, 0, call->count, g->rank);
+    double v[3] = {(double)call_collective(g, call), 0, 0};
+    double h = bench_hash(call->buf, call->count * bench_dtype_bytes(call->dtype));
+    /* max(h) == -max(-h) exactly when every rank holds the same h. */
+    v[1] = h;
+    v[2] = -h;
+    g->max(g, v, 3);
+    if (v[0] != 0) return BENCH_CHECK_NONE; /* the timed run reports the failure */
+    if (!rep->printer || g->rank != 0) return BENCH_CHECK_NONE;
+    if (v[1] != -v[2]) {
+        snprintf(why, whylen, "ranks ended with different bits");
+        return BENCH_CHECK_FAIL;
+    }
+    if (call->op == SUMO_OP_ADASUM)
+        return bench_check_adasum(call->dtype, g->size, call->buf, call->count, why, whylen);
+    if (call->op == BENCH_OP_ACGA) {
+        snprintf(why, whylen, "acga: ranks agree bit for bit; its values are checked by test_acga");
+        return BENCH_CHECK_NA;
+    }
+    return bench_check_sum(call->dtype, call->op, g->size, call->buf, call->count, why, whylen);
+}
+
+static bool breaks_comm(int status)
+{
+    return status == SUMO_ERR_TIMEOUT || status == SUMO_ERR_PEER_FAILURE || status == SUMO_ERR_INTERNAL;
+}
+
+/* ---- the sweep ---------------------------------------------------------------------------- */
+
+typedef struct sweep_state {
+    bench_report *rep;
+    void *buf;
+    bool told[BENCH_NOPS]; /* the library's detail is printed on an op's first failure only */
+} sweep_state;
+
+/* MPI_Allreduce at this size, the reference every op's row is printed against. */
+static void measure_peer(bench_group *g, sweep_state *s, bench_row *base)
+{
+    const bench_opts *o = s->rep->o;
+    size_t count = base->bytes / bench_dtype_bytes(o->dtype);
+    if (!s->rep->peer || count > (size_t)INT32_MAX) return;
+    coll_call peer = {s->buf, count, o->dtype, SUMO_OP_SUM, true, NULL};
+    bench_fill(o->dtype, s->buf, 0, count, g->rank);
+    int st = measure_collective(g, o, &peer, &base->peer_med_us, &base->peer_min_us);
+    base->has_peer = st == 0;
+}
+
+/* One op at one size: checked (--check), then timed on fresh data, then printed. */
+static void measure_op(bench_group *g, sweep_state *s, bench_row *r)
+{
+    const bench_opts *o = s->rep->o;
+    size_t count = r->bytes / bench_dtype_bytes(o->dtype);
+    coll_call call = {s->buf, count, o->dtype, r->op, false, NULL};
+    char why[256] = "";
+    if (r->op == BENCH_OP_ACGA) {
+        sumo_aggregator_options acga_opts;
+        sumo_aggregator_options_default(SUMO_AGGREGATE_ACGA, &acga_opts);
+        r->status = sumo_aggregator_create(g->comm, &acga_opts, &call.acga);
+    }
+    if (r->status == 0 && o->check) r->check = check_collective(g, s->rep, &call, why, sizeof why);
+    bench_fill(o->dtype, s->buf, 0, count, g->rank);
+    if (r->status == 0) r->status = measure_collective(g, o, &call, &r->med_us, &r->min_us);
+    sumo_aggregator_destroy(call.acga);
+    const char *detail = NULL;
+    if (r->status != 0 && g->comm) sumo_comm_error_message(g->comm, &detail);
+    if (!s->rep->printer || g->rank != 0) return;
+    bench_report_row(s->rep, r, r->status != 0 && !s->told[r->op] ? detail : NULL, why);
+    if (r->status != 0) s->told[r->op] = true;
+}
+
+/* The buffer of the largest size on every member, or 1 on all when one could not. */
+static int alloc_buffer(bench_group *g, size_t max_bytes, void **buf)
+{
+    *buf = aligned_alloc(4096, (max_bytes + 4095) / 4096 * 4096);
+    double failed = *buf == NULL;
+    g->max(g, &failed, 1);
+    if (failed == 0) return 0;
+    if (*buf == NULL)
+        fprintf(stderr, "sumo bench: rank %d: cannot allocate %zu bytes\n", g->rank, max_bytes);
+    free(*buf);
+    return 1;
+}
+
+int bench_sweep_body(bench_group *g, void *report)
+{
+    sweep_state s = {.rep = report};
+    const bench_opts *o = s.rep->o;
+    if (alloc_buffer(g, s.rep->sizes[s.rep->nsizes - 1], &s.buf) != 0) return 1;
+    if (s.rep->printer && g->rank == 0) bench_print_table_header(s.rep, g->size);
+    for (int si = 0; si < s.rep->nsizes; si++) {
+        bench_row base = {.ranks = g->size, .bytes = s.rep->sizes[si]};
+        measure_peer(g, &s, &base);
+        for (int oi = 0; oi < o->nops; oi++) {
+            bench_row r = base;
+            r.op = o->ops[oi];
+            measure_op(g, &s, &r);
+            if (!breaks_comm(r.status) || g->renew == NULL) continue;
+            sumo_result rr = g->renew(g);
+            if (rr != SUMO_SUCCESS) {
+                if (s.rep->printer && g->rank == 0)
+                    printf("# cannot replace the broken communicator: %s\n", sumo_result_name(rr));
+                free(s.buf);
+                return 1;
+            }
+        }
+    }
+    free(s.buf);
+    return 0;
+}
+
+/* ---- the floor ---------------------------------------------------------------------------- */
+
+int bench_floor_body(bench_group *g, void *floor)
+{
+    bench_floor *f = floor;
+    const bench_opts *o = f->o;
+    void *buf;
+    if (alloc_buffer(g, f->bytes, &buf) != 0) return 1;
+    size_t count = f->bytes / bench_dtype_bytes(o->dtype);
+    bench_fill(o->dtype, buf, 0, count, g->rank);
+    coll_call call = {buf, count, o->dtype, SUMO_OP_SUM, false, NULL};
+    bench_job add = bench_stream_add_job(f->ma, g->size);
+    bench_job_fill_part(&add, g->rank, 7 * g->rank);
+    bench_timed sum_run = timed_call(g, &call);
+    bench_timed add_run = {.active = add.active, .from_last_start = false,
+                           .fn = bench_job_run_part, .arg = &add};
+    double t_sum, t_add;
+    bench_time_alternating(g, o->iters, &sum_run, &t_sum, &add_run, &t_add);
+    if (g->rank == 0) {
+        f->us = t_sum / 1e3;
+        f->bw = add.bytes / t_add;
+    }
+    free(buf);
+    return 0;
+}
+
+void bench_record_floor(bench_mem_results *m, int p, const bench_floor *f)
+{
+    if (m->nf == BENCH_MAX_RANK_LIST) return;
+    m->f_bytes = f->bytes;
+    m->franks[m->nf] = p;
+    m->f_us[m->nf] = f->us;
+    m->f_bw[m->nf++] = f->bw;
+}
