@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "support/harness.h"
+#include "support/reference.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -44,9 +45,7 @@ typedef struct run {
 
 static double input_value(const config *c, int rank, size_t i)
 {
-    if (c->integer_data) return (double)((int)((rank * 7 + i * 3) % 11) - 5);
-    uint64_t s = ((uint64_t)rank << 40) ^ (i * 0x9E3779B97F4A7C15ull) ^ 0x1234;
-    return harness_uniform(&s) * 4.0;
+    return harness_collective_value(rank, i, c->integer_data);
 }
 
 static size_t recv_count(const run *r)
@@ -104,19 +103,14 @@ static void rank_body(sumo_comm *comm, int rank, int size, void *arg)
     r->result[rank] = res;
 }
 
-/* The documented semantics, computed one element at a time: sum in rank order in the
- * accumulator type (fp32 for fp16/bf16), divide once, round once. */
+/* The documented semantics, one element at a time: sum in rank order in the accumulator type
+ * (fp32 for fp16/bf16), divide once, round once to the dtype. */
 static double reference_reduce(const run *r, size_t i)
 {
     const config *c = &r->cfg;
-    if (c->dtype == SUMO_FLOAT64) {
-        double acc = harness_get(c->dtype, r->send[0], i);
-        for (int k = 1; k < r->size; k++) acc += harness_get(c->dtype, r->send[k], i);
-        return c->op == SUMO_OP_AVERAGE ? acc / r->size : acc;
-    }
-    float acc = (float)harness_get(c->dtype, r->send[0], i);
-    for (int k = 1; k < r->size; k++) acc += (float)harness_get(c->dtype, r->send[k], i);
-    if (c->op == SUMO_OP_AVERAGE) acc /= (float)r->size;
+    double v[64]; /* 64: the largest P below */
+    for (int k = 0; k < r->size; k++) v[k] = harness_get(c->dtype, r->send[k], i);
+    double acc = ref_sum_in_order(c->dtype, v, r->size, c->op == SUMO_OP_AVERAGE ? r->size : 1);
     unsigned char tmp[8];
     harness_set(c->dtype, tmp, 0, acc);
     return harness_get(c->dtype, tmp, 0);
