@@ -429,11 +429,12 @@ int main(int argc, char **argv)
         /* Whether the shared window is mapped shows in whether the shared-memory algorithm
          * can be chosen (sumo_comm_set_param refuses it otherwise). How many ranks the node
          * holds is not observable here; test_adasum_mpi's node groups depend on it. */
-        sumo_result shm_algo = shm ? sumo_comm_set_param(shm, SUMO_PARAM_ALGORITHM, SUMO_ALGORITHM_SHARED_MEMORY)
+        const sumo_algorithm window = SUMO_ALGORITHM_SHARED_MEMORY;
+        sumo_result shm_algo = shm ? sumo_comm_set_param(shm, SUMO_PARAM_ALGORITHM, window)
                                    : SUMO_SUCCESS;
         CHECK(size == 1 || shm_algo == SUMO_SUCCESS, "one node maps the shared window: %s",
               sumo_result_name(shm_algo));
-        sumo_result p2p_algo = p2p ? sumo_comm_set_param(p2p, SUMO_PARAM_ALGORITHM, SUMO_ALGORITHM_SHARED_MEMORY)
+        sumo_result p2p_algo = p2p ? sumo_comm_set_param(p2p, SUMO_PARAM_ALGORITHM, window)
                                    : SUMO_ERR_INVALID_USAGE;
         CHECK(p2p_algo == SUMO_ERR_INVALID_USAGE, "SUMO_MPI_SHM=0 keeps to messages: %s",
               sumo_result_name(p2p_algo));

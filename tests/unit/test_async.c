@@ -224,13 +224,15 @@ static void test_blocking_collective_waits_for_queued_requests(void **state)
                 float want = 0;
                 for (int k = 0; k < ORDER_P; k++) want += order_a(k, i);
                 if (o->a[r][i] != want)
-                    fail_msg("iteration %d rank %d: A[%d] = %g, want %g", it, r, i, o->a[r][i], want);
+                    fail_msg("iteration %d rank %d: A[%d] = %g, want %g", it, r, i, o->a[r][i],
+                             want);
             }
             for (int i = 0; i < ORDER_NB; i++) {
                 float want = 0;
                 for (int k = 0; k < ORDER_P; k++) want += order_b(k, i);
                 if (o->b[r][i] != want)
-                    fail_msg("iteration %d rank %d: B[%d] = %g, want %g", it, r, i, o->b[r][i], want);
+                    fail_msg("iteration %d rank %d: B[%d] = %g, want %g", it, r, i, o->b[r][i],
+                             want);
             }
         }
     }
@@ -282,7 +284,8 @@ static void inflight_body(sumo_comm *comm, int rank, int size, void *arg)
         if (f->start_big[0] == SUMO_SUCCESS) sumo_request_test(big, &f->big_done_before_peer[0]);
         atomic_store_explicit(&f->go, 1, memory_order_release);
     }
-    f->wait_big[rank] = f->start_big[rank] == SUMO_SUCCESS ? sumo_request_wait(big) : f->start_big[rank];
+    f->wait_big[rank] =
+        f->start_big[rank] == SUMO_SUCCESS ? sumo_request_wait(big) : f->start_big[rank];
     f->wait_small[rank] =
         f->start_small[rank] == SUMO_SUCCESS ? sumo_request_wait(small) : f->start_small[rank];
 }
@@ -297,7 +300,8 @@ static void test_start_returns_while_request_in_flight(void **state)
         f->small[r] = malloc(INFLIGHT_SMALL * sizeof(float));
         assert_true(f->big[r] && f->small[r]);
         for (size_t i = 0; i < INFLIGHT_BIG; i++) f->big[r][i] = (float)((r + 1) * (int)(i % 13));
-        for (size_t i = 0; i < INFLIGHT_SMALL; i++) f->small[r][i] = (float)(r * 100 + (int)(i % 7));
+        for (size_t i = 0; i < INFLIGHT_SMALL; i++)
+            f->small[r][i] = (float)(r * 100 + (int)(i % 7));
     }
     assert_int_equal(harness_run_threads(2, inflight_body, f), 0);
     for (int r = 0; r < 2; r++)

@@ -243,7 +243,8 @@ static void test_rank_leaving_after_its_last_collective(void **state)
             }
             bad_runs += bad != 0;
         }
-        if (bad_runs) print_error("%s: %d of %d runs failed\n", cases[c].name, bad_runs, LEAVE_RUNS);
+        if (bad_runs)
+            print_error("%s: %d of %d runs failed\n", cases[c].name, bad_runs, LEAVE_RUNS);
         failed += bad_runs;
     }
     assert_int_equal(failed, 0);

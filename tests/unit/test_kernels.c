@@ -445,7 +445,8 @@ static void test_convert_paths_exhaustive(void **state)
             sumo__kernel_convert_isa(isas[p], dt, hx, SUMO_FLOAT32, xs, n);
             for (size_t i = 0; i < n; i++) {
                 uint16_t want;
-                if (isnan(xs[i])) want = bf ? nan_f32_to_bf16(fbits(xs[i])) : nan_f32_to_half(fbits(xs[i]));
+                uint32_t u = fbits(xs[i]);
+                if (isnan(xs[i])) want = bf ? nan_f32_to_bf16(u) : nan_f32_to_half(u);
                 else want = bf ? ref_round_bf16(xs[i]) : ref_round_half(xs[i]);
                 if (hx[i] != want)
                     fail_msg("%s f32->%s %08x: %04x want %04x", sumo__kernel_isa_name(isas[p]),
