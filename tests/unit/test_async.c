@@ -205,38 +205,56 @@ static void order_body(sumo_comm *comm, int rank, int size, void *arg)
     }
 }
 
+/* The first thing wrong with one run, or "" (recorded, so the buffers are freed before the
+ * test fails). */
+static void order_verdict(const order_run *o, int it, char *why, size_t len)
+{
+    for (int r = 0; r < ORDER_P; r++) {
+        if (o->start[r] != SUMO_SUCCESS || o->blocking[r] != SUMO_SUCCESS ||
+            o->waited[r] != SUMO_SUCCESS || !o->a_done_after_b[r]) {
+            snprintf(why, len, "iteration %d rank %d: start %s, blocking %s, wait %s, A done when "
+                     "B returned: %d", it, r, sumo_result_name(o->start[r]),
+                     sumo_result_name(o->blocking[r]), sumo_result_name(o->waited[r]),
+                     o->a_done_after_b[r]);
+            return;
+        }
+        for (int i = 0; i < ORDER_NA; i++) {
+            float want = 0;
+            for (int k = 0; k < ORDER_P; k++) want += order_a(k, i);
+            if (o->a[r][i] != want) {
+                snprintf(why, len, "iteration %d rank %d: A[%d] = %g, want %g", it, r, i,
+                         o->a[r][i], want);
+                return;
+            }
+        }
+        for (int i = 0; i < ORDER_NB; i++) {
+            float want = 0;
+            for (int k = 0; k < ORDER_P; k++) want += order_b(k, i);
+            if (o->b[r][i] != want) {
+                snprintf(why, len, "iteration %d rank %d: B[%d] = %g, want %g", it, r, i,
+                         o->b[r][i], want);
+                return;
+            }
+        }
+    }
+}
+
 static void test_blocking_collective_waits_for_queued_requests(void **state)
 {
     (void)state;
     order_run *o = malloc(sizeof *o);
     assert_non_null(o);
-    for (int it = 0; it < ORDER_ITERS; it++) {
+    char why[256] = "";
+    int ran = 0;
+    for (int it = 0; it < ORDER_ITERS && !why[0]; it++) {
         memset(o, 0, sizeof *o);
-        assert_int_equal(harness_run_threads(ORDER_P, order_body, o), 0);
-        for (int r = 0; r < ORDER_P; r++) {
-            if (o->start[r] != SUMO_SUCCESS || o->blocking[r] != SUMO_SUCCESS ||
-                o->waited[r] != SUMO_SUCCESS || !o->a_done_after_b[r])
-                fail_msg("iteration %d rank %d: start %s, blocking %s, wait %s, A done when B "
-                         "returned: %d",
-                         it, r, sumo_result_name(o->start[r]), sumo_result_name(o->blocking[r]),
-                         sumo_result_name(o->waited[r]), o->a_done_after_b[r]);
-            for (int i = 0; i < ORDER_NA; i++) {
-                float want = 0;
-                for (int k = 0; k < ORDER_P; k++) want += order_a(k, i);
-                if (o->a[r][i] != want)
-                    fail_msg("iteration %d rank %d: A[%d] = %g, want %g", it, r, i, o->a[r][i],
-                             want);
-            }
-            for (int i = 0; i < ORDER_NB; i++) {
-                float want = 0;
-                for (int k = 0; k < ORDER_P; k++) want += order_b(k, i);
-                if (o->b[r][i] != want)
-                    fail_msg("iteration %d rank %d: B[%d] = %g, want %g", it, r, i, o->b[r][i],
-                             want);
-            }
-        }
+        ran = harness_run_threads(ORDER_P, order_body, o) == 0;
+        if (!ran) break;
+        order_verdict(o, it, why, sizeof why);
     }
     free(o);
+    assert_true(ran);
+    if (why[0]) fail_msg("%s", why);
 }
 
 /*
@@ -303,29 +321,32 @@ static void test_start_returns_while_request_in_flight(void **state)
         for (size_t i = 0; i < INFLIGHT_SMALL; i++)
             f->small[r][i] = (float)(r * 100 + (int)(i % 7));
     }
-    assert_int_equal(harness_run_threads(2, inflight_body, f), 0);
-    for (int r = 0; r < 2; r++)
+    int ran = harness_run_threads(2, inflight_body, f) == 0;
+    /* Recorded first, so the buffers are freed before the test fails. */
+    char why[256] = "";
+    for (int r = 0; r < 2 && ran && !why[0]; r++)
         if (f->start_big[r] != SUMO_SUCCESS || f->start_small[r] != SUMO_SUCCESS ||
             f->wait_big[r] != SUMO_SUCCESS || f->wait_small[r] != SUMO_SUCCESS)
-            fail_msg("rank %d: start %s / %s, wait %s / %s (big request done before rank 1 "
-                     "entered: %d)",
-                     r, sumo_result_name(f->start_big[r]),
-                     sumo_result_name(f->start_small[r]), sumo_result_name(f->wait_big[r]),
-                     sumo_result_name(f->wait_small[r]), f->big_done_before_peer[0]);
-    assert_int_equal(f->big_done_before_peer[0], 0);
-    for (int r = 0; r < 2; r++) {
-        for (size_t i = 0; i < INFLIGHT_BIG; i++)
+            snprintf(why, sizeof why, "rank %d: start %s / %s, wait %s / %s", r,
+                     sumo_result_name(f->start_big[r]), sumo_result_name(f->start_small[r]),
+                     sumo_result_name(f->wait_big[r]), sumo_result_name(f->wait_small[r]));
+    if (ran && !why[0] && f->big_done_before_peer[0])
+        snprintf(why, sizeof why, "the big request completed before rank 1 entered it");
+    for (int r = 0; r < 2 && ran && !why[0]; r++) {
+        for (size_t i = 0; i < INFLIGHT_BIG && !why[0]; i++)
             if (f->big[r][i] != (float)(3 * (int)(i % 13)))
-                fail_msg("rank %d: big[%zu] = %g", r, i, f->big[r][i]);
-        for (size_t i = 0; i < INFLIGHT_SMALL; i++)
+                snprintf(why, sizeof why, "rank %d: big[%zu] = %g", r, i, f->big[r][i]);
+        for (size_t i = 0; i < INFLIGHT_SMALL && !why[0]; i++)
             if (f->small[r][i] != (float)(100 + 2 * (int)(i % 7)))
-                fail_msg("rank %d: small[%zu] = %g", r, i, f->small[r][i]);
+                snprintf(why, sizeof why, "rank %d: small[%zu] = %g", r, i, f->small[r][i]);
     }
     for (int r = 0; r < 2; r++) {
         free(f->big[r]);
         free(f->small[r]);
     }
     free(f);
+    assert_true(ran);
+    if (why[0]) fail_msg("%s", why);
 }
 
 int main(void)
