@@ -1,9 +1,8 @@
 /*
  * ACGA over the MPI transport (run under mpirun -np 2, 3, 4): every step equals an independent
- * double-precision reference of docs/design/acga.md (the same definition as
- * tests/unit/test_acga.c, written plainly), every rank holds the same bits, a NaN step is
- * NONFINITE on every rank and leaves the momentum alone, and a checkpointed aggregator continues
- * bit for bit.
+ * double-precision reference of docs/design/acga.md (support/reference.c, the one
+ * tests/unit/test_acga.c uses), every rank holds the same bits, a NaN step is NONFINITE on every
+ * rank and leaves the momentum alone, and a checkpointed aggregator continues bit for bit.
  *
  * Every rank's gradient is a function of (seed, step, rank, index), so each rank computes the
  * whole reference by itself. Rank 0 prints a final "acga mpi: N passed, M failed" line; the exit
@@ -13,6 +12,7 @@
 #include "sumo_aggregation.h"
 #include "sumo_mpi.h"
 #include "support/harness.h"
+#include "support/reference.h"
 
 #include <math.h>
 #include <mpi.h>
@@ -37,130 +37,13 @@ static void check(bool ok, const char *what)
 }
 
 /* A consensus direction per step, per-rank noise and scale: positive, well-separated
- * coefficients. */
+ * coefficients (support/harness.c, the generator the unit test uses). */
 static float input(uint64_t seed, int step, int rank, size_t i)
 {
-    uint64_t c = seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)step << 40) ^ (i * 0xD1B54A32D192ED03ull);
-    uint64_t n = c ^ ((uint64_t)(rank + 1) << 20);
-    harness_next(&c);
-    harness_next(&n);
-    double scale = 0.5 + 0.25 * rank + 0.1 * step;
-    return (float)(scale * (harness_uniform(&c) + 0.6 * harness_uniform(&n)));
+    return harness_correlated(seed, step, rank, i, 0.6);
 }
 
-/* ---- the reference ----------------------------------------------------------------------- */
-
-typedef struct ref_acga {
-    int N;
-    size_t K;
-    size_t *off; /* K + 1 */
-    double beta, eps;
-    int refperm, guard, rescale, init;
-    double *m; /* N*K, group-major sorted EMA */
-} ref_acga;
-
-static void ref_init(ref_acga *F, const sumo_aggregator_options *o, size_t count)
-{
-    memset(F, 0, sizeof *F);
-    F->N = g_size;
-    F->beta = o->acga.beta;
-    F->eps = o->acga.eps;
-    F->refperm = o->acga.reference_permutation;
-    F->guard = o->acga.negative_guard;
-    F->rescale = o->acga.rescale;
-    F->K = o->acga.per_tensor && o->ntensors ? o->ntensors : 1;
-    F->off = calloc(F->K + 1, sizeof *F->off);
-    if (o->acga.per_tensor && o->ntensors)
-        for (size_t k = 0; k < F->K; k++) F->off[k + 1] = F->off[k] + o->tensor_counts[k];
-    else
-        F->off[1] = count;
-    F->m = calloc((size_t)F->N * F->K, sizeof *F->m);
-}
-
-static void ref_free(ref_acga *F)
-{
-    free(F->off);
-    free(F->m);
-}
-
-/* One step over in[r] (all ranks' inputs): G and the error scale; 1 when a group was NaN. */
-static int ref_step(ref_acga *F, float **in, double *G, double *bound)
-{
-    const int N = F->N;
-    const size_t n = F->off[F->K];
-    double *s = calloc(n + 1, sizeof *s), *mnew = calloc((size_t)N * F->K, sizeof *mnew);
-    double *a = calloc((size_t)N, sizeof *a), *den = calloc((size_t)N, sizeof *den),
-           *mm = calloc((size_t)N, sizeof *mm), *ap = calloc((size_t)N, sizeof *ap),
-           *w = calloc((size_t)N, sizeof *w);
-    int *idx = calloc((size_t)N, sizeof *idx);
-    for (int r = 0; r < N; r++)
-        for (size_t i = 0; i < n; i++) s[i] += in[r][i];
-    int any_bad = 0;
-    for (size_t k = 0; k < F->K; k++) {
-        size_t lo = F->off[k], hi = F->off[k + 1];
-        int bad = 0;
-        double ss = 0;
-        for (size_t i = lo; i < hi; i++) ss += s[i] * s[i];
-        for (int r = 0; r < N; r++) {
-            double dot = 0, nn = 0;
-            for (size_t i = lo; i < hi; i++) dot += in[r][i] * s[i], nn += (double)in[r][i] * in[r][i];
-            den[r] = sqrt(nn) + F->eps;
-            a[r] = den[r] == 0 ? 0.0 : dot / den[r] / N;
-            if (!isfinite(a[r])) bad = 1;
-        }
-        if (bad) {
-            any_bad = 1;
-            for (size_t i = lo; i < hi; i++) G[i] = NAN, bound[i] = 0;
-            continue;
-        }
-        for (int r = 0; r < N; r++) {
-            int pos = 0;
-            for (int j = 0; j < N; j++) pos += a[j] < a[r] || (a[j] == a[r] && j < r);
-            idx[pos] = r;
-        }
-        for (int p = 0; p < N; p++) {
-            double v = a[idx[p]];
-            mm[p] = mnew[k * N + p] = F->init ? F->beta * F->m[k * N + p] + (1 - F->beta) * v : v;
-        }
-        for (int p = 0; p < N; p++) {
-            if (F->refperm) ap[p] = mm[idx[p]];
-            else ap[idx[p]] = mm[p];
-        }
-        double mn = ap[0], sum = 0, l1 = 0;
-        for (int r = 1; r < N; r++) mn = fmin(mn, ap[r]);
-        if (F->guard && mn < 0)
-            for (int r = 0; r < N; r++) ap[r] -= mn;
-        for (int r = 0; r < N; r++) sum += ap[r], l1 += fabs(ap[r]);
-        for (int r = 0; r < N; r++) w[r] = sum > 1e-6 * l1 ? ap[r] / sum : 1.0 / N;
-        double gg = 0;
-        for (size_t i = lo; i < hi; i++) {
-            G[i] = bound[i] = 0;
-            for (int r = 0; r < N; r++) {
-                double c = den[r] == 0 ? 0.0 : w[r] / den[r];
-                G[i] += c * in[r][i];
-                bound[i] += fabs(c * in[r][i]);
-            }
-            gg += G[i] * G[i];
-        }
-        if (F->rescale && gg > 0) {
-            double f = sqrt(ss) / N / sqrt(gg);
-            for (size_t i = lo; i < hi; i++) G[i] *= f, bound[i] *= f;
-        }
-    }
-    if (!any_bad) {
-        memcpy(F->m, mnew, (size_t)N * F->K * sizeof *mnew);
-        F->init = 1;
-    }
-    free(s);
-    free(mnew);
-    free(a);
-    free(den);
-    free(mm);
-    free(ap);
-    free(w);
-    free(idx);
-    return any_bad;
-}
+/* The reference is support/reference.c's, the one tests/unit/test_acga.c uses. */
 
 /* ---- one configuration -------------------------------------------------------------------- */
 
@@ -203,7 +86,7 @@ static void run_config(sumo_comm *comm, const config *c, uint64_t seed)
     if (r != SUMO_SUCCESS) return;
     size_t n = c->count;
     ref_acga F;
-    ref_init(&F, &o, n);
+    if (ref_acga_init(&F, g_size, &o, n) != 0) abort();
     float **all = malloc((size_t)g_size * sizeof *all);
     for (int q = 0; q < g_size; q++) all[q] = malloc((n + 1) * sizeof(float));
     float *buf = malloc((n + 1) * sizeof(float));
@@ -228,7 +111,7 @@ static void run_config(sumo_comm *comm, const config *c, uint64_t seed)
         if (s == c->nan_step && n > 0) all[g_size - 1][n / 2] = NAN;
         memcpy(buf, all[g_rank], n * sizeof(float));
         r = sumo_aggregator_apply(agg, buf, n, SUMO_FLOAT32);
-        int bad = ref_step(&F, all, G, bound);
+        int bad = ref_acga_step(&F, all, G, bound);
         snprintf(what, sizeof what, "%s: step %d status %s", c->name, s, sumo_result_name(r));
         check(r == (bad ? SUMO_ERR_NONFINITE : SUMO_SUCCESS), what);
         snprintf(what, sizeof what, "%s: step %d bit-identical on every rank", c->name, s);
@@ -253,7 +136,7 @@ static void run_config(sumo_comm *comm, const config *c, uint64_t seed)
     if (c->nan_step >= 0 && c->restore_after > 0 && c->nan_step < c->restore_after) skipped = 0;
     check(st.rounds == per_step * since - skipped, what);
     sumo_aggregator_destroy(agg);
-    ref_free(&F);
+    ref_acga_free(&F);
     for (int q = 0; q < g_size; q++) free(all[q]);
     free(all);
     free(buf);

@@ -11,6 +11,7 @@
 #include "sumo.h"
 #include "sumo_mpi.h"
 #include "support/harness.h"
+#include "support/reference.h"
 
 #include <float.h>
 #include <math.h>
@@ -35,52 +36,12 @@ static void check(bool ok, const char *what)
     }
 }
 
-/* ---- the reference (the same definition as tests/unit/test_adasum.c, written plainly) ---- */
+/* ---- the reference: support/reference.c, the one tests/unit/test_adasum.c uses ---------- */
 
-static void ref_pair(double *a, const double *b, size_t n)
-{
-    double d = 0, na = 0, nb = 0;
-    for (size_t i = 0; i < n; i++) {
-        d += a[i] * b[i];
-        na += a[i] * a[i];
-        nb += b[i] * b[i];
-    }
-    const double tiny = sqrt(DBL_MIN);
-    double ca = na < tiny ? 1.0 : 1.0 - d / (2.0 * na);
-    double cb = nb < tiny ? 1.0 : 1.0 - d / (2.0 * nb);
-    for (size_t i = 0; i < n; i++) a[i] = ca * a[i] + cb * b[i];
-}
-
-/* u[0] = pairs (0,1) .. (2R-2, 2R-1) first when G is not a power of two, then the balanced
- * tree in order; per tensor. */
-static void ref_tree(double **u, int G, const size_t *off, size_t T)
-{
-    int g2 = 1;
-    while (g2 * 2 <= G) g2 *= 2;
-    int rem = G - g2;
-    double **w = malloc((size_t)g2 * sizeof *w);
-    for (int i = 0; i < g2; i++) {
-        if (i < rem) {
-            for (size_t t = 0; t < T; t++)
-                ref_pair(u[2 * i] + off[t], u[2 * i + 1] + off[t], off[t + 1] - off[t]);
-            w[i] = u[2 * i];
-        } else {
-            w[i] = u[i + rem];
-        }
-    }
-    for (int step = 1; step < g2; step *= 2)
-        for (int i = 0; i + step < g2; i += 2 * step)
-            for (size_t t = 0; t < T; t++)
-                ref_pair(w[i] + off[t], w[i + step] + off[t], off[t + 1] - off[t]);
-    if (w[0] != u[0]) memcpy(u[0], w[0], off[T] * sizeof(double));
-    free(w);
-}
-
+/* Rank r's element i, the generator of the unit test (support/harness.c). */
 static double input(uint64_t seed, int rank, size_t i)
 {
-    uint64_t s = seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)rank << 32) ^ (i * 0xD1B54A32D192ED03ull);
-    harness_next(&s);
-    return harness_uniform(&s);
+    return harness_uniform_at(seed, (uint64_t)rank, i);
 }
 
 static double eps_of(sumo_dtype d)
@@ -157,7 +118,7 @@ static void run_config(sumo_comm *comm, const config *c, uint64_t seed)
             }
         for (size_t k = 0; k < n; k++) u[i][k] /= g;
     }
-    ref_tree(u, G, off, T);
+    ref_adasum_tree(u, G, off, T);
     /* Per tensor, relative to the inputs' size: rounding at each of the log2 levels. */
     int levels = 1;
     while ((1 << levels) < g_size) levels++;

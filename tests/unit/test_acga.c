@@ -1,17 +1,18 @@
 /*
  * ACGA aggregation on the threads transport against an independent reference.
  *
- * The reference below is docs/design/acga.md's step written out plainly in double: the sum of
- * the ranks' gradients, dot products and norms by straight loops, the stable sort as a count of
- * smaller keys (ties by rank), the EMA, both back-mappings, the negative guard, the documented
- * fallback (uniform weights when sum(a') <= 1e-6 sum|a'|), the weighted sum and the optional
- * rescale. It shares no code with src/aggregation/acga.c. The library works on an fp32 sum, so
+ * The reference (support/reference.c, shared with tests/mpi/test_acga_mpi.c) is
+ * docs/design/acga.md's step written out plainly in double: the sum of the ranks' gradients, dot
+ * products and norms by straight loops, the stable sort as a count of smaller keys (ties by
+ * rank), the EMA, both back-mappings, the negative guard, the documented fallback (uniform
+ * weights when sum(a') <= 1e-6 sum|a'|), the weighted sum and the optional rescale. It shares
+ * no code with src/aggregation/acga.c. The library works on an fp32 sum, so
  * results are compared within a bound scaled by sum_r |w_r g_r,i| / (|g_r| + eps); where the
- * note promises bits (plain averaging, ranks, checkpoints) the comparison is bitwise.
+ * notes promise bits (plain averaging, ranks, checkpoints) the comparison is bitwise.
  *
- * The note's five oracles: identical gradients, orthogonal gradients, the non-involutive
- * permutation, uniform weights == sumo's average bit for bit, and every rank's bits equal
- * (checked on every step of every test).
+ * The design notes' five oracles: identical gradients, orthogonal gradients, the
+ * non-involutive permutation, uniform weights == sumo's average bit for bit, and every rank's
+ * bits equal (checked on every step of every test).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -21,6 +22,7 @@
 
 #include "sumo_aggregation.h"
 #include "support/harness.h"
+#include "support/reference.h"
 
 #include <float.h>
 #include <math.h>
@@ -144,136 +146,22 @@ static void run_go(acga_run *R)
 
 /* ---- inputs ------------------------------------------------------------------------------ */
 
-static uint64_t mix(uint64_t a, uint64_t b)
-{
-    uint64_t s = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull);
-    return harness_next(&s);
-}
-
 /* A consensus direction per (seed, step) plus per-rank noise and a per-rank scale, so the
- * coefficients are positive and well apart: what a training step looks like. */
+ * coefficients are positive and well apart: what a training step looks like
+ * (support/harness.c, shared with the MPI test). */
 static void fill_correlated(acga_run *R, uint64_t seed, double noise)
 {
     for (int s = 0; s < R->steps; s++)
-        for (int r = 0; r < R->N; r++) {
-            uint64_t cs = mix(seed, (uint64_t)s), ns = mix(mix(seed, (uint64_t)s), 1000u + (uint64_t)r);
-            double scale = 0.5 + 0.25 * r + 0.1 * s;
+        for (int r = 0; r < R->N; r++)
             for (size_t i = 0; i < R->count; i++)
-                R->in[s][r][i] = (float)(scale * (harness_uniform(&cs) + noise * harness_uniform(&ns)));
-        }
+                R->in[s][r][i] = harness_correlated(seed, s, r, i, noise);
 }
 
-/* ---- the reference ----------------------------------------------------------------------- */
-
-enum { KIND_WEIGHTED = 0, KIND_UNIFORM = 1, KIND_BAD = 2 };
-
-typedef struct ref_acga {
-    int N;
-    size_t K;
-    size_t off[MAXT + 1];
-    double beta, eps;
-    int refperm, guard, rescale;
-    int init;
-    double m[MAXN * MAXT]; /* group-major sorted EMA */
-    int kind[MAXT];
-    double w[MAXT][MAXN];  /* last step's weights */
-} ref_acga;
+/* ---- the reference (support/reference.c, shared with tests/mpi/test_acga_mpi.c) ---------- */
 
 static void ref_init(ref_acga *F, const acga_run *R)
 {
-    memset(F, 0, sizeof *F);
-    const sumo_acga_options *o = &R->opts.acga;
-    F->N = R->N;
-    F->beta = o->beta;
-    F->eps = o->eps;
-    F->refperm = o->reference_permutation;
-    F->guard = o->negative_guard;
-    F->rescale = o->rescale;
-    if (o->per_tensor && R->opts.ntensors > 0) {
-        F->K = R->opts.ntensors;
-        for (size_t k = 0; k < F->K; k++) F->off[k + 1] = F->off[k] + R->counts[k];
-    } else {
-        F->K = 1;
-        F->off[1] = R->count;
-    }
-}
-
-/* One step: G and the error bound scale; returns 1 when some group was non-finite. */
-static int ref_step(ref_acga *F, float *const *in, double *G, double *bound)
-{
-    const int N = F->N;
-    const size_t n = F->off[F->K];
-    double *s = calloc(n + 1, sizeof *s);
-    for (int r = 0; r < N; r++)
-        for (size_t i = 0; i < n; i++) s[i] += in[r][i];
-    double mnew[MAXN * MAXT];
-    int any_bad = 0;
-    for (size_t k = 0; k < F->K; k++) {
-        size_t lo = F->off[k], hi = F->off[k + 1];
-        double a[MAXN], den[MAXN], ss = 0;
-        int bad = 0;
-        for (size_t i = lo; i < hi; i++) ss += s[i] * s[i];
-        for (int r = 0; r < N; r++) {
-            double dot = 0, nn = 0;
-            for (size_t i = lo; i < hi; i++) {
-                dot += in[r][i] * s[i];
-                nn += (double)in[r][i] * in[r][i];
-            }
-            den[r] = sqrt(nn) + F->eps;
-            a[r] = den[r] == 0 ? 0.0 : dot / den[r] / N;
-            if (!isfinite(a[r])) bad = 1;
-        }
-        if (bad) {
-            F->kind[k] = KIND_BAD;
-            any_bad = 1;
-            for (size_t i = lo; i < hi; i++) G[i] = NAN, bound[i] = 0;
-            continue;
-        }
-        int idx[MAXN];
-        for (int r = 0; r < N; r++) {
-            int pos = 0;
-            for (int j = 0; j < N; j++) pos += a[j] < a[r] || (a[j] == a[r] && j < r);
-            idx[pos] = r;
-        }
-        double mm[MAXN], ap[MAXN];
-        for (int p = 0; p < N; p++) {
-            double v = a[idx[p]];
-            mm[p] = F->init ? F->beta * F->m[k * N + p] + (1 - F->beta) * v : v;
-            mnew[k * N + p] = mm[p];
-        }
-        for (int p = 0; p < N; p++) {
-            if (F->refperm) ap[p] = mm[idx[p]];
-            else ap[idx[p]] = mm[p];
-        }
-        double mn = ap[0];
-        for (int r = 1; r < N; r++) mn = ap[r] < mn ? ap[r] : mn;
-        if (F->guard && mn < 0)
-            for (int r = 0; r < N; r++) ap[r] -= mn;
-        double sum = 0, l1 = 0;
-        for (int r = 0; r < N; r++) sum += ap[r], l1 += fabs(ap[r]);
-        F->kind[k] = sum > 1e-6 * l1 ? KIND_WEIGHTED : KIND_UNIFORM;
-        for (int r = 0; r < N; r++) F->w[k][r] = F->kind[k] == KIND_UNIFORM ? 1.0 / N : ap[r] / sum;
-        double gg = 0;
-        for (size_t i = lo; i < hi; i++) {
-            G[i] = bound[i] = 0;
-            for (int r = 0; r < N; r++) {
-                double c = den[r] == 0 ? 0.0 : F->w[k][r] / den[r];
-                G[i] += c * in[r][i];
-                bound[i] += fabs(c * in[r][i]);
-            }
-            gg += G[i] * G[i];
-        }
-        if (F->rescale && gg > 0) {
-            double f = sqrt(ss) / N / sqrt(gg);
-            for (size_t i = lo; i < hi; i++) G[i] *= f, bound[i] *= f;
-        }
-    }
-    if (!any_bad) {
-        memcpy(F->m, mnew, (size_t)N * F->K * sizeof(double));
-        F->init = 1;
-    }
-    free(s);
-    return any_bad;
+    assert_int_equal(ref_acga_init(F, R->N, &R->opts, R->count), 0);
 }
 
 /* Step s of the run against the reference (advanced by one step); every rank's bits equal. */
@@ -281,7 +169,7 @@ static void check_step(const acga_run *R, ref_acga *F, int s, const char *what)
 {
     size_t n = R->count;
     double *G = calloc(n + 1, sizeof *G), *bound = calloc(n + 1, sizeof *bound);
-    int bad = ref_step(F, (float *const *)R->in[s], G, bound);
+    int bad = ref_acga_step(F, (float *const *)R->in[s], G, bound);
     sumo_result want = bad ? SUMO_ERR_NONFINITE : SUMO_SUCCESS;
     int fails = 0;
     for (int r = 0; r < R->N; r++) {
@@ -315,6 +203,7 @@ static void check_all_steps(const acga_run *R, const char *what)
     ref_acga F;
     ref_init(&F, R);
     for (int s = 0; s < R->steps; s++) check_step(R, &F, s, what);
+    ref_acga_free(&F);
 }
 
 /* ---- oracle 1: identical gradients ------------------------------------------------------- */
@@ -913,6 +802,7 @@ static void test_state_format(void **state)
     for (int r = 0; r < 3; r++) assert_int_equal(R.preload_res[r], SUMO_SUCCESS);
     check_step(&R, &F, 0, "preloaded state");
     check_step(&R, &F, 1, "preloaded state");
+    ref_acga_free(&F);
     run_free(&R);
 
     /* Rejections: 2 ranks x 3 tensors has the size of 3 ranks x 2 tensors. */

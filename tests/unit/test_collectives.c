@@ -12,13 +12,15 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "collectives/comm.h"
 #include "support/harness.h"
+#include "support/reference.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 enum kind { ALLREDUCE, ALLGATHER, BROADCAST, BARRIER };
 
@@ -43,9 +45,7 @@ typedef struct run {
 
 static double input_value(const config *c, int rank, size_t i)
 {
-    if (c->integer_data) return (double)((int)((rank * 7 + i * 3) % 11) - 5);
-    uint64_t s = ((uint64_t)rank << 40) ^ (i * 0x9E3779B97F4A7C15ull) ^ 0x1234;
-    return harness_uniform(&s) * 4.0;
+    return harness_collective_value(rank, i, c->integer_data);
 }
 
 static size_t recv_count(const run *r)
@@ -103,19 +103,14 @@ static void rank_body(sumo_comm *comm, int rank, int size, void *arg)
     r->result[rank] = res;
 }
 
-/* The documented semantics, computed one element at a time: sum in rank order in the
- * accumulator type (fp32 for fp16/bf16), divide once, round once. */
+/* The documented semantics, one element at a time: sum in rank order in the accumulator type
+ * (fp32 for fp16/bf16), divide once, round once to the dtype. */
 static double reference_reduce(const run *r, size_t i)
 {
     const config *c = &r->cfg;
-    if (c->dtype == SUMO_FLOAT64) {
-        double acc = harness_get(c->dtype, r->send[0], i);
-        for (int k = 1; k < r->size; k++) acc += harness_get(c->dtype, r->send[k], i);
-        return c->op == SUMO_OP_AVERAGE ? acc / r->size : acc;
-    }
-    float acc = (float)harness_get(c->dtype, r->send[0], i);
-    for (int k = 1; k < r->size; k++) acc += (float)harness_get(c->dtype, r->send[k], i);
-    if (c->op == SUMO_OP_AVERAGE) acc /= (float)r->size;
+    double v[64]; /* 64: the largest P below */
+    for (int k = 0; k < r->size; k++) v[k] = harness_get(c->dtype, r->send[k], i);
+    double acc = ref_sum_in_order(c->dtype, v, r->size, c->op == SUMO_OP_AVERAGE ? r->size : 1);
     unsigned char tmp[8];
     harness_set(c->dtype, tmp, 0, acc);
     return harness_get(c->dtype, tmp, 0);
@@ -335,6 +330,56 @@ static void test_barrier(void **state)
     }
 }
 
+/*
+ * The barrier holds every rank until all have arrived, checked by ordering, not by time: each
+ * rank counts its arrival (release) before calling sumo_barrier, and after the barrier of
+ * round k every rank must see all P arrivals of that round (acquire), and none beyond what the
+ * next barrier allows (a rank cannot arrive at round k+2 before this one left round k). In
+ * round k rank k % P arrives late: the sleep does not make a correct barrier pass, it makes a
+ * barrier that returns at once fail, since the others then read the count before the late
+ * rank added to it.
+ */
+typedef struct barrier_run {
+    _Atomic long arrived;
+    int rounds;
+    sumo_result result[64];
+    int too_early[64]; /* rounds where this rank left before everyone had arrived */
+    int too_late[64];  /* rounds where it saw arrivals the barrier should still hold back */
+} barrier_run;
+
+static void barrier_order_body(sumo_comm *comm, int rank, int size, void *arg)
+{
+    barrier_run *b = arg;
+    b->result[rank] = SUMO_SUCCESS;
+    for (int k = 0; k < b->rounds && b->result[rank] == SUMO_SUCCESS; k++) {
+        if (rank == k % size) nanosleep(&(struct timespec){.tv_nsec = 5 * 1000 * 1000}, NULL);
+        atomic_fetch_add_explicit(&b->arrived, 1, memory_order_release);
+        b->result[rank] = sumo_barrier(comm);
+        long seen = atomic_load_explicit(&b->arrived, memory_order_acquire);
+        if (seen < (long)size * (k + 1)) b->too_early[rank]++;
+        if (seen >= (long)size * (k + 2)) b->too_late[rank]++;
+    }
+}
+
+static void test_barrier_orders_ranks(void **state)
+{
+    (void)state;
+    const int ps[] = {2, 3, 5, 8};
+    for (size_t s = 0; s < sizeof ps / sizeof ps[0]; s++) {
+        barrier_run *b = calloc(1, sizeof *b);
+        assert_non_null(b);
+        b->rounds = 2 * ps[s]; /* every rank is the late one twice */
+        assert_int_equal(harness_run_threads(ps[s], barrier_order_body, b), 0);
+        for (int r = 0; r < ps[s]; r++) {
+            if (b->result[r] != SUMO_SUCCESS || b->too_early[r] || b->too_late[r])
+                fail_msg("P=%d rank %d: %s, left early in %d rounds, saw later arrivals in %d",
+                         ps[s], r, sumo_result_name(b->result[r]), b->too_early[r],
+                         b->too_late[r]);
+        }
+        free(b);
+    }
+}
+
 /* NaN and Inf travel through sums as IEEE arithmetic says. */
 static void test_nonfinite_pass_through(void **state)
 {
@@ -449,6 +494,7 @@ int main(void)
         cmocka_unit_test(test_p2p_bit_identical_on_random_data),
         cmocka_unit_test(test_allgather_and_broadcast),
         cmocka_unit_test(test_barrier),
+        cmocka_unit_test(test_barrier_orders_ranks),
         cmocka_unit_test(test_nonfinite_pass_through),
         cmocka_unit_test(test_results_repeat_bit_for_bit),
     };

@@ -17,13 +17,14 @@
 #include <string.h>
 
 #include "kernels/kernels_isa.h"
+#include "support/reference.h"
 
 static const size_t sizes[] = {0, 1, 2, 7, 15, 16, 17, 31, 33, 64, 1023, 2049, 4099, 10007};
 #define NSIZES (sizeof sizes / sizeof sizes[0])
 
 static const sumo_dtype dtypes[] = {SUMO_FLOAT32, SUMO_FLOAT64, SUMO_FLOAT16, SUMO_BFLOAT16};
 
-/* ---- reference number formats ------------------------------------------------------------- */
+/* ---- bits (the formats' references are in support/reference.h) ------------------------- */
 
 static uint32_t fbits(float f)
 {
@@ -44,53 +45,6 @@ static uint64_t dbits(double d)
     uint64_t u;
     memcpy(&u, &d, 8);
     return u;
-}
-
-/* The value of a 16-bit pattern with e exponent bits and m fraction bits (fp16: 5/10,
- * bf16: 8/7). */
-static double ref_value16(uint16_t h, int ebits, int mbits)
-{
-    int bias = (1 << (ebits - 1)) - 1;
-    int e = (h >> mbits) & ((1 << ebits) - 1), m = h & ((1 << mbits) - 1);
-    double v;
-    if (e == (1 << ebits) - 1) v = m ? NAN : INFINITY;
-    else if (e == 0) v = ldexp(m, 1 - bias - mbits);
-    else v = ldexp(m + (1 << mbits), e - bias - mbits);
-    return (h & 0x8000) ? -v : v;
-}
-
-static double ref_half(uint16_t h) { return ref_value16(h, 5, 10); }
-static double ref_bf16(uint16_t h) { return ref_value16(h, 8, 7); }
-
-/* x (not NaN) rounded once to nearest even in that format, as bits. */
-static uint16_t ref_round16(double x, int ebits, int mbits)
-{
-    int bias = (1 << (ebits - 1)) - 1, emin = 1 - bias, emax = bias;
-    uint16_t sign = signbit(x) ? 0x8000 : 0;
-    uint16_t inf = (uint16_t)(sign | (((1 << ebits) - 1) << mbits));
-    double ax = fabs(x);
-    if (isinf(ax)) return inf;
-    if (ax == 0) return sign;
-    int E;
-    (void)frexp(ax, &E);
-    int e = E - 1 < emin ? emin : E - 1; /* ax in [2^e, 2^(e+1)) unless subnormal */
-    double r = nearbyint(ldexp(ax, mbits - e)); /* significand in units of the last place */
-    if (r >= ldexp(1, mbits + 1)) {
-        r /= 2;
-        e++;
-    }
-    if (e > emax) return inf;
-    if (r < ldexp(1, mbits)) return (uint16_t)(sign | (uint16_t)r);
-    return (uint16_t)(sign | ((e + bias) << mbits) | (uint16_t)(r - ldexp(1, mbits)));
-}
-
-static uint16_t ref_to_half(double x) { return ref_round16(x, 5, 10); }
-static uint16_t ref_to_bf16(double x) { return ref_round16(x, 8, 7); }
-
-static int is_nan16(uint16_t h, int ebits, int mbits)
-{
-    int e = (h >> mbits) & ((1 << ebits) - 1);
-    return e == (1 << ebits) - 1 && (h & ((1 << mbits) - 1)) != 0;
 }
 
 /* ---- buffers ------------------------------------------------------------------------------ */
@@ -126,8 +80,8 @@ static double get(sumo_dtype dt, const void *p, size_t i)
     switch (dt) {
     case SUMO_FLOAT32: return ((const float *)p)[i];
     case SUMO_FLOAT64: return ((const double *)p)[i];
-    case SUMO_FLOAT16: return ref_half(((const uint16_t *)p)[i]);
-    default: return ref_bf16(((const uint16_t *)p)[i]);
+    case SUMO_FLOAT16: return ref_half_value(((const uint16_t *)p)[i]);
+    default: return ref_bf16_value(((const uint16_t *)p)[i]);
     }
 }
 
@@ -137,8 +91,8 @@ static void put(sumo_dtype dt, void *p, size_t i, double v)
     switch (dt) {
     case SUMO_FLOAT32: ((float *)p)[i] = (float)v; break;
     case SUMO_FLOAT64: ((double *)p)[i] = v; break;
-    case SUMO_FLOAT16: ((uint16_t *)p)[i] = isnan(v) ? 0x7e00 : ref_to_half(v); break;
-    default: ((uint16_t *)p)[i] = isnan(v) ? 0x7fc0 : ref_to_bf16(v); break;
+    case SUMO_FLOAT16: ((uint16_t *)p)[i] = ref_round_half(v); break;
+    default: ((uint16_t *)p)[i] = ref_round_bf16(v); break;
     }
 }
 
@@ -198,12 +152,12 @@ static void expect_elem(sumo_dtype dt, const void *out, size_t i, double acc, co
     }
     case SUMO_FLOAT16: {
         uint16_t got = ((const uint16_t *)out)[i];
-        ok = isnan(acc) ? is_nan16(got, 5, 10) : got == ref_to_half(acc);
+        ok = isnan(acc) ? ref_is_nan_half(got) : got == ref_round_half(acc);
         break;
     }
     default: {
         uint16_t got = ((const uint16_t *)out)[i];
-        ok = isnan(acc) ? is_nan16(got, 8, 7) : got == ref_to_bf16(acc);
+        ok = isnan(acc) ? ref_is_nan_bf16(got) : got == ref_round_bf16(acc);
         break;
     }
     }
@@ -249,7 +203,7 @@ static void test_half_to_float_exhaustive(void **state)
     (void)state;
     for (uint32_t h = 0; h < 65536; h++) {
         float f = sumo__half_to_float((uint16_t)h);
-        double want = ref_half((uint16_t)h);
+        double want = ref_half_value((uint16_t)h);
         if (isnan(want)) {
             uint32_t u = fbits(f);
             assert_true(isnan(f));
@@ -270,11 +224,11 @@ static void test_bf16_to_float_exhaustive(void **state)
     (void)state;
     for (uint32_t h = 0; h < 65536; h++) {
         float f = sumo__bf16_to_float((uint16_t)h);
-        double want = ref_bf16((uint16_t)h);
+        double want = ref_bf16_value((uint16_t)h);
         if (isnan(want)) {
             assert_true(isnan(f));
             assert_int_equal(fbits(f) >> 31, h >> 15);
-            assert_true(is_nan16(sumo__float_to_bf16(f), 8, 7));
+            assert_true(ref_is_nan_bf16(sumo__float_to_bf16(f)));
         } else {
             assert_true((double)f == want);
             assert_int_equal(signbit(f) != 0, (h >> 15) != 0);
@@ -292,14 +246,14 @@ static size_t boundary_floats(float *buf, size_t extra, int bf16)
 {
     size_t n = 0;
     for (uint32_t h = 0; h < 65536; h++) {
-        double v = bf16 ? ref_bf16((uint16_t)h) : ref_half((uint16_t)h);
+        double v = bf16 ? ref_bf16_value((uint16_t)h) : ref_half_value((uint16_t)h);
         if (isnan(v) || isinf(v)) continue;
         uint16_t nh = (uint16_t)(h + 1); /* next magnitude with the same sign */
-        double w = bf16 ? ref_bf16(nh) : ref_half(nh);
+        double w = bf16 ? ref_bf16_value(nh) : ref_half_value(nh);
         if (isnan(w)) continue;
         if (isinf(w)) { /* past the largest finite value: one more step of the same size */
             uint16_t ph = (uint16_t)(h - 1);
-            w = v + (v - (bf16 ? ref_bf16(ph) : ref_half(ph)));
+            w = v + (v - (bf16 ? ref_bf16_value(ph) : ref_half_value(ph)));
         }
         float fv = (float)v, mid = (float)((v + w) / 2);
         assert_true((double)mid == (v + w) / 2); /* ties are exact in fp32 */
@@ -321,12 +275,12 @@ static void check_narrowing(const float *xs, size_t n, int bf16)
         float x = xs[i];
         uint16_t got = bf16 ? sumo__float_to_bf16(x) : sumo__float_to_half(x);
         if (isnan(x)) {
-            if (!(bf16 ? is_nan16(got, 8, 7) : is_nan16(got, 5, 10)))
+            if (!(bf16 ? ref_is_nan_bf16(got) : ref_is_nan_half(got)))
                 fail_msg("NaN %08x became %04x", fbits(x), got);
             assert_int_equal(got >> 15, fbits(x) >> 31);
             continue;
         }
-        uint16_t want = bf16 ? ref_to_bf16(x) : ref_to_half(x);
+        uint16_t want = bf16 ? ref_round_bf16(x) : ref_round_half(x);
         if (got != want) fail_msg("%a (%08x): got %04x want %04x", x, fbits(x), got, want);
     }
 }
@@ -417,22 +371,45 @@ static void test_double_narrowing_single_rounding(void **state)
     assert_int_equal(sumo__double_to_bf16(1e300), 0x7f80);
     assert_int_equal(sumo__double_to_bf16(-1e-300), 0x8000);
     assert_int_equal(sumo__double_to_half(0x1p-25 + 0x1p-60), 0x0001);
-    assert_true(is_nan16(sumo__double_to_half(NAN), 5, 10));
-    assert_true(is_nan16(sumo__double_to_bf16(NAN), 8, 7));
+    assert_true(ref_is_nan_half(sumo__double_to_half(NAN)));
+    assert_true(ref_is_nan_bf16(sumo__double_to_bf16(NAN)));
     /* and against the reference on random doubles near the fp16/bf16 grids */
     uint64_t s = 99;
     for (int i = 0; i < 200000; i++) {
         double d = ldexp(1.0 + rng_unit(&s), (int)(rng_next(&s) % 60) - 30);
         if (rng_next(&s) & 1) d = -d;
-        assert_int_equal(sumo__double_to_half(d), ref_to_half(d));
-        assert_int_equal(sumo__double_to_bf16(d), ref_to_bf16(d));
+        assert_int_equal(sumo__double_to_half(d), ref_round_half(d));
+        assert_int_equal(sumo__double_to_bf16(d), ref_round_bf16(d));
     }
 }
 
 /* ---- convert ------------------------------------------------------------------------------ */
 
-/* Every path converts every 16-bit pattern and every boundary float exactly as the scalar
- * functions do, bit for bit (NaN payloads included: the paths must agree). */
+/*
+ * The NaN conventions every path follows, as F16C's vcvtph2ps / vcvtps2ph define them with
+ * round-to-nearest-even (and bf16 as the upper half of an fp32): widening fp16 keeps the sign
+ * and the 10 payload bits at the top of the fraction and sets the quiet bit; widening bf16
+ * appends 16 zero bits; narrowing keeps the sign and the top of the fraction and sets the
+ * quiet bit. Written from those definitions, not from the kernels.
+ */
+static uint32_t nan_half_to_f32(uint16_t h)
+{
+    return ((uint32_t)(h & 0x8000u) << 16) | 0x7fc00000u | ((uint32_t)(h & 0x3ffu) << 13);
+}
+
+static uint16_t nan_f32_to_half(uint32_t u)
+{
+    return (uint16_t)(((u >> 16) & 0x8000u) | 0x7e00u | ((u >> 13) & 0x3ffu));
+}
+
+static uint16_t nan_f32_to_bf16(uint32_t u)
+{
+    return (uint16_t)(((u >> 16) & 0x8000u) | 0x7fc0u | ((u >> 16) & 0x7fu));
+}
+
+/* Every path converts every 16-bit pattern and every boundary float as the references say,
+ * bit for bit: the value (support/reference.c) for numbers, the conventions above for NaN
+ * (so the paths also agree on NaN payloads). */
 static void test_convert_paths_exhaustive(void **state)
 {
     (void)state;
@@ -450,10 +427,13 @@ static void test_convert_paths_exhaustive(void **state)
             sumo__kernel_convert_isa(isas[p], SUMO_FLOAT32, f, dt, h, 65536);
             for (uint32_t i = 0; i < 65536; i++) {
                 uint16_t hi = (uint16_t)i;
-                float want = bf ? sumo__bf16_to_float(hi) : sumo__half_to_float(hi);
-                if (fbits(f[i]) != fbits(want))
+                double v = bf ? ref_bf16_value(hi) : ref_half_value(hi);
+                uint32_t want;
+                if (isnan(v)) want = bf ? (uint32_t)hi << 16 : nan_half_to_f32(hi);
+                else want = fbits((float)v); /* exact: both formats fit in fp32; keeps -0 */
+                if (fbits(f[i]) != want)
                     fail_msg("%s %s->f32 %04x: %08x want %08x", sumo__kernel_isa_name(isas[p]),
-                             sumo__dtype_name(dt), i, fbits(f[i]), fbits(want));
+                             sumo__dtype_name(dt), i, fbits(f[i]), want);
             }
             size_t n = boundary_floats(xs, 100000, bf);
             /* plus every NaN shape and the specials */
@@ -464,7 +444,10 @@ static void test_convert_paths_exhaustive(void **state)
             xs[n - 5] = -INFINITY;
             sumo__kernel_convert_isa(isas[p], dt, hx, SUMO_FLOAT32, xs, n);
             for (size_t i = 0; i < n; i++) {
-                uint16_t want = bf ? sumo__float_to_bf16(xs[i]) : sumo__float_to_half(xs[i]);
+                uint16_t want;
+                uint32_t u = fbits(xs[i]);
+                if (isnan(xs[i])) want = bf ? nan_f32_to_bf16(u) : nan_f32_to_half(u);
+                else want = bf ? ref_round_bf16(xs[i]) : ref_round_half(xs[i]);
                 if (hx[i] != want)
                     fail_msg("%s f32->%s %08x: %04x want %04x", sumo__kernel_isa_name(isas[p]),
                              sumo__dtype_name(dt), fbits(xs[i]), hx[i], want);
@@ -518,19 +501,13 @@ static void test_convert_all_pairs(void **state)
 
 /* ---- reduce_multi ------------------------------------------------------------------------- */
 
-/* The reference for outs: the ins summed left to right in the accumulator type, divided once. */
+/* The reference for outs: the ins summed left to right in the accumulator type, divided once
+ * (support/reference.c). */
 static double ref_reduce_elem(sumo_dtype dt, void *const *copies, int nin, size_t i, int divisor)
 {
-    if (dt == SUMO_FLOAT64) {
-        double acc = get(dt, copies[0], i);
-        for (int j = 1; j < nin; j++) acc = acc + get(dt, copies[j], i);
-        if (divisor != 1) acc = acc / (double)divisor;
-        return acc;
-    }
-    float acc = (float)get(dt, copies[0], i);
-    for (int j = 1; j < nin; j++) acc = acc + (float)get(dt, copies[j], i);
-    if (divisor != 1) acc = acc / (float)divisor;
-    return acc;
+    double v[16];
+    for (int j = 0; j < nin; j++) v[j] = get(dt, copies[j], i);
+    return ref_sum_in_order(dt, v, nin, divisor);
 }
 
 #define MAXP 8

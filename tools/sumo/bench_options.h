@@ -15,7 +15,7 @@ enum { BENCH_TRANSPORT_THREADS, BENCH_TRANSPORT_MPI };
 #define BENCH_MAX_RANK_LIST 16
 #define BENCH_MAX_SIZES 256
 #define BENCH_MIB ((size_t)1 << 20)
-/* The size the goals are stated at. */
+/* The size the goals of docs/design/experiments.md (E3) are stated at. */
 #define BENCH_GOAL_BYTES (64 * BENCH_MIB)
 /* Tensors per buffer in the kernel rows that call a kernel once per tensor, as a model's
  * layers are reduced. */

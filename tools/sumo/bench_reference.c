@@ -230,7 +230,7 @@ static void adasum_pair(sumo_dtype dtype, double *a, const double *b, size_t n)
  * The tree sumo.h defines for any P, written here independently: with P2 the largest power of
  * two <= P and R = P - P2, the 2R leading ranks first combine in pairs (w_i = A(u_2i, u_2i+1)
  * for i < R, w_i = u_(i+R) after), then the balanced binary tree over w_0 .. w_(P2-1) in order
- * (for powers of two: the rank-order tree of design/adasum.md). Combines in place in v and
+ * (for powers of two: the rank-order tree of docs/design/adasum.md). Combines in place in v and
  * returns the vector holding the result.
  */
 static const double *adasum_tree(sumo_dtype dtype, int p, double **v, double **w, size_t n)
