@@ -128,7 +128,7 @@ test-mpi: $(MPI_TEST_BINS)
 
 # End-to-end checks of the command (training, checkpoints, resume, data errors).
 test-cli: $(BUILD)/sumo
-	tests/cli/test_train.sh $(BUILD)/sumo
+	tests/cli/test_train.sh $(BUILD)/sumo $(CRASHTEST)
 
 ifneq ($(MPICC),)
 test: test-unit test-mpi test-cli
@@ -140,3 +140,13 @@ clean:
 	rm -rf build build-asan build-tsan
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+
+# ---- Hardening: the crash-test build of the command, fuzzing, the MPI fault suite ----------
+# sumo-crashtest is the command with checkpoint.c's fault hook compiled in (a test build: the
+# library and build/sumo have no hook); test-cli kills it in the middle of a save.
+CRASHTEST := $(BUILD)/tests/sumo-crashtest
+$(CRASHTEST): $(TOOL_SRCS) $(TRAIN_SRCS) $(filter-out $(LIBSUMO_TRAIN),$(TOOL_LIBS))
+	@mkdir -p $(dir $@)
+	$(TOOL_CC) $(CPPFLAGS) $(TOOL_DEFS) -DSUMO_TEST_CRASH_DURING_SAVE $(CFLAGS) $(TOOL_SRCS) $(TRAIN_SRCS) \
+	  $(filter-out $(LIBSUMO_TRAIN),$(TOOL_LIBS)) $(LDFLAGS) $(TRAIN_LIBS) $(LDLIBS) -o $@
+test-cli: $(CRASHTEST)
