@@ -150,3 +150,19 @@ $(CRASHTEST): $(TOOL_SRCS) $(TRAIN_SRCS) $(filter-out $(LIBSUMO_TRAIN),$(TOOL_LI
 	$(TOOL_CC) $(CPPFLAGS) $(TOOL_DEFS) -DSUMO_TEST_CRASH_DURING_SAVE $(CFLAGS) $(TOOL_SRCS) $(TRAIN_SRCS) \
 	  $(filter-out $(LIBSUMO_TRAIN),$(TOOL_LIBS)) $(LDFLAGS) $(TRAIN_LIBS) $(LDLIBS) -o $@
 test-cli: $(CRASHTEST)
+
+# The MPI fault suite: a rank stopped, killed or leaving early, in `sumo train` and in a bare
+# allreduce program; every other rank must report within the deadline and the job must end.
+ifneq ($(MPICC),)
+FAULT_PROG := $(BUILD)/tests/faults/allreduce_fault
+$(FAULT_PROG): tests/faults/allreduce_fault.c $(LIBSUMO_MPI) $(LIBSUMO)
+	@mkdir -p $(dir $@)
+	$(MPICC) $(CPPFLAGS) $(CFLAGS) $< $(LIBSUMO_MPI) $(LIBSUMO) $(LDFLAGS) $(LDLIBS) -o $@
+.PHONY: test-faults
+test-faults: $(BUILD)/sumo $(FAULT_PROG)
+	tests/faults/run.sh $(BUILD)/sumo $(FAULT_PROG)
+else
+.PHONY: test-faults
+test-faults:
+	@echo "test-faults: skipped (no mpicc)"
+endif
