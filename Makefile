@@ -166,3 +166,31 @@ else
 test-faults:
 	@echo "test-faults: skipped (no mpicc)"
 endif
+
+# Fuzzing with libFuzzer (clang): the IDX reader, the checkpoint and manifest reader and the
+# command-line parser, each for FUZZ_SECONDS from the corpus in tests/fuzz/corpus/. Skipped,
+# saying so, when clang is not installed.
+FUZZ_CC      ?= clang
+FUZZ_BUILD   := build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_FLAGS   := $(CPPFLAGS) -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
+FUZZ_BINS    := $(FUZZ_BUILD)/fuzz_idx $(FUZZ_BUILD)/fuzz_checkpoint $(FUZZ_BUILD)/fuzz_cli
+$(FUZZ_BUILD)/fuzz_idx: tests/fuzz/fuzz_idx.c src/train/idx.c $(LIBSUMO)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) $(LIBSUMO) -lz -lm -pthread -o $@
+$(FUZZ_BUILD)/fuzz_checkpoint: tests/fuzz/fuzz_checkpoint.c src/train/checkpoint.c $(LIBSUMO)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) $(LIBSUMO) -lz -lm -pthread -o $@
+$(FUZZ_BUILD)/fuzz_cli: tests/fuzz/fuzz_cli.c tools/sumo/train.c tools/sumo/args.c $(LIBSUMO_TRAIN) $(LIBSUMO)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) tests/fuzz/fuzz_cli.c tools/sumo/args.c $(LIBSUMO_TRAIN) $(LIBSUMO) $(TRAIN_LIBS) -lm -pthread -o $@
+.PHONY: fuzz fuzz-build
+fuzz-build: $(FUZZ_BINS)
+fuzz:
+	@if command -v $(FUZZ_CC) > /dev/null; then $(MAKE) --no-print-directory fuzz-build && \
+	  tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS); \
+	else echo "fuzz: skipped ($(FUZZ_CC) is not installed; scripts/deps.sh installs clang)"; fi
+.PHONY: clean-fuzz
+clean-fuzz:
+	rm -rf $(FUZZ_BUILD)
+clean: clean-fuzz
