@@ -132,8 +132,9 @@ static int parse_methods(const char *value, options *o)
             return 2;
         }
         int k = o->nmethods;
-        if (strlen(p) >= sizeof o->labels[k]) return bad("--reduce", p);
-        snprintf(o->labels[k], sizeof o->labels[k], "%s", p);
+        size_t n = strlen(p);
+        if (n >= sizeof o->labels[k]) return bad("--reduce", p);
+        memcpy(o->labels[k], p, n + 1);
         for (int j = 0; j < k; j++)
             if (strcmp(o->labels[j], p) == 0) {
                 fprintf(stderr, "sumo train: --reduce: '%s' is given twice\n", p);
@@ -597,5 +598,6 @@ out:
     }
 #endif
     (void)size;
+    (void)broken;
     return rc;
 }
