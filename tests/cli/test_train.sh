@@ -187,6 +187,19 @@ if command -v mpirun > /dev/null && ldd "$sumo" | grep libmpi > /dev/null; then
   mpirun -np 2 --oversubscribe --allow-run-as-root --mca btl self,vader "$sumo" train "${common[@]}" --transport mpi > "$tmp/m.out" 2>&1
   [ "$(checksum "$tmp/m.out")" = "$A" ] && ok "MPI transport (2 processes) = threads transport, bit for bit" \
     || { fail "MPI differs: $(checksum "$tmp/m.out") vs $A"; tail -5 "$tmp/m.out"; }
+  mpirun -np 2 --oversubscribe --allow-run-as-root --mca btl self,vader "$sumo" train "${common[@]}" --transport mpi \
+    --checkpoint-dir "$tmp/mck" --checkpoint-every 20 --stop-after 55 > "$tmp/m1.out" 2>&1
+  mpirun -np 2 --oversubscribe --allow-run-as-root --mca btl self,vader "$sumo" train "${common[@]}" --transport mpi \
+    --checkpoint-dir "$tmp/mck" --checkpoint-every 20 --resume > "$tmp/m2.out" 2>&1
+  n=$(ls "$tmp"/mck/step-*.rank-1.ckpt 2>/dev/null | wc -l)
+  [ "$(checksum "$tmp/m2.out")" = "$A" ] && [ "$n" -eq 2 ] && ok "MPI: stopped, resumed: bit-identical; 2 checkpoints kept per rank" \
+    || { fail "MPI resume: $(checksum "$tmp/m2.out") vs $A, $n files of rank 1"; tail -3 "$tmp/m2.out"; }
+  # Only rank 0 writes the log: the others must learn that it cannot, and every rank leave.
+  SUMO_TIMEOUT=60 timeout 50 mpirun -np 2 --oversubscribe --allow-run-as-root --mca btl self,vader "$sumo" train "${quick[@]}" \
+    --transport mpi --log /nonexistent/x.csv > "$tmp/m3.out" 2>&1
+  code=$?
+  [ $code -ne 0 ] && [ $code -ne 124 ] && grep -q "/nonexistent/x.csv" "$tmp/m3.out" \
+    && ok "MPI: a log rank 0 cannot open ends every rank before training" || fail "MPI unwritable log: exit $code"
 fi
 
 for m in adasum adasum-delta acga slowmo localsgd bmuf; do
