@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static const char *const method_names[SUMO__METHOD_COUNT] = {
@@ -487,7 +488,9 @@ static sumo_result open_log(rank_state *s)
 {
     const char *path = s->cfg->log_path;
     if (s->cfg->resume) truncate_log(path, s->step);
-    bool append = s->cfg->resume && access(path, F_OK) == 0;
+    /* An empty file (new, or made by the caller's check) gets the header even on a resume. */
+    struct stat st;
+    bool append = s->cfg->resume && stat(path, &st) == 0 && st.st_size > 0;
     s->log = fopen(path, append ? "a" : "w");
     if (s->log == NULL) {
         snprintf(s->err, s->errlen, "%s: cannot open the log: %s", path, strerror(errno));
@@ -696,12 +699,12 @@ sumo_result sumo__train_threads(const sumo__train_config *cfg, const sumo__datas
             if (first_missing < 0) first_missing = i;
             missing++;
         }
-    if (missing > 0) {
+    if (missing == n) {
+        snprintf(err, errlen, "cannot set up %d workers (--workers): %s", n, sumo_strerror(r));
+    } else if (missing > 0) {
         snprintf(err, errlen, "%d of %d worker threads could not be started (the first: rank %d); "
                  "lower --workers or raise the memory or thread limit", missing, n, first_missing);
         r = SUMO_ERR_SYSTEM;
-    } else if (r != SUMO_SUCCESS && results[0] == SUMO_SUCCESS && jobs[0].err[0] == '\0' && !jobs[0].summary.nparams) {
-        snprintf(err, errlen, "cannot run %d worker threads: %s", n, sumo_strerror(r));
     } else {
         r = results[0];
         *summary = jobs[0].summary;
