@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: dependencies, a warnings-as-errors build, the unit,
-# MPI and command tests, the MPI fault suite, the fuzzers for a minute each, then the unit tests under ASan+UBSan and the threaded ones under TSan.
+# MPI and command tests, the MPI fault suite, the fuzzers for a minute each, then the unit
+# tests under ASan+UBSan and the threaded ones under TSan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/deps.sh
