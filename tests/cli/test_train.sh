@@ -78,7 +78,9 @@ refused() {
   "$sumo" train "${quick[@]}" "$@" > "$tmp/r.out" 2>&1
   local code=$?
   if [ $code -eq 2 ] && grep -E -- "$pattern" "$tmp/r.out" > /dev/null && ! grep -q fnv1a "$tmp/r.out"; then
-    ok "refused: $* ($(head -1 "$tmp/r.out"))"
+    local args="$*" msg
+    msg=$(head -1 "$tmp/r.out")
+    ok "refused: ${args:0:80} (${msg:0:160})"
   else fail "not refused as expected ($pattern): $* -> exit $code: $(head -3 "$tmp/r.out")"; fi
 }
 refused "--reduce" --reduce ""
@@ -102,6 +104,9 @@ refused "--resume needs --checkpoint-dir" --resume
 refused "--keep needs --checkpoint-dir" --keep 3
 refused "--workers needs a value" --workers
 grep -q "(null)" "$tmp/r.out" && fail "a message says (null)" || true
+long=$(printf 'x%.0s' $(seq 1100))
+refused "--log .*too long" --log "$tmp/$long.csv"
+refused "--checkpoint-dir .*too long" --checkpoint-dir "$tmp/$long"
 
 # ---- files: what cannot be written is an error before training, naming the file ----
 # lost PATTERN ARGS...: a non-zero exit, PATTERN in the message, and no training done.

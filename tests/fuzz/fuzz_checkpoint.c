@@ -31,11 +31,24 @@ static void put(const char *name, const uint8_t *bytes, size_t n)
     fclose(f);
 }
 
+/* The scratch folder goes when the fuzzer exits (libFuzzer ends with exit()). */
+static void remove_dir(void)
+{
+    static const char *const names[] = {"step-5.rank-0.ckpt", "latest"};
+    char path[128];
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        unlink(path);
+    }
+    rmdir(dir);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (dir[0] == '\0') {
         snprintf(dir, sizeof dir, "/tmp/sumo-fuzz-ckpt-XXXXXX");
         if (mkdtemp(dir) == NULL) abort();
+        atexit(remove_dir);
     }
     if (size < 1 || size > (1u << 20)) return 0;
     char err[1024];

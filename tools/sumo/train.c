@@ -346,15 +346,15 @@ static int configure_method(options *o, sumo__method m, const char *scaling, sum
     return 0;
 }
 
-static void method_log_path(const char *base, const char *method, bool several, char *out, size_t len)
+/* False when the path does not fit out. */
+static bool method_log_path(const char *base, const char *method, bool several, char *out, size_t len)
 {
-    if (!several) {
-        snprintf(out, len, "%s", base);
-        return;
-    }
+    int n;
     const char *dot = strrchr(base, '.');
-    if (dot && strcmp(dot, ".csv") == 0) snprintf(out, len, "%.*s.%s.csv", (int)(dot - base), base, method);
-    else snprintf(out, len, "%s.%s", base, method);
+    if (!several) n = snprintf(out, len, "%s", base);
+    else if (dot && strcmp(dot, ".csv") == 0) n = snprintf(out, len, "%.*s.%s.csv", (int)(dot - base), base, method);
+    else n = snprintf(out, len, "%s.%s", base, method);
+    return n >= 0 && (size_t)n < len;
 }
 
 /* A log that cannot be created would otherwise only show up as a missing file after the run:
@@ -510,7 +510,6 @@ int sumo_cmd_train(int argc, char **argv)
 #endif
     }
     bool several = o.nmethods > 1, broken = false;
-    static const char *const log_what = "log";
     char log_paths[MAX_METHODS][1024], ckpt_dirs[MAX_METHODS][1024];
     FILE *summary = NULL;
     char err[1024] = "";
@@ -522,21 +521,28 @@ int sumo_cmd_train(int argc, char **argv)
         if ((rc = configure_method(&o, o.methods[k], o.scalings[k], c)) != 0) break;
         c->label = o.labels[k];
         if (o.log_path) {
-            method_log_path(o.log_path, o.labels[k], several, log_paths[k], sizeof log_paths[k]);
+            if (!method_log_path(o.log_path, o.labels[k], several, log_paths[k], sizeof log_paths[k])) {
+                fprintf(stderr, "sumo train: --log %s: the path is too long\n", o.log_path);
+                rc = 2;
+                break;
+            }
             c->log_path = log_paths[k];
-            if (rank == 0) rc = check_writable(c->log_path, log_what);
+            if (rank == 0) rc = check_writable(c->log_path, "log");
         }
         if (c->checkpoint_dir) {
             /* Methods of one run would otherwise write the same step-N files over each other. */
-            if (several) {
-                snprintf(ckpt_dirs[k], sizeof ckpt_dirs[k], "%s/%s", o.cfg.checkpoint_dir, o.labels[k]);
-                if (mkdir(o.cfg.checkpoint_dir, 0755) != 0 && errno != EEXIST) {
-                    fprintf(stderr, "sumo train: %s: cannot create the checkpoint folder: %s\n",
-                            o.cfg.checkpoint_dir, strerror(errno));
-                    rc = 1;
-                }
+            int n = several ? snprintf(ckpt_dirs[k], sizeof ckpt_dirs[k], "%s/%s", o.cfg.checkpoint_dir, o.labels[k])
+                            : snprintf(ckpt_dirs[k], sizeof ckpt_dirs[k], "%s", o.cfg.checkpoint_dir);
+            if (n < 0 || (size_t)n >= sizeof ckpt_dirs[k]) {
+                fprintf(stderr, "sumo train: --checkpoint-dir %s: the path is too long\n", o.cfg.checkpoint_dir);
+                rc = 2;
+                break;
             }
-            else snprintf(ckpt_dirs[k], sizeof ckpt_dirs[k], "%s", o.cfg.checkpoint_dir);
+            if (several && mkdir(o.cfg.checkpoint_dir, 0755) != 0 && errno != EEXIST) {
+                fprintf(stderr, "sumo train: %s: cannot create the checkpoint folder: %s\n",
+                        o.cfg.checkpoint_dir, strerror(errno));
+                rc = 1;
+            }
             c->checkpoint_dir = ckpt_dirs[k];
             if (rc == 0 && sumo__checkpoint_prepare(c->checkpoint_dir, c->resume, o.overwrite, rank == 0,
                                                     err, sizeof err) != SUMO_SUCCESS) {
