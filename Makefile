@@ -128,7 +128,7 @@ test-mpi: $(MPI_TEST_BINS)
 
 # End-to-end checks of the command (training, checkpoints, resume, data errors).
 test-cli: $(BUILD)/sumo
-	tests/cli/test_train.sh $(BUILD)/sumo
+	tests/cli/test_train.sh $(BUILD)/sumo $(CRASHTEST)
 
 ifneq ($(MPICC),)
 test: test-unit test-mpi test-cli
@@ -140,3 +140,57 @@ clean:
 	rm -rf build build-asan build-tsan
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+
+# ---- Hardening: the crash-test build of the command, fuzzing, the MPI fault suite ----------
+# sumo-crashtest is the command with checkpoint.c's fault hook compiled in (a test build: the
+# library and build/sumo have no hook); test-cli kills it in the middle of a save.
+CRASHTEST := $(BUILD)/tests/sumo-crashtest
+$(CRASHTEST): $(TOOL_SRCS) $(TRAIN_SRCS) $(filter-out $(LIBSUMO_TRAIN),$(TOOL_LIBS))
+	@mkdir -p $(dir $@)
+	$(TOOL_CC) $(CPPFLAGS) $(TOOL_DEFS) -DSUMO_TEST_CRASH_DURING_SAVE $(CFLAGS) $(TOOL_SRCS) $(TRAIN_SRCS) \
+	  $(filter-out $(LIBSUMO_TRAIN),$(TOOL_LIBS)) $(LDFLAGS) $(TRAIN_LIBS) $(LDLIBS) -o $@
+test-cli: $(CRASHTEST)
+
+# The MPI fault suite: a rank stopped, killed or leaving early, in `sumo train` and in a bare
+# allreduce program; every other rank must report within the deadline and the job must end.
+ifneq ($(MPICC),)
+FAULT_PROG := $(BUILD)/tests/faults/allreduce_fault
+$(FAULT_PROG): tests/faults/allreduce_fault.c $(LIBSUMO_MPI) $(LIBSUMO)
+	@mkdir -p $(dir $@)
+	$(MPICC) $(CPPFLAGS) $(CFLAGS) $< $(LIBSUMO_MPI) $(LIBSUMO) $(LDFLAGS) $(LDLIBS) -o $@
+.PHONY: test-faults
+test-faults: $(BUILD)/sumo $(FAULT_PROG)
+	tests/faults/run.sh $(BUILD)/sumo $(FAULT_PROG)
+else
+.PHONY: test-faults
+test-faults:
+	@echo "test-faults: skipped (no mpicc)"
+endif
+
+# Fuzzing with libFuzzer (clang): the IDX reader, the checkpoint and manifest reader and the
+# command-line parser, each for FUZZ_SECONDS from the corpus in tests/fuzz/corpus/. Skipped,
+# saying so, when clang is not installed.
+FUZZ_CC      ?= clang
+FUZZ_BUILD   := build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_FLAGS   := $(CPPFLAGS) -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
+FUZZ_BINS    := $(FUZZ_BUILD)/fuzz_idx $(FUZZ_BUILD)/fuzz_checkpoint $(FUZZ_BUILD)/fuzz_cli
+$(FUZZ_BUILD)/fuzz_idx: tests/fuzz/fuzz_idx.c src/train/idx.c $(LIBSUMO)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) $(LIBSUMO) -lz -lm -pthread -o $@
+$(FUZZ_BUILD)/fuzz_checkpoint: tests/fuzz/fuzz_checkpoint.c src/train/checkpoint.c $(LIBSUMO)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) $(LIBSUMO) -lz -lm -pthread -o $@
+$(FUZZ_BUILD)/fuzz_cli: tests/fuzz/fuzz_cli.c tools/sumo/train.c tools/sumo/args.c $(LIBSUMO_TRAIN) $(LIBSUMO)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) tests/fuzz/fuzz_cli.c tools/sumo/args.c $(LIBSUMO_TRAIN) $(LIBSUMO) $(TRAIN_LIBS) -lm -pthread -o $@
+.PHONY: fuzz fuzz-build
+fuzz-build: $(FUZZ_BINS)
+fuzz:
+	@if command -v $(FUZZ_CC) > /dev/null; then $(MAKE) --no-print-directory fuzz-build && \
+	  tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS); \
+	else echo "fuzz: skipped ($(FUZZ_CC) is not installed; scripts/deps.sh installs clang)"; fi
+.PHONY: clean-fuzz
+clean-fuzz:
+	rm -rf $(FUZZ_BUILD)
+clean: clean-fuzz

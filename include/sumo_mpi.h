@@ -9,6 +9,10 @@
  * (sumo_comm_set_timeout), so a process that dies or never arrives gives SUMO_ERR_TIMEOUT
  * instead of a hang. Set SUMO_MPI_SHM=0 to force the point-to-point path on one node (for
  * benchmarking the network path), and SUMO_SHM_STAGE_BYTES to size the staging area.
+ *
+ * After SUMO_ERR_TIMEOUT or SUMO_ERR_PEER_FAILURE the group is broken: a missing process may
+ * be stopped rather than dead, and MPI_Finalize would then wait for it for ever. End the job
+ * with MPI_Abort(comm, non-zero) instead of finalizing, as `sumo train` does.
  */
 #ifndef SUMO_MPI_H
 #define SUMO_MPI_H

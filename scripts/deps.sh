@@ -13,6 +13,7 @@ packages=(
   dataset-fashion-mnist # the training data
   gnuplot-nox          # experiment plots (PNG without a display)
   iproute2             # ip/tc for the shaped-network benchmark
+  clang                # libFuzzer (-fsanitize=fuzzer) for `make fuzz`
 )
 
 missing=()

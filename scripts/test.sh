@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite, as CI runs it: dependencies, a warnings-as-errors build, the unit and
-# MPI tests, then the unit tests under ASan+UBSan and the threaded ones under TSan.
+# The whole test suite, as CI runs it: dependencies, a warnings-as-errors build, the unit,
+# MPI and command tests, the MPI fault suite, the fuzzers for a minute each, then the unit
+# tests under ASan+UBSan and the threaded ones under TSan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/deps.sh
@@ -19,6 +20,11 @@ step() {
 
 step make -j"$jobs"
 step make test
+# A rank stopped, killed or leaving early under mpirun ends the job within the deadline.
+step make test-faults
+# Each fuzzer (IDX, checkpoint, command line) for a minute from the kept corpus; skipped,
+# saying so, without clang.
+step make fuzz FUZZ_SECONDS=${FUZZ_SECONDS:-60}
 step make -j"$jobs" SAN=asan test-unit
 step make -j"$jobs" SAN=tsan test-threads
 step ./build/sumo bench --quick

@@ -2,11 +2,12 @@
 #include "train/checkpoint.h"
 #include "common/common.h"
 
+#include <errno.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static const char *const method_names[SUMO__METHOD_COUNT] = {
@@ -47,17 +48,56 @@ void sumo__train_config_default(sumo__train_config *cfg)
     sumo_slowmo_options_preset(SUMO_SLOWMO_PRESET_SLOWMO, &cfg->slowmo);
 }
 
-/* A hash of the settings that decide the trajectory: a resumed run must use the same ones. */
-static uint64_t config_hash(const sumo__train_config *c)
+/*
+ * The settings that decide the trajectory, one "--flag value" per line as the user would
+ * give them: a resumed run must use the same ones. Only what the method uses is listed, and
+ * --epochs only where the schedule depends on the run's length: with a constant rate more
+ * epochs simply continue the same trajectory. The text is stored with the checkpoint, so a
+ * refusal can name the flags that differ.
+ */
+static void config_text(const sumo__train_config *c, char *out, size_t len)
 {
-    uint64_t h = SUMO__FNV_OFFSET;
-#define MIX(field) h = sumo__fnv1a(h, &c->field, sizeof c->field)
-    MIX(workers); MIX(model); MIX(hidden); MIX(batch); MIX(epochs); MIX(seed); MIX(method);
-    MIX(optim); MIX(lr); MIX(lr_scale); MIX(warmup_epochs); MIX(schedule); MIX(acga);
-    MIX(slowmo); MIX(adasum_hierarchical); MIX(adasum_group_size); MIX(eval_every);
-    MIX(train_limit); MIX(test_limit);
-#undef MIX
-    return h;
+    static const char *const schedules[] = {[SUMO_LR_CONSTANT] = "constant", [SUMO_LR_STEP] = "step",
+                                            [SUMO_LR_COSINE] = "cosine"};
+    static const char *const buffers[] = {[SUMO_BUFFERS_KEEP] = "keep", [SUMO_BUFFERS_RESET] = "reset",
+                                          [SUMO_BUFFERS_AVERAGE] = "average"};
+    size_t used = 0;
+    out[0] = '\0';
+#define PUT(...) do { \
+        int w_ = snprintf(out + used, len - used, __VA_ARGS__); \
+        if (w_ > 0) used = (size_t)w_ < len - used ? used + (size_t)w_ : len - 1; \
+    } while (0)
+    const sumo_optimizer_options *o = &c->optim;
+    PUT("--workers %d\n--model %s\n--hidden %d\n--batch %d\n", c->workers,
+        c->model == SUMO__MODEL_CNN ? "cnn" : "mlp", c->hidden, c->batch);
+    if (c->schedule != SUMO_LR_CONSTANT) PUT("--epochs %d\n", c->epochs);
+    PUT("--seed %llu\n--reduce %s\n--optimizer %s\n", (unsigned long long)c->seed,
+        sumo__method_name(c->method), sumo_optimizer_kind_name(o->kind));
+    PUT("--lr %.17g\n--lr-scaling %.17g\n--warmup-epochs %.17g\n--schedule %s\n", c->lr, c->lr_scale,
+        c->warmup_epochs, (unsigned)c->schedule < 3 ? schedules[c->schedule] : "?");
+    PUT("--momentum %.17g\n--dampening %.17g\n--nesterov %d\n--weight-decay %.17g\n", o->momentum,
+        o->dampening, o->nesterov, o->weight_decay);
+    PUT("--beta1 %.17g\n--beta2 %.17g\n--eps %.17g\n", o->beta1, o->beta2, o->eps);
+    if (c->method == SUMO__METHOD_ACGA)
+        PUT("--acga-beta %.17g\n--acga-per-tensor %d\n--acga-reference-permutation %d\n"
+            "--acga-guard %d\n--acga-rescale %d\n--acga-eps %.17g\n", c->acga.beta, c->acga.per_tensor,
+            c->acga.reference_permutation, c->acga.negative_guard, c->acga.rescale, c->acga.eps);
+    if (c->method >= SUMO__METHOD_SLOWMO)
+        PUT("--tau %d\n--inner-period %d\n--alpha %.17g\n--slow-beta %.17g\n--buffers %s\n"
+            "--memory-efficient %d\n", c->slowmo.tau, c->slowmo.inner_period, c->slowmo.alpha,
+            c->slowmo.beta, (unsigned)c->slowmo.buffers < 3 ? buffers[c->slowmo.buffers] : "?",
+            c->slowmo.memory_efficient);
+    if (c->method == SUMO__METHOD_ADASUM || c->method == SUMO__METHOD_ADASUM_DELTA)
+        PUT("--adasum-hierarchical %d\n--adasum-group-size %d\n", c->adasum_hierarchical,
+            c->adasum_group_size);
+    PUT("--eval-every %d\n--train-limit %zu\n--test-limit %zu\n", c->eval_every, c->train_limit,
+        c->test_limit);
+#undef PUT
+}
+
+static uint64_t config_hash(const char *text)
+{
+    return sumo__fnv1a(SUMO__FNV_OFFSET, text, strlen(text));
 }
 
 static void epoch_permutation(uint32_t *perm, size_t n, uint64_t seed, int epoch)
@@ -96,6 +136,7 @@ typedef struct rank_state {
     int perm_epoch;
     float *eval_params;     /* averaged parameters, when ranks hold different ones */
     FILE *log;
+    char config[2048];      /* config_text of cfg */
     double t0, elapsed_before; /* wall clock; elapsed_before carries over a resume */
     sumo_comm_stats comm_before; /* communication counted before a resume */
     sumo__train_summary *summary;
@@ -156,8 +197,8 @@ static sumo_result build(rank_state *s)
     size_t usable = c->train_limit && c->train_limit < s->train->n ? c->train_limit : s->train->n;
     s->steps_per_epoch = (long)(usable / ((size_t)s->size * (size_t)c->batch));
     if (s->steps_per_epoch < 1) {
-        snprintf(s->err, s->errlen, "%zu training items cannot fill one step of %d workers x %d", usable,
-                 s->size, c->batch);
+        snprintf(s->err, s->errlen, "%zu training items (--train-limit) cannot fill one step of %d workers "
+                 "(--workers) x %d (--batch)", usable, s->size, c->batch);
         return SUMO_ERR_INVALID_ARGUMENT;
     }
     s->total_steps = s->steps_per_epoch * c->epochs;
@@ -199,6 +240,7 @@ static void teardown(rank_state *s)
     free(s->perm);
     free(s->eval_params);
     if (s->log) fclose(s->log);
+    s->log = NULL;
 }
 
 /* Test loss and accuracy of the common model: each rank scores its share of the test set and
@@ -276,10 +318,17 @@ static void log_row(rank_state *s, double train_loss, double test_loss, double a
 
 static void progress(rank_state *s, int epoch, double last_acc)
 {
-    if (s->rank != 0 || !s->cfg->progress) return;
-    fprintf(stderr, "\r%-12s epoch %d/%d step %ld/%ld  test acc %5.2f%%  %6.1fs ",
-            sumo__method_name(s->cfg->method), epoch + 1, s->cfg->epochs, s->step, s->total_steps,
-            100 * last_acc, s->elapsed_before + now_s() - s->t0);
+    const sumo__train_config *c = s->cfg;
+    if (s->rank != 0 || !c->progress) return;
+    const char *label = c->label ? c->label : sumo__method_name(c->method);
+    double t = s->elapsed_before + now_s() - s->t0;
+    if (c->progress_inline)
+        fprintf(stderr, "\r%-12s epoch %d/%d step %ld/%ld  test acc %5.2f%%  %6.1fs ", label,
+                epoch + 1, c->epochs, s->step, s->total_steps, 100 * last_acc, t);
+    else if (s->step % s->steps_per_epoch == 0 || s->step == s->total_steps)
+        /* Brackets keep these lines apart from the table's rows, which start with the label. */
+        fprintf(stderr, "[%s] epoch %d/%d step %ld/%ld  test acc %5.2f%%  %.1fs\n", label, epoch + 1,
+                c->epochs, s->step, s->total_steps, 100 * last_acc, t);
     fflush(stderr);
 }
 
@@ -301,7 +350,7 @@ typedef struct section {
     size_t bytes;
 } section;
 
-static sumo_result state_sections(rank_state *s, section sec[5], bool allocate)
+static void state_sections(rank_state *s, section sec[5])
 {
     size_t opt_bytes, agg_bytes, dist_bytes;
     sumo_optimizer_state_size(s->opt, &opt_bytes);
@@ -313,15 +362,13 @@ static sumo_result state_sections(rank_state *s, section sec[5], bool allocate)
     sec[2] = (section){NULL, agg_bytes};
     sec[3] = (section){NULL, dist_bytes};
     sec[4] = (section){NULL, sizeof(train_counters)};
-    (void)allocate;
-    return SUMO_SUCCESS;
 }
 
 static sumo_result save_checkpoint(rank_state *s)
 {
     const sumo__train_config *c = s->cfg;
     section sec[5];
-    state_sections(s, sec, true);
+    state_sections(s, sec);
     size_t total = 0;
     for (int i = 0; i < 5; i++) total += sec[i].bytes + sizeof(uint64_t);
     unsigned char *blob = malloc(total), *p = blob;
@@ -347,7 +394,7 @@ static sumo_result save_checkpoint(rank_state *s)
         p += len;
     }
     sumo__ckpt_id id = {.dir = c->checkpoint_dir, .step = s->step, .rank = s->rank, .size = s->size,
-                        .config_hash = config_hash(c)};
+                        .config_hash = config_hash(s->config), .config_text = s->config};
     if (r == SUMO_SUCCESS) r = sumo__checkpoint_write_rank(&id, blob, total, s->err, s->errlen);
     free(blob);
     /* Every rank's file is in place before the manifest names the step. */
@@ -358,21 +405,16 @@ static sumo_result save_checkpoint(rank_state *s)
     b = sumo_barrier(s->comm);
     if (r != SUMO_SUCCESS) return r;
     if (b != SUMO_SUCCESS) return fail(s, b, "checkpoint barrier");
+    /* The manifest names this step on every rank's disk now: older ones may go. */
+    sumo__checkpoint_prune(c->checkpoint_dir, s->rank, s->step, c->keep > 0 ? c->keep : 1);
     return SUMO_SUCCESS;
-}
-
-static void remove_older(rank_state *s, long step)
-{
-    if (step < 0) return;
-    sumo__ckpt_id id = {.dir = s->cfg->checkpoint_dir, .step = step, .rank = s->rank, .size = s->size};
-    sumo__checkpoint_remove_rank(&id);
 }
 
 static sumo_result load_checkpoint(rank_state *s)
 {
     const sumo__train_config *c = s->cfg;
     sumo__ckpt_id id = {.dir = c->checkpoint_dir, .rank = s->rank, .size = s->size,
-                        .config_hash = config_hash(c)};
+                        .config_hash = config_hash(s->config), .config_text = s->config};
     sumo_result r = sumo__checkpoint_read_manifest(&id, &id.step, s->err, s->errlen);
     if (r != SUMO_SUCCESS) return r;
     void *blob = NULL;
@@ -380,7 +422,7 @@ static sumo_result load_checkpoint(rank_state *s)
     r = sumo__checkpoint_read_rank(&id, &blob, &bytes, s->err, s->errlen);
     if (r != SUMO_SUCCESS) return r;
     section sec[5];
-    state_sections(s, sec, false);
+    state_sections(s, sec);
     unsigned char *p = blob, *end = p + bytes;
     train_counters tc;
     for (int i = 0; i < 5 && r == SUMO_SUCCESS; i++) {
@@ -440,6 +482,26 @@ static void truncate_log(const char *path, long step)
     char err[256];
     if (kept) sumo__write_file_atomic(path, kept, len, err, sizeof err);
     free(kept);
+}
+
+static sumo_result open_log(rank_state *s)
+{
+    const char *path = s->cfg->log_path;
+    if (s->cfg->resume) truncate_log(path, s->step);
+    /* An empty file (new, or made by the caller's check) gets the header even on a resume. */
+    struct stat st;
+    bool append = s->cfg->resume && stat(path, &st) == 0 && st.st_size > 0;
+    s->log = fopen(path, append ? "a" : "w");
+    if (s->log == NULL) {
+        snprintf(s->err, s->errlen, "%s: cannot open the log: %s", path, strerror(errno));
+        return SUMO_ERR_SYSTEM;
+    }
+    if (!append) fprintf(s->log, "step,epoch,samples,train_loss,test_loss,test_accuracy,wall_s,bytes,rounds\n");
+    if (fflush(s->log) != 0) {
+        snprintf(s->err, s->errlen, "%s: cannot write the log: %s", path, strerror(errno));
+        return SUMO_ERR_SYSTEM;
+    }
+    return SUMO_SUCCESS;
 }
 
 /* ---- the loop ----------------------------------------------------------------------------- */
@@ -506,8 +568,12 @@ sumo_result sumo__train_rank(sumo_comm *comm, const sumo__train_config *cfg,
         snprintf(err, errlen, "--workers %d but the communicator has %d ranks", cfg->workers, s.size);
         return SUMO_ERR_INVALID_ARGUMENT;
     }
+    config_text(cfg, s.config, sizeof s.config);
     sumo_result r = build(&s);
     if (r == SUMO_SUCCESS && cfg->resume) r = load_checkpoint(&s);
+    /* The log is opened during set-up, so that one that cannot be written stops every rank
+     * before training rather than losing the run's record. */
+    if (r == SUMO_SUCCESS && s.rank == 0 && cfg->log_path) r = open_log(&s);
     /* Every rank must agree that the set-up worked before the first collective of a step. */
     float ok = r == SUMO_SUCCESS ? 0.0f : 1.0f;
     sumo_result ar = sumo_allreduce(&ok, &ok, 1, SUMO_FLOAT32, SUMO_OP_SUM, comm);
@@ -519,17 +585,8 @@ sumo_result sumo__train_rank(sumo_comm *comm, const sumo__train_config *cfg,
         teardown(&s);
         return r;
     }
-    if (s.rank == 0 && cfg->log_path && cfg->resume) truncate_log(cfg->log_path, s.step);
-    if (s.rank == 0 && cfg->log_path) {
-        bool append = cfg->resume && access(cfg->log_path, F_OK) == 0;
-        s.log = fopen(cfg->log_path, append ? "a" : "w");
-        if (s.log == NULL) snprintf(err, errlen, "%s: cannot open the log", cfg->log_path);
-        else if (!append)
-            fprintf(s.log, "step,epoch,samples,train_loss,test_loss,test_accuracy,wall_s,bytes,rounds\n");
-    }
     s.t0 = now_s();
     double acc = 0;
-    long last_checkpoint = cfg->resume ? s.step : -1;
     float *params = sumo__model_params(s.model);
     float *grads = sumo__model_grads(s.model);
     double compute = 0, aggregate = 0;
@@ -571,16 +628,21 @@ sumo_result sumo__train_rank(sumo_comm *comm, const sumo__train_config *cfg,
         progress(&s, (int)((s.step - 1) / s.steps_per_epoch), acc);
         bool stop = cfg->stop_after > 0 && s.step >= cfg->stop_after;
         if (cfg->checkpoint_dir && ((cfg->checkpoint_every > 0 && s.step % cfg->checkpoint_every == 0) ||
-                                    s.step == s.total_steps)) {
+                                    s.step == s.total_steps || stop))
             r = save_checkpoint(&s);
-            if (r == SUMO_SUCCESS) {
-                remove_older(&s, last_checkpoint);
-                last_checkpoint = s.step;
-            }
-        }
         if (stop) break;
     }
-    if (s.rank == 0 && cfg->progress) fputc('\n', stderr);
+    if (s.rank == 0 && cfg->progress && cfg->progress_inline) fputc('\n', stderr);
+    if (s.log) {
+        /* Buffered rows reach the disk here: a full disk is found now or never. */
+        bool bad = ferror(s.log) != 0;
+        if (fclose(s.log) != 0) bad = true;
+        s.log = NULL;
+        if (bad && r == SUMO_SUCCESS) {
+            snprintf(err, errlen, "%s: cannot write the log: %s", cfg->log_path, strerror(errno));
+            r = SUMO_ERR_SYSTEM;
+        }
+    }
     summary->steps = s.step;
     summary->wall_seconds = s.elapsed_before + now_s() - s.t0;
     summary->compute_seconds = compute;
@@ -596,19 +658,18 @@ sumo_result sumo__train_rank(sumo_comm *comm, const sumo__train_config *cfg,
 /* ---- the threads launcher ------------------------------------------------------------------ */
 
 typedef struct thread_job {
-    sumo_comm *comm;
     const sumo__train_config *cfg;
     const sumo__dataset *train, *test;
     sumo__train_summary summary;
-    sumo_result result;
+    bool ran;
     char err[512];
 } thread_job;
 
-static void *train_thread(void *arg)
+static sumo_result train_thread(sumo_comm *comm, int rank, void *arg)
 {
-    thread_job *j = arg;
-    j->result = sumo__train_rank(j->comm, j->cfg, j->train, j->test, &j->summary, j->err, sizeof j->err);
-    return NULL;
+    thread_job *j = (thread_job *)arg + rank;
+    j->ran = true;
+    return sumo__train_rank(comm, j->cfg, j->train, j->test, &j->summary, j->err, sizeof j->err);
 }
 
 sumo_result sumo__train_threads(const sumo__train_config *cfg, const sumo__dataset *train,
@@ -616,34 +677,43 @@ sumo_result sumo__train_threads(const sumo__train_config *cfg, const sumo__datas
                                 char *err, size_t errlen)
 {
     int n = cfg->workers;
-    if (n < 1 || n > 1024) {
-        snprintf(err, errlen, "--workers must be in 1..1024");
+    if (n < 1 || n > SUMO_THREADS_MAX_RANKS) {
+        snprintf(err, errlen, "--workers %d is out of range (1 to %d)", n, SUMO_THREADS_MAX_RANKS);
         return SUMO_ERR_INVALID_ARGUMENT;
     }
-    sumo_comm **comms = calloc((size_t)n, sizeof *comms);
     thread_job *jobs = calloc((size_t)n, sizeof *jobs);
-    pthread_t *threads = calloc((size_t)n, sizeof *threads);
-    sumo_result r = comms && jobs && threads ? sumo_comm_create_threads(n, comms) : SUMO_ERR_SYSTEM;
-    int started = 0;
-    for (int i = 0; r == SUMO_SUCCESS && i < n; i++) {
-        jobs[i] = (thread_job){.comm = comms[i], .cfg = cfg, .train = train, .test = test};
-        if (pthread_create(&threads[i], NULL, train_thread, &jobs[i]) != 0) {
-            snprintf(err, errlen, "cannot start worker thread %d", i);
-            r = SUMO_ERR_SYSTEM;
-            break;
-        }
-        started++;
+    sumo_result *results = calloc((size_t)n, sizeof *results);
+    if (jobs == NULL || results == NULL) {
+        free(jobs);
+        free(results);
+        snprintf(err, errlen, "out of memory for %d workers (--workers)", n);
+        return SUMO_ERR_SYSTEM;
     }
-    for (int i = 0; i < started; i++) pthread_join(threads[i], NULL);
-    if (r == SUMO_SUCCESS) {
-        r = jobs[0].result;
+    for (int i = 0; i < n; i++) jobs[i] = (thread_job){.cfg = cfg, .train = train, .test = test};
+    /* The runner makes the ranks that did start fail at once when one could not, instead of
+     * waiting for it until the deadline. */
+    sumo_result r = sumo_threads_run(n, train_thread, jobs, results);
+    int missing = 0, first_missing = -1;
+    for (int i = 0; i < n; i++)
+        if (!jobs[i].ran) {
+            if (first_missing < 0) first_missing = i;
+            missing++;
+        }
+    if (missing == n) {
+        snprintf(err, errlen, "cannot set up %d workers (--workers): %s", n, sumo_strerror(r));
+    } else if (missing > 0) {
+        snprintf(err, errlen, "%d of %d worker threads could not be started (the first: rank %d); "
+                 "lower --workers or raise the memory or thread limit", missing, n, first_missing);
+        r = SUMO_ERR_SYSTEM;
+    } else {
+        r = results[0];
         *summary = jobs[0].summary;
         /* Report the rank that failed first-hand, not the peers that failed because of it. */
         for (int pass = 0; pass < 2 && err[0] == '\0'; pass++)
             for (int i = 0; i < n && err[0] == '\0'; i++)
-                if (jobs[i].result != SUMO_SUCCESS && (pass || jobs[i].result != SUMO_ERR_PEER_FAILURE)) {
+                if (results[i] != SUMO_SUCCESS && (pass || results[i] != SUMO_ERR_PEER_FAILURE)) {
                     snprintf(err, errlen, "%s", jobs[i].err);
-                    r = jobs[i].result;
+                    r = results[i];
                 }
         for (int i = 0; i < n; i++) {
             /* Every rank must end with the same parameters (SlowMo only after its last sync). */
@@ -655,10 +725,7 @@ sumo_result sumo__train_threads(const sumo__train_config *cfg, const sumo__datas
         }
         if (err[0] == '\0' && jobs[0].err[0]) snprintf(err, errlen, "%s", jobs[0].err);
     }
-    if (comms)
-        for (int i = 0; i < n; i++) sumo_comm_destroy(comms[i]);
-    free(comms);
     free(jobs);
-    free(threads);
+    free(results);
     return r;
 }

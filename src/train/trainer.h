@@ -62,12 +62,17 @@ typedef struct sumo__train_config {
     size_t train_limit;          /* use only the first items of the training set; 0: all */
     size_t test_limit;
     const char *log_path;        /* CSV, written by rank 0; NULL: none */
-    bool progress;               /* a progress line on stderr (rank 0) */
+    const char *label;           /* the run's name in progress lines; NULL: the method's */
+    bool progress;               /* progress on stderr (rank 0) */
+    bool progress_inline;        /* one line rewritten in place (a terminal); else a line per
+                                    epoch, which a log file or a CI page can show */
     /* Checkpoints */
     const char *checkpoint_dir;  /* NULL: none */
     int checkpoint_every;        /* steps; 0: only at the end */
+    int keep;                    /* checkpoints kept (the newest); < 1: 1 */
     bool resume;
-    long stop_after;             /* stop (as if killed) after this many steps; 0: never */
+    long stop_after;             /* stop after this many steps, saving a checkpoint there when
+                                    checkpoint_dir is set; 0: never */
     bool verify_ranks;           /* after every synchronised step, check that all ranks hold
                                     bit-identical parameters (tests; costs an allgather) */
 } sumo__train_config;

@@ -2,9 +2,14 @@
 # End-to-end checks of `sumo train` on the real data: a short run learns, an interrupted and
 # resumed run (also one killed in the middle of writing a checkpoint) ends bit-identical to an
 # uninterrupted one, damaged checkpoints and data are refused with a message naming the file,
-# and the MPI transport gives the same parameters as the threads transport.
+# bad flag values and unwritable files are refused before training with a message naming the
+# flag or file, and the MPI transport gives the same parameters as the threads transport.
+#
+# The crash-during-save check needs the test build of the command (sumo-crashtest, built by
+# `make test-cli`): the shipped one has no fault hook.
 set -uo pipefail
-sumo=${1:?usage: test_train.sh path/to/sumo}
+sumo=${1:?usage: test_train.sh path/to/sumo [path/to/sumo-crashtest]}
+crashtest=${2:-}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 passed=0 failed=0
@@ -25,20 +30,35 @@ A=$(checksum "$tmp/a.out")
 [ "$(checksum "$tmp/a2.out")" = "$A" ] && cmp -s <(rows "$tmp/a.csv") <(rows "$tmp/a2.csv") \
   && ok "same flags and seed give bit-identical parameters and log" || fail "rerun differs"
 
+latest_step() { sed -n '1s/.*step \([0-9]*\).*/\1/p' "$1/latest" 2>/dev/null; }
 "$sumo" train "${common[@]}" --checkpoint-dir "$tmp/ck" --checkpoint-every 20 --stop-after 55 --log "$tmp/b.csv" > "$tmp/b1.out" 2>&1
+[ "$(latest_step "$tmp/ck")" = 55 ] && ok "--stop-after 55 saves a checkpoint at step 55" \
+  || fail "--stop-after 55 left latest at '$(latest_step "$tmp/ck")'"
 "$sumo" train "${common[@]}" --checkpoint-dir "$tmp/ck" --checkpoint-every 20 --resume --log "$tmp/b.csv" > "$tmp/b2.out" 2>&1
 if [ "$(checksum "$tmp/b2.out")" = "$A" ] && cmp -s <(rows "$tmp/a.csv") <(rows "$tmp/b.csv"); then
-  ok "stopped at 55, resumed from 40: bit-identical parameters and log"
+  ok "stopped at 55, resumed: bit-identical parameters and log"
 else fail "resume differs ($(checksum "$tmp/b2.out") vs $A)"; diff <(rows "$tmp/a.csv") <(rows "$tmp/b.csv") | head; fi
+n=$(ls "$tmp"/ck/step-*.rank-0.ckpt 2>/dev/null | wc -l)
+[ "$n" -eq 2 ] && ok "the 2 latest checkpoints are kept by default" || fail "$n checkpoints of rank 0 kept, expected 2"
 
-SUMO_FAULT_EXIT_DURING_SAVE=60 "$sumo" train "${common[@]}" --checkpoint-dir "$tmp/ck2" --checkpoint-every 20 --log "$tmp/c.csv" > "$tmp/c1.out" 2>&1
-code=$?
-latest=$(sed -n 's/.*step \([0-9]*\).*/\1/p' "$tmp/ck2/latest" 2>/dev/null)
-[ $code -eq 86 ] && [ "$latest" = 40 ] && ok "killed while writing step 60: step 40 still the latest complete checkpoint" \
-  || fail "crash during save: exit $code, latest '$latest'"
-"$sumo" train "${common[@]}" --checkpoint-dir "$tmp/ck2" --checkpoint-every 20 --resume --log "$tmp/c.csv" > "$tmp/c2.out" 2>&1
-[ "$(checksum "$tmp/c2.out")" = "$A" ] && cmp -s <(rows "$tmp/a.csv") <(rows "$tmp/c.csv") \
-  && ok "resumed after the crash: bit-identical" || fail "resume after crash differs"
+# A pid that surely no longer runs: a shell that has exited.
+dead=$(sh -c 'echo $$')
+if [ -n "$crashtest" ] && [ -x "$crashtest" ]; then
+  SUMO_TEST_EXIT_DURING_SAVE=60 "$crashtest" train "${common[@]}" --checkpoint-dir "$tmp/ck2" --checkpoint-every 20 --log "$tmp/c.csv" > "$tmp/c1.out" 2>&1
+  code=$?
+  latest=$(latest_step "$tmp/ck2")
+  [ $code -eq 86 ] && [ "$latest" = 40 ] && ls "$tmp"/ck2/*.tmp.* > /dev/null 2>&1 \
+    && ok "killed while writing step 60: step 40 still the latest complete checkpoint" \
+    || fail "crash during save: exit $code, latest '$latest'"
+  touch "$tmp/ck2/latest.tmp.$dead"
+  "$sumo" train "${common[@]}" --checkpoint-dir "$tmp/ck2" --checkpoint-every 20 --resume --log "$tmp/c.csv" > "$tmp/c2.out" 2>&1
+  [ "$(checksum "$tmp/c2.out")" = "$A" ] && cmp -s <(rows "$tmp/a.csv") <(rows "$tmp/c.csv") \
+    && ok "resumed after the crash: bit-identical" || fail "resume after crash differs"
+  left=$(ls "$tmp"/ck2/ | grep -c '\.tmp\.')
+  [ "$left" -eq 0 ] && ok "temporaries of the killed writer removed" || fail "$left temporaries left: $(ls "$tmp/ck2")"
+else
+  echo "skip - crash during save (no sumo-crashtest given)"
+fi
 
 f=$(ls "$tmp"/ck/step-*.rank-1.ckpt | head -1)
 truncate -s -100 "$f"
@@ -49,6 +69,116 @@ sed -i 's/step [0-9]*/step '"$(basename "$f" | sed 's/step-\([0-9]*\).*/\1/')"'/
 
 "$sumo" train "${common[@]}" --checkpoint-dir "$tmp/none" --resume > "$tmp/e.out" 2>&1
 [ $? -ne 0 ] && grep -q "no checkpoint" "$tmp/e.out" && ok "resume without a checkpoint refused" || fail "resume without checkpoint"
+
+# ---- flags: wrong values are refused before any work, naming the flag (and the range) ----
+quick=(--workers 1 --epochs 1 --batch 32 --train-limit 256 --test-limit 100 --no-progress)
+# refused PATTERN ARGS...: exit status 2 and PATTERN (grep -E) in the message, no table.
+refused() {
+  local pattern=$1; shift
+  "$sumo" train "${quick[@]}" "$@" > "$tmp/r.out" 2>&1
+  local code=$?
+  if [ $code -eq 2 ] && grep -E -- "$pattern" "$tmp/r.out" > /dev/null && ! grep -q fnv1a "$tmp/r.out"; then
+    local args="$*" msg
+    msg=$(head -1 "$tmp/r.out")
+    ok "refused: ${args:0:80} (${msg:0:160})"
+  else fail "not refused as expected ($pattern): $* -> exit $code: $(head -3 "$tmp/r.out")"; fi
+}
+refused "--reduce" --reduce ""
+refused "--reduce" --reduce ,
+refused "--reduce" --reduce avg,
+refused "--reduce.*twice" --reduce avg,avg
+refused "--workers.*1024" --workers 4294967297
+refused "--batch.*65536" --batch 4294967360
+refused "--batch.*65536" --batch 100000000
+refused "--epochs" --epochs 99999999999999999999
+refused "--seed.*abc" --seed abc
+refused "--seed" --seed -1
+refused "--lr.*above 0" --lr 0
+refused "--lr" --lr -0.1
+refused "--lr.*1000" --lr 1e300
+refused "--lr-scaling" --lr-scaling 0
+refused "--tau" --reduce slowmo --tau 2.5
+refused "--train-limit" --train-limit -5
+refused "--checkpoint-every needs --checkpoint-dir" --checkpoint-every 10
+refused "--resume needs --checkpoint-dir" --resume
+refused "--keep needs --checkpoint-dir" --keep 3
+refused "--workers needs a value" --workers
+grep -q "(null)" "$tmp/r.out" && fail "a message says (null)" || true
+long=$(printf 'x%.0s' $(seq 1100))
+refused "--log .*too long" --log "$tmp/$long.csv"
+refused "--checkpoint-dir .*too long" --checkpoint-dir "$tmp/$long"
+
+# ---- files: what cannot be written is an error before training, naming the file ----
+# lost PATTERN ARGS...: a non-zero exit, PATTERN in the message, and no training done.
+lost() {
+  local pattern=$1; shift
+  "$sumo" train "${quick[@]}" "$@" > "$tmp/l.out" 2>&1
+  local code=$?
+  if [ $code -ne 0 ] && grep -F -- "$pattern" "$tmp/l.out" > /dev/null && ! grep -q fnv1a "$tmp/l.out"; then
+    ok "refused before training: $* ($(head -1 "$tmp/l.out"))"
+  else fail "not refused: $* -> exit $code: $(head -3 "$tmp/l.out")"; fi
+}
+lost "/nonexistent/x.csv" --log /nonexistent/x.csv
+lost "/nonexistent/x.avg.csv" --reduce avg,sum --log /nonexistent/x.csv
+lost "/dev/full" --log /dev/full
+lost "/nonexistent/s.csv" --summary /nonexistent/s.csv
+"$sumo" train "${quick[@]}" --summary /dev/full > "$tmp/l.out" 2>&1
+[ $? -ne 0 ] && grep -q "/dev/full" "$tmp/l.out" && ok "summary on a full disk: an error naming the file" \
+  || fail "summary on a full disk: $(tail -2 "$tmp/l.out")"
+
+# Several methods share --checkpoint-dir through a sub-folder each, and all can be resumed.
+"$sumo" train "${quick[@]}" --reduce avg,sum --checkpoint-dir "$tmp/ck3" > "$tmp/g1.out" 2>&1
+[ -f "$tmp/ck3/avg/latest" ] && [ -f "$tmp/ck3/sum/latest" ] && ok "several methods: a checkpoint folder each" \
+  || fail "several methods: $(ls -R "$tmp/ck3" 2>&1 | head -5)"
+"$sumo" train "${quick[@]}" --epochs 2 --reduce avg,sum --checkpoint-dir "$tmp/ck3" --resume > "$tmp/g2.out" 2>&1
+[ $? -eq 0 ] && ok "several methods: each resumes from its own checkpoint" || fail "several methods resume: $(tail -2 "$tmp/g2.out")"
+
+# A fresh run does not silently replace a checkpoint; --overwrite does, on request.
+"$sumo" train "${quick[@]}" --checkpoint-dir "$tmp/ck4" > /dev/null 2>&1
+"$sumo" train "${quick[@]}" --checkpoint-dir "$tmp/ck4" > "$tmp/h.out" 2>&1
+[ $? -ne 0 ] && grep -q "$tmp/ck4 holds a checkpoint" "$tmp/h.out" && grep -q -- "--overwrite" "$tmp/h.out" \
+  && ok "fresh run into a folder with a checkpoint refused, naming it" || fail "fresh run over a checkpoint: $(tail -2 "$tmp/h.out")"
+touch "$tmp/ck4/step-999.rank-0.ckpt.tmp.$dead"
+"$sumo" train "${quick[@]}" --checkpoint-dir "$tmp/ck4" --overwrite > "$tmp/h2.out" 2>&1
+[ $? -eq 0 ] && [ ! -e "$tmp/ck4/step-999.rank-0.ckpt.tmp.$dead" ] && ok "--overwrite starts afresh; a dead writer's temporary is removed" \
+  || fail "--overwrite: $(tail -2 "$tmp/h2.out"); $(ls "$tmp/ck4")"
+
+# --keep K keeps the K latest.
+"$sumo" train "${quick[@]}" --batch 8 --checkpoint-dir "$tmp/ck5" --checkpoint-every 5 --keep 3 > /dev/null 2>&1
+n=$(ls "$tmp"/ck5/step-*.rank-0.ckpt 2>/dev/null | wc -l)
+[ "$n" -eq 3 ] && ok "--keep 3 keeps 3 checkpoints" || fail "--keep 3 kept $n"
+
+# Resuming with other flags names them; more epochs (constant schedule) are allowed.
+"$sumo" train "${common[@]}" --lr 0.1 --checkpoint-dir "$tmp/ck" --resume > "$tmp/i.out" 2>&1
+[ $? -ne 0 ] && grep -q -- "--lr 0.05.* in the checkpoint, 0.1.* now" "$tmp/i.out" \
+  && ok "resume with another --lr refused, naming the flag and both values" || fail "resume with other flags: $(tail -2 "$tmp/i.out")"
+"$sumo" train "${common[@]}" --epochs 1 --checkpoint-dir "$tmp/ck6" > /dev/null 2>&1
+"$sumo" train "${common[@]}" --epochs 2 --checkpoint-dir "$tmp/ck6" --resume > "$tmp/j.out" 2>&1
+[ "$(checksum "$tmp/j.out")" = "$A" ] && ok "resume with more --epochs trains on, bit-identical to one longer run" \
+  || fail "resume with more epochs: $(tail -2 "$tmp/j.out")"
+
+# ---- waiting and resources ----
+# Under a memory limit most of 512 worker threads cannot start: the run fails at once (the
+# runner tells the started ones), not after the peers' deadline.
+# (AddressSanitizer reserves terabytes of address space: it cannot run under ulimit -v.)
+if ldd "$sumo" | grep libasan > /dev/null; then echo "skip - threads that cannot start (an ASan build)"; else
+start=$(date +%s)
+(ulimit -v 1500000; SUMO_TIMEOUT=30 "$sumo" train --workers 512 --batch 1 --train-limit 2048 --test-limit 100 --no-progress) > "$tmp/k.out" 2>&1
+code=$? took=$(( $(date +%s) - start ))
+[ $code -ne 0 ] && [ $took -lt 15 ] && grep -q "could not be started" "$tmp/k.out" \
+  && ok "worker threads that cannot start: fails in ${took}s, not at the 30 s deadline" \
+  || fail "threads that cannot start: exit $code after ${took}s: $(tail -1 "$tmp/k.out")"
+fi
+
+# ---- what a newcomer reads ----
+"$sumo" train "${quick[@]}" --epochs 2 --reduce avg@linear > "$tmp/n.out" 2> "$tmp/n.err"
+grep -q "to target  epochs until" "$tmp/n.out" && grep -q "^target: 85.00% test accuracy" "$tmp/n.out" \
+  && ok "the table has a legend and names the target" || fail "no legend: $(head -5 "$tmp/n.out")"
+"$sumo" train --workers 1 --epochs 2 --batch 32 --train-limit 256 --test-limit 100 --reduce avg@linear 2> "$tmp/p.err" > /dev/null
+[ "$(grep -c '^\[avg@linear\] epoch [12]/2' "$tmp/p.err")" -eq 2 ] \
+  && ok "stderr not a terminal: one progress line per epoch, labelled as given" || fail "progress: $(cat "$tmp/p.err" | head -3)"
+"$sumo" train "${quick[@]}" --workers 2 --train-limit 2000 --lr 1000 --optimizer lamb --reduce sum > "$tmp/q.out" 2>&1
+grep -q "^sum .* diverged .*DIVERGED" "$tmp/q.out" && ok "a diverged run is marked" || fail "diverged: $(grep '^sum ' "$tmp/q.out")"
 
 mkdir -p "$tmp/data"
 for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
@@ -62,6 +192,19 @@ if command -v mpirun > /dev/null && ldd "$sumo" | grep libmpi > /dev/null; then
   mpirun -np 2 --oversubscribe --allow-run-as-root --mca btl self,vader "$sumo" train "${common[@]}" --transport mpi > "$tmp/m.out" 2>&1
   [ "$(checksum "$tmp/m.out")" = "$A" ] && ok "MPI transport (2 processes) = threads transport, bit for bit" \
     || { fail "MPI differs: $(checksum "$tmp/m.out") vs $A"; tail -5 "$tmp/m.out"; }
+  mpirun -np 2 --oversubscribe --allow-run-as-root --mca btl self,vader "$sumo" train "${common[@]}" --transport mpi \
+    --checkpoint-dir "$tmp/mck" --checkpoint-every 20 --stop-after 55 > "$tmp/m1.out" 2>&1
+  mpirun -np 2 --oversubscribe --allow-run-as-root --mca btl self,vader "$sumo" train "${common[@]}" --transport mpi \
+    --checkpoint-dir "$tmp/mck" --checkpoint-every 20 --resume > "$tmp/m2.out" 2>&1
+  n=$(ls "$tmp"/mck/step-*.rank-1.ckpt 2>/dev/null | wc -l)
+  [ "$(checksum "$tmp/m2.out")" = "$A" ] && [ "$n" -eq 2 ] && ok "MPI: stopped, resumed: bit-identical; 2 checkpoints kept per rank" \
+    || { fail "MPI resume: $(checksum "$tmp/m2.out") vs $A, $n files of rank 1"; tail -3 "$tmp/m2.out"; }
+  # Only rank 0 writes the log: the others must learn that it cannot, and every rank leave.
+  SUMO_TIMEOUT=60 timeout 50 mpirun -np 2 --oversubscribe --allow-run-as-root --mca btl self,vader "$sumo" train "${quick[@]}" \
+    --transport mpi --log /nonexistent/x.csv > "$tmp/m3.out" 2>&1
+  code=$?
+  [ $code -ne 0 ] && [ $code -ne 124 ] && grep -q "/nonexistent/x.csv" "$tmp/m3.out" \
+    && ok "MPI: a log rank 0 cannot open ends every rank before training" || fail "MPI unwritable log: exit $code"
 fi
 
 for m in adasum adasum-delta acga slowmo localsgd bmuf; do

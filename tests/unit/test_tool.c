@@ -1,13 +1,22 @@
 /* Smoke test of the `sumo` command: dispatch, usage errors, and a tiny `sumo bench` whose rows
  * are checked against the sequential reference. It runs the binary built beside this test
- * ($(BUILD)/sumo, found from argv[0]) and skips when that was not built. */
+ * ($(BUILD)/sumo, found from argv[0]) and skips when that was not built. Also the pieces
+ * `sumo train` is built from: the flag parsers (tools/sumo/args.c, compiled in here) and the
+ * checkpoint folder's housekeeping (keep K, stale temporaries, refused fresh runs, the
+ * configuration a refused resume names). */
+/* Before cmocka.h, whose fail() macro would rename args.c's helper. */
+#include "../../tools/sumo/args.c"
+#include "train/checkpoint.h"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <dirent.h>
 #include <libgen.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,6 +126,132 @@ static void test_bench_quick_checked(void **state)
     assert_true(rows >= 2 * 3 * 2); /* sum and avg at least */
 }
 
+/* Values that used to wrap or be taken silently: each refused with the flag and range named. */
+static void test_args_refuse_with_flag_and_range(void **state)
+{
+    (void)state;
+    sumo_args_error e;
+    int n;
+    int64_t l;
+    uint64_t u;
+    double d;
+    assert_false(sumo_args_int("--workers", "4294967297", 1, 1024, &n, &e));
+    assert_non_null(strstr(e.message, "--workers"));
+    assert_non_null(strstr(e.message, "1 to 1024"));
+    assert_false(sumo_args_int("--batch", "4294967360", 1, 65536, &n, &e));
+    assert_false(sumo_args_int64("--epochs", "99999999999999999999", 1, 1000000, &l, &e));
+    assert_non_null(strstr(e.message, "out of range"));
+    assert_false(sumo_args_int("--workers", "", 1, 1024, &n, &e));
+    assert_false(sumo_args_int("--workers", " 4", 1, 1024, &n, &e));
+    assert_false(sumo_args_int("--workers", "4x", 1, 1024, &n, &e));
+    assert_false(sumo_args_uint64("--seed", "abc", &u, &e));
+    assert_non_null(strstr(e.message, "--seed"));
+    assert_false(sumo_args_uint64("--seed", "-1", &u, &e));
+    assert_false(sumo_args_double("--lr", "0", 0, true, 1000, false, &d, &e));
+    assert_false(sumo_args_double("--lr", "1e300", 0, true, 1000, false, &d, &e));
+    assert_non_null(strstr(e.message, "1000"));
+    assert_false(sumo_args_double("--lr", "nan", 0, true, 1000, false, &d, &e));
+    assert_true(sumo_args_int("--workers", "1024", 1, 1024, &n, &e));
+    assert_int_equal(n, 1024);
+    assert_true(sumo_args_uint64("--seed", "18446744073709551615", &u, &e));
+    assert_true(u == UINT64_MAX);
+    assert_true(sumo_args_double("--lr", "0.05", 0, true, 1000, false, &d, &e));
+}
+
+static int count_files(const char *dir, const char *contains)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) n += strstr(e->d_name, contains) != NULL;
+    closedir(d);
+    return n;
+}
+
+static void touch(const char *dir, const char *name)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fclose(f);
+}
+
+static void test_checkpoint_housekeeping(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/sumo-test-ckpt-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char err[1024];
+    const char *config = "--workers 2\n--lr 0.05\n--batch 32\n";
+    unsigned char payload[64] = {1, 2, 3};
+    for (long step = 10; step <= 40; step += 10) {
+        sumo__ckpt_id id = {.dir = dir, .step = step, .rank = 0, .size = 1, .config_hash = 7,
+                            .config_text = config};
+        assert_int_equal(sumo__checkpoint_write_rank(&id, payload, sizeof payload, err, sizeof err), SUMO_SUCCESS);
+        assert_int_equal(sumo__checkpoint_write_manifest(&id, err, sizeof err), SUMO_SUCCESS);
+    }
+    /* A step past the manifest's was never completed; the 2 newest up to it stay. */
+    touch(dir, "step-50.rank-0.ckpt");
+    sumo__checkpoint_prune(dir, 0, 40, 2);
+    assert_int_equal(count_files(dir, ".ckpt"), 2);
+    assert_int_equal(count_files(dir, "step-30."), 1);
+    assert_int_equal(count_files(dir, "step-40."), 1);
+
+    /* A fresh run is refused, naming the folder and the ways out. */
+    assert_int_equal(sumo__checkpoint_prepare(dir, false, false, true, err, sizeof err), SUMO_ERR_INVALID_USAGE);
+    assert_non_null(strstr(err, dir));
+    assert_non_null(strstr(err, "--overwrite"));
+
+    /* Temporaries of a writer that is gone go; this process's own stay. */
+    pid_t child = fork();
+    if (child == 0) _exit(0);
+    waitpid(child, NULL, 0);
+    char name[128];
+    snprintf(name, sizeof name, "latest.tmp.%ld", (long)child);
+    touch(dir, name);
+    snprintf(name, sizeof name, "step-60.rank-0.ckpt.tmp.%ld", (long)getpid());
+    touch(dir, name);
+    assert_int_equal(sumo__checkpoint_prepare(dir, true, false, true, err, sizeof err), SUMO_SUCCESS);
+    assert_int_equal(count_files(dir, ".tmp."), 1);
+    assert_int_equal(count_files(dir, ".ckpt"), 3);
+
+    /* Resuming with other flags names each one that differs, with both values. */
+    sumo__ckpt_id other = {.dir = dir, .rank = 0, .size = 1, .config_hash = 8,
+                           .config_text = "--workers 2\n--lr 0.1\n--batch 32\n--seed 3\n"};
+    long step;
+    assert_int_equal(sumo__checkpoint_read_manifest(&other, &step, err, sizeof err), SUMO_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(err, "--lr 0.05 in the checkpoint, 0.1 now"));
+    assert_non_null(strstr(err, "--seed (not set) in the checkpoint, 3 now"));
+    assert_null(strstr(err, "--batch"));
+
+    /* --overwrite discards the old checkpoint. */
+    assert_int_equal(sumo__checkpoint_prepare(dir, false, true, true, err, sizeof err), SUMO_SUCCESS);
+    assert_int_equal(count_files(dir, ".ckpt"), 1); /* this process's temporary */
+    assert_int_equal(count_files(dir, "latest"), 0);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void test_train_usage_errors(void **state)
+{
+    (void)state;
+    require_binary();
+    char *out;
+    assert_int_equal(run_sumo("train --workers 4294967297", &out), 2);
+    assert_non_null(strstr(out, "--workers"));
+    free(out);
+    assert_int_equal(run_sumo("train --reduce ''", &out), 2);
+    free(out);
+    assert_int_equal(run_sumo("train --resume", &out), 2);
+    assert_null(strstr(out, "(null)"));
+    free(out);
+    assert_int_equal(run_sumo("help train", &out), 0);
+    assert_non_null(strstr(out, "--keep"));
+    free(out);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -128,6 +263,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_help_lists_bench),
         cmocka_unit_test(test_usage_errors),
         cmocka_unit_test(test_bench_quick_checked),
+        cmocka_unit_test(test_args_refuse_with_flag_and_range),
+        cmocka_unit_test(test_checkpoint_housekeeping),
+        cmocka_unit_test(test_train_usage_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,14 +3,19 @@
  * threads transport (default) or under mpirun. A comma-separated --reduce runs each method
  * in turn with otherwise identical settings and prints a comparison table.
  */
+#include "args.h"
 #include "commands.h"
 
+#include "train/checkpoint.h"
 #include "train/trainer.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #ifdef SUMO_HAVE_MPI
@@ -50,21 +55,37 @@ static void usage(FILE *out)
         "  --train-limit N --test-limit N   use only the first N items\n"
         "  --log FILE             CSV log (one per method: FILE gets .METHOD before .csv)\n"
         "  --summary FILE         append one CSV row per method with the end-of-run figures\n"
-        "  --checkpoint-dir D --checkpoint-every K --resume --stop-after K\n"
-        "  --no-progress --verify-ranks (check all ranks agree after every step)\n");
+        "  --checkpoint-dir D     atomic checkpoints in D (several methods: D/METHOD each)\n"
+        "  --checkpoint-every K   also every K steps [only at the end]\n"
+        "  --keep K               keep the K latest checkpoints [2]\n"
+        "  --resume               continue D's latest checkpoint (more --epochs may be given\n"
+        "                         with the constant schedule; other changed flags are named)\n"
+        "  --overwrite            start afresh in a D that holds a checkpoint, discarding it\n"
+        "  --stop-after K         stop after step K (with D: after saving a checkpoint there)\n"
+        "  --no-progress          no progress on stderr (a line per epoch when not a terminal)\n"
+        "  --verify-ranks         check all ranks agree after every step\n"
+        "The results table ends with a line per column saying what it shows; \"to target\"\n"
+        "counts epochs until the test accuracy first reached --target.\n");
 }
+
+#define MAX_METHODS 16
 
 typedef struct options {
     sumo__train_config cfg;
-    char methods[256];
+    int nmethods;
+    sumo__method methods[MAX_METHODS];
+    const char *scalings[MAX_METHODS];
+    char labels[MAX_METHODS][64];
     const char *transport;
     const char *data_dir;
     const char *log_path;
     const char *summary_path;
     const char *lr_scaling;
-    double momentum, tau_override, alpha_override, slow_beta_override, inner_override;
+    double momentum, alpha_override, slow_beta_override;
+    int tau_override, inner_override;
     int buffers_override, memory_efficient;
     int have_momentum;
+    bool overwrite, have_checkpoint_every, have_keep;
 } options;
 
 static int bad(const char *flag, const char *value)
@@ -73,59 +94,130 @@ static int bad(const char *flag, const char *value)
     return 2;
 }
 
-static int parse_double(const char *s, double *out)
+static int bad_args(const sumo_args_error *e)
 {
-    char *end;
-    *out = strtod(s, &end);
-    return end != s && *end == '\0' && isfinite(*out);
+    fprintf(stderr, "sumo train: %s\n", e->message);
+    return 2;
 }
 
-static int parse_long(const char *s, long *out)
+/* none | linear | a factor; NULL *factor for linear (it depends on the worker count). */
+static bool parse_scaling(const char *flag, const char *v, double *factor, bool *linear, sumo_args_error *e)
 {
-    char *end;
-    *out = strtol(s, &end, 10);
-    return end != s && *end == '\0';
+    *linear = false;
+    *factor = 1.0;
+    if (strcmp(v, "none") == 0) return true;
+    if (strcmp(v, "linear") == 0) return *linear = true;
+    if (sumo_args_double(flag, v, 0, true, 1e6, false, factor, e)) return true;
+    snprintf(e->message, sizeof e->message, "%s: '%s' is not none, linear or a factor in (0, 1e6]", flag, v);
+    return false;
 }
+
+/* --reduce: METHOD[@SCALING], comma-separated; every entry must name a method, once. */
+static int parse_methods(const char *value, options *o)
+{
+    char list[1024];
+    if (strlen(value) >= sizeof list) return bad("--reduce", value);
+    snprintf(list, sizeof list, "%s", value);
+    o->nmethods = 0;
+    for (char *p = list, *next; p; p = next) {
+        next = strchr(p, ',');
+        if (next) *next++ = '\0';
+        if (*p == '\0') {
+            fprintf(stderr, "sumo train: --reduce '%s': an empty entry (methods: sum, avg, adasum, "
+                            "adasum-delta, acga, slowmo, localsgd, bmuf)\n", value);
+            return 2;
+        }
+        if (o->nmethods == MAX_METHODS) {
+            fprintf(stderr, "sumo train: --reduce: at most %d methods in one run\n", MAX_METHODS);
+            return 2;
+        }
+        int k = o->nmethods;
+        size_t n = strlen(p);
+        if (n >= sizeof o->labels[k]) return bad("--reduce", p);
+        memcpy(o->labels[k], p, n + 1);
+        for (int j = 0; j < k; j++)
+            if (strcmp(o->labels[j], p) == 0) {
+                fprintf(stderr, "sumo train: --reduce: '%s' is given twice\n", p);
+                return 2;
+            }
+        char *at = strchr(p, '@');
+        if (at) *at = '\0';
+        if (!sumo__method_parse(p, &o->methods[k])) return bad("--reduce", p);
+        /* The scaling points into the label, which lives as long as the options. */
+        o->scalings[k] = at ? strchr(o->labels[k], '@') + 1 : NULL;
+        if (o->scalings[k]) {
+            sumo_args_error e;
+            double f;
+            bool linear;
+            if (!parse_scaling("--reduce METHOD@S", o->scalings[k], &f, &linear, &e)) return bad_args(&e);
+        }
+        o->nmethods++;
+    }
+    return 0;
+}
+
+/* Largest values that mean something here; beyond them a typo is likelier than intent. */
+#define MAX_BATCH 65536
+#define MAX_EPOCHS 1000000
+#define MAX_HIDDEN 65536
+#define MAX_LR 1000.0
 
 static int parse(int argc, char **argv, options *o)
 {
     sumo__train_config *c = &o->cfg;
     sumo__train_config_default(c);
     c->target_accuracy = 0.85;
-    c->progress = isatty(2);
-    snprintf(o->methods, sizeof o->methods, "avg");
-    o->tau_override = o->alpha_override = o->slow_beta_override = o->inner_override = -1;
+    c->progress = true;
+    c->progress_inline = isatty(2);
+    c->keep = 2;
+    int rc = parse_methods("avg", o);
+    if (rc) return rc;
+    o->alpha_override = o->slow_beta_override = -1;
+    o->tau_override = o->inner_override = -1;
     o->buffers_override = -1;
     const char *optimizer = "sgd";
     double beta1 = -1, beta2 = -1, eps = -1, wd = -1, damp = -1;
     int nesterov = 0;
+    sumo_args_error e;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        double d;
-        long l;
+        int64_t l;
 #define FLAG(name) (strcmp(a, name) == 0)
-#define NEED() do { if (v == NULL) return bad(a, v); i++; } while (0)
-#define DBL(dst) do { NEED(); if (!parse_double(v, &d)) return bad(a, v); dst = d; } while (0)
-#define LNG(dst, lo) do { NEED(); if (!parse_long(v, &l) || l < (lo)) return bad(a, v); dst = l; } while (0)
+#define NEED() do { if (v == NULL) { fprintf(stderr, "sumo train: %s needs a value\n", a); return 2; } i++; } while (0)
+#define DBL(dst, lo, lo_open, hi, hi_open) \
+    do { NEED(); if (!sumo_args_double(a, v, lo, lo_open, hi, hi_open, &(dst), &e)) return bad_args(&e); } while (0)
+#define INT(dst, lo, hi) do { NEED(); if (!sumo_args_int(a, v, lo, hi, &(dst), &e)) return bad_args(&e); } while (0)
+#define I64(dst, lo, hi) \
+    do { NEED(); if (!sumo_args_int64(a, v, lo, hi, &l, &e)) return bad_args(&e); dst = l; } while (0)
         if (FLAG("--help") || FLAG("-h")) { usage(stdout); return 1; }
-        else if (FLAG("--workers")) LNG(c->workers, 1);
-        else if (FLAG("--transport")) { NEED(); o->transport = v; }
+        else if (FLAG("--workers")) INT(c->workers, 1, SUMO_THREADS_MAX_RANKS);
+        else if (FLAG("--transport")) {
+            NEED();
+            if (strcmp(v, "mpi") != 0 && strcmp(v, "threads") != 0) return bad(a, v);
+            o->transport = v;
+        }
         else if (FLAG("--model")) {
             NEED();
             if (strcmp(v, "mlp") == 0) c->model = SUMO__MODEL_MLP;
             else if (strcmp(v, "cnn") == 0) c->model = SUMO__MODEL_CNN;
             else return bad(a, v);
         }
-        else if (FLAG("--hidden")) LNG(c->hidden, 0);
-        else if (FLAG("--batch")) LNG(c->batch, 1);
-        else if (FLAG("--epochs")) LNG(c->epochs, 1);
-        else if (FLAG("--seed")) { NEED(); c->seed = strtoull(v, NULL, 10); }
-        else if (FLAG("--reduce")) { NEED(); snprintf(o->methods, sizeof o->methods, "%s", v); }
+        else if (FLAG("--hidden")) INT(c->hidden, 0, MAX_HIDDEN);
+        else if (FLAG("--batch")) INT(c->batch, 1, MAX_BATCH);
+        else if (FLAG("--epochs")) INT(c->epochs, 1, MAX_EPOCHS);
+        else if (FLAG("--seed")) { NEED(); if (!sumo_args_uint64(a, v, &c->seed, &e)) return bad_args(&e); }
+        else if (FLAG("--reduce")) { NEED(); if ((rc = parse_methods(v, o)) != 0) return rc; }
         else if (FLAG("--optimizer")) { NEED(); optimizer = v; }
-        else if (FLAG("--lr")) DBL(c->lr);
-        else if (FLAG("--lr-scaling")) { NEED(); o->lr_scaling = v; }
-        else if (FLAG("--warmup-epochs")) DBL(c->warmup_epochs);
+        else if (FLAG("--lr")) DBL(c->lr, 0, true, MAX_LR, false);
+        else if (FLAG("--lr-scaling")) {
+            NEED();
+            double f;
+            bool linear;
+            if (!parse_scaling(a, v, &f, &linear, &e)) return bad_args(&e);
+            o->lr_scaling = v;
+        }
+        else if (FLAG("--warmup-epochs")) DBL(c->warmup_epochs, 0, false, MAX_EPOCHS, false);
         else if (FLAG("--schedule")) {
             NEED();
             if (strcmp(v, "constant") == 0) c->schedule = SUMO_LR_CONSTANT;
@@ -133,23 +225,23 @@ static int parse(int argc, char **argv, options *o)
             else if (strcmp(v, "cosine") == 0) c->schedule = SUMO_LR_COSINE;
             else return bad(a, v);
         }
-        else if (FLAG("--momentum")) { DBL(o->momentum); o->have_momentum = 1; }
+        else if (FLAG("--momentum")) { DBL(o->momentum, 0, false, 1, true); o->have_momentum = 1; }
         else if (FLAG("--nesterov")) nesterov = 1;
-        else if (FLAG("--dampening")) DBL(damp);
-        else if (FLAG("--weight-decay")) DBL(wd);
-        else if (FLAG("--beta1")) DBL(beta1);
-        else if (FLAG("--beta2")) DBL(beta2);
-        else if (FLAG("--eps")) DBL(eps);
-        else if (FLAG("--acga-beta")) DBL(c->acga.beta);
+        else if (FLAG("--dampening")) DBL(damp, 0, false, 1, false);
+        else if (FLAG("--weight-decay")) DBL(wd, 0, false, 1e3, false);
+        else if (FLAG("--beta1")) DBL(beta1, 0, false, 1, true);
+        else if (FLAG("--beta2")) DBL(beta2, 0, false, 1, true);
+        else if (FLAG("--eps")) DBL(eps, 0, true, 1, false);
+        else if (FLAG("--acga-beta")) DBL(c->acga.beta, 0, false, 1, true);
         else if (FLAG("--acga-per-tensor")) c->acga.per_tensor = 1;
         else if (FLAG("--acga-reference-permutation")) c->acga.reference_permutation = 1;
         else if (FLAG("--acga-no-guard")) c->acga.negative_guard = 0;
         else if (FLAG("--acga-rescale")) c->acga.rescale = 1;
-        else if (FLAG("--acga-eps")) DBL(c->acga.eps);
-        else if (FLAG("--tau")) DBL(o->tau_override);
-        else if (FLAG("--alpha")) DBL(o->alpha_override);
-        else if (FLAG("--slow-beta")) DBL(o->slow_beta_override);
-        else if (FLAG("--inner-period")) DBL(o->inner_override);
+        else if (FLAG("--acga-eps")) DBL(c->acga.eps, 0, true, 1, false);
+        else if (FLAG("--tau")) INT(o->tau_override, 1, 1000000);
+        else if (FLAG("--alpha")) DBL(o->alpha_override, 0, true, 1e3, false);
+        else if (FLAG("--slow-beta")) DBL(o->slow_beta_override, 0, false, 1, true);
+        else if (FLAG("--inner-period")) INT(o->inner_override, 0, 1000000);
         else if (FLAG("--buffers")) {
             NEED();
             if (strcmp(v, "keep") == 0) o->buffers_override = SUMO_BUFFERS_KEEP;
@@ -159,18 +251,20 @@ static int parse(int argc, char **argv, options *o)
         }
         else if (FLAG("--memory-efficient")) o->memory_efficient = 1;
         else if (FLAG("--adasum-hierarchical")) c->adasum_hierarchical = 1;
-        else if (FLAG("--adasum-group-size")) LNG(c->adasum_group_size, 0);
-        else if (FLAG("--eval-every")) LNG(c->eval_every, 0);
-        else if (FLAG("--target")) DBL(c->target_accuracy);
+        else if (FLAG("--adasum-group-size")) INT(c->adasum_group_size, 0, SUMO_THREADS_MAX_RANKS);
+        else if (FLAG("--eval-every")) INT(c->eval_every, 0, INT_MAX);
+        else if (FLAG("--target")) DBL(c->target_accuracy, 0, false, 1, false);
         else if (FLAG("--data")) { NEED(); o->data_dir = v; }
-        else if (FLAG("--train-limit")) LNG(c->train_limit, 0);
-        else if (FLAG("--test-limit")) LNG(c->test_limit, 0);
+        else if (FLAG("--train-limit")) I64(c->train_limit, 0, SUMO__IDX_MAX_ITEMS);
+        else if (FLAG("--test-limit")) I64(c->test_limit, 0, SUMO__IDX_MAX_ITEMS);
         else if (FLAG("--log")) { NEED(); o->log_path = v; }
         else if (FLAG("--summary")) { NEED(); o->summary_path = v; }
         else if (FLAG("--checkpoint-dir")) { NEED(); c->checkpoint_dir = v; }
-        else if (FLAG("--checkpoint-every")) LNG(c->checkpoint_every, 0);
+        else if (FLAG("--checkpoint-every")) { INT(c->checkpoint_every, 1, INT_MAX); o->have_checkpoint_every = true; }
+        else if (FLAG("--keep")) { INT(c->keep, 1, 1000000); o->have_keep = true; }
+        else if (FLAG("--overwrite")) o->overwrite = true;
         else if (FLAG("--resume")) c->resume = true;
-        else if (FLAG("--stop-after")) LNG(c->stop_after, 0);
+        else if (FLAG("--stop-after")) I64(c->stop_after, 1, LONG_MAX);
         else if (FLAG("--no-progress")) c->progress = false;
         else if (FLAG("--verify-ranks")) c->verify_ranks = true;
         else {
@@ -180,8 +274,25 @@ static int parse(int argc, char **argv, options *o)
 #undef FLAG
 #undef NEED
 #undef DBL
-#undef LNG
+#undef INT
+#undef I64
     }
+    if (c->checkpoint_dir == NULL) {
+        const char *needs = c->resume ? "--resume" : o->have_checkpoint_every ? "--checkpoint-every"
+                          : o->have_keep ? "--keep" : o->overwrite ? "--overwrite" : NULL;
+        if (needs) {
+            fprintf(stderr, "sumo train: %s needs --checkpoint-dir DIR (the folder the checkpoints live in)\n", needs);
+            return 2;
+        }
+    } else if (c->checkpoint_dir[0] == '\0') {
+        return bad("--checkpoint-dir", c->checkpoint_dir);
+    }
+    if (c->resume && o->overwrite) {
+        fprintf(stderr, "sumo train: --resume continues the checkpoint that --overwrite would discard: give one\n");
+        return 2;
+    }
+    if ((o->log_path && o->log_path[0] == '\0') || (o->summary_path && o->summary_path[0] == '\0'))
+        return bad(o->log_path && o->log_path[0] == '\0' ? "--log" : "--summary", "");
     sumo_optimizer_kind kind;
     if (strcmp(optimizer, "sgd") == 0) kind = SUMO_OPTIM_SGD;
     else if (strcmp(optimizer, "adam") == 0) kind = SUMO_OPTIM_ADAM;
@@ -225,39 +336,68 @@ static int configure_method(options *o, sumo__method m, const char *scaling, sum
     }
     c->lr_scale = 1.0;
     if (scaling == NULL) scaling = o->lr_scaling;
-    if (scaling && strcmp(scaling, "none") != 0) {
+    if (scaling) {
         double f;
-        if (strcmp(scaling, "linear") == 0) c->lr_scale = c->workers;
-        else if (parse_double(scaling, &f) && f > 0) c->lr_scale = f;
-        else return bad("--lr-scaling", scaling);
+        bool linear;
+        sumo_args_error e;
+        if (!parse_scaling("--lr-scaling", scaling, &f, &linear, &e)) return bad_args(&e);
+        c->lr_scale = linear ? c->workers : f;
     }
     return 0;
 }
 
-static void method_log_path(const char *base, const char *method, bool several, char *out, size_t len)
+/* False when the path does not fit out. */
+static bool method_log_path(const char *base, const char *method, bool several, char *out, size_t len)
 {
-    if (!several) {
-        snprintf(out, len, "%s", base);
-        return;
-    }
+    int n;
     const char *dot = strrchr(base, '.');
-    if (dot && strcmp(dot, ".csv") == 0) snprintf(out, len, "%.*s.%s.csv", (int)(dot - base), base, method);
-    else snprintf(out, len, "%s.%s", base, method);
+    if (!several) n = snprintf(out, len, "%s", base);
+    else if (dot && strcmp(dot, ".csv") == 0) n = snprintf(out, len, "%.*s.%s.csv", (int)(dot - base), base, method);
+    else n = snprintf(out, len, "%s.%s", base, method);
+    return n >= 0 && (size_t)n < len;
 }
 
-static void write_summaries(const char *path, const char (*labels)[64],
-                            const sumo__train_config *configs, const sumo__train_summary *sums, int n)
+/* A log that cannot be created would otherwise only show up as a missing file after the run:
+ * find out before any training. An existing log is opened for appending, so a resume keeps
+ * it; a new one is created (the trainer rewrites it from the start). */
+static int check_writable(const char *path, const char *what)
+{
+    FILE *f = fopen(path, "a");
+    if (f == NULL) {
+        fprintf(stderr, "sumo train: %s: cannot open the %s: %s\n", path, what, strerror(errno));
+        return 1;
+    }
+    if (fclose(f) != 0) {
+        fprintf(stderr, "sumo train: %s: cannot write the %s: %s\n", path, what, strerror(errno));
+        return 1;
+    }
+    return 0;
+}
+
+static FILE *open_summary(const char *path)
 {
     bool fresh = access(path, F_OK) != 0;
     FILE *f = fopen(path, "a");
     if (f == NULL) {
-        fprintf(stderr, "sumo train: %s: cannot open the summary file\n", path);
-        return;
+        fprintf(stderr, "sumo train: %s: cannot open the summary file: %s\n", path, strerror(errno));
+        return NULL;
     }
     if (fresh)
         fprintf(f, "method,workers,batch,total_batch,optimizer,peak_lr,final_accuracy,best_accuracy,"
                    "steps_to_target,epochs_to_target,steps,rounds,bytes,diverged,wall_s,"
                    "aggregation_s,compute_s,extra_memory_bytes,params,fnv1a\n");
+    if (fflush(f) != 0) {
+        fprintf(stderr, "sumo train: %s: cannot write the summary file: %s\n", path, strerror(errno));
+        fclose(f);
+        return NULL;
+    }
+    return f;
+}
+
+/* Rows go out together at the end; a full disk shows up at the latest when the file is closed. */
+static int write_summaries(FILE *f, const char *path, const char (*labels)[64],
+                           const sumo__train_config *configs, const sumo__train_summary *sums, int n)
+{
     for (int k = 0; k < n; k++) {
         const sumo__train_summary *s = &sums[k];
         const sumo__train_config *c = &configs[k];
@@ -269,8 +409,78 @@ static void write_summaries(const char *path, const char (*labels)[64],
                 s->diverged, s->wall_seconds, s->aggregation_seconds, s->compute_seconds,
                 s->extra_memory_bytes, s->nparams, (unsigned long long)s->param_checksum);
     }
-    fclose(f);
+    bool failed = ferror(f) != 0;
+    int saved = errno;
+    if (fclose(f) != 0 && !failed) {
+        failed = true;
+        saved = errno;
+    }
+    if (failed) {
+        fprintf(stderr, "sumo train: %s: cannot write the summary file: %s\n", path, strerror(saved));
+        return 1;
+    }
+    return 0;
 }
+
+static void print_table(const options *o, const sumo__train_config *configs, const sumo__train_summary *sums)
+{
+    const sumo__train_config *c0 = &configs[0];
+    printf("\nFashion-MNIST, %s, %d workers x batch %d = total batch %d, %d epoch(s), %s, seed %llu\n",
+           c0->model == SUMO__MODEL_CNN ? "cnn" : "mlp", c0->workers, c0->batch,
+           c0->workers * c0->batch, c0->epochs, sumo_optimizer_kind_name(c0->optim.kind),
+           (unsigned long long)c0->seed);
+    if (c0->target_accuracy > 0)
+        printf("target: %.2f%% test accuracy (--target)\n", 100 * c0->target_accuracy);
+    else
+        printf("target: none (--target 0)\n");
+    printf("%-18s %8s %9s %9s %9s %7s %9s %8s %10s %8s\n", "method", "peak lr", "final acc",
+           "best acc", "to target", "steps", "comm MiB", "rounds", "agg share", "wall s");
+    for (int k = 0; k < o->nmethods; k++) {
+        const sumo__train_summary *s = &sums[k];
+        char target[32];
+        if (s->steps_to_target >= 0) snprintf(target, sizeof target, "%.2f ep", s->epochs_to_target);
+        else snprintf(target, sizeof target, "%s", s->diverged ? "diverged" : "-");
+        double share = s->aggregation_seconds / (s->aggregation_seconds + s->compute_seconds + 1e-12);
+        printf("%-18s %8.4f %8.2f%% %8.2f%% %9s %7ld %9.1f %8llu %9.1f%% %8.1f%s\n",
+               o->labels[k], configs[k].lr * configs[k].lr_scale,
+               100 * s->final_accuracy, 100 * s->best_accuracy, target, s->steps,
+               (double)s->comm.bytes / (1024.0 * 1024.0), (unsigned long long)s->comm.rounds,
+               100 * share, s->wall_seconds, s->diverged ? "  DIVERGED (loss not finite)" : "");
+    }
+    /* A newcomer cannot guess these; one line each, once. */
+    char target[64];
+    if (c0->target_accuracy > 0) snprintf(target, sizeof target, "%.2f%%", 100 * c0->target_accuracy);
+    else snprintf(target, sizeof target, "none set");
+    printf("columns:\n"
+           "  method     the --reduce entry (METHOD@S: with its own --lr-scaling S)\n"
+           "  peak lr    --lr times the scaling, reached after --warmup-epochs\n"
+           "  final acc  test accuracy at the last evaluation\n"
+           "  best acc   best test accuracy at any evaluation\n"
+           "  to target  epochs until an evaluation first reached the target (%s); -: never\n"
+           "  steps      optimizer steps, each on workers x batch items\n"
+           "  comm MiB   bytes rank 0 exchanged in collectives, in MiB\n"
+           "  rounds     collective calls of rank 0\n"
+           "  agg share  time in the distributed step (waiting for peers included) / step time\n"
+           "  wall s     wall-clock seconds\n", target);
+}
+
+#ifdef SUMO_HAVE_MPI
+/* Every rank must leave together when one finds a problem before training: a rank that
+ * returned alone would leave the others waiting for it until their deadline. */
+static int agree(bool use_mpi, int rc)
+{
+    if (!use_mpi) return rc;
+    int worst = rc;
+    MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    return worst;
+}
+#else
+static int agree(bool use_mpi, int rc)
+{
+    (void)use_mpi;
+    return rc;
+}
+#endif
 
 int sumo_cmd_train(int argc, char **argv)
 {
@@ -279,15 +489,13 @@ int sumo_cmd_train(int argc, char **argv)
     if (rc == 1) return 0; /* --help */
     if (rc) return rc;
     openblas_set_num_threads(1); /* one BLAS thread per worker: the workers share the cores */
-    int rank = 0;
+    int rank = 0, size = 1;
     bool use_mpi = o.transport ? strcmp(o.transport, "mpi") == 0
                                : getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE");
-    if (o.transport && !use_mpi && strcmp(o.transport, "threads") != 0) return bad("--transport", o.transport);
     sumo_comm *mpi_comm = NULL;
     if (use_mpi) {
 #ifdef SUMO_HAVE_MPI
         MPI_Init(&argc, &argv);
-        int size;
         MPI_Comm_rank(MPI_COMM_WORLD, &rank);
         MPI_Comm_size(MPI_COMM_WORLD, &size);
         o.cfg.workers = size;
@@ -301,8 +509,51 @@ int sumo_cmd_train(int argc, char **argv)
         return 2;
 #endif
     }
+    bool several = o.nmethods > 1, broken = false;
+    char log_paths[MAX_METHODS][1024], ckpt_dirs[MAX_METHODS][1024];
+    FILE *summary = NULL;
     char err[1024] = "";
     sumo__dataset train = {0}, test = {0};
+    sumo__train_summary summaries[MAX_METHODS];
+    sumo__train_config configs[MAX_METHODS];
+    for (int k = 0; k < o.nmethods && rc == 0; k++) {
+        sumo__train_config *c = &configs[k];
+        if ((rc = configure_method(&o, o.methods[k], o.scalings[k], c)) != 0) break;
+        c->label = o.labels[k];
+        if (o.log_path) {
+            if (!method_log_path(o.log_path, o.labels[k], several, log_paths[k], sizeof log_paths[k])) {
+                fprintf(stderr, "sumo train: --log %s: the path is too long\n", o.log_path);
+                rc = 2;
+                break;
+            }
+            c->log_path = log_paths[k];
+            if (rank == 0) rc = check_writable(c->log_path, "log");
+        }
+        if (c->checkpoint_dir) {
+            /* Methods of one run would otherwise write the same step-N files over each other. */
+            int n = several ? snprintf(ckpt_dirs[k], sizeof ckpt_dirs[k], "%s/%s", o.cfg.checkpoint_dir, o.labels[k])
+                            : snprintf(ckpt_dirs[k], sizeof ckpt_dirs[k], "%s", o.cfg.checkpoint_dir);
+            if (n < 0 || (size_t)n >= sizeof ckpt_dirs[k]) {
+                fprintf(stderr, "sumo train: --checkpoint-dir %s: the path is too long\n", o.cfg.checkpoint_dir);
+                rc = 2;
+                break;
+            }
+            if (several && mkdir(o.cfg.checkpoint_dir, 0755) != 0 && errno != EEXIST) {
+                fprintf(stderr, "sumo train: %s: cannot create the checkpoint folder: %s\n",
+                        o.cfg.checkpoint_dir, strerror(errno));
+                rc = 1;
+            }
+            c->checkpoint_dir = ckpt_dirs[k];
+            if (rc == 0 && sumo__checkpoint_prepare(c->checkpoint_dir, c->resume, o.overwrite, rank == 0,
+                                                    err, sizeof err) != SUMO_SUCCESS) {
+                fprintf(stderr, "sumo train: %s\n", err);
+                rc = 1;
+            }
+        }
+    }
+    if (rc == 0 && rank == 0 && o.summary_path && (summary = open_summary(o.summary_path)) == NULL) rc = 1;
+    if ((rc = agree(use_mpi, rc)) != 0) goto out;
+
     sumo_result r = sumo__dataset_load(o.data_dir, true, &train, err, sizeof err);
     if (r == SUMO_SUCCESS) r = sumo__dataset_load(o.data_dir, false, &test, err, sizeof err);
     if (r != SUMO_SUCCESS) {
@@ -310,82 +561,49 @@ int sumo_cmd_train(int argc, char **argv)
         rc = 1;
         goto out;
     }
-
-    char list[256];
-    snprintf(list, sizeof list, "%s", o.methods);
-    int nmethods = 0;
-    sumo__method methods[16];
-    const char *scalings[16];
-    char labels[16][64];
-    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (nmethods == 16) {
-            rc = bad("--reduce", tok);
-            goto out;
-        }
-        snprintf(labels[nmethods], sizeof labels[nmethods], "%s", tok);
-        char *at = strchr(tok, '@');
-        scalings[nmethods] = at ? at + 1 : NULL;
-        if (at) *at = '\0';
-        if (!sumo__method_parse(tok, &methods[nmethods])) {
-            rc = bad("--reduce", tok);
-            goto out;
-        }
-        nmethods++;
-    }
-    sumo__train_summary summaries[16];
-    sumo__train_config configs[16];
-    for (int k = 0; k < nmethods; k++) {
+    for (int k = 0; k < o.nmethods; k++) {
         sumo__train_config *c = &configs[k];
-        if ((rc = configure_method(&o, methods[k], scalings[k], c)) != 0) goto out;
-        char log_path[1024];
-        if (o.log_path) {
-            method_log_path(o.log_path, labels[k], nmethods > 1, log_path, sizeof log_path);
-            c->log_path = log_path;
-        }
         err[0] = '\0';
         r = mpi_comm ? sumo__train_rank(mpi_comm, c, &train, &test, &summaries[k], err, sizeof err)
                      : sumo__train_threads(c, &train, &test, &summaries[k], err, sizeof err);
         if (r != SUMO_SUCCESS) {
-            fprintf(stderr, "sumo train: %s: %s (%s)\n", labels[k],
+            fprintf(stderr, "sumo train: %s: %s (%s)\n", o.labels[k],
                     err[0] ? err : sumo_strerror(r), sumo_result_name(r));
             rc = 1;
+            broken = true;
             goto out;
         }
     }
     if (rank == 0) {
-        const sumo__train_config *c0 = &configs[0];
-        printf("\nFashion-MNIST, %s, %d workers x batch %d = total batch %d, %d epoch(s), %s, seed %llu\n",
-               c0->model == SUMO__MODEL_CNN ? "cnn" : "mlp", c0->workers, c0->batch,
-               c0->workers * c0->batch, c0->epochs, sumo_optimizer_kind_name(c0->optim.kind),
-               (unsigned long long)c0->seed);
-        printf("%-18s %8s %9s %9s %9s %7s %9s %8s %10s %8s\n", "method", "peak lr", "final acc",
-               "best acc", "to target", "steps", "comm MiB", "rounds", "agg share", "wall s");
-        for (int k = 0; k < nmethods; k++) {
-            const sumo__train_summary *s = &summaries[k];
-            char target[32];
-            if (s->steps_to_target >= 0) snprintf(target, sizeof target, "%.2f ep", s->epochs_to_target);
-            else snprintf(target, sizeof target, "-");
-            double share = s->aggregation_seconds / (s->aggregation_seconds + s->compute_seconds + 1e-12);
-            printf("%-18s %8.4f %8.2f%% %8.2f%% %9s %7ld %9.1f %8llu %9.1f%% %8.1f%s\n",
-                   labels[k], configs[k].lr * configs[k].lr_scale,
-                   100 * s->final_accuracy, 100 * s->best_accuracy, target, s->steps,
-                   (double)s->comm.bytes / (1024.0 * 1024.0), (unsigned long long)s->comm.rounds,
-                   100 * share, s->wall_seconds, s->diverged ? "  diverged" : "");
-        }
-        if (o.summary_path) write_summaries(o.summary_path, labels, configs, summaries, nmethods);
-        for (int k = 0; k < nmethods; k++)
+        print_table(&o, configs, summaries);
+        for (int k = 0; k < o.nmethods; k++)
             printf("%s: %zu parameters, fnv1a %016llx, extra memory %zu bytes\n",
-                   labels[k], summaries[k].nparams,
+                   o.labels[k], summaries[k].nparams,
                    (unsigned long long)summaries[k].param_checksum, summaries[k].extra_memory_bytes);
+        if (summary) {
+            FILE *f = summary;
+            summary = NULL;
+            if (write_summaries(f, o.summary_path, o.labels, configs, summaries, o.nmethods) != 0) rc = 1;
+        }
     }
 out:
+    if (summary) fclose(summary);
     sumo__dataset_free(&train);
     sumo__dataset_free(&test);
 #ifdef SUMO_HAVE_MPI
     if (mpi_comm) {
+        /* After a failure in training the group may be broken (a peer stopped, died or left):
+         * MPI_Finalize would then wait for it forever. Only ending the job frees the others. */
+        if (broken && size > 1) {
+            fflush(stdout);
+            fflush(stderr);
+            MPI_Abort(MPI_COMM_WORLD, rc);
+        }
         sumo_comm_destroy(mpi_comm);
         MPI_Finalize();
     }
 #endif
+    (void)size;
+    (void)broken;
     return rc;
 }

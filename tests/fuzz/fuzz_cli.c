@@ -1,0 +1,67 @@
+/*
+ * libFuzzer harness for the command-line parser of `sumo train` (tools/sumo/train.c, whose
+ * static parse() it includes) and the shared flag parsers of tools/sumo/args.c.
+ *
+ * Input: NUL-separated arguments. The first byte picks the target: even, `sumo train ARGS`
+ * through parse(), which must accept or refuse without reading out of bounds, overflowing or
+ * leaving an accepted value outside its documented range; odd, each argument through every
+ * sumo_args_* function.
+ */
+#include "../../tools/sumo/train.c"
+
+#include <stdint.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define MAX_ARGS 64
+
+static void check_accepted(const options *o)
+{
+    const sumo__train_config *c = &o->cfg;
+    if (c->workers < 1 || c->workers > SUMO_THREADS_MAX_RANKS) __builtin_trap();
+    if (c->batch < 1 || c->batch > MAX_BATCH || c->epochs < 1 || c->epochs > MAX_EPOCHS) __builtin_trap();
+    if (!(c->lr > 0 && c->lr <= MAX_LR)) __builtin_trap();
+    if (o->nmethods < 1 || o->nmethods > MAX_METHODS) __builtin_trap();
+    if ((c->resume || c->keep != 2 || o->overwrite) && c->checkpoint_dir == NULL) __builtin_trap();
+    for (int k = 0; k < o->nmethods; k++) {
+        sumo__train_config mc;
+        if (configure_method((options *)o, o->methods[k], o->scalings[k], &mc) != 0) __builtin_trap();
+        if (!(mc.lr_scale > 0)) __builtin_trap();
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1 || size > 4096) return 0;
+    char *buf = malloc(size + 1);
+    if (buf == NULL) return 0;
+    memcpy(buf, data + 1, size - 1);
+    buf[size - 1] = '\0';
+    char *argv[MAX_ARGS + 2];
+    int argc = 0;
+    argv[argc++] = "train";
+    for (char *p = buf; p < buf + size - 1 && argc <= MAX_ARGS; p += strlen(p) + 1) argv[argc++] = p;
+    argv[argc] = NULL;
+    if (data[0] % 2 == 0) {
+        options o;
+        memset(&o, 0, sizeof o);
+        if (parse(argc, argv, &o) == 0) check_accepted(&o);
+    } else {
+        sumo_args_error e;
+        for (int i = 1; i < argc; i++) {
+            int64_t l;
+            int n;
+            uint64_t u;
+            double d;
+            size_t z;
+            if (sumo_args_int64("--x", argv[i], -5, 5000, &l, &e) && (l < -5 || l > 5000)) __builtin_trap();
+            if (sumo_args_int("--x", argv[i], 1, 1024, &n, &e) && (n < 1 || n > 1024)) __builtin_trap();
+            sumo_args_uint64("--x", argv[i], &u, &e);
+            if (sumo_args_double("--x", argv[i], 0, true, 1, false, &d, &e) && !(d > 0 && d <= 1)) __builtin_trap();
+            if (sumo_args_bytes("--x", argv[i], 4, (size_t)1 << 30, &z, &e) && (z < 4 || z > (size_t)1 << 30))
+                __builtin_trap();
+        }
+    }
+    free(buf);
+    return 0;
+}
