@@ -187,7 +187,7 @@ sumo_result sumo_op_create_adasum(sumo_comm *comm, const sumo_adasum_options *op
     if (options == NULL || op == NULL)
         return SUMO__FAIL(comm->tp, SUMO_ERR_INVALID_ARGUMENT,
                           "sumo_op_create_adasum: NULL %s", options == NULL ? "options" : "op");
-    pthread_mutex_lock(&comm->lock);
+    pthread_mutex_lock(&comm->exec); /* the op table is read inside collectives */
     sumo_result r = SUMO_SUCCESS;
     int g = 1;
     size_t total = 0;
@@ -232,7 +232,7 @@ oom:
     r = SUMO__FAIL(comm->tp, SUMO_ERR_SYSTEM, "sumo_op_create_adasum: out of memory");
 out:
     op_free(a);
-    pthread_mutex_unlock(&comm->lock);
+    pthread_mutex_unlock(&comm->exec);
     return r;
 }
 

@@ -22,6 +22,7 @@ sumo_result sumo__comm_wrap(sumo__transport *tp, sumo_comm **out)
     if (c == NULL) return SUMO_ERR_SYSTEM;
     c->tp = tp;
     if (pthread_mutex_init(&c->lock, NULL) != 0) goto fail_lock;
+    if (pthread_mutex_init(&c->exec, NULL) != 0) goto fail_exec;
     if (pthread_cond_init(&c->idle, NULL) != 0) goto fail_idle;
     if (pthread_cond_init(&c->work, NULL) != 0) goto fail_work;
     *out = c;
@@ -29,6 +30,8 @@ sumo_result sumo__comm_wrap(sumo__transport *tp, sumo_comm **out)
 fail_work:
     pthread_cond_destroy(&c->idle);
 fail_idle:
+    pthread_mutex_destroy(&c->exec);
+fail_exec:
     pthread_mutex_destroy(&c->lock);
 fail_lock:
     free(c);
@@ -77,10 +80,16 @@ sumo_result sumo_comm_destroy(sumo_comm *comm)
     /* Requests not yet waited on stay waitable: they are complete and keep their result. */
     pthread_mutex_lock(&comm->lock);
     for (sumo_request *r = comm->queue.unwaited; r; r = r->next_unwaited) r->comm = NULL;
+    while (comm->queue.spare) {
+        sumo_request *r = comm->queue.spare;
+        comm->queue.spare = r->next;
+        free(r);
+    }
     pthread_mutex_unlock(&comm->lock);
     comm->tp->ops->destroy(comm->tp);
     pthread_cond_destroy(&comm->work);
     pthread_cond_destroy(&comm->idle);
+    pthread_mutex_destroy(&comm->exec);
     pthread_mutex_destroy(&comm->lock);
     sumo__op_table_free(comm);
     free(comm->scratch);
@@ -113,10 +122,11 @@ sumo_result sumo_comm_set_timeout(sumo_comm *comm, double seconds)
 {
     /* Also rejects NaN. The upper bound keeps the deadline arithmetic in int64 nanoseconds. */
     if (comm == NULL || !(seconds > 0) || seconds > 1e8) return SUMO_ERR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&comm->lock);
+    /* The deadline is read inside collectives: change it between them. */
+    pthread_mutex_lock(&comm->exec);
     comm->tp->timeout_ns = (int64_t)(seconds * 1e9);
     if (comm->tp->timeout_ns < 1) comm->tp->timeout_ns = 1;
-    pthread_mutex_unlock(&comm->lock);
+    pthread_mutex_unlock(&comm->exec);
     return SUMO_SUCCESS;
 }
 
@@ -145,9 +155,9 @@ sumo_result sumo_comm_set_param(sumo_comm *comm, sumo_comm_param param, int valu
         return SUMO__FAIL(comm->tp, SUMO_ERR_INVALID_USAGE, "sumo_comm_set_param: the ranks of this communicator do not share memory");
     if (value == SUMO_ALGORITHM_PEER && comm->tp->ops->native_allreduce == NULL)
         return SUMO__FAIL(comm->tp, SUMO_ERR_INVALID_USAGE, "sumo_comm_set_param: transport %s has no allreduce of its own", comm->tp->ops->name);
-    pthread_mutex_lock(&comm->lock);
+    pthread_mutex_lock(&comm->exec);
     comm->algo = (sumo_algorithm)value;
-    pthread_mutex_unlock(&comm->lock);
+    pthread_mutex_unlock(&comm->exec);
     return SUMO_SUCCESS;
 }
 
@@ -181,12 +191,16 @@ void sumo__comm_enter(sumo_comm *comm)
     pthread_mutex_lock(&comm->lock);
     /* Collectives on a handle run in the order they were issued. */
     while (comm->queue.pending > 0) pthread_cond_wait(&comm->idle, &comm->lock);
+    /* Taken before the queue lock is dropped: a request started after this call was issued
+     * runs after it. Nothing holds exec while waiting for lock, so this cannot deadlock. */
+    pthread_mutex_lock(&comm->exec);
+    pthread_mutex_unlock(&comm->lock);
 }
 
-void sumo__comm_leave(sumo_comm *comm) { pthread_mutex_unlock(&comm->lock); }
+void sumo__comm_leave(sumo_comm *comm) { pthread_mutex_unlock(&comm->exec); }
 
-/* Runs queued requests in order. It holds the handle's lock while a request runs, exactly as a
- * blocking caller would, and drops it between requests. */
+/* Runs queued requests in order. The queue lock is held only to take a request and to settle
+ * it, never while it runs, so sumo_allreduce_start returns at once whatever is in flight. */
 static void *progress_main(void *arg)
 {
     sumo_comm *c = arg;
@@ -197,8 +211,13 @@ static void *progress_main(void *arg)
         if (req == NULL) break;
         c->queue.head = req->next;
         if (c->queue.head == NULL) c->queue.tail = NULL;
-        req->result = sumo__allreduce_locked(c, req->sendbuf, req->recvbuf, req->count,
-                                             req->dtype, req->op);
+        pthread_mutex_lock(&c->exec);
+        pthread_mutex_unlock(&c->lock);
+        sumo_result result = sumo__allreduce_locked(c, req->sendbuf, req->recvbuf, req->count,
+                                                    req->dtype, req->op);
+        pthread_mutex_unlock(&c->exec);
+        pthread_mutex_lock(&c->lock);
+        req->result = result;
         atomic_store_explicit(&req->done, 1, memory_order_release);
         c->queue.pending--;
         pthread_cond_broadcast(&c->idle);
@@ -212,21 +231,25 @@ sumo_result sumo_allreduce_start(const void *sendbuf, void *recvbuf, size_t coun
                                  sumo_request **request)
 {
     if (comm == NULL || request == NULL) return SUMO_ERR_INVALID_ARGUMENT;
-    sumo_request *req = calloc(1, sizeof *req);
-    if (req == NULL) return SUMO_ERR_SYSTEM;
-    *req = (sumo_request){.comm = comm, .sendbuf = sendbuf, .recvbuf = recvbuf, .count = count,
-                          .dtype = dtype, .op = op};
     pthread_mutex_lock(&comm->lock);
     if (comm->stopping) {
         pthread_mutex_unlock(&comm->lock);
-        free(req);
         return SUMO_ERR_INVALID_USAGE;
     }
+    sumo_request *req = comm->queue.spare;
+    if (req != NULL) comm->queue.spare = req->next;
+    else if ((req = malloc(sizeof *req)) == NULL) {
+        pthread_mutex_unlock(&comm->lock);
+        return SUMO_ERR_SYSTEM;
+    }
+    *req = (sumo_request){.comm = comm, .sendbuf = sendbuf, .recvbuf = recvbuf, .count = count,
+                          .dtype = dtype, .op = op};
     if (!comm->progress_started) {
         if (pthread_create(&comm->progress, NULL, progress_main, comm) != 0) {
+            req->next = comm->queue.spare;
+            comm->queue.spare = req;
             pthread_mutex_unlock(&comm->lock);
-            free(req);
-            return SUMO__FAIL(comm->tp, SUMO_ERR_SYSTEM, "cannot start the progress thread");
+            return SUMO_ERR_SYSTEM;
         }
         comm->progress_started = true;
     }
@@ -254,16 +277,21 @@ sumo_result sumo_request_wait(sumo_request *request)
 {
     if (request == NULL) return SUMO_ERR_INVALID_ARGUMENT;
     sumo_comm *c = request->comm;
-    if (c != NULL) {
-        pthread_mutex_lock(&c->lock);
-        while (!atomic_load_explicit(&request->done, memory_order_acquire))
-            pthread_cond_wait(&c->idle, &c->lock);
-        if (request->prev_unwaited) request->prev_unwaited->next_unwaited = request->next_unwaited;
-        else c->queue.unwaited = request->next_unwaited;
-        if (request->next_unwaited) request->next_unwaited->prev_unwaited = request->prev_unwaited;
-        pthread_mutex_unlock(&c->lock);
+    if (c == NULL) {
+        /* Detached by sumo_comm_destroy: complete, and no longer the handle's to reuse. */
+        sumo_result r = request->result;
+        free(request);
+        return r;
     }
+    pthread_mutex_lock(&c->lock);
+    while (!atomic_load_explicit(&request->done, memory_order_acquire))
+        pthread_cond_wait(&c->idle, &c->lock);
+    if (request->prev_unwaited) request->prev_unwaited->next_unwaited = request->next_unwaited;
+    else c->queue.unwaited = request->next_unwaited;
+    if (request->next_unwaited) request->next_unwaited->prev_unwaited = request->prev_unwaited;
     sumo_result r = request->result;
-    free(request);
+    request->next = c->queue.spare;
+    c->queue.spare = request;
+    pthread_mutex_unlock(&c->lock);
     return r;
 }

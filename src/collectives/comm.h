@@ -11,13 +11,18 @@
 
 typedef struct sumo__request_queue {
     sumo_request *head, *tail;
-    int pending;          /* queued or running */
+    int pending;            /* queued or running */
     sumo_request *unwaited; /* every request not yet waited on, to detach at destroy */
+    sumo_request *spare;    /* waited-on requests kept for reuse: start does not allocate */
 } sumo__request_queue;
 
 struct sumo_comm {
     sumo__transport *tp;
-    pthread_mutex_t lock; /* held while a collective runs on this handle */
+    /* Two locks, so that queueing never waits for a collective: `lock` guards the queue and
+     * the settings and is only held for a few instructions; `exec` is held while a collective
+     * runs. Order: lock, then exec (never the reverse). */
+    pthread_mutex_t lock;
+    pthread_mutex_t exec;
     pthread_cond_t idle;  /* signalled when an asynchronous request completes */
     sumo__request_queue queue;
     pthread_cond_t work;

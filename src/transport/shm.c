@@ -72,6 +72,29 @@ void sumo__shm_abort(sumo__shm *shm, int rank)
     syscall(SYS_futex, (uint32_t *)&shm->ctl->generation, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
+void sumo__shm_depart(sumo__shm *shm, int rank)
+{
+    atomic_store(&shm->ctl->desc[rank].gone, 1);
+    uint32_t expected = 0;
+    atomic_compare_exchange_strong(&shm->ctl->departed, &expected, (uint32_t)rank + 1);
+    syscall(SYS_futex, (uint32_t *)&shm->ctl->generation, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+/* The rank whose departure makes this wait hopeless, or -1. */
+static int departed_peer(const sumo__shm_ctl *ctl, int peer)
+{
+    if (peer >= 0) return atomic_load(&ctl->desc[peer].gone) ? peer : -1;
+    return (int)atomic_load(&ctl->departed) - 1;
+}
+
+static sumo_result peer_left(sumo__transport *tp, const char *what, int who)
+{
+    return SUMO__FAIL(tp, SUMO_ERR_PEER_FAILURE,
+                      "%s: rank %d left the group (its handle was destroyed) while rank %d "
+                      "still waited on it; this communicator is unusable",
+                      what, who, tp->rank);
+}
+
 static sumo_result peer_failed(sumo__transport *tp, const char *what)
 {
     return SUMO__FAIL(tp, SUMO_ERR_PEER_FAILURE,
@@ -81,7 +104,7 @@ static sumo_result peer_failed(sumo__transport *tp, const char *what)
 }
 
 sumo_result sumo__shm_wait_change(sumo__transport *tp, _Atomic uint32_t *word, uint32_t value,
-                                  int64_t deadline_ns, const char *what)
+                                  int peer, int64_t deadline_ns, const char *what)
 {
     sumo__shm *shm = tp->shm;
     sumo__shm_ctl *ctl = shm->ctl;
@@ -92,11 +115,19 @@ sumo_result sumo__shm_wait_change(sumo__transport *tp, _Atomic uint32_t *word, u
     for (int y = 0; y < YIELD_LIMIT && sumo__now_ns() < deadline_ns; y++) {
         if (atomic_load_explicit(word, memory_order_acquire) != value) return SUMO_SUCCESS;
         if (atomic_load(&ctl->abort_flag)) return peer_failed(tp, what);
+        if (departed_peer(ctl, peer) >= 0) break;
         sched_yield();
     }
     for (;;) {
         if (atomic_load_explicit(word, memory_order_acquire) != value) return SUMO_SUCCESS;
         if (atomic_load(&ctl->abort_flag)) return peer_failed(tp, what);
+        int who = departed_peer(ctl, peer);
+        /* A departing rank changes the word before it leaves, so the word is read again after
+         * the departure was seen: a change it made on its way out still counts. */
+        if (who >= 0) {
+            if (atomic_load_explicit(word, memory_order_seq_cst) != value) return SUMO_SUCCESS;
+            return peer_left(tp, what, who);
+        }
         int64_t now = sumo__now_ns();
         if (now >= deadline_ns) {
             sumo__shm_abort(shm, tp->rank);
@@ -126,6 +157,6 @@ sumo_result sumo__shm_barrier(sumo__transport *tp)
         sumo__shm_wake(shm, &ctl->generation);
         return SUMO_SUCCESS;
     }
-    return sumo__shm_wait_change(tp, &ctl->generation, gen, sumo__now_ns() + tp->timeout_ns,
+    return sumo__shm_wait_change(tp, &ctl->generation, gen, -1, sumo__now_ns() + tp->timeout_ns,
                                  "barrier");
 }

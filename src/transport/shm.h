@@ -18,6 +18,10 @@ typedef struct sumo__transport sumo__transport;
  * corrupting memory) and allgather_small's values. A cache line each. */
 typedef struct sumo__shm_desc {
     unsigned char payload[64];
+    /* Set once when the rank has left the group (its handle was destroyed): a wait on this
+     * rank, or a barrier it can no longer reach, fails at once. Waits on other ranks go on, so
+     * a rank that leaves after its last collective does not fail peers still finishing it. */
+    _Atomic uint32_t gone __attribute__((aligned(SUMO__CACHELINE)));
 } __attribute__((aligned(SUMO__CACHELINE))) sumo__shm_desc;
 
 typedef struct sumo__shm_ctl {
@@ -26,6 +30,8 @@ typedef struct sumo__shm_ctl {
     _Atomic uint32_t sleepers;
     /* 0 while the group is healthy, else 1 + the rank that aborted it. */
     _Atomic uint32_t abort_flag __attribute__((aligned(SUMO__CACHELINE)));
+    /* 0 while every rank is present, else 1 + the first rank that left (desc[r].gone). */
+    _Atomic uint32_t departed;
     int32_t size;
     sumo__shm_desc desc[]; /* size entries */
 } sumo__shm_ctl;
@@ -49,14 +55,18 @@ void sumo__shm_ctl_init(sumo__shm_ctl *ctl, int size);
 uint32_t sumo__shm_default_spin_limit(int ranks_sharing_cores);
 
 /* Blocks until *word != value. Fails with TIMEOUT at the transport's deadline (raising the
- * group's abort flag) or PEER_FAILURE when the abort flag is raised by someone else. */
+ * group's abort flag), or PEER_FAILURE when the abort flag is raised by someone else or when
+ * the rank the change must come from has left (peer; -1 when any rank's departure makes the
+ * change impossible, as for a barrier). */
 sumo_result sumo__shm_wait_change(sumo__transport *tp, _Atomic uint32_t *word, uint32_t value,
-                                  int64_t deadline_ns, const char *what);
+                                  int peer, int64_t deadline_ns, const char *what);
 /* Wakes every sleeper on word (only issues the system call when someone sleeps). */
 void sumo__shm_wake(sumo__shm *shm, _Atomic uint32_t *word);
 
 sumo_result sumo__shm_barrier(sumo__transport *tp);
 /* Raises the abort flag on behalf of rank and wakes everyone. */
 void sumo__shm_abort(sumo__shm *shm, int rank);
+/* Marks rank as gone (it leaves between collectives) and wakes everyone. */
+void sumo__shm_depart(sumo__shm *shm, int rank);
 
 #endif

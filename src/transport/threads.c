@@ -71,7 +71,7 @@ static sumo_result threads_sendrecv(sumo__transport *tp, const void *sbuf, size_
     if (src >= 0) {
         mailbox *in = box(g, src, tp->rank);
         uint32_t taken = atomic_load_explicit(&in->taken, memory_order_relaxed);
-        r = sumo__shm_wait_change(tp, &in->posted, taken, deadline, "receive");
+        r = sumo__shm_wait_change(tp, &in->posted, taken, src, deadline, "receive");
         uint32_t posted = MAIL_POSTED;
         if (r == SUMO_SUCCESS && !atomic_compare_exchange_strong(&in->state, &posted, MAIL_COPYING))
             r = SUMO__FAIL(tp, SUMO_ERR_PEER_FAILURE, "receive from rank %d: it withdrew its message",
@@ -89,7 +89,7 @@ static sumo_result threads_sendrecv(sumo__transport *tp, const void *sbuf, size_
         }
     }
     if (out && r == SUMO_SUCCESS)
-        r = sumo__shm_wait_change(tp, &out->taken, my_post - 1, deadline, "send");
+        r = sumo__shm_wait_change(tp, &out->taken, my_post - 1, dst, deadline, "send");
     if (out && r != SUMO_SUCCESS) retract(out, my_post);
     return r;
 }
@@ -123,8 +123,9 @@ static void threads_destroy(sumo__transport *tp)
 {
     threads_transport *t = (threads_transport *)tp;
     /* A rank that leaves can no longer take part in anything: peers still waiting for it
-     * must fail now rather than at their deadline. */
-    if (tp->size > 1) sumo__shm_abort(&t->shm, tp->rank);
+     * must fail now rather than at their deadline, but peers waiting on each other to finish
+     * a collective this rank has already finished must not. */
+    if (tp->size > 1) sumo__shm_depart(&t->shm, tp->rank);
     group_release(t->group);
     free(t);
 }

@@ -1,7 +1,6 @@
 /* Asynchronous allreduce: requests complete in order, test() polls without blocking, a
  * blocking collective issued behind requests waits for them, and start() does not wait for a
- * running request (test_start_returns_while_request_in_flight: expected to fail until the
- * asynchronous queue is rewritten). */
+ * running request. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -258,10 +257,8 @@ static void test_blocking_collective_waits_for_queued_requests(void **state)
 }
 
 /*
- * EXPECTED TO FAIL on the current implementation (sumo_allreduce_start takes the handle's
- * lock, which the progress thread holds for the whole of a running collective, so a second
- * start blocks until the first request has finished). The asynchronous queue is being
- * rewritten; this test states what the rewrite must deliver and is meant to pass then.
+ * Fails on a queue whose start takes the lock the progress thread holds for a whole running
+ * collective (the second start then blocks until the first request has finished).
  *
  * sumo_allreduce_start returns at once while an earlier request is still in flight: rank 0
  * starts a large allreduce that rank 1 has not entered (rank 1 waits for a flag that rank 0
@@ -357,7 +354,6 @@ int main(void)
         cmocka_unit_test(test_request_reports_mismatch),
         cmocka_unit_test(test_destroy_before_wait),
         cmocka_unit_test(test_blocking_collective_waits_for_queued_requests),
-        /* Expected to fail until the asynchronous queue rewrite lands: see the test. */
         cmocka_unit_test(test_start_returns_while_request_in_flight),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

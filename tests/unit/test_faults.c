@@ -173,10 +173,10 @@ static void test_rank_that_leaves_fails_peers_fast(void **state)
 }
 
 /*
- * EXPECTED TO FAIL on the current threads transport, which aborts every wait in the group as
- * soon as any rank destroys its handle, also a wait on a peer that is still there (seen with
- * Adasum over point-to-point messages: rank 0, still sending the result to rank 1, fails with
- * "rank 2 aborted the group" because rank 2 got its copy first and left).
+ * Fails on a threads transport that aborts every wait in the group as soon as any rank
+ * destroys its handle, also a wait on a peer that is still there (seen with Adasum over
+ * point-to-point messages: rank 0, still sending the result to rank 1, failed with "rank 2
+ * aborted the group" because rank 2 got its copy first and left).
  *
  * A rank that has returned from its last collective and leaves (sumo_threads_run destroys its
  * handle as soon as its function returns) must not fail that collective on the peers still
@@ -264,7 +264,6 @@ int main(void)
         cmocka_unit_test(test_count_zero_with_null),
         cmocka_unit_test(test_rank_that_never_arrives_times_out),
         cmocka_unit_test(test_rank_that_leaves_fails_peers_fast),
-        /* Expected to fail until the transport rewrite lands: see the test. */
         cmocka_unit_test(test_rank_leaving_after_its_last_collective),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
