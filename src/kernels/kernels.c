@@ -329,12 +329,28 @@ void sumo__scaled_add_portable(sumo_dtype dtype, void *a, double ca, const void 
     }
     case SUMO_FLOAT16:
     case SUMO_BFLOAT16: {
+        if (!sumo__coef_fits_float(ca) || !sumo__coef_fits_float(cb)) {
+            sumo__scaled_add_half_wide(dtype, a, ca, b, cb, n);
+            break;
+        }
         const float fa = (float)ca, fb = (float)cb;
         for (size_t i = 0; i < n; i++)
             store_f(dtype, a, i, fmaf(fa, load_f(dtype, a, i), fb * load_f(dtype, b, i)));
         break;
     }
     default: break;
+    }
+}
+
+void sumo__scaled_add_half_wide(sumo_dtype dtype, void *a, double ca, const void *b, double cb,
+                                size_t n)
+{
+    /* Widening is exact; the two roundings to double are 2^-45 below the dtype's half ulp, and
+     * narrowing through fp32 by round-to-odd keeps the last rounding single. */
+    uint16_t *x = a;
+    for (size_t i = 0; i < n; i++) {
+        double v = fma(ca, (double)load_f(dtype, a, i), cb * (double)load_f(dtype, b, i));
+        x[i] = dtype == SUMO_FLOAT16 ? sumo__double_to_half(v) : sumo__double_to_bf16(v);
     }
 }
 

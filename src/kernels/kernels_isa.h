@@ -65,6 +65,23 @@ SUMO__KERNEL_DECLARE_PATH(avx512);
 uint16_t sumo__double_to_half(double d);
 uint16_t sumo__double_to_bf16(double d);
 
+/*
+ * The fp16/bf16 scaled add evaluates in fp32 with its coefficients narrowed to float. A
+ * coefficient outside float's normal range would become Inf (or lose its digits) although the
+ * products it forms can be ordinary numbers: Adasum's coefficient of the shorter of two
+ * parallel inputs is about minus half the ratio of their norms, past FLT_MAX for bf16 inputs
+ * whose norms are 1e57 apart. Such calls take the wide path instead, on every ISA: double
+ * arithmetic rounded once to the dtype (scalar: it is rare, and one body keeps the paths
+ * bit-identical). Zero, Inf and NaN narrow exactly, so they stay on the fast path.
+ */
+static inline int sumo__coef_fits_float(double c)
+{
+    double m = c < 0 ? -c : c;
+    return !(m > 0x1.fffffep127) && !(m > 0 && m < 0x1p-126);
+}
+void sumo__scaled_add_half_wide(sumo_dtype dtype, void *a, double ca, const void *b, double cb,
+                                size_t n);
+
 /* Bytes of the L1-resident accumulator block used when many inputs are summed: 8 KiB leaves
  * room in a 32 KiB L1 for the input and output lines streaming through it. */
 #define SUMO__REDUCE_BLOCK_BYTES 8192

@@ -480,8 +480,15 @@ SUMO__SIMD_TARGET void SUMO__SIMD_NAME(sumo__scaled_add)(sumo_dtype dtype, void 
     switch (dtype) {
     case SUMO_FLOAT32: scaled_add_f32(a, ca, b, cb, n); break;
     case SUMO_FLOAT64: scaled_add_f64(a, ca, b, cb, n); break;
-    case SUMO_FLOAT16: scaled_add_half(SUMO_FLOAT16, a, (float)ca, b, (float)cb, n); break;
-    case SUMO_BFLOAT16: scaled_add_half(SUMO_BFLOAT16, a, (float)ca, b, (float)cb, n); break;
+    case SUMO_FLOAT16:
+    case SUMO_BFLOAT16:
+        if (!sumo__coef_fits_float(ca) || !sumo__coef_fits_float(cb))
+            sumo__scaled_add_half_wide(dtype, a, ca, b, cb, n);
+        else if (dtype == SUMO_FLOAT16)
+            scaled_add_half(SUMO_FLOAT16, a, (float)ca, b, (float)cb, n);
+        else
+            scaled_add_half(SUMO_BFLOAT16, a, (float)ca, b, (float)cb, n);
+        break;
     default: break;
     }
 }
