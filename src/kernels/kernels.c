@@ -354,6 +354,83 @@ void sumo__scaled_add_half_wide(sumo_dtype dtype, void *a, double ca, const void
     }
 }
 
+void sumo__weighted_sum_half_wide(sumo_dtype dtype, void *out, const void *const *ins,
+                                  const double *w, int nin, size_t n)
+{
+    uint16_t *x = out;
+    for (size_t i = 0; i < n; i++) {
+        double v = w[0] * (double)load_f(dtype, ins[0], i);
+        for (int p = 1; p < nin; p++) v = fma(w[p], (double)load_f(dtype, ins[p], i), v);
+        x[i] = dtype == SUMO_FLOAT16 ? sumo__double_to_half(v) : sumo__double_to_bf16(v);
+    }
+}
+
+static inline __attribute__((always_inline)) void
+gram_portable(sumo_dtype dt, const void *const *ins, int nin, size_t n, double *out)
+{
+    /* Four chains per entry, element i feeding chain i % 4, as dot_norms_portable. */
+    enum { MAXE = SUMO__GRAM_MAX_IN * (SUMO__GRAM_MAX_IN + 1) / 2 };
+    double s[MAXE][4];
+    const int ne = nin * (nin + 1) / 2;
+    for (int e = 0; e < ne; e++) s[e][0] = s[e][1] = s[e][2] = s[e][3] = 0;
+    double x[SUMO__GRAM_MAX_IN];
+    for (size_t i = 0; i < n; i++) {
+        for (int p = 0; p < nin; p++) x[p] = load_d(dt, ins[p], i);
+        const int l = (int)(i % 4);
+        int e = 0;
+        for (int a = 0; a < nin; a++)
+            for (int b = a; b < nin; b++) s[e++][l] += x[a] * x[b];
+    }
+    for (int e = 0; e < ne; e++) out[e] = (s[e][0] + s[e][1]) + (s[e][2] + s[e][3]);
+}
+
+void sumo__gram_partials_portable(sumo_dtype dtype, const void *const *ins, int nin, size_t n,
+                                  double *out)
+{
+    switch (dtype) {
+    case SUMO_FLOAT32: gram_portable(SUMO_FLOAT32, ins, nin, n, out); break;
+    case SUMO_FLOAT64: gram_portable(SUMO_FLOAT64, ins, nin, n, out); break;
+    case SUMO_FLOAT16: gram_portable(SUMO_FLOAT16, ins, nin, n, out); break;
+    case SUMO_BFLOAT16: gram_portable(SUMO_BFLOAT16, ins, nin, n, out); break;
+    default: break;
+    }
+}
+
+void sumo__weighted_sum_portable(sumo_dtype dtype, void *out, const void *const *ins,
+                                 const double *w, int nin, size_t n)
+{
+    switch (dtype) {
+    case SUMO_FLOAT64:
+    case SUMO_FLOAT32:
+        for (size_t i = 0; i < n; i++) {
+            double v = w[0] * load_d(dtype, ins[0], i);
+            for (int p = 1; p < nin; p++) v = fma(w[p], load_d(dtype, ins[p], i), v);
+            if (dtype == SUMO_FLOAT64) ((double *)out)[i] = v;
+            else ((float *)out)[i] = (float)v;
+        }
+        break;
+    case SUMO_FLOAT16:
+    case SUMO_BFLOAT16: {
+        if (!sumo__coefs_fit_float(w, nin)) {
+            sumo__weighted_sum_half_wide(dtype, out, ins, w, nin, n);
+            break;
+        }
+        float fw[SUMO__GRAM_MAX_IN];
+        for (int p = 0; p < nin && p < SUMO__GRAM_MAX_IN; p++) fw[p] = (float)w[p];
+        for (size_t i = 0; i < n; i++) {
+            float v = fw[0] * load_f(dtype, ins[0], i);
+            for (int p = 1; p < nin; p++) {
+                float wp = p < SUMO__GRAM_MAX_IN ? fw[p] : (float)w[p];
+                v = fmaf(wp, load_f(dtype, ins[p], i), v);
+            }
+            store_f(dtype, out, i, v);
+        }
+        break;
+    }
+    default: break;
+    }
+}
+
 /* ---- dispatch ---------------------------------------------------------------------------- */
 
 sumo__isa sumo__kernel_isa_best(void)
@@ -452,6 +529,35 @@ void sumo__kernel_scaled_add_isa(sumo__isa isa, sumo_dtype dtype, void *a, doubl
     }
 }
 
+void sumo__kernel_gram_partials_isa(sumo__isa isa, sumo_dtype dtype, const void *const *ins,
+                                    int nin, size_t n, double *out)
+{
+    if (nin < 1 || nin > SUMO__GRAM_MAX_IN) return;
+    const int ne = nin * (nin + 1) / 2;
+    for (int e = 0; e < ne; e++) out[e] = 0.0;
+    if (n == 0 || !sumo__dtype_valid((int)dtype)) return;
+    switch (usable(isa)) {
+#if SUMO__KERNELS_X86
+    case SUMO__ISA_AVX512: sumo__gram_partials_avx512(dtype, ins, nin, n, out); return;
+    case SUMO__ISA_AVX2: sumo__gram_partials_avx2(dtype, ins, nin, n, out); return;
+#endif
+    default: sumo__gram_partials_portable(dtype, ins, nin, n, out); return;
+    }
+}
+
+void sumo__kernel_weighted_sum_isa(sumo__isa isa, sumo_dtype dtype, void *out,
+                                   const void *const *ins, const double *w, int nin, size_t n)
+{
+    if (n == 0 || nin < 1 || !sumo__dtype_valid((int)dtype)) return;
+    switch (usable(isa)) {
+#if SUMO__KERNELS_X86
+    case SUMO__ISA_AVX512: sumo__weighted_sum_avx512(dtype, out, ins, w, nin, n); return;
+    case SUMO__ISA_AVX2: sumo__weighted_sum_avx2(dtype, out, ins, w, nin, n); return;
+#endif
+    default: sumo__weighted_sum_portable(dtype, out, ins, w, nin, n); return;
+    }
+}
+
 /* ---- the API of kernels.h ---------------------------------------------------------------- */
 
 void sumo__reduce_multi(sumo_dtype dtype, void *const *outs, int nout, const void *const *ins,
@@ -494,4 +600,16 @@ void sumo__kernel_scaled_add(sumo_dtype dtype, void *a, double ca, const void *b
                              size_t n)
 {
     sumo__kernel_scaled_add_isa(sumo__kernel_isa_best(), dtype, a, ca, b, cb, n);
+}
+
+void sumo__kernel_gram_partials(sumo_dtype dtype, const void *const *ins, int nin, size_t n,
+                                double *out)
+{
+    sumo__kernel_gram_partials_isa(sumo__kernel_isa_best(), dtype, ins, nin, n, out);
+}
+
+void sumo__kernel_weighted_sum(sumo_dtype dtype, void *out, const void *const *ins,
+                               const double *w, int nin, size_t n)
+{
+    sumo__kernel_weighted_sum_isa(sumo__kernel_isa_best(), dtype, out, ins, w, nin, n);
 }

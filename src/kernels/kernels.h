@@ -44,6 +44,27 @@ void sumo__kernel_dot_norms(sumo_dtype dtype, const void *a, const void *b, size
 void sumo__kernel_scaled_add(sumo_dtype dtype, void *a, double ca, const void *b, double cb,
                              size_t n);
 
+/*
+ * The Gram form's first pass (issue 14): for nin inputs of n elements, the packed upper
+ * triangle of their Gram matrix, out[(i,j)] = <ins[i], ins[j]> for i <= j, row by row
+ * ((0,0) (0,1) .. (0,nin-1) (1,1) ..; collectives/adasum_gram.h's sumo__gram_index), accumulated
+ * in double, reading every input once. Overwrites the nin(nin+1)/2 doubles of out; summation
+ * order depends on n, nin and the ISA path, never on alignment. 1 <= nin <= SUMO__GRAM_MAX_IN.
+ */
+#define SUMO__GRAM_MAX_IN 16
+void sumo__kernel_gram_partials(sumo_dtype dtype, const void *const *ins, int nin, size_t n,
+                                double *out);
+
+/*
+ * The Gram form's second pass: out[i] = w[0] ins[0][i] + ... + w[nin-1] ins[nin-1][i], in that
+ * order with fused multiply-adds, rounded once to the dtype. fp32/fp64: in double. fp16/bf16:
+ * in fp32 with the weights narrowed to float, unless a weight is outside float's normal range,
+ * then in double (as sumo__kernel_scaled_add). out may be the same pointer as any input.
+ * nin >= 1.
+ */
+void sumo__kernel_weighted_sum(sumo_dtype dtype, void *out, const void *const *ins,
+                               const double *w, int nin, size_t n);
+
 /* The instruction set the dispatched kernels use on this machine: "avx512", "avx2" or
  * "portable". */
 const char *sumo__kernel_isa(void);

@@ -68,6 +68,9 @@ PRIM vh vh_from_f32_bf16(vf v)
     return _mm256_castsi256_si128(packed);
 }
 
+/* Gram tile rows: with 4 columns, the tile's accumulators and operands fit the register file. */
+#define GRAM_ROWS 2
+
 #include "kernels/kernels_simd.h"
 
 #endif

@@ -81,6 +81,9 @@ PRIM vh vh_from_f32_bf16(vf v)
     return _mm512_cvtepi32_epi16(r);
 }
 
+/* Gram tile rows: with 4 columns, the tile's accumulators and operands fit the register file. */
+#define GRAM_ROWS 4
+
 #include "kernels/kernels_simd.h"
 
 #endif

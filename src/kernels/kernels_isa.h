@@ -39,6 +39,10 @@ void sumo__kernel_dot_norms_isa(sumo__isa isa, sumo_dtype dtype, const void *a, 
                                 size_t n, double out[3]);
 void sumo__kernel_scaled_add_isa(sumo__isa isa, sumo_dtype dtype, void *a, double ca,
                                  const void *b, double cb, size_t n);
+void sumo__kernel_gram_partials_isa(sumo__isa isa, sumo_dtype dtype, const void *const *ins,
+                                    int nin, size_t n, double *out);
+void sumo__kernel_weighted_sum_isa(sumo__isa isa, sumo_dtype dtype, void *out,
+                                   const void *const *ins, const double *w, int nin, size_t n);
 
 /*
  * The bodies, one set per path. They trust their caller: valid dtypes, n > 0, nin >= 1,
@@ -52,7 +56,11 @@ void sumo__kernel_scaled_add_isa(sumo__isa isa, sumo_dtype dtype, void *a, doubl
     void sumo__dot_norms_##sfx(sumo_dtype dtype, const void *a, const void *b, size_t n,         \
                                double out[3]);                                                   \
     void sumo__scaled_add_##sfx(sumo_dtype dtype, void *a, double ca, const void *b, double cb, \
-                                size_t n)
+                                size_t n);                                                       \
+    void sumo__gram_partials_##sfx(sumo_dtype dtype, const void *const *ins, int nin, size_t n,   \
+                                   double *out);                                                 \
+    void sumo__weighted_sum_##sfx(sumo_dtype dtype, void *out, const void *const *ins,           \
+                                  const double *w, int nin, size_t n)
 
 SUMO__KERNEL_DECLARE_PATH(portable);
 #if SUMO__KERNELS_X86
@@ -79,6 +87,15 @@ static inline int sumo__coef_fits_float(double c)
     double m = c < 0 ? -c : c;
     return !(m > 0x1.fffffep127) && !(m > 0 && m < 0x1p-126);
 }
+/* True when every weight narrows to float without becoming Inf or losing its digits. */
+static inline int sumo__coefs_fit_float(const double *w, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (!sumo__coef_fits_float(w[i])) return 0;
+    return 1;
+}
+void sumo__weighted_sum_half_wide(sumo_dtype dtype, void *out, const void *const *ins,
+                                  const double *w, int nin, size_t n);
 void sumo__scaled_add_half_wide(sumo_dtype dtype, void *a, double ca, const void *b, double cb,
                                 size_t n);
 

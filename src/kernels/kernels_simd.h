@@ -493,6 +493,177 @@ SUMO__SIMD_TARGET void SUMO__SIMD_NAME(sumo__scaled_add)(sumo_dtype dtype, void 
     }
 }
 
+/* ---- Gram partials ------------------------------------------------------------------------- */
+
+/*
+ * Two inputs are dot_norms' case and take its loop. More: per block of B elements, each input
+ * is read once from memory and widened to double into an L1 buffer (zero-padded to whole
+ * vectors, and to 4 rows, so padding adds exact zeros); the pairs are then accumulated from
+ * the buffer in register tiles of GRAM_ROWS x 4 entries, each a vector of per-lane partial
+ * sums (the lower triangle of a diagonal tile is computed and dropped: simpler than masking,
+ * and the loads it shares are the expensive part). The order depends on n and nin only.
+ */
+#define GRAM_COLS 4
+#define GRAM_BUF_DOUBLES 2048 /* 16 KiB of widened inputs per block */
+
+SIMD_INLINE void gram_widen(sumo_dtype dt, const void *p, size_t base, size_t m, size_t mpad,
+                            double *dst)
+{
+    size_t i = 0;
+    if (dt == SUMO_FLOAT64) {
+        const double *s = (const double *)p + base;
+        for (; i + WD <= m; i += WD) {
+            prefetch_ahead(s, i * sizeof(double), WD * sizeof(double));
+            vd_storeu(dst + i, vd_loadu(s + i));
+        }
+        for (; i < m; i++) dst[i] = s[i];
+    } else {
+        const size_t esz = sumo__dtype_bytes(dt);
+        for (; i + WF <= m; i += WF) {
+            prefetch_ahead(p, (base + i) * esz, WF * esz);
+            vf v = ld(dt, p, base + i);
+            vd_storeu(dst + i, vd_from_lo(v));
+            vd_storeu(dst + i + WD, vd_from_hi(v));
+        }
+        for (; i < m; i++) dst[i] = (double)lds(dt, p, base + i);
+    }
+    for (; i < mpad; i++) dst[i] = 0.0;
+}
+
+SIMD_INLINE void gram_tile(const double *buf, size_t ld_, int i0, int j0, size_t mpad, vd *acc,
+                           int pp)
+{
+    vd a[GRAM_ROWS][GRAM_COLS];
+    for (int r = 0; r < GRAM_ROWS; r++)
+        for (int c = 0; c < GRAM_COLS; c++) a[r][c] = acc[(i0 + r) * pp + j0 + c];
+    for (size_t e = 0; e < mpad; e += WD) {
+        vd x[GRAM_ROWS], y[GRAM_COLS];
+        for (int r = 0; r < GRAM_ROWS; r++) x[r] = vd_loadu(buf + (size_t)(i0 + r) * ld_ + e);
+        for (int c = 0; c < GRAM_COLS; c++) y[c] = vd_loadu(buf + (size_t)(j0 + c) * ld_ + e);
+        for (int r = 0; r < GRAM_ROWS; r++)
+            for (int c = 0; c < GRAM_COLS; c++) a[r][c] = vd_fmadd(x[r], y[c], a[r][c]);
+    }
+    for (int r = 0; r < GRAM_ROWS; r++)
+        for (int c = 0; c < GRAM_COLS; c++) acc[(i0 + r) * pp + j0 + c] = a[r][c];
+}
+
+SIMD_INLINE void gram_f(sumo_dtype dt, const void *const *ins, int nin, size_t n, double *out)
+{
+    if (nin == 2) {
+        double t[3];
+        if (dt == SUMO_FLOAT64) dot_d(ins[0], ins[1], n, t);
+        else dot_f(dt, ins[0], ins[1], n, t);
+        out[0] = t[1];
+        out[1] = t[0];
+        out[2] = t[2];
+        return;
+    }
+    const int pp = (nin + 3) / 4 * 4;
+    /* Elements per input and block: a multiple of WF that fills the buffer. */
+    const size_t B = GRAM_BUF_DOUBLES / (size_t)pp / WF * WF;
+    _Alignas(64) double buf[GRAM_BUF_DOUBLES];
+    vd acc[SUMO__GRAM_MAX_IN * SUMO__GRAM_MAX_IN];
+    for (int k = 0; k < pp * pp; k++) acc[k] = vd_zero();
+    for (size_t k = (size_t)nin * B; k < (size_t)pp * B; k++) buf[k] = 0.0; /* never written */
+    for (size_t base = 0; base < n; base += B) {
+        const size_t m = SUMO__MIN(B, n - base), mpad = (m + WD - 1) / WD * WD;
+        for (int p = 0; p < nin; p++) gram_widen(dt, ins[p], base, m, mpad, buf + (size_t)p * B);
+        for (int i0 = 0; i0 < pp; i0 += GRAM_ROWS)
+            for (int j0 = i0 / GRAM_COLS * GRAM_COLS; j0 < pp; j0 += GRAM_COLS)
+                gram_tile(buf, B, i0, j0, mpad, acc, pp);
+    }
+    int e = 0;
+    for (int i = 0; i < nin; i++)
+        for (int j = i; j < nin; j++) out[e++] = vd_hsum(acc[i * pp + j]);
+}
+
+SUMO__SIMD_TARGET void SUMO__SIMD_NAME(sumo__gram_partials)(sumo_dtype dtype,
+                                                           const void *const *ins, int nin,
+                                                           size_t n, double *out)
+{
+    switch (dtype) {
+    case SUMO_FLOAT32: gram_f(SUMO_FLOAT32, ins, nin, n, out); break;
+    case SUMO_FLOAT16: gram_f(SUMO_FLOAT16, ins, nin, n, out); break;
+    case SUMO_BFLOAT16: gram_f(SUMO_BFLOAT16, ins, nin, n, out); break;
+    case SUMO_FLOAT64: gram_f(SUMO_FLOAT64, ins, nin, n, out); break;
+    default: break;
+    }
+}
+
+/* ---- weighted sum ------------------------------------------------------------------------- */
+
+/* fp32/fp64 in double: v = w0 x0, then v = fma(w_p, x_p, v), rounded once (portable's twin). */
+SIMD_INLINE void wsum_wide(sumo_dtype dt, void *out, const void *const *ins, const double *w,
+                           int nin, size_t n)
+{
+    size_t i = 0;
+    if (dt == SUMO_FLOAT64) {
+        for (; i + WD <= n; i += WD) {
+            vd v = vd_mul(vd_set1(w[0]), vd_loadu((const double *)ins[0] + i));
+            for (int p = 1; p < nin; p++)
+                v = vd_fmadd(vd_set1(w[p]), vd_loadu((const double *)ins[p] + i), v);
+            vd_storeu((double *)out + i, v);
+        }
+        for (; i < n; i++) {
+            double v = w[0] * ((const double *)ins[0])[i];
+            for (int p = 1; p < nin; p++) v = fma(w[p], ((const double *)ins[p])[i], v);
+            ((double *)out)[i] = v;
+        }
+        return;
+    }
+    for (; i + WF <= n; i += WF) {
+        vf x = vf_loadu((const float *)ins[0] + i);
+        vd lo = vd_mul(vd_set1(w[0]), vd_from_lo(x)), hi = vd_mul(vd_set1(w[0]), vd_from_hi(x));
+        for (int p = 1; p < nin; p++) {
+            x = vf_loadu((const float *)ins[p] + i);
+            lo = vd_fmadd(vd_set1(w[p]), vd_from_lo(x), lo);
+            hi = vd_fmadd(vd_set1(w[p]), vd_from_hi(x), hi);
+        }
+        vf_storeu((float *)out + i, vf_from_vd(lo, hi));
+    }
+    for (; i < n; i++) {
+        double v = w[0] * (double)((const float *)ins[0])[i];
+        for (int p = 1; p < nin; p++) v = fma(w[p], (double)((const float *)ins[p])[i], v);
+        ((float *)out)[i] = (float)v;
+    }
+}
+
+SIMD_INLINE void wsum_half(sumo_dtype dt, void *out, const void *const *ins, const double *w,
+                           int nin, size_t n)
+{
+    void *const outs[1] = {out};
+    size_t i = 0;
+    for (; i + WF <= n; i += WF) {
+        vf v = vf_mul(vf_set1((float)w[0]), ld(dt, ins[0], i));
+        for (int p = 1; p < nin; p++) v = vf_fmadd(vf_set1((float)w[p]), ld(dt, ins[p], i), v);
+        st(dt, outs, 1, i, v);
+    }
+    for (; i < n; i++) {
+        float v = (float)w[0] * lds(dt, ins[0], i);
+        for (int p = 1; p < nin; p++) v = fmaf((float)w[p], lds(dt, ins[p], i), v);
+        sts(dt, outs, 1, i, v);
+    }
+}
+
+SUMO__SIMD_TARGET void SUMO__SIMD_NAME(sumo__weighted_sum)(sumo_dtype dtype, void *out,
+                                                          const void *const *ins,
+                                                          const double *w, int nin, size_t n)
+{
+    switch (dtype) {
+    case SUMO_FLOAT32: wsum_wide(SUMO_FLOAT32, out, ins, w, nin, n); break;
+    case SUMO_FLOAT64: wsum_wide(SUMO_FLOAT64, out, ins, w, nin, n); break;
+    case SUMO_FLOAT16:
+    case SUMO_BFLOAT16:
+        if (!sumo__coefs_fit_float(w, nin)) sumo__weighted_sum_half_wide(dtype, out, ins, w, nin, n);
+        else if (dtype == SUMO_FLOAT16) wsum_half(SUMO_FLOAT16, out, ins, w, nin, n);
+        else wsum_half(SUMO_BFLOAT16, out, ins, w, nin, n);
+        break;
+    default: break;
+    }
+}
+
+#undef GRAM_COLS
+#undef GRAM_BUF_DOUBLES
 #undef SIMD_INLINE
 #undef WD
 #undef SUMO__DOT_PREFETCH_BYTES
