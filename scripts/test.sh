@@ -20,6 +20,8 @@ step() {
 
 step make -j"$jobs"
 step make test
+# make install into a scratch prefix; a program built with pkg-config against it.
+step make test-install
 # A rank stopped, killed or leaving early under mpirun ends the job within the deadline.
 step make test-faults
 # Each fuzzer (IDX, checkpoint, command line) for a minute from the kept corpus; skipped,
