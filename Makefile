@@ -85,7 +85,7 @@ TOOL_LIBS := $(LIBSUMO_TRAIN) $(LIBSUMO)
 endif
 # Sanitizer builds are for the tests; the shared library is built from the normal build only.
 ifeq ($(SAN),)
-TARGETS += $(LIBSUMO_SO) $(BUILD)/libsumo.so $(BUILD)/sumo.pc
+TARGETS += $(LIBSUMO_SO) $(BUILD)/libsumo.so $(BUILD)/sumo.pc $(BUILD)/tests/combine_driver
 endif
 
 .PHONY: all test test-unit test-threads test-mpi test-cli clean
@@ -170,6 +170,11 @@ $(BUILD)/tests/%: tests/unit/%.c $(TEST_SUPPORT) $(LIBSUMO_TRAIN) $(LIBSUMO)
 $(BUILD)/tests/mpi/%: tests/mpi/%.c $(TEST_SUPPORT) $(LIBSUMO_TRAIN) $(LIBSUMO_MPI) $(LIBSUMO)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CPPFLAGS) -Itests $(CFLAGS) $< $(TEST_SUPPORT) $(LIBSUMO_TRAIN) $(LIBSUMO_MPI) $(LIBSUMO) $(LDFLAGS) $(TRAIN_LIBS) $(LDLIBS) -o $@
+
+# The C side of the Python binding's parity test (tests/python).
+$(BUILD)/tests/combine_driver: tests/python/combine_driver.c $(LIBSUMO)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $< $(LIBSUMO) $(LDFLAGS) $(LDLIBS) -o $@
 
 # Unit tests: each binary is a cmocka suite; a failing suite fails the target after all ran.
 test-unit: $(UNIT_BINS) $(BUILD)/sumo
