@@ -18,7 +18,7 @@ import torch
 
 from .. import Sum, Average, Adasum, SumoError
 from . import _runtime as _rt
-from ._runtime import init, set_timeout, shutdown
+from ._runtime import init, set_timeout, shutdown, take_timeline, union_seconds
 from .hooks import HookState, average_hook, sum_hook, adasum_hook, acga_hook
 from .optimizer import DistributedOptimizer
 from .slowmo import SlowMo, LocalSGD, BMUF
@@ -27,7 +27,8 @@ __all__ = ["init", "shutdown", "set_timeout", "rank", "size", "local_rank", "loc
            "transport", "allreduce_", "allreduce", "broadcast_", "barrier",
            "broadcast_parameters", "broadcast_optimizer_state", "Sum", "Average", "Adasum",
            "SumoError", "HookState", "average_hook", "sum_hook", "adasum_hook", "acga_hook",
-           "DistributedOptimizer", "SlowMo", "LocalSGD", "BMUF"]
+           "DistributedOptimizer", "SlowMo", "LocalSGD", "BMUF", "take_timeline",
+           "union_seconds"]
 
 
 def rank():

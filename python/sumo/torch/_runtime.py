@@ -1,11 +1,13 @@
 """The process's sumo communicator, tensor checks, and the one worker thread that completes
 asynchronous work (DDP hook futures)."""
 import atexit
+import collections
 import ctypes
 import os
 import queue
 import socket
 import threading
+import time
 from datetime import timedelta
 
 import torch
@@ -37,6 +39,37 @@ class _State:
 
 
 state = _State()
+
+# Every collective sumo.torch ran: (start, end, bytes) in time.perf_counter() seconds, for
+# "time in communication" and "bytes exchanged" figures. take_timeline() empties it; bounded,
+# so a program that never reads it does not grow.
+_timeline = collections.deque(maxlen=1 << 16)
+_timeline_lock = threading.Lock()
+
+
+def record(t0, t1, nbytes):
+    with _timeline_lock:
+        _timeline.append((t0, t1, nbytes))
+
+
+def take_timeline():
+    with _timeline_lock:
+        out = list(_timeline)
+        _timeline.clear()
+    return out
+
+
+def union_seconds(intervals):
+    """Length of the union of (start, end, ...) intervals: overlapping buckets count once."""
+    total, end = 0.0, None
+    for t0, t1, *_ in sorted(intervals):
+        if end is None or t0 > end:
+            total += t1 - t0
+            end = t1
+        elif t1 > end:
+            total += t1 - end
+            end = t1
+    return total
 
 
 def require_init():
@@ -191,15 +224,19 @@ def _init_gloo():
 def broadcast_tensor(t, root, name):
     ptr, n, dt = tensor_args(t, name)
     sync()
+    t0 = time.perf_counter()
     raise_for(lib.sumo_broadcast(ptr, ptr, n, dt, int(root), state.comm),
               "broadcast of %s" % name)
+    record(t0, time.perf_counter(), n * t.element_size())
 
 
 def allreduce_tensor(t, op, name):
     ptr, n, dt = tensor_args(t, name)
     sync()
+    t0 = time.perf_counter()
     raise_for(lib.sumo_allreduce(ptr, ptr, n, dt, int(op), state.comm),
               "allreduce of %s" % name)
+    record(t0, time.perf_counter(), n * t.element_size())
 
 
 def sync():

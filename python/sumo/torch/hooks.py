@@ -22,11 +22,10 @@ from . import _runtime as rt
 
 class HookState:
     """What the hooks keep between calls: Adasum ops per bucket layout, ACGA aggregators (and
-    their momentum, checkpointable with state_dict) per bucket, and a timeline of each bucket's
-    communication (start, end) for measurements."""
+    their momentum, checkpointable with state_dict) per bucket. Each bucket's communication
+    (start, end, bytes) goes to sumo.torch's timeline (take_timeline) for measurements."""
 
-    def __init__(self, acga_beta=0.0, acga_per_tensor=False, acga_rescale=False,
-                 record_timeline=False):
+    def __init__(self, acga_beta=0.0, acga_per_tensor=False, acga_rescale=False):
         self.comm = rt.require_init()
         self.acga_beta = float(acga_beta)
         self.acga_per_tensor = bool(acga_per_tensor)
@@ -34,8 +33,6 @@ class HookState:
         self._ops = {}           # layout tuple -> sumo_op (Adasum per tensor)
         self._aggregators = {}   # (bucket index, layout) -> sumo_aggregator (ACGA)
         self._pending = {}       # ACGA state loaded before its bucket was seen
-        self.record_timeline = record_timeline
-        self.timeline = []
 
     # -- Adasum -------------------------------------------------------------------------------
     def adasum_op(self, layout):
@@ -131,8 +128,7 @@ def _start(state, buf, op, what):
 
     def wait():
         rt.raise_for(lib.sumo_request_wait(req), what)
-        if state.record_timeline:
-            state.timeline.append((t0, time.perf_counter()))
+        rt.record(t0, time.perf_counter(), n * buf.element_size())
         return buf
 
     return rt.state.worker.submit(wait)
@@ -168,8 +164,7 @@ def acga_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
     def apply():
         t0 = time.perf_counter()
         rt.raise_for(lib.sumo_aggregator_apply(agg, ptr, n, dt), what)
-        if state.record_timeline:
-            state.timeline.append((t0, time.perf_counter()))
+        rt.record(t0, time.perf_counter(), n * buf.element_size())
         return buf
 
     return rt.state.worker.submit(apply)

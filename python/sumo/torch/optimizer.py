@@ -11,6 +11,7 @@ with one copy each way), cut per parameter by the Adasum op's layout. Gradients 
 in .grad over backward_passes_per_step backward passes and are combined once, at step().
 """
 import ctypes
+import time
 
 import torch
 
@@ -106,9 +107,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
             str(group.dtype).replace("torch.", ""), "delta" if self.op == Adasum else "gradient",
             len(group.params), group.names[0]))
         rt.sync()
+        t0 = time.perf_counter()
         rt.raise_for(lib.sumo_allreduce(ptr, ptr, n, dt, op, rt.state.comm),
                      "DistributedOptimizer.step (%d tensors: %s, ...)" % (
                          len(group.params), ", ".join(group.names[:3])))
+        rt.record(t0, time.perf_counter(), n * flat.element_size())
 
     @torch.no_grad()
     def step(self, closure=None):
