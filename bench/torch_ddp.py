@@ -15,7 +15,8 @@ or the optimizer's collectives; overlapping buckets count once). Methods:
   sumo acga      sumo.torch.acga_hook
   sumo delta     sumo.torch.DistributedOptimizer(op=Adasum): local step, Adasum of deltas
   hvd adasum / hvd avg   horovod.torch.DistributedOptimizer, when horovod imports (it is not
-                 a Debian package: bench/torch_ddp_setup.sh builds it in a venv)
+                 a Debian package: bench/torch_ddp_setup.sh builds it in a venv; run this
+                 script with that venv's python)
 With horovod present, sumo's delta optimizer and Horovod's Adasum are also checked to give
 the same parameters after a few steps.
 """
