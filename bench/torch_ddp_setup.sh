@@ -8,6 +8,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${1:-build/hvd-venv}
+# Horovod compiles against torch's C++ headers (torch/extension.h): Debian ships them in
+# libtorch-dev, not in python3-torch.
+if ! dpkg-query -W -f='${Status}' libtorch-dev 2> /dev/null | grep -q "install ok installed"; then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends libtorch-dev
+fi
 /usr/bin/python3 -m venv --system-site-packages "$venv"
 export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_TENSORFLOW=1 \
   HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITHOUT_GLOO=1 MAKEFLAGS=-j"$(nproc)"
