@@ -51,6 +51,13 @@ LIBSUMO       := $(BUILD)/libsumo.a
 LIBSUMO_MPI   := $(BUILD)/libsumo_mpi.a
 LIBSUMO_TRAIN := $(BUILD)/libsumo_train.a
 
+# The shared library: the core and, when MPI is available, the MPI transport (linked with
+# mpicc, so it records its libmpi dependency). The soname changes with the major version.
+SO_MAJOR      := $(shell sed -n 's/^\#define SUMO_VERSION_MAJOR \([0-9]*\).*/\1/p' include/sumo.h)
+SO_VERSION    := $(SO_MAJOR).$(shell sed -n 's/^\#define SUMO_VERSION_MINOR \([0-9]*\).*/\1/p' include/sumo.h).$(shell sed -n 's/^\#define SUMO_VERSION_PATCH \([0-9]*\).*/\1/p' include/sumo.h)
+SONAME        := libsumo.so.$(SO_MAJOR)
+LIBSUMO_SO    := $(BUILD)/libsumo.so.$(SO_VERSION)
+
 TOOL_SRCS := $(wildcard tools/sumo/*.c)
 # Stand-alone measurement programs (bench/*.c), built with everything so they cannot rot.
 BENCH_SRCS := $(wildcard bench/*.c)
@@ -63,14 +70,22 @@ TEST_SUPPORT := $(wildcard tests/support/*.c)
 
 ifneq ($(MPICC),)
 TARGETS := $(LIBSUMO) $(LIBSUMO_MPI) $(BUILD)/sumo $(UNIT_BINS) $(MPI_TEST_BINS) $(BENCH_BINS)
+SO_CC   := $(MPICC)
+SO_OBJS := $(LIB_OBJS) $(MPI_OBJS)
 TOOL_CC := $(MPICC)
 TOOL_DEFS := -DSUMO_HAVE_MPI
 TOOL_LIBS := $(LIBSUMO_TRAIN) $(LIBSUMO_MPI) $(LIBSUMO)
 else
 TARGETS := $(LIBSUMO) $(BUILD)/sumo $(UNIT_BINS) $(BENCH_BINS)
+SO_CC   := $(CC)
+SO_OBJS := $(LIB_OBJS)
 TOOL_CC := $(CC)
 TOOL_DEFS :=
 TOOL_LIBS := $(LIBSUMO_TRAIN) $(LIBSUMO)
+endif
+# Sanitizer builds are for the tests; the shared library is built from the normal build only.
+ifeq ($(SAN),)
+TARGETS += $(LIBSUMO_SO) $(BUILD)/libsumo.so $(BUILD)/sumo.pc $(BUILD)/tests/combine_driver
 endif
 
 .PHONY: all test test-unit test-threads test-mpi test-cli clean
@@ -96,6 +111,50 @@ $(LIBSUMO_TRAIN): $(TRAIN_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
+# -z defs: an undefined symbol fails the link here rather than at a user's dlopen.
+$(LIBSUMO_SO): $(SO_OBJS)
+	$(SO_CC) -shared -Wl,-soname,$(SONAME) -Wl,-z,defs $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+$(BUILD)/libsumo.so: $(LIBSUMO_SO)
+	ln -sf $(notdir $<) $(BUILD)/$(SONAME)
+	ln -sf $(SONAME) $@
+
+# pkg-config file; PREFIX is substituted at install time (this copy points at PREFIX too).
+PREFIX  ?= /usr/local
+LIBDIR  ?= $(PREFIX)/lib
+INCDIR  ?= $(PREFIX)/include
+$(BUILD)/sumo.pc: scripts/sumo.pc.in include/sumo.h
+	@mkdir -p $(dir $@)
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@INCDIR@|$(INCDIR)|g' \
+	  -e 's|@VERSION@|$(SO_VERSION)|g' $< > $@
+
+# make install PREFIX=... [DESTDIR=...]: headers, static and shared libraries, sumo.pc.
+# sumo_mpi.h and libsumo_mpi.a are installed only when MPI was found.
+.PHONY: install uninstall test-install
+install: $(TARGETS)
+	@rm -f $(BUILD)/sumo.pc && $(MAKE) --no-print-directory $(BUILD)/sumo.pc PREFIX=$(PREFIX)
+	install -d $(DESTDIR)$(INCDIR) $(DESTDIR)$(LIBDIR)/pkgconfig
+	install -m 644 include/sumo.h include/sumo_aggregation.h include/sumo_optim.h \
+	  include/sumo_distributed.h $(DESTDIR)$(INCDIR)/
+	install -m 644 $(LIBSUMO) $(DESTDIR)$(LIBDIR)/
+	install -m 755 $(LIBSUMO_SO) $(DESTDIR)$(LIBDIR)/
+	ln -sf $(notdir $(LIBSUMO_SO)) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libsumo.so
+	install -m 644 $(BUILD)/sumo.pc $(DESTDIR)$(LIBDIR)/pkgconfig/
+ifneq ($(MPICC),)
+	install -m 644 include/sumo_mpi.h $(DESTDIR)$(INCDIR)/
+	install -m 644 $(LIBSUMO_MPI) $(DESTDIR)$(LIBDIR)/
+endif
+
+uninstall:
+	rm -f $(addprefix $(DESTDIR)$(INCDIR)/,sumo.h sumo_mpi.h sumo_aggregation.h sumo_optim.h sumo_distributed.h)
+	rm -f $(addprefix $(DESTDIR)$(LIBDIR)/,libsumo.a libsumo_mpi.a libsumo.so $(SONAME) $(notdir $(LIBSUMO_SO)) pkgconfig/sumo.pc)
+
+# Installs into a scratch prefix and builds a program against it with pkg-config, once
+# linked to the shared library (run through the soname) and once statically.
+test-install: $(TARGETS)
+	tests/install/run.sh
+
 $(BUILD)/sumo: $(TOOL_SRCS) $(TOOL_LIBS)
 	@mkdir -p $(dir $@)
 	$(TOOL_CC) $(CPPFLAGS) $(TOOL_DEFS) $(CFLAGS) $(TOOL_SRCS) $(TOOL_LIBS) $(LDFLAGS) $(TRAIN_LIBS) $(LDLIBS) -o $@
@@ -111,6 +170,11 @@ $(BUILD)/tests/%: tests/unit/%.c $(TEST_SUPPORT) $(LIBSUMO_TRAIN) $(LIBSUMO)
 $(BUILD)/tests/mpi/%: tests/mpi/%.c $(TEST_SUPPORT) $(LIBSUMO_TRAIN) $(LIBSUMO_MPI) $(LIBSUMO)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CPPFLAGS) -Itests $(CFLAGS) $< $(TEST_SUPPORT) $(LIBSUMO_TRAIN) $(LIBSUMO_MPI) $(LIBSUMO) $(LDFLAGS) $(TRAIN_LIBS) $(LDLIBS) -o $@
+
+# The C side of the Python binding's parity test (tests/python).
+$(BUILD)/tests/combine_driver: tests/python/combine_driver.c $(LIBSUMO)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $< $(LIBSUMO) $(LDFLAGS) $(LDLIBS) -o $@
 
 # Unit tests: each binary is a cmocka suite; a failing suite fails the target after all ran.
 test-unit: $(UNIT_BINS) $(BUILD)/sumo

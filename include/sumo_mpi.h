@@ -34,6 +34,20 @@ extern "C" {
  */
 sumo_result sumo_comm_create_mpi(MPI_Comm comm, sumo_comm **out);
 
+/*
+ * For bindings that cannot pass an MPI_Comm (Python's ctypes): the same over MPI_COMM_WORLD,
+ * initialising MPI first with MPI_THREAD_MULTIPLE when nobody has. SUMO_ERR_INVALID_USAGE when
+ * MPI is already finalized or gives less than MPI_THREAD_MULTIPLE. Collective.
+ */
+sumo_result sumo_mpi_world_create(sumo_comm **out);
+/* This process's rank and the process count on its node (MPI_COMM_TYPE_SHARED). Collective. */
+sumo_result sumo_mpi_world_local(int *local_rank, int *local_size);
+/* Destroys comm (NULL is fine), then finalizes MPI if sumo_mpi_world_create initialised it.
+ * Only after a clean run: once a peer has failed, end with sumo_mpi_world_abort. */
+sumo_result sumo_mpi_world_finalize(sumo_comm *comm);
+/* Ends every process of the job (MPI_Abort on MPI_COMM_WORLD) with code (1 if 0). */
+sumo_result sumo_mpi_world_abort(int code);
+
 #ifdef __cplusplus
 }
 #endif

@@ -14,6 +14,9 @@ packages=(
   gnuplot-nox          # experiment plots (PNG without a display)
   iproute2             # ip/tc for the shaped-network benchmark
   clang                # libFuzzer (-fsanitize=fuzzer) for `make fuzz`
+  python3-torch        # the PyTorch binding (python/sumo) and its tests, under /usr/bin/python3
+  python3-numpy        # torch's tensor <-> file conversions in the binding's tests
+  python3-pytest       # the binding's tests
 )
 
 missing=()

@@ -20,6 +20,11 @@ step() {
 
 step make -j"$jobs"
 step make test
+# make install into a scratch prefix; a program built with pkg-config against it.
+step make test-install
+# The PyTorch binding (python/sumo): pytest alone and under mpirun -np 2 and 3, and a rank
+# killed mid-training; skipped, saying so, when /usr/bin/python3 has no torch.
+step tests/python/run.sh
 # A rank stopped, killed or leaving early under mpirun ends the job within the deadline.
 step make test-faults
 # Each fuzzer (IDX, checkpoint, command line) for a minute from the kept corpus; skipped,

@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""DDP step time with gloo's allreduce against sumo's hooks and optimizers, in one run.
+
+    mpirun -np 2 --oversubscribe /usr/bin/python3 bench/torch_ddp.py [--steps 30] [--warmup 5]
+
+For each model (the MLP of `sumo train`, 784-128-10, and a small conv net of about 3.3 M
+parameters) and each method, every rank trains on random MNIST-shaped batches; rank 0 prints
+per method the median step time, samples/s and the median time inside communication per
+step (the union of the buckets' intervals from the hook's call to its Future's completion,
+or the optimizer's collectives; overlapping buckets count once). Methods:
+  gloo           DDP's built-in reducer (gloo allreduce), step time only (no hook to time)
+  gloo hook      DDP with torch's own allreduce_hook on gloo, timed like sumo's hooks
+  sumo avg       sumo.torch.average_hook
+  sumo adasum    sumo.torch.adasum_hook (per parameter)
+  sumo acga      sumo.torch.acga_hook
+  sumo delta     sumo.torch.DistributedOptimizer(op=Adasum): local step, Adasum of deltas
+  hvd adasum / hvd avg   horovod.torch.DistributedOptimizer, when horovod imports (it is not
+                 a Debian package: bench/torch_ddp_setup.sh builds it in a venv; run this
+                 script with that venv's python)
+With horovod present, sumo's delta optimizer and Horovod's Adasum are also checked to give
+the same parameters after a few steps.
+"""
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+import sumo  # noqa: E402
+import sumo.torch as st  # noqa: E402
+
+try:
+    import horovod.torch as hvd
+except Exception as e:  # ImportError, or a horovod built against another torch
+    hvd = None
+    HVD_WHY = "%s: %s" % (type(e).__name__, e)
+
+
+def mlp():
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 128), torch.nn.ReLU(),
+                               torch.nn.Linear(128, 10))
+
+
+def convnet():
+    # 1x28x28 -> 32x28x28 -> 64x14x14 -> 256 -> 10: about 3.3 M parameters, 96% in fc1.
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(1, 32, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(), torch.nn.Linear(64 * 14 * 14, 256), torch.nn.ReLU(),
+        torch.nn.Linear(256, 10))
+
+
+MODELS = {"mlp": mlp, "conv": convnet}
+
+# The gloo hook's intervals (sumo records its own in sumo.torch's timeline).
+_gloo_timeline = []
+_gloo_lock = threading.Lock()
+
+
+def gloo_timed_hook(pg, bucket):
+    t0 = time.perf_counter()
+    fut = default_hooks.allreduce_hook(pg, bucket)
+
+    def done(f):
+        with _gloo_lock:
+            _gloo_timeline.append((t0, time.perf_counter()))
+        return f.value()[0]
+    return fut.then(done)
+
+
+def setup(method, model):
+    """(module, optimizer, state to close) for a method."""
+    sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    if method == "gloo":
+        return DDP(model), sgd, None
+    if method == "gloo hook":
+        ddp = DDP(model)
+        ddp.register_comm_hook(None, gloo_timed_hook)
+        return ddp, sgd, None
+    if method in ("sumo avg", "sumo adasum", "sumo acga"):
+        ddp = DDP(model)
+        state = st.HookState()
+        ddp.register_comm_hook(state, {"sumo avg": st.average_hook, "sumo adasum": st.adasum_hook,
+                                       "sumo acga": st.acga_hook}[method])
+        return ddp, sgd, state
+    if method == "sumo delta":
+        return model, st.DistributedOptimizer(sgd, model.named_parameters(), op=sumo.Adasum), None
+    if method == "hvd adasum":
+        return model, hvd.DistributedOptimizer(sgd, model.named_parameters(), op=hvd.Adasum), None
+    if method == "hvd avg":
+        return model, hvd.DistributedOptimizer(sgd, model.named_parameters(), op=hvd.Average), None
+    raise ValueError(method)
+
+
+def comm_time():
+    with _gloo_lock:
+        g = [(a, b) for a, b in _gloo_timeline]
+        _gloo_timeline.clear()
+    return st.union_seconds(st.take_timeline() + g)
+
+
+def run(method, make, args):
+    torch.manual_seed(0)
+    model = make()
+    st.broadcast_parameters(model.state_dict(), root_rank=0)
+    module, opt, state = setup(method, model)
+    g = torch.Generator().manual_seed(st.rank())
+    x = torch.randn(args.batch, 1, 28, 28, generator=g)
+    y = torch.randint(0, 10, (args.batch,), generator=g)
+    times, comms = [], []
+    for i in range(args.warmup + args.steps):
+        st.barrier()  # steps start together, so a step's time is not the previous one's skew
+        comm_time()
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        F.cross_entropy(module(x), y).backward()
+        opt.step()
+        t = time.perf_counter() - t0
+        c = comm_time()
+        if i >= args.warmup:
+            times.append(t)
+            comms.append(c)
+    if state is not None:
+        state.close()
+    nparams = sum(p.numel() for p in model.parameters())
+    return nparams, statistics.median(times), statistics.median(comms)
+
+
+def check_against_horovod(args):
+    """sumo's delta optimizer and Horovod's Adasum optimizer from the same start on the same
+    data: the parameters after a few steps (both per-tensor Adasum of the SGD deltas)."""
+    out = []
+    for name, cls in (("sumo", "sumo delta"), ("hvd", "hvd adasum")):
+        torch.manual_seed(0)
+        model = mlp()
+        st.broadcast_parameters(model.state_dict(), root_rank=0)
+        module, opt, _ = setup(cls, model)
+        for s in range(5):
+            g = torch.Generator().manual_seed(100 * s + st.rank())
+            x, y = torch.randn(32, 1, 28, 28, generator=g), torch.randint(0, 10, (32,), generator=g)
+            opt.zero_grad()
+            F.cross_entropy(module(x), y).backward()
+            opt.step()
+        out.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+    return (out[0] - out[1]).abs().max().item()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=64, help="per-rank batch")
+    ap.add_argument("--models", default="mlp,conv")
+    args = ap.parse_args()
+    st.init()
+    if hvd is not None:
+        hvd.init()
+    torch.set_num_threads(1)  # one core per rank
+    methods = ["gloo", "gloo hook", "sumo avg", "sumo adasum", "sumo acga", "sumo delta"]
+    if hvd is not None:
+        methods += ["hvd adasum", "hvd avg"]
+    rows = []
+    for m in args.models.split(","):
+        for method in methods:
+            rows.append((m,) + (method,) + run(method, MODELS[m], args))
+    diff = check_against_horovod(args) if hvd is not None else None
+    if st.rank() != 0:
+        return
+    P = st.size()
+    print("DDP on %d ranks x batch %d, torch %s, %d steps after %d warm-up (medians)" % (
+        P, args.batch, torch.__version__, args.steps, args.warmup))
+    print("%-6s %-12s %9s %10s %11s %10s %9s" % ("model", "method", "params", "step ms",
+                                                 "samples/s", "comm ms", "vs gloo"))
+    base = {}
+    for m, method, n, t, c in rows:
+        if method == "gloo hook":
+            base[m] = c
+        rel = "%8.2fx" % (c / base[m]) if m in base and method not in ("gloo", "gloo hook") and base[m] > 0 else "-"
+        cms = "-" if method in ("gloo", "hvd adasum", "hvd avg") else "%10.2f" % (1e3 * c)
+        print("%-6s %-12s %9d %10.2f %11.0f %10s %9s" % (m, method, n, 1e3 * t, P * args.batch / t,
+                                                          cms, rel))
+    print("comm ms: time inside communication per step (the union of the buckets' intervals); "
+          "vs gloo: comm ms / the gloo hook's")
+    if hvd is None:
+        print("horovod: not run (%s)" % HVD_WHY)
+    else:
+        print("horovod: sumo delta vs hvd Adasum, max |param difference| after 5 steps: %.3g" % diff)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""DDP communication hooks on sumo: average, per-parameter Adasum and ACGA.
+
+Each hook works in place on the bucket's own buffer (zero copy) and returns at once: average
+and Adasum start sumo's asynchronous allreduce from the backward pass, and the persistent
+worker thread waits for it (the wait releases the GIL) and completes the Future, so the
+backward pass goes on computing the next buckets meanwhile. ACGA has no asynchronous form in
+the C API, so the worker runs its (blocking) apply; the backward pass still does not wait.
+
+DDP does not pre-divide the bucket when a hook is registered: the average hook divides
+(SUMO_OP_AVERAGE), Adasum and ACGA take the raw gradients, as their definitions want.
+"""
+import ctypes
+import time
+
+import torch
+import torch.distributed as dist
+
+from .. import _lib
+from .._lib import lib
+from . import _runtime as rt
+
+
+class HookState:
+    """What the hooks keep between calls: Adasum ops per bucket layout, ACGA aggregators (and
+    their momentum, checkpointable with state_dict) per bucket. Each bucket's communication
+    (start, end, bytes) goes to sumo.torch's timeline (take_timeline) for measurements."""
+
+    def __init__(self, acga_beta=0.0, acga_per_tensor=False, acga_rescale=False):
+        self.comm = rt.require_init()
+        self.acga_beta = float(acga_beta)
+        self.acga_per_tensor = bool(acga_per_tensor)
+        self.acga_rescale = bool(acga_rescale)
+        self._ops = {}           # layout tuple -> sumo_op (Adasum per tensor)
+        self._aggregators = {}   # (bucket index, layout) -> sumo_aggregator (ACGA)
+        self._pending = {}       # ACGA state loaded before its bucket was seen
+
+    # -- Adasum -------------------------------------------------------------------------------
+    def adasum_op(self, layout):
+        op = self._ops.get(layout)
+        if op is None:
+            counts = (ctypes.c_size_t * len(layout))(*layout)
+            opts = _lib.AdasumOptions(ctypes.sizeof(_lib.AdasumOptions), counts, len(layout), 0, 0)
+            out = ctypes.c_uint32()
+            rt.raise_for(lib.sumo_op_create_adasum(self.comm, ctypes.byref(opts), ctypes.byref(out)),
+                         "sumo_op_create_adasum for a bucket of %d tensors" % len(layout))
+            op = self._ops[layout] = out.value
+        return op
+
+    # -- ACGA ---------------------------------------------------------------------------------
+    def acga_aggregator(self, key, layout):
+        agg = self._aggregators.get(key)
+        if agg is None:
+            opts = _lib.AggregatorOptions()
+            rt.raise_for(lib.sumo_aggregator_options_default(_lib.AGGREGATE_ACGA, ctypes.byref(opts)))
+            counts = (ctypes.c_size_t * len(layout))(*layout)
+            opts.tensor_counts = counts
+            opts.ntensors = len(layout)
+            opts.acga.beta = self.acga_beta
+            opts.acga.per_tensor = int(self.acga_per_tensor)
+            opts.acga.rescale = int(self.acga_rescale)
+            handle = ctypes.c_void_p()
+            rt.raise_for(lib.sumo_aggregator_create(self.comm, ctypes.byref(opts), ctypes.byref(handle)),
+                         "sumo_aggregator_create (ACGA)")
+            agg = self._aggregators[key] = handle
+            saved = self._pending.pop(_key_str(key), None)
+            if saved is not None:
+                self._load_aggregator(agg, saved, key)
+        return agg
+
+    def _load_aggregator(self, agg, blob, key):
+        buf = ctypes.create_string_buffer(blob, len(blob))
+        rt.raise_for(lib.sumo_aggregator_state_load(agg, buf, len(blob)),
+                     "ACGA state of bucket %s" % _key_str(key))
+
+    def state_dict(self):
+        """ACGA's momentum per bucket (bytes in sumo's format), for checkpoints."""
+        rt.sync()
+        acga = dict(self._pending)
+        for key, agg in self._aggregators.items():
+            n = ctypes.c_size_t()
+            rt.raise_for(lib.sumo_aggregator_state_size(agg, ctypes.byref(n)))
+            buf = ctypes.create_string_buffer(n.value)
+            rt.raise_for(lib.sumo_aggregator_state_save(agg, buf, n.value))
+            acga[_key_str(key)] = buf.raw
+        return {"acga": acga, "acga_beta": self.acga_beta}
+
+    def load_state_dict(self, sd):
+        # Buckets are keyed by index and layout; DDP builds its final buckets after the first
+        # iteration, so a state is applied when its bucket first appears.
+        rt.sync()
+        self._pending = dict(sd.get("acga", {}))
+        for key, agg in self._aggregators.items():
+            blob = self._pending.pop(_key_str(key), None)
+            if blob is not None:
+                self._load_aggregator(agg, blob, key)
+
+    def close(self):
+        rt.sync()
+        for agg in self._aggregators.values():
+            lib.sumo_aggregator_destroy(agg)
+        self._aggregators.clear()
+        if rt.state.comm is not None:
+            for op in self._ops.values():
+                lib.sumo_op_destroy(rt.state.comm, op)
+        self._ops.clear()
+
+
+def _key_str(key):
+    index, layout = key
+    return "%d:%s" % (index, ",".join(map(str, layout)))
+
+
+def _bucket_layout(bucket):
+    buf = bucket.buffer()
+    layout = tuple(int(g.numel()) for g in bucket.gradients())
+    if sum(layout) != buf.numel():
+        raise RuntimeError("sumo: bucket %d holds %d elements but its gradients %d; cannot cut "
+                           "it per tensor" % (bucket.index(), buf.numel(), sum(layout)))
+    return buf, layout
+
+
+def _start(state, buf, op, what):
+    """Starts an in-place allreduce of buf and returns the Future the worker completes."""
+    ptr, n, dt = rt.tensor_args(buf, what)
+    req = ctypes.c_void_p()
+    t0 = time.perf_counter()
+    rt.raise_for(lib.sumo_allreduce_start(ptr, ptr, n, dt, op, state.comm, ctypes.byref(req)), what)
+
+    def wait():
+        rt.raise_for(lib.sumo_request_wait(req), what)
+        rt.record(t0, time.perf_counter(), n * buf.element_size())
+        return buf
+
+    return rt.state.worker.submit(wait)
+
+
+def average_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The average of the ranks' gradients (sum in rank order divided by the rank count)."""
+    return _start(state, bucket.buffer(), 1, "bucket %d (average)" % bucket.index())
+
+
+def sum_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    return _start(state, bucket.buffer(), 0, "bucket %d (sum)" % bucket.index())
+
+
+def adasum_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Adasum per parameter: each gradient in the bucket is combined with its own coefficients
+    (an op created for the bucket's layout, once per distinct layout)."""
+    buf, layout = _bucket_layout(bucket)
+    op = state.adasum_op(layout)
+    return _start(state, buf, op, "bucket %d (Adasum)" % bucket.index())
+
+
+def acga_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """ACGA on the bucket (one coefficient per rank for the bucket, or per tensor with
+    acga_per_tensor); its coefficient momentum lives in the state."""
+    buf, layout = _bucket_layout(bucket)
+    what = "bucket %d (ACGA)" % bucket.index()
+    ptr, n, dt = rt.tensor_args(buf, what)
+    if dt != _lib.FLOAT32:
+        raise TypeError("sumo: ACGA combines float32 gradients only; %s is %s" % (what, buf.dtype))
+    agg = state.acga_aggregator((bucket.index(), layout), layout)
+
+    def apply():
+        t0 = time.perf_counter()
+        rt.raise_for(lib.sumo_aggregator_apply(agg, ptr, n, dt), what)
+        rt.record(t0, time.perf_counter(), n * buf.element_size())
+        return buf
+
+    return rt.state.worker.submit(apply)

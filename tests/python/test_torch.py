@@ -1,0 +1,353 @@
+"""sumo.torch against independent references, under mpirun -np 2 and 3 (and alone).
+
+Every test is collective: all ranks run the same tests in the same order, and a test's
+verdict is agreed across ranks where one rank alone could differ."""
+import copy
+import os
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import sumo
+import sumo.torch as st
+from sumo.torch import hooks as sumo_hooks
+
+from reference import adasum_per_tensor
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+
+
+def make_model(seed=0, hidden=24):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(12, hidden), torch.nn.ReLU(),
+                               torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+                               torch.nn.Linear(hidden, 5))
+
+
+def batch(rank, step, n=16):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(n, 12, generator=g), torch.randint(0, 5, (n,), generator=g)
+
+
+def loss_of(model, rank, step):
+    x, y = batch(rank, step)
+    return torch.nn.functional.cross_entropy(model(x), y)
+
+
+def params_of(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def assert_identical_across_ranks(tensors):
+    """Bit-identical on every rank: each compares with rank 0's copy, and all agree."""
+    flat = torch.cat([t.reshape(-1).to(torch.float64) for t in tensors])
+    root = flat.clone()
+    st.broadcast_(root, 0)
+    differ = torch.tensor([0.0 if torch.equal(flat, root) else 1.0], dtype=torch.float64)
+    st.allreduce_(differ, sumo.Sum)
+    assert differ.item() == 0, "%d rank(s) differ from rank 0" % differ.item()
+
+
+def assert_close(a, b, rtol=1e-4, atol=1e-5):
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x.to(torch.float64), y.to(torch.float64), rtol=rtol, atol=atol)
+
+
+def train_ddp(hook=None, steps=4, bucket_cap_mb=25, state=None):
+    model = make_model()
+    ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)
+    if hook is not None:
+        ddp.register_comm_hook(state if state is not None else st.HookState(), hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for s in range(steps):
+        opt.zero_grad()
+        loss_of(ddp, st.rank(), s).backward()
+        opt.step()
+    return model
+
+
+# ---- start-up and tensors --------------------------------------------------------------------
+
+def test_init_matches_launcher():
+    expect = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
+    assert st.size() == expect
+    assert 0 <= st.local_rank() < st.local_size() <= st.size()
+    assert st.transport() == ("mpi" if expect > 1 or "OMPI_COMM_WORLD_SIZE" in os.environ else "threads")
+    assert dist.is_initialized() and dist.get_world_size() == st.size()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_allreduce_dtypes(dtype):
+    t = torch.arange(7, dtype=torch.float32).to(dtype) + st.rank()
+    st.allreduce_(t, sumo.Sum, "t")
+    expect = sum(torch.arange(7, dtype=torch.float32) + r for r in range(st.size()))
+    assert t.dtype == dtype
+    torch.testing.assert_close(t.float(), expect)
+
+
+def test_bad_tensors_raise_naming_the_tensor():
+    with pytest.raises(TypeError, match="counts.*int64"):
+        st.allreduce_(torch.ones(3, dtype=torch.int64), name="counts")
+    with pytest.raises(ValueError, match="weight_t.*not contiguous"):
+        st.allreduce_(torch.ones(3, 4).t(), name="weight_t")
+    model = make_model()
+    model[0].weight = torch.nn.Parameter(torch.ones(12, 24).t())  # a transposed view
+    with pytest.raises(ValueError, match="0.weight.*not contiguous"):
+        st.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                model.named_parameters())
+
+
+def test_mismatched_models_raise_on_every_rank():
+    # Each rank a different hidden width: the collective sees different counts.
+    if st.size() == 1:
+        pytest.skip("needs two ranks")
+    for op in (sumo.Average, sumo.Adasum):
+        model = make_model(hidden=8 + st.rank())
+        opt = st.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                      model.named_parameters(), op=op)
+        loss_of(model, st.rank(), 0).backward()
+        with pytest.raises(sumo.SumoError, match="SUMO_ERR_MISMATCH") as e:
+            opt.step()
+        assert e.value.name == "SUMO_ERR_MISMATCH"
+    # The communicator is still usable afterwards.
+    t = torch.ones(2)
+    st.allreduce_(t, sumo.Sum)
+    assert t[0].item() == st.size()
+
+
+def test_broadcast_parameters_and_optimizer_state():
+    model = make_model(seed=st.rank())
+    opt = torch.optim.Adam(model.parameters(), lr=0.01 * (st.rank() + 1))
+    loss_of(model, st.rank(), 0).backward()
+    opt.step()
+    st.broadcast_parameters(model.state_dict(), root_rank=0)
+    st.broadcast_optimizer_state(opt, root_rank=0)
+    assert opt.param_groups[0]["lr"] == 0.01
+    state = [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    assert_identical_across_ranks(params_of(model) + state)
+
+
+# ---- DDP hooks -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bucket_cap_mb", [25, 0.001])
+def test_average_hook_equals_ddp_default(bucket_cap_mb):
+    ref = train_ddp(None, bucket_cap_mb=bucket_cap_mb)
+    got = train_ddp(st.average_hook, bucket_cap_mb=bucket_cap_mb)
+    assert_close(params_of(got), params_of(ref), rtol=1e-5, atol=1e-6)
+    assert_identical_across_ranks(params_of(got))
+
+
+@pytest.mark.parametrize("bucket_cap_mb", [25, 0.001])
+def test_adasum_hook_equals_reference(bucket_cap_mb):
+    steps = 3
+    got = train_ddp(st.adasum_hook, steps=steps, bucket_cap_mb=bucket_cap_mb)
+    assert_identical_across_ranks(params_of(got))
+    # Reference: every rank's gradient computed here, combined per tensor in float64.
+    ref = make_model()
+    for s in range(steps):
+        grads = []
+        for r in range(st.size()):
+            ref.zero_grad()
+            loss_of(ref, r, s).backward()
+            grads.append([p.grad.detach().clone() for p in ref.parameters()])
+        combined = adasum_per_tensor(grads)
+        with torch.no_grad():
+            for p, g in zip(ref.parameters(), combined):
+                p -= 0.1 * g.to(p.dtype)
+    assert_close(params_of(got), params_of(ref))
+
+
+def test_acga_hook_identical_and_checkpointable():
+    state = st.HookState(acga_beta=0.5)
+    got = train_ddp(st.acga_hook, steps=4, state=state)
+    assert_identical_across_ranks(params_of(got))
+    sd = state.state_dict()
+    assert sd["acga"] and all(isinstance(v, bytes) for v in sd["acga"].values())
+    other = st.HookState(acga_beta=0.5)
+    other.load_state_dict(sd)
+    assert other.state_dict()["acga"] == sd["acga"]
+    state.close()
+    other.close()
+
+
+# ---- the Horovod-style optimizer -------------------------------------------------------------
+
+OPTIMIZERS = {
+    "sgd-nesterov": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True),
+    "adam": lambda ps: torch.optim.Adam(ps, lr=0.01),
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_delta_optimizer_equals_reference(name):
+    steps = 4
+    factory = OPTIMIZERS[name]
+    model = make_model()
+    opt = st.DistributedOptimizer(factory(model.parameters()), model.named_parameters(),
+                                  op=sumo.Adasum)
+    for s in range(steps):
+        opt.zero_grad()
+        loss_of(model, st.rank(), s).backward()
+        opt.step()
+    assert_identical_across_ranks(params_of(model))
+    # Reference trajectory: one model and optimizer per rank, simulated here; each takes its
+    # local step from the common start, the deltas are combined per tensor in float64.
+    start = make_model()
+    replicas = [copy.deepcopy(start) for _ in range(st.size())]
+    opts = [factory(m.parameters()) for m in replicas]
+    for s in range(steps):
+        deltas = []
+        for r, (m, o) in enumerate(zip(replicas, opts)):
+            with torch.no_grad():
+                for p, q in zip(m.parameters(), start.parameters()):
+                    p.copy_(q)
+            o.zero_grad()
+            loss_of(m, r, s).backward()
+            o.step()
+            deltas.append([p.detach() - q.detach() for p, q in zip(m.parameters(), start.parameters())])
+        combined = adasum_per_tensor(deltas)
+        with torch.no_grad():
+            for q, d in zip(start.parameters(), combined):
+                q += d.to(q.dtype)
+    assert_close(params_of(model), params_of(start), rtol=1e-4, atol=2e-5)
+
+
+def test_average_optimizer_equals_ddp_default():
+    ref = train_ddp(None)
+    model = make_model()
+    opt = st.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  model.named_parameters(), op=sumo.Average)
+    for s in range(4):
+        opt.zero_grad()
+        loss_of(model, st.rank(), s).backward()
+        opt.step()
+    assert_close(params_of(model), params_of(ref), rtol=1e-5, atol=1e-6)
+    assert_identical_across_ranks(params_of(model))
+    # Checkpoint round trip through the wrapper.
+    opt.load_state_dict(opt.state_dict())
+
+
+# ---- SlowMo ------------------------------------------------------------------------------------
+
+def _train_local(wrap, steps, lr=0.05, inf_at=None):
+    model = make_model()
+    opt = wrap(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9))
+    for s in range(steps):
+        opt.zero_grad()
+        loss_of(model, st.rank(), s).backward()
+        if inf_at is not None and s == inf_at and st.rank() == st.size() - 1:
+            next(model.parameters()).grad[0, 0] = float("inf")
+        opt.step()
+    return model, opt
+
+
+def test_localsgd_equals_post_localsgd():
+    from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+    from torch.distributed.optim import PostLocalSGDOptimizer
+    period, steps = 3, 9
+    got, _ = _train_local(lambda o: st.LocalSGD(o, period=period), steps)
+    # PeriodicModelAverager counts from 0 and averages at warmup_steps, then every period:
+    # warmup period - 1 averages after local steps period, 2 period, ... as Local SGD does.
+    ref, _ = _train_local(lambda o: PostLocalSGDOptimizer(
+        o, PeriodicModelAverager(period=period, warmup_steps=period - 1)), steps)
+    assert_close(params_of(got), params_of(ref), rtol=1e-5, atol=1e-6)
+    assert_identical_across_ranks(params_of(got))
+
+
+@pytest.mark.parametrize("memory_efficient", [False, True])
+def test_slowmo_momentum0_lr1_equals_localsgd(memory_efficient):
+    got, _ = _train_local(lambda o: st.SlowMo(o, slowmo_frequency=3, slowmo_lr=1.0,
+                                              slowmo_momentum=0.0, localsgd_frequency=0,
+                                              slowmo_memory_efficient=memory_efficient), 9)
+    ref, _ = _train_local(lambda o: st.LocalSGD(o, period=3, slowmo_memory_efficient=False), 9)
+    assert_close(params_of(got), params_of(ref), rtol=1e-6, atol=1e-7)
+
+
+def test_slowmo_every_step_equals_plain_averaging():
+    def plain(o):
+        for g in o.param_groups:
+            g["momentum"] = 0.0
+        return o
+
+    got, _ = _train_local(lambda o: st.SlowMo(plain(o), slowmo_frequency=1, localsgd_frequency=1,
+                                              slowmo_momentum=0.0, slowmo_lr=1.0), 4)
+    ref, _ = _train_local(lambda o: st.DistributedOptimizer(plain(o), op=sumo.Average), 4)
+    assert_close(params_of(got), params_of(ref), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("memory_efficient", [False, True])
+def test_slowmo_identical_after_outer_steps_and_checkpoint(memory_efficient):
+    model, opt = _train_local(lambda o: st.SlowMo(o, slowmo_frequency=4, localsgd_frequency=2,
+                                                  slowmo_memory_efficient=memory_efficient), 8)
+    assert_identical_across_ranks(params_of(model))
+    sd = opt.state_dict()
+    assert sd["slowmo"]["slow"][0]["u"].abs().sum() > 0
+    opt.load_state_dict(sd)
+    torch.testing.assert_close(opt.state_dict()["slowmo"]["slow"][0]["u"], sd["slowmo"]["slow"][0]["u"])
+
+
+def test_nonfinite_step_is_skipped_by_every_rank():
+    # The last rank alone sees inf at step 2: every rank skips it, replicas stay equal.
+    model, opt = _train_local(lambda o: st.LocalSGD(o, period=4), 9, inf_at=2)
+    assert opt.skipped == 1 and opt.steps == 8  # the last outer step averages
+    assert_identical_across_ranks(params_of(model))
+
+
+# ---- the C driver and the Python path on the same inputs -----------------------------------
+
+class _Bucket:
+    """What a hook reads from dist.GradBucket, for driving a hook without DDP."""
+
+    def __init__(self, buf, layout):
+        self._buf, self._layout = buf, layout
+
+    def buffer(self):
+        return self._buf
+
+    def index(self):
+        return 0
+
+    def gradients(self):
+        out, off = [], 0
+        for n in self._layout:
+            out.append(self._buf[off:off + n])
+            off += n
+        return out
+
+
+@pytest.mark.parametrize("method,hook", [("avg", st.average_hook), ("adasum", st.adasum_hook),
+                                         ("acga", st.acga_hook)])
+def test_c_driver_and_python_give_the_same_bits(method, hook):
+    driver = os.path.join(ROOT, "build", "tests", "combine_driver")
+    layout = [37, 5, 100, 1]
+    g = torch.Generator().manual_seed(7 + st.rank())
+    buf = torch.randn(sum(layout), generator=g)
+    folder = st.broadcast_object(tempfile.mkdtemp(prefix="sumo-parity-") if st.rank() == 0 else None)
+    try:
+        buf.numpy().tofile(os.path.join(folder, "in.%d" % st.rank()))
+        state = st.HookState()
+        got = hook(state, _Bucket(buf, layout)).wait()
+        state.close()
+        got.numpy().tofile(os.path.join(folder, "py.%d" % st.rank()))
+        st.barrier()
+        ok = torch.zeros(1, dtype=torch.float64)
+        if st.rank() == 0:
+            out = os.path.join(folder, "c.out")
+            subprocess.run([driver, method, out, ",".join(map(str, layout))] +
+                           [os.path.join(folder, "in.%d" % r) for r in range(st.size())],
+                           check=True)
+            c = open(out, "rb").read()
+            ok[0] = float(all(open(os.path.join(folder, "py.%d" % r), "rb").read() == c
+                              for r in range(st.size())))
+        st.broadcast_(ok, 0)
+        assert ok.item() == 1, "%s: the C driver and the Python path differ" % method
+    finally:
+        st.barrier()
+        if st.rank() == 0:
+            shutil.rmtree(folder, ignore_errors=True)
