@@ -64,10 +64,8 @@
  * Loading checks all of it against this aggregator (N ranks, K groups) and that the values are
  * finite; anything else is SUMO_ERR_INVALID_ARGUMENT with the reason in the comm's message.
  */
-#include "aggregation/aggregator.h"
+#include "aggregation/acga.h"
 #include "collectives/agree.h"
-#include "collectives/comm.h"
-#include "kernels/kernels.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -107,7 +105,6 @@ typedef struct acga {
 
 static acga *impl_of(const sumo_aggregator *agg) { return agg->impl; }
 
-static sumo__transport *tp_of(const sumo_aggregator *agg) { return agg->comm->tp; }
 
 /* [*off, *off + *len) of group k in a buffer of count elements. */
 static void group_range(const acga *a, size_t k, size_t count, size_t *off, size_t *len)
@@ -185,7 +182,7 @@ static void group_weights(sumo_aggregator *agg, acga *a, size_t k)
         a->kind[k] = GROUP_UNIFORM;
         a->coef[k] = den == 0 ? 0.0 : 1.0 / den;
         if (a->rank == 0)
-            SUMO__LOG(tp_of(agg)->log_level, SUMO__LOG_WARN,
+            SUMO__LOG(agg->comm->tp->log_level, SUMO__LOG_WARN,
                       "acga: coefficient sum %.3g (sum of |a'| %.3g) in group %zu: uniform "
                       "weights 1/%d this step",
                       sum, l1, k, n);
@@ -204,10 +201,9 @@ static sumo_result acga_apply(sumo_aggregator *agg, void *buffer, size_t count, 
 {
     acga *a = impl_of(agg);
     const sumo_acga_options *o = &agg->options.acga;
-    sumo__transport *tp = tp_of(agg);
     /* Local failures are announced to the peers, which are entering the first exchange. */
     if (dtype != SUMO_FLOAT32)
-        return sumo__fail_together(agg->comm, SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
+        return sumo__fail_together(agg->comm, SUMO__COMM_FAIL(agg->comm, SUMO_ERR_INVALID_ARGUMENT,
                                                          "acga: dtype %s: only float32 is supported",
                                                          sumo__dtype_name(dtype)));
     float *g = buffer;
@@ -216,7 +212,7 @@ static sumo_result acga_apply(sumo_aggregator *agg, void *buffer, size_t count, 
     sumo_result grown = ensure_sum(a, count);
     if (grown != SUMO_SUCCESS) {
         sumo__fail_together(agg->comm, grown);
-        return SUMO__FAIL(tp, grown, "acga: no room for the sum of %zu floats", count);
+        return SUMO__COMM_FAIL(agg->comm, grown, "acga: no room for the sum of %zu floats", count);
     }
 
     /* 1. The consensus: the sum of every rank's gradient. */
@@ -229,7 +225,7 @@ static sumo_result acga_apply(sumo_aggregator *agg, void *buffer, size_t count, 
         size_t off, len;
         group_range(a, k, count, &off, &len);
         double dn[3];
-        sumo__kernel_dot_norms(SUMO_FLOAT32, g + off, a->sum + off, len, dn);
+        agg->comm->kernels->dot_norms(SUMO_FLOAT32, g + off, a->sum + off, len, dn);
         a->norm[k] = sqrt(dn[1]);
         a->sum_norm[k] = sqrt(dn[2]);
         double den = a->norm[k] + o->eps;
@@ -252,10 +248,10 @@ static sumo_result acga_apply(sumo_aggregator *agg, void *buffer, size_t count, 
         /* Nothing to combine: every rank knows it, so all skip the final allreduce alike. */
         fill_nan(g, count);
         if (a->group_off == NULL)
-            return SUMO__FAIL(tp, SUMO_ERR_NONFINITE,
+            return SUMO__COMM_FAIL(agg->comm, SUMO_ERR_NONFINITE,
                               "acga: NaN or Inf in the gradients (one coefficient for the whole "
                               "buffer): the result is NaN");
-        return SUMO__FAIL(tp, SUMO_ERR_NONFINITE,
+        return SUMO__COMM_FAIL(agg->comm, SUMO_ERR_NONFINITE,
                           "acga: NaN or Inf in tensor %zu (every one of the %zu tensors): the "
                           "result is NaN",
                           first_bad, K);
@@ -266,7 +262,7 @@ static sumo_result acga_apply(sumo_aggregator *agg, void *buffer, size_t count, 
         if (a->kind[k] == GROUP_NONFINITE) continue; /* overwritten with NaN below */
         size_t off, len;
         group_range(a, k, count, &off, &len);
-        sumo__kernel_scaled_add(SUMO_FLOAT32, g + off, a->coef[k], g + off, 0.0, len);
+        agg->comm->kernels->scaled_add(SUMO_FLOAT32, g + off, a->coef[k], g + off, 0.0, len);
     }
     const bool all_uniform = nuniform == K;
     sumo__aggregator_count(agg, count, SUMO_FLOAT32);
@@ -278,7 +274,7 @@ static sumo_result acga_apply(sumo_aggregator *agg, void *buffer, size_t count, 
         if (a->kind[k] == GROUP_NONFINITE)
             fill_nan(g + off, len);
         else if (a->kind[k] == GROUP_UNIFORM && !all_uniform)
-            sumo__kernel_divide(SUMO_FLOAT32, g + off, g + off, len, n);
+            agg->comm->kernels->divide(SUMO_FLOAT32, g + off, g + off, len, n);
     }
 
     /* 6. Optional rescale to the mean gradient's norm, with rank 0's factors. */
@@ -289,7 +285,7 @@ static sumo_result acga_apply(sumo_aggregator *agg, void *buffer, size_t count, 
             size_t off, len;
             group_range(a, k, count, &off, &len);
             double dn[3];
-            sumo__kernel_dot_norms(SUMO_FLOAT32, g + off, g + off, len, dn);
+            agg->comm->kernels->dot_norms(SUMO_FLOAT32, g + off, g + off, len, dn);
             double gn = sqrt(dn[1]);
             if (gn > 0) a->factor[k] = (a->sum_norm[k] / n) / gn;
         }
@@ -299,12 +295,12 @@ static sumo_result acga_apply(sumo_aggregator *agg, void *buffer, size_t count, 
             if (a->kind[k] == GROUP_NONFINITE || a->factor[k] == 1.0) continue;
             size_t off, len;
             group_range(a, k, count, &off, &len);
-            sumo__kernel_scaled_add(SUMO_FLOAT32, g + off, a->factor[k], g + off, 0.0, len);
+            agg->comm->kernels->scaled_add(SUMO_FLOAT32, g + off, a->factor[k], g + off, 0.0, len);
         }
     }
 
     if (nbad > 0)
-        return SUMO__FAIL(tp, SUMO_ERR_NONFINITE,
+        return SUMO__COMM_FAIL(agg->comm, SUMO_ERR_NONFINITE,
                           "acga: NaN or Inf in tensor %zu (%zu of %zu tensors): those tensors "
                           "are NaN, the others are exact; the momentum was not advanced",
                           first_bad, nbad, K);
@@ -367,23 +363,22 @@ static sumo_result acga_state_save(const sumo_aggregator *agg, void *buffer)
 static sumo_result acga_state_load(sumo_aggregator *agg, const void *buffer)
 {
     acga *a = impl_of(agg);
-    sumo__transport *tp = tp_of(agg);
     const unsigned char *p = buffer;
     uint32_t magic = get_u32(p), version = get_u32(p + 4), n = get_u32(p + 8),
              k = get_u32(p + 12), init = get_u32(p + 16), reserved = get_u32(p + 20);
     if (magic != ACGA_MAGIC || version != ACGA_VERSION || reserved != 0 || init > 1)
-        return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
+        return SUMO__COMM_FAIL(agg->comm, SUMO_ERR_INVALID_ARGUMENT,
                           "acga state: not an ACGA state of version %u (magic %08x, version %u)",
                           ACGA_VERSION, magic, version);
     if (n != (uint32_t)a->nranks || k != (uint32_t)a->ngroups)
-        return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
+        return SUMO__COMM_FAIL(agg->comm, SUMO_ERR_INVALID_ARGUMENT,
                           "acga state: saved for %u ranks x %u coefficient groups, this "
                           "aggregator has %d x %zu",
                           n, k, a->nranks, a->ngroups);
     size_t nm = (size_t)a->nranks * a->ngroups;
     for (size_t i = 0; i < nm; i++)
         if (!isfinite(get_f64(p + ACGA_HEADER_BYTES + 8 * i)))
-            return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
+            return SUMO__COMM_FAIL(agg->comm, SUMO_ERR_INVALID_ARGUMENT,
                               "acga state: momentum value %zu is not finite", i);
     for (size_t i = 0; i < nm; i++) a->m[i] = get_f64(p + ACGA_HEADER_BYTES + 8 * i);
     a->initialised = (int)init;
@@ -429,15 +424,14 @@ static bool is_flag(int v) { return v == 0 || v == 1; }
 sumo_result sumo__acga_init(sumo_aggregator *agg)
 {
     const sumo_acga_options *o = &agg->options.acga;
-    sumo__transport *tp = tp_of(agg);
     if (!(o->beta >= 0.0 && o->beta < 1.0))
-        return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT, "acga: beta %g is not in [0, 1)", o->beta);
+        return SUMO__COMM_FAIL(agg->comm, SUMO_ERR_INVALID_ARGUMENT, "acga: beta %g is not in [0, 1)", o->beta);
     if (!(o->eps >= 0.0 && isfinite(o->eps)))
-        return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT, "acga: eps %g is not finite and >= 0",
+        return SUMO__COMM_FAIL(agg->comm, SUMO_ERR_INVALID_ARGUMENT, "acga: eps %g is not finite and >= 0",
                           o->eps);
     if (!is_flag(o->per_tensor) || !is_flag(o->reference_permutation) ||
         !is_flag(o->negative_guard) || !is_flag(o->rescale))
-        return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
+        return SUMO__COMM_FAIL(agg->comm, SUMO_ERR_INVALID_ARGUMENT,
                           "acga: per_tensor, reference_permutation, negative_guard and rescale "
                           "must each be 0 or 1");
     int n = 0, rank = 0;
@@ -446,7 +440,7 @@ sumo_result sumo__acga_init(sumo_aggregator *agg)
     const size_t K = o->per_tensor && agg->ntensors > 0 ? agg->ntensors : 1;
     /* The state header stores N and K in 32 bits. */
     if (K > UINT32_MAX || (uint64_t)n * K > SIZE_MAX / sizeof(double) / 4)
-        return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT, "acga: %zu tensors is too many", K);
+        return SUMO__COMM_FAIL(agg->comm, SUMO_ERR_INVALID_ARGUMENT, "acga: %zu tensors is too many", K);
 
     acga *a = calloc(1, sizeof *a);
     if (a == NULL) return SUMO_ERR_SYSTEM;

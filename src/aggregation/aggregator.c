@@ -1,6 +1,5 @@
-#include "aggregation/aggregator.h"
+#include "aggregation/acga.h"
 #include "collectives/agree.h"
-#include "collectives/comm.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -13,12 +12,6 @@ sumo_result sumo_aggregator_options_default(sumo_aggregation method, sumo_aggreg
         .acga = {.beta = 0.0, .negative_guard = 1, .eps = 1e-8},
     };
     return SUMO_SUCCESS;
-}
-
-void sumo__aggregator_count(sumo_aggregator *agg, size_t count, sumo_dtype dtype)
-{
-    agg->stats.rounds++;
-    agg->stats.bytes += (uint64_t)count * sumo__dtype_bytes(dtype);
 }
 
 sumo_result sumo_aggregator_create(sumo_comm *comm, const sumo_aggregator_options *options,
@@ -84,13 +77,12 @@ sumo_result sumo_aggregator_apply(sumo_aggregator *agg, void *buffer, size_t cou
 {
     if (agg == NULL) return SUMO_ERR_INVALID_ARGUMENT;
     /* The peers are entering the exchange: tell them, rather than leave them to the deadline. */
-    sumo__transport *tp = agg->comm->tp;
     if ((buffer == NULL && count > 0) || !sumo__dtype_valid(dtype))
-        return sumo__fail_together(agg->comm, SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
+        return sumo__fail_together(agg->comm, SUMO__COMM_FAIL(agg->comm, SUMO_ERR_INVALID_ARGUMENT,
                                                          "aggregator: NULL buffer or unknown dtype"));
     if (agg->ntensors > 0 && count != agg->total)
         return sumo__fail_together(agg->comm,
-                                   SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
+                                   SUMO__COMM_FAIL(agg->comm, SUMO_ERR_INVALID_ARGUMENT,
                                               "aggregator: count %zu does not match the layout's "
                                               "total %zu", count, agg->total));
     if (agg->vtbl) return agg->vtbl->apply(agg, buffer, count, dtype);

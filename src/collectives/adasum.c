@@ -64,14 +64,12 @@
  * rank. Squared norms that overflow double count as non-finite. With one participant (G = 1)
  * nothing is combined, and a separate pass over the sums checks the same condition.
  *
- * Shared memory: sumo__agree() needs a barrier, or a dependency on data every rank sent after
- * agreeing, before the next agreement. The direct path ends with a barrier; on the point to
- * point path with P >= 2 every rank's last receive depends on data that every other rank sent
- * after agreeing (the last level's sums span all ranks of step 3, which hold everything the
- * folded ranks and the groups sent).
+ * The direct path ends with a barrier, so no rank returns while a peer still reads or writes
+ * its buffers; the point-to-point path needs none (its last receives carry the result).
  */
+#include "collectives/adasum.h"
 #include "collectives/agree.h"
-#include "kernels/kernels.h"
+#include "collectives/p2p_algos.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -90,10 +88,10 @@ typedef struct adasum_op {
     uint64_t hash;    /* of the layout and the options, compared across ranks */
 } adasum_op;
 
-struct sumo__op_table {
+typedef struct op_table {
     adasum_op **ops; /* ops[id - SUMO_OP_PREDEFINED_COUNT]; NULL once destroyed, ids are never reused */
     size_t n, cap;
-};
+} op_table;
 
 /* ---- the op table ------------------------------------------------------------------------ */
 
@@ -122,19 +120,19 @@ static void op_free(adasum_op *op)
     free(op);
 }
 
-void sumo__op_table_free(sumo_comm *comm)
+/* The communicator frees the table through this when it is destroyed. */
+static void op_table_free(void *table)
 {
-    struct sumo__op_table *t = comm->op_table;
+    op_table *t = table;
     if (t == NULL) return;
     for (size_t i = 0; i < t->n; i++) op_free(t->ops[i]);
     free(t->ops);
     free(t);
-    comm->op_table = NULL;
 }
 
 static adasum_op *op_lookup(const sumo_comm *comm, sumo_op op)
 {
-    const struct sumo__op_table *t = comm->op_table;
+    const op_table *t = comm->op_table;
     if (t == NULL || op < SUMO_OP_PREDEFINED_COUNT || (size_t)(op - SUMO_OP_PREDEFINED_COUNT) >= t->n) return NULL;
     return t->ops[op - SUMO_OP_PREDEFINED_COUNT];
 }
@@ -185,7 +183,7 @@ sumo_result sumo_op_create_adasum(sumo_comm *comm, const sumo_adasum_options *op
 {
     if (comm == NULL) return SUMO_ERR_INVALID_ARGUMENT;
     if (options == NULL || op == NULL)
-        return SUMO__FAIL(comm->tp, SUMO_ERR_INVALID_ARGUMENT,
+        return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT,
                           "sumo_op_create_adasum: NULL %s", options == NULL ? "options" : "op");
     pthread_mutex_lock(&comm->exec); /* the op table is read inside collectives */
     sumo_result r = SUMO_SUCCESS;
@@ -194,14 +192,15 @@ sumo_result sumo_op_create_adasum(sumo_comm *comm, const sumo_adasum_options *op
     adasum_op *a = NULL;
     r = options_check(comm, options, &g, &total);
     if (r != SUMO_SUCCESS) goto out;
-    struct sumo__op_table *t = comm->op_table;
+    op_table *t = comm->op_table;
     if (t == NULL) {
         t = calloc(1, sizeof *t);
         if (t == NULL) goto oom;
         comm->op_table = t;
+        comm->op_table_free = op_table_free;
     }
     if (t->n >= (size_t)UINT32_MAX - SUMO_OP_PREDEFINED_COUNT) {
-        r = SUMO__FAIL(comm->tp, SUMO_ERR_INVALID_USAGE, "sumo_op_create_adasum: out of op ids");
+        r = SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_USAGE, "sumo_op_create_adasum: out of op ids");
         goto out;
     }
     if (t->n == t->cap) {
@@ -229,7 +228,7 @@ sumo_result sumo_op_create_adasum(sumo_comm *comm, const sumo_adasum_options *op
     a = NULL;
     goto out;
 oom:
-    r = SUMO__FAIL(comm->tp, SUMO_ERR_SYSTEM, "sumo_op_create_adasum: out of memory");
+    r = SUMO__COMM_FAIL(comm, SUMO_ERR_SYSTEM, "sumo_op_create_adasum: out of memory");
 out:
     op_free(a);
     pthread_mutex_unlock(&comm->exec);
@@ -244,12 +243,12 @@ sumo_result sumo_op_destroy(sumo_comm *comm, sumo_op op)
     sumo_result r = SUMO_SUCCESS;
     adasum_op *a = op_lookup(comm, op);
     if (a == NULL) {
-        r = SUMO__FAIL(comm->tp, SUMO_ERR_INVALID_ARGUMENT,
+        r = SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT,
                        "sumo_op_destroy: op %u was not created on this communicator (or was "
                        "destroyed already)",
                        op);
     } else {
-        comm->op_table->ops[op - SUMO_OP_PREDEFINED_COUNT] = NULL;
+        ((op_table *)comm->op_table)->ops[op - SUMO_OP_PREDEFINED_COUNT] = NULL;
         op_free(a);
     }
     sumo__comm_leave(comm);
@@ -327,42 +326,27 @@ static sumo_result handshake(sumo__transport *tp, int peer)
     return tp->ops->sendrecv(tp, NULL, 0, peer, NULL, 0, peer);
 }
 
-/* Sums the 3T doubles in a->sums over the block; every rank of it ends with the same bits. */
+typedef struct block_members {
+    const run *a;
+    const block *b;
+} block_members;
+
+static int block_member_rank(const void *ctx, int member)
+{
+    const block_members *m = ctx;
+    return block_rank(m->a, m->b, member);
+}
+
+/* Sums the 3T doubles in a->sums over the block (the collectives' recursive doubling); every
+ * rank of it ends with the same bits. */
 static sumo_result block_sum(run *a, const block *b, int my_group)
 {
-    sumo__transport *tp = a->tp;
-    size_t len = 3 * a->ntensors, bytes = len * sizeof(double);
-    int n = b->ngroups * a->g, me = (my_group - b->first) * a->g + a->mem;
-    int pof2 = 1;
-    while (pof2 * 2 <= n) pof2 *= 2;
-    int extra = n - pof2, vme;
-    if (me < 2 * extra) {
-        if (me % 2) {
-            SUMO__CHECK(tp->ops->sendrecv(tp, a->sums, bytes, block_rank(a, b, me - 1), NULL, 0, -1));
-            vme = -1;
-        } else {
-            SUMO__CHECK(tp->ops->sendrecv(tp, NULL, 0, -1, a->peer, bytes, block_rank(a, b, me + 1)));
-            for (size_t i = 0; i < len; i++) a->sums[i] += a->peer[i];
-            vme = me / 2;
-        }
-    } else {
-        vme = me - extra;
-    }
-    if (vme >= 0) {
-        for (int mask = 1; mask < pof2; mask <<= 1) {
-            int vpeer = vme ^ mask;
-            int peer = block_rank(a, b, vpeer < extra ? 2 * vpeer : vpeer + extra);
-            SUMO__CHECK(tp->ops->sendrecv(tp, a->sums, bytes, peer, a->peer, bytes, peer));
-            /* Commutative in IEEE arithmetic: both partners compute the same bits. */
-            for (size_t i = 0; i < len; i++) a->sums[i] += a->peer[i];
-        }
-    }
-    if (me < 2 * extra) {
-        int partner = block_rank(a, b, me % 2 ? me - 1 : me + 1);
-        if (me % 2) SUMO__CHECK(tp->ops->sendrecv(tp, NULL, 0, -1, a->sums, bytes, partner));
-        else SUMO__CHECK(tp->ops->sendrecv(tp, a->sums, bytes, partner, NULL, 0, -1));
-    }
-    return SUMO_SUCCESS;
+    block_members m = {.a = a, .b = b};
+    sumo__rd_group group = {.members = b->ngroups * a->g,
+                            .me = (my_group - b->first) * a->g + a->mem,
+                            .rank_of = block_member_rank,
+                            .ctx = &m};
+    return sumo__rd_sum(a->c, &group, SUMO_FLOAT64, a->sums, a->peer, 3 * a->ntensors);
 }
 
 /* False, with NaN coefficients, when the tensor's sums are not finite. */
@@ -399,7 +383,7 @@ static void update(run *a, size_t s, size_t e, double c_own, const unsigned char
         size_t len = SUMO__MIN(chunk, e - c0);
         unsigned char *xc = a->x + c0 * esz;
         if (a->src != a->x) memcpy(xc, a->src + c0 * esz, len * esz);
-        sumo__kernel_scaled_add(a->dtype, xc, c_own, theirs + (c0 - s) * esz, c_other, len);
+        a->c->kernels->scaled_add(a->dtype, xc, c_own, theirs + (c0 - s) * esz, c_other, len);
         forward_range(a, c0, c0 + len, forward);
     }
 }
@@ -434,7 +418,7 @@ static sumo_result combine_level(run *a, size_t *lo, size_t *hi, int peer, bool 
         size_t s = SUMO__MAX(a->off[t], klo), e = SUMO__MIN(a->off[t + 1], khi);
         if (e <= s) continue;
         const unsigned char *mine = a->src + s * esz, *other = theirs + (s - klo) * esz;
-        sumo__kernel_dot_norms(a->dtype, left ? mine : other, left ? other : mine, e - s,
+        a->c->kernels->dot_norms(a->dtype, left ? mine : other, left ? other : mine, e - s,
                                &a->sums[3 * t]);
     }
     SUMO__CHECK(block_sum(a, b, my_group));
@@ -474,7 +458,7 @@ static sumo_result check_single(run *a, size_t lo, size_t hi)
     size_t t0 = first_tensor(a, lo);
     for (size_t t = t0; t < a->ntensors && a->off[t] < hi; t++) {
         size_t s = SUMO__MAX(a->off[t], lo), e = SUMO__MIN(a->off[t + 1], hi);
-        if (e > s) sumo__kernel_dot_norms(a->dtype, a->x + s * esz, a->x + s * esz, e - s, &a->sums[3 * t]);
+        if (e > s) a->c->kernels->dot_norms(a->dtype, a->x + s * esz, a->x + s * esz, e - s, &a->sums[3 * t]);
     }
     block b = {.first = a->grp, .ngroups = 1, .virtual_groups = false};
     SUMO__CHECK(block_sum(a, &b, a->grp));
@@ -483,7 +467,7 @@ static sumo_result check_single(run *a, size_t lo, size_t hi)
         if (coefficients(&a->sums[3 * t], &cl, &cr)) continue;
         if (a->bad == SIZE_MAX) a->bad = t;
         size_t s = SUMO__MAX(a->off[t], lo), e = SUMO__MIN(a->off[t + 1], hi);
-        if (e > s) sumo__kernel_scaled_add(a->dtype, a->x + s * esz, NAN, a->x + s * esz, 0.0, e - s);
+        if (e > s) a->c->kernels->scaled_add(a->dtype, a->x + s * esz, NAN, a->x + s * esz, 0.0, e - s);
     }
     if (a->direct) forward_range(a, lo, hi, FORWARD_ALL); /* one group: all ranks */
     return SUMO_SUCCESS;
@@ -516,7 +500,7 @@ static sumo_result group_average(run *a, size_t n)
     }
     if (len > 0) {
         void *out = a->x + lo * esz;
-        sumo__reduce_multi(a->dtype, &out, 1, a->ins, g, len, g);
+        a->c->kernels->reduce_multi(a->dtype, &out, 1, a->ins, g, len, g);
     }
     a->src = a->x;
     return SUMO_SUCCESS;
@@ -675,9 +659,6 @@ static bool plan_scratch(const run *a, size_t n, scratch_plan *sp)
     sp->ins = align64(sp->sums + sums_bytes);
     sp->ptrs = align64(sp->ins + (size_t)a->g * sizeof(void *));
     sp->total = sp->ptrs + (a->direct ? 2 * ptr_bytes : 0);
-    /* sumo__agree() borrows the scratch for its descriptors on large groups: never regrow it
-     * between the agreement and the data phase. */
-    sp->total = SUMO__MAX(sp->total, (size_t)a->tp->size * sizeof(sumo__call_desc));
     return true;
 }
 
@@ -706,7 +687,7 @@ sumo_result sumo__allreduce_adasum(sumo_comm *c, const void *sendbuf, void *recv
         a.g2 = 1;
         while (a.g2 * 2 <= a.ngroups) a.g2 *= 2;
         a.rem = a.ngroups - a.g2;
-        a.direct = tp->size > 1 && tp->shm && tp->shm->same_address_space &&
+        a.direct = tp->size > 1 && tp->reach == SUMO__REACH_DIRECT &&
                    (c->algo == SUMO_ALGORITHM_AUTO || c->algo == SUMO_ALGORITHM_SHARED_MEMORY);
         void *s;
         if (!plan_scratch(&a, count, &sp))
@@ -720,7 +701,8 @@ sumo_result sumo__allreduce_adasum(sumo_comm *c, const void *sendbuf, void *recv
               "rank %d allreduce count %zu %s adasum: %zu tensors, %d groups of %d, %s", tp->rank,
               count, sumo__dtype_name(dtype), a.ntensors, a.ngroups, a.g,
               a.direct ? "direct" : "point to point");
-    SUMO__CHECK(sumo__agree(c, &d));
+    const sumo__call_desc *all;
+    SUMO__CHECK(sumo__agree(c, &d, &all));
     void *s;
     SUMO__CHECK(sumo__comm_scratch(c, sp.total, &s));
     unsigned char *base = s;
@@ -729,14 +711,12 @@ sumo_result sumo__allreduce_adasum(sumo_comm *c, const void *sendbuf, void *recv
     a.peer = a.sums + 3 * a.ntensors;
     a.ins = (const void **)(void *)(base + sp.ins);
     if (a.direct) {
-        /* Published in the agreement; nobody overwrites them before our final barrier. */
+        /* Every rank's buffers, as announced in the agreement. */
         a.send_of = (const unsigned char **)(void *)(base + sp.ptrs);
         a.recv_of = (unsigned char **)(void *)(base + sp.ptrs) + tp->size;
         for (int k = 0; k < tp->size; k++) {
-            sumo__call_desc o;
-            memcpy(&o, tp->shm->ctl->desc[k].payload, sizeof o);
-            a.send_of[k] = (const unsigned char *)(uintptr_t)o.sendptr;
-            a.recv_of[k] = (unsigned char *)(uintptr_t)o.recvptr;
+            a.send_of[k] = tp->ops->peer_buffer(tp, k, all[k].sendptr);
+            a.recv_of[k] = tp->ops->peer_buffer(tp, k, all[k].recvptr);
         }
     }
     size_t s0 = 0, s1 = count;
@@ -746,7 +726,7 @@ sumo_result sumo__allreduce_adasum(sumo_comm *c, const void *sendbuf, void *recv
         s1 = slice_off(count, a.g, a.mem + 1);
     }
     SUMO__CHECK(adasum_slice(&a, s0, s1));
-    if (a.direct) SUMO__CHECK(sumo__shm_barrier(tp));
+    if (a.direct) SUMO__CHECK(tp->ops->barrier(tp));
     else if (a.g > 1) SUMO__CHECK(group_allgather(&a, count));
     if (a.bad != SIZE_MAX)
         return SUMO__FAIL(tp, SUMO_ERR_NONFINITE,

@@ -1,6 +1,12 @@
 /*
- * The agreement step every collective starts with (collectives.c), shared with collectives
- * that live in their own file (adasum.c) so that they fail together on the same checks.
+ * Agreement: how every collective begins and ends, in one place.
+ *
+ * Each rank announces what it is about to do (collective, count, dtype, op, root, a layout
+ * hash) and whether its own arguments were valid; every rank compares all announcements and
+ * all fail together, with the same verdict, before any data moves. The transport's announce is
+ * double-buffered, so the announcements of one collective stay readable until every rank has
+ * announced the next one: a collective needs no trailing barrier to protect them, only the
+ * synchronisation its own data needs.
  */
 #ifndef SUMO_AGREE_H
 #define SUMO_AGREE_H
@@ -12,11 +18,11 @@ enum sumo__call_kind {
     SUMO__CALL_ALLGATHER,
     SUMO__CALL_BROADCAST,
     SUMO__CALL_BARRIER,
+    SUMO__CALL_SETUP, /* a layer above checks that every rank set up alike (sumo__agree_setup) */
 };
 
-/* What every rank announces; also carried by allgather_small on transports without shm, so it
- * must stay within 64 bytes. */
-typedef struct sumo__call_desc {
+/* What every rank announces; at most SUMO__ANNOUNCE_BYTES. */
+struct sumo__call_desc {
     uint32_t kind;
     uint32_t dtype;
     uint32_t op;
@@ -27,22 +33,33 @@ typedef struct sumo__call_desc {
     uint64_t sendptr;
     uint64_t recvptr;
     uint64_t aux; /* collective-specific, must be equal on every rank: a layout hash */
-} sumo__call_desc;
+};
 
 /*
  * Every rank announces d and compares all announcements: returns on every rank the first
  * rank's local_error when any rank had one, SUMO_ERR_MISMATCH when they differ, before any
- * data moves. On shared memory the caller must pass at least one more barrier (or depend on
- * data sent by every rank after this returned) before its next agreement.
+ * data moves; the communicator's message says which rank and what. On success *all (when not
+ * NULL) holds every rank's announcement until the next agreement.
  */
-sumo_result sumo__agree(sumo_comm *c, sumo__call_desc *d);
+sumo_result sumo__agree(sumo_comm *c, sumo__call_desc *d, const sumo__call_desc **all);
 
 /*
- * For the layers above: this rank failed (code, with the message already set on the
- * transport) where its peers are entering a collective. Announcing the failure in their
- * agreement step makes every rank return at once (with code, naming this rank) instead of
- * waiting out the deadline; no data moves. Returns code on this rank.
+ * For the layers above, when they set something up collectively: every rank reports its
+ * local outcome and a fingerprint of what must be equal everywhere (options, sizes); all
+ * ranks return the same verdict and the message names `what` and the first rank at fault.
+ */
+sumo_result sumo__agree_setup(sumo_comm *c, sumo_result local, uint64_t fingerprint,
+                              const char *what);
+
+/*
+ * For the layers above: this rank failed (code, with the message already set) where its peers
+ * are entering a collective. Announcing the failure in their agreement step makes every rank
+ * return at once (with code, naming this rank) instead of waiting out the deadline; no data
+ * moves. Returns code on this rank. Takes the handle (sumo__comm_enter) itself.
  */
 sumo_result sumo__fail_together(sumo_comm *c, sumo_result code);
+
+/* Whether the handle can still run collectives (not broken by an earlier failure). */
+sumo_result sumo__usable(sumo_comm *c);
 
 #endif

@@ -3,28 +3,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct sumo_request {
-    sumo_comm *comm;      /* NULL once the handle was destroyed (the request had completed) */
-    sumo_request *next;   /* in the queue */
-    sumo_request *prev_unwaited, *next_unwaited;
-    const void *sendbuf;
-    void *recvbuf;
-    size_t count;
-    sumo_dtype dtype;
-    sumo_op op;
-    _Atomic int done;
-    sumo_result result;
-};
-
 sumo_result sumo__comm_wrap(sumo__transport *tp, sumo_comm **out)
 {
     sumo_comm *c = calloc(1, sizeof *c);
-    if (c == NULL) return SUMO_ERR_SYSTEM;
+    if (c == NULL) {
+        tp->ops->destroy(tp);
+        return SUMO_ERR_SYSTEM;
+    }
     c->tp = tp;
+    c->kernels = sumo__host_kernels();
+    c->agreed = calloc((size_t)tp->size, SUMO__ANNOUNCE_BYTES);
+    if (c->agreed == NULL) goto fail_agreed;
     if (pthread_mutex_init(&c->lock, NULL) != 0) goto fail_lock;
     if (pthread_mutex_init(&c->exec, NULL) != 0) goto fail_exec;
     if (pthread_cond_init(&c->idle, NULL) != 0) goto fail_idle;
     if (pthread_cond_init(&c->work, NULL) != 0) goto fail_work;
+    tp->status = &c->status;
     *out = c;
     return SUMO_SUCCESS;
 fail_work:
@@ -34,8 +28,24 @@ fail_idle:
 fail_exec:
     pthread_mutex_destroy(&c->lock);
 fail_lock:
+    free(c->agreed);
+fail_agreed:
     free(c);
+    tp->ops->destroy(tp);
     return SUMO_ERR_SYSTEM;
+}
+
+void sumo__comm_free(sumo_comm *comm)
+{
+    comm->tp->ops->destroy(comm->tp);
+    pthread_cond_destroy(&comm->work);
+    pthread_cond_destroy(&comm->idle);
+    pthread_mutex_destroy(&comm->exec);
+    pthread_mutex_destroy(&comm->lock);
+    if (comm->op_table_free) comm->op_table_free(comm->op_table);
+    free(comm->agreed);
+    free(comm->scratch);
+    free(comm);
 }
 
 sumo_result sumo_comm_create_threads(int nranks, sumo_comm **comms)
@@ -52,48 +62,14 @@ sumo_result sumo_comm_create_threads(int nranks, sumo_comm **comms)
     for (int i = 0; i < nranks; i++) {
         r = sumo__comm_wrap(tps[i], &comms[i]);
         if (r != SUMO_SUCCESS) {
-            for (int k = 0; k < i; k++) sumo_comm_destroy(comms[k]);
-            for (int k = i; k < nranks; k++) tps[k]->ops->destroy(tps[k]);
+            /* Ranks i + 1.. were never wrapped; rank i's transport went with the failure. */
+            for (int k = 0; k < i; k++) sumo__comm_free(comms[k]);
+            for (int k = i + 1; k < nranks; k++) tps[k]->ops->destroy(tps[k]);
             free(tps);
             return r;
         }
     }
     free(tps);
-    return SUMO_SUCCESS;
-}
-
-static void stop_progress(sumo_comm *c)
-{
-    pthread_mutex_lock(&c->lock);
-    bool started = c->progress_started;
-    c->stopping = true;
-    pthread_cond_broadcast(&c->work);
-    pthread_mutex_unlock(&c->lock);
-    if (started) pthread_join(c->progress, NULL);
-}
-
-sumo_result sumo_comm_destroy(sumo_comm *comm)
-{
-    if (comm == NULL) return SUMO_SUCCESS;
-    /* Requests still queued run to completion (or fail on their peers) before we leave. */
-    stop_progress(comm);
-    /* Requests not yet waited on stay waitable: they are complete and keep their result. */
-    pthread_mutex_lock(&comm->lock);
-    for (sumo_request *r = comm->queue.unwaited; r; r = r->next_unwaited) r->comm = NULL;
-    while (comm->queue.spare) {
-        sumo_request *r = comm->queue.spare;
-        comm->queue.spare = r->next;
-        free(r);
-    }
-    pthread_mutex_unlock(&comm->lock);
-    comm->tp->ops->destroy(comm->tp);
-    pthread_cond_destroy(&comm->work);
-    pthread_cond_destroy(&comm->idle);
-    pthread_mutex_destroy(&comm->exec);
-    pthread_mutex_destroy(&comm->lock);
-    sumo__op_table_free(comm);
-    free(comm->scratch);
-    free(comm);
     return SUMO_SUCCESS;
 }
 
@@ -140,7 +116,7 @@ sumo_result sumo_comm_get_timeout(const sumo_comm *comm, double *seconds)
 sumo_result sumo_comm_error_message(const sumo_comm *comm, const char **message)
 {
     if (comm == NULL || message == NULL) return SUMO_ERR_INVALID_ARGUMENT;
-    *message = comm->tp->errmsg;
+    *message = comm->status.message;
     return SUMO_SUCCESS;
 }
 
@@ -148,13 +124,13 @@ sumo_result sumo_comm_set_param(sumo_comm *comm, sumo_comm_param param, int valu
 {
     if (comm == NULL) return SUMO_ERR_INVALID_ARGUMENT;
     if (param != SUMO_PARAM_ALGORITHM)
-        return SUMO__FAIL(comm->tp, SUMO_ERR_INVALID_ARGUMENT, "sumo_comm_set_param: unknown parameter %d", (int)param);
+        return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT, "sumo_comm_set_param: unknown parameter %d", (int)param);
     if (value < 0 || value >= SUMO_ALGORITHM_COUNT)
-        return SUMO__FAIL(comm->tp, SUMO_ERR_INVALID_ARGUMENT, "sumo_comm_set_param: unknown algorithm %d", value);
-    if (value == SUMO_ALGORITHM_SHARED_MEMORY && comm->tp->shm == NULL)
-        return SUMO__FAIL(comm->tp, SUMO_ERR_INVALID_USAGE, "sumo_comm_set_param: the ranks of this communicator do not share memory");
-    if (value == SUMO_ALGORITHM_PEER && comm->tp->ops->native_allreduce == NULL)
-        return SUMO__FAIL(comm->tp, SUMO_ERR_INVALID_USAGE, "sumo_comm_set_param: transport %s has no allreduce of its own", comm->tp->ops->name);
+        return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT, "sumo_comm_set_param: unknown algorithm %d", value);
+    if (value == SUMO_ALGORITHM_SHARED_MEMORY && comm->tp->reach == SUMO__REACH_NONE)
+        return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_USAGE, "sumo_comm_set_param: the ranks of this communicator do not share memory");
+    if (value == SUMO_ALGORITHM_PEER && comm->tp->offload == NULL)
+        return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_USAGE, "sumo_comm_set_param: transport %s has no allreduce of its own", comm->tp->ops->name);
     pthread_mutex_lock(&comm->exec);
     comm->algo = (sumo_algorithm)value;
     pthread_mutex_unlock(&comm->exec);
@@ -172,11 +148,11 @@ sumo_result sumo__comm_scratch(sumo_comm *comm, size_t bytes, void **out)
 {
     if (bytes > comm->scratch_bytes) {
         if (bytes > SIZE_MAX - 4095)
-            return SUMO__FAIL(comm->tp, SUMO_ERR_SYSTEM, "scratch of %zu bytes", bytes);
+            return SUMO__COMM_FAIL(comm, SUMO_ERR_SYSTEM, "scratch of %zu bytes", bytes);
         size_t rounded = (bytes + 4095) / 4096 * 4096;
         void *p = aligned_alloc(4096, rounded);
         if (p == NULL)
-            return SUMO__FAIL(comm->tp, SUMO_ERR_SYSTEM, "cannot allocate %zu bytes of scratch",
+            return SUMO__COMM_FAIL(comm, SUMO_ERR_SYSTEM, "cannot allocate %zu bytes of scratch",
                               rounded);
         free(comm->scratch);
         comm->scratch = p;
@@ -199,99 +175,3 @@ void sumo__comm_enter(sumo_comm *comm)
 
 void sumo__comm_leave(sumo_comm *comm) { pthread_mutex_unlock(&comm->exec); }
 
-/* Runs queued requests in order. The queue lock is held only to take a request and to settle
- * it, never while it runs, so sumo_allreduce_start returns at once whatever is in flight. */
-static void *progress_main(void *arg)
-{
-    sumo_comm *c = arg;
-    pthread_mutex_lock(&c->lock);
-    for (;;) {
-        while (c->queue.head == NULL && !c->stopping) pthread_cond_wait(&c->work, &c->lock);
-        sumo_request *req = c->queue.head;
-        if (req == NULL) break;
-        c->queue.head = req->next;
-        if (c->queue.head == NULL) c->queue.tail = NULL;
-        pthread_mutex_lock(&c->exec);
-        pthread_mutex_unlock(&c->lock);
-        sumo_result result = sumo__allreduce_locked(c, req->sendbuf, req->recvbuf, req->count,
-                                                    req->dtype, req->op);
-        pthread_mutex_unlock(&c->exec);
-        pthread_mutex_lock(&c->lock);
-        req->result = result;
-        atomic_store_explicit(&req->done, 1, memory_order_release);
-        c->queue.pending--;
-        pthread_cond_broadcast(&c->idle);
-    }
-    pthread_mutex_unlock(&c->lock);
-    return NULL;
-}
-
-sumo_result sumo_allreduce_start(const void *sendbuf, void *recvbuf, size_t count,
-                                 sumo_dtype dtype, sumo_op op, sumo_comm *comm,
-                                 sumo_request **request)
-{
-    if (comm == NULL || request == NULL) return SUMO_ERR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&comm->lock);
-    if (comm->stopping) {
-        pthread_mutex_unlock(&comm->lock);
-        return SUMO_ERR_INVALID_USAGE;
-    }
-    sumo_request *req = comm->queue.spare;
-    if (req != NULL) comm->queue.spare = req->next;
-    else if ((req = malloc(sizeof *req)) == NULL) {
-        pthread_mutex_unlock(&comm->lock);
-        return SUMO_ERR_SYSTEM;
-    }
-    *req = (sumo_request){.comm = comm, .sendbuf = sendbuf, .recvbuf = recvbuf, .count = count,
-                          .dtype = dtype, .op = op};
-    if (!comm->progress_started) {
-        if (pthread_create(&comm->progress, NULL, progress_main, comm) != 0) {
-            req->next = comm->queue.spare;
-            comm->queue.spare = req;
-            pthread_mutex_unlock(&comm->lock);
-            return SUMO_ERR_SYSTEM;
-        }
-        comm->progress_started = true;
-    }
-    if (comm->queue.tail) comm->queue.tail->next = req;
-    else comm->queue.head = req;
-    comm->queue.tail = req;
-    comm->queue.pending++;
-    req->next_unwaited = comm->queue.unwaited;
-    if (req->next_unwaited) req->next_unwaited->prev_unwaited = req;
-    comm->queue.unwaited = req;
-    pthread_cond_signal(&comm->work);
-    pthread_mutex_unlock(&comm->lock);
-    *request = req;
-    return SUMO_SUCCESS;
-}
-
-sumo_result sumo_request_test(sumo_request *request, int *done)
-{
-    if (request == NULL || done == NULL) return SUMO_ERR_INVALID_ARGUMENT;
-    *done = atomic_load_explicit(&request->done, memory_order_acquire);
-    return SUMO_SUCCESS;
-}
-
-sumo_result sumo_request_wait(sumo_request *request)
-{
-    if (request == NULL) return SUMO_ERR_INVALID_ARGUMENT;
-    sumo_comm *c = request->comm;
-    if (c == NULL) {
-        /* Detached by sumo_comm_destroy: complete, and no longer the handle's to reuse. */
-        sumo_result r = request->result;
-        free(request);
-        return r;
-    }
-    pthread_mutex_lock(&c->lock);
-    while (!atomic_load_explicit(&request->done, memory_order_acquire))
-        pthread_cond_wait(&c->idle, &c->lock);
-    if (request->prev_unwaited) request->prev_unwaited->next_unwaited = request->next_unwaited;
-    else c->queue.unwaited = request->next_unwaited;
-    if (request->next_unwaited) request->next_unwaited->prev_unwaited = request->prev_unwaited;
-    sumo_result r = request->result;
-    request->next = c->queue.spare;
-    c->queue.spare = request;
-    pthread_mutex_unlock(&c->lock);
-    return r;
-}

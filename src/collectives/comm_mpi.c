@@ -18,7 +18,5 @@ sumo_result sumo_comm_create_mpi(MPI_Comm comm, sumo_comm **out)
         if (sumo__log_level_from_env() >= SUMO__LOG_WARN) fprintf(stderr, "sumo: %s\n", err);
         return r;
     }
-    r = sumo__comm_wrap(tp, out);
-    if (r != SUMO_SUCCESS) tp->ops->destroy(tp);
-    return r;
+    return sumo__comm_wrap(tp, out);
 }

@@ -1,14 +1,8 @@
-#include "optimizers/distributed.h"
+#include "optimizers/slowmo.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-void sumo__distributed_count(sumo_distributed *dist, size_t count, sumo_dtype dtype)
-{
-    dist->stats.rounds++;
-    dist->stats.bytes += (uint64_t)count * sumo__dtype_bytes(dtype);
-}
 
 sumo_result sumo_slowmo_options_preset(sumo_slowmo_preset preset, sumo_slowmo_options *options)
 {

@@ -43,7 +43,8 @@
  * does not count; if only some ranks refuse, the ranks are out of step and the next average
  * fails or times out, so such a batch must be skipped on every rank (agree first).
  */
-#include "optimizers/distributed.h"
+#include "optimizers/slowmo.h"
+#include "collectives/agree.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -80,20 +81,18 @@ static const char *check_options(const sumo_slowmo_options *o)
     return NULL;
 }
 
-enum { FP_VALID, FP_TAU, FP_INNER, FP_ALPHA, FP_BETA, FP_BUFFERS, FP_EFFICIENT, FP_N, FP_COUNT };
+enum { FP_TAU, FP_INNER, FP_ALPHA, FP_BETA, FP_BUFFERS, FP_EFFICIENT, FP_N, FP_COUNT };
 
 /* Outcome of the local part of create, exchanged so that every rank fails the same way. */
 enum { LOCAL_OK = 1, LOCAL_BAD_OPTIONS = 0, LOCAL_NO_MEMORY = -1 };
 
-/* One collective: every rank learns whether all ranks have valid and identical options and
- * their buffers. */
-static sumo_result agree_options(sumo_distributed *dist, const sumo__slowmo *s, int local)
+/* One agreement: every rank learns whether all ranks have valid and identical options and
+ * their buffers, and the communicator's message names the first rank at fault. */
+static sumo_result agree_options(sumo_distributed *dist, int local)
 {
     const sumo_slowmo_options *o = &dist->options.slowmo;
-    bool valid = local == LOCAL_OK;
     double mine[FP_COUNT] = {0};
-    mine[FP_VALID] = local;
-    if (valid) {
+    if (local == LOCAL_OK) {
         mine[FP_TAU] = o->tau;
         mine[FP_INNER] = o->inner_period;
         mine[FP_ALPHA] = o->alpha;
@@ -102,30 +101,12 @@ static sumo_result agree_options(sumo_distributed *dist, const sumo__slowmo *s, 
         mine[FP_EFFICIENT] = o->memory_efficient;
         mine[FP_N] = (double)dist->nparams; /* exact below 2^53 elements */
     }
-    double *all = malloc((size_t)s->nranks * FP_COUNT * sizeof *all);
-    if (all == NULL) return SUMO_ERR_SYSTEM; /* before the collective: the peers time out */
+    sumo_result r = local == LOCAL_OK          ? SUMO_SUCCESS
+                    : local == LOCAL_NO_MEMORY ? SUMO_ERR_SYSTEM
+                                               : SUMO_ERR_INVALID_ARGUMENT;
     /* Set-up, not training: not counted in the communication statistics. */
-    sumo_result r = sumo_allgather(mine, all, FP_COUNT, SUMO_FLOAT64, dist->comm);
-    for (int q = 0; r == SUMO_SUCCESS && q < s->nranks; q++) {
-        const double *theirs = all + (size_t)q * FP_COUNT;
-        if (theirs[FP_VALID] == LOCAL_NO_MEMORY) {
-            SUMO__LOG(s->log_level, SUMO__LOG_WARN,
-                      "slowmo create: rank %d could not allocate its buffers", q);
-            r = SUMO_ERR_SYSTEM;
-        } else if (theirs[FP_VALID] != LOCAL_OK) {
-            if (valid)
-                SUMO__LOG(s->log_level, SUMO__LOG_WARN,
-                          "slowmo create: rank %d has invalid SlowMo options", q);
-            r = SUMO_ERR_INVALID_ARGUMENT;
-        } else if (valid && memcmp(theirs, mine, sizeof mine) != 0) {
-            SUMO__LOG(s->log_level, SUMO__LOG_WARN,
-                      "slowmo create: rank %d has SlowMo options or a parameter count different "
-                      "from rank %d's", q, s->rank);
-            r = SUMO_ERR_MISMATCH;
-        }
-    }
-    free(all);
-    return r;
+    return sumo__agree_setup(dist->comm, r, sumo__fnv1a(SUMO__FNV_OFFSET, mine, sizeof mine),
+                             "slowmo create (SlowMo options and parameter count)");
 }
 
 sumo_result sumo__slowmo_init(sumo_distributed *dist)
@@ -144,7 +125,7 @@ sumo_result sumo__slowmo_init(sumo_distributed *dist)
     const char *why = check_options(&dist->options.slowmo);
     int local = LOCAL_BAD_OPTIONS;
     if (why != NULL) {
-        SUMO__LOG(s->log_level, SUMO__LOG_WARN, "slowmo create: %s", why);
+        SUMO__COMM_FAIL(dist->comm, SUMO_ERR_INVALID_ARGUMENT, "slowmo create: %s", why);
     } else {
         size_t n = dist->nparams;
         if (dist->options.slowmo.memory_efficient) {
@@ -161,8 +142,11 @@ sumo_result sumo__slowmo_init(sumo_distributed *dist)
         /* u starts at zero (u_0 = 0); x0 is written by the first step. */
         s->u = calloc(2 * s->local, sizeof(float));
         local = s->u != NULL ? LOCAL_OK : LOCAL_NO_MEMORY;
+        if (s->u == NULL)
+            SUMO__COMM_FAIL(dist->comm, SUMO_ERR_SYSTEM, "slowmo create: no memory for %zu floats",
+                            2 * s->local);
     }
-    r = agree_options(dist, s, local);
+    r = agree_options(dist, local);
     if (r != SUMO_SUCCESS) {
         free(s->u);
         free(s);

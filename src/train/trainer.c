@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 #include "train/checkpoint.h"
+#include "collectives/agree.h"
 #include "common/common.h"
 
 #include <errno.h>
@@ -574,13 +575,12 @@ sumo_result sumo__train_rank(sumo_comm *comm, const sumo__train_config *cfg,
     /* The log is opened during set-up, so that one that cannot be written stops every rank
      * before training rather than losing the run's record. */
     if (r == SUMO_SUCCESS && s.rank == 0 && cfg->log_path) r = open_log(&s);
-    /* Every rank must agree that the set-up worked before the first collective of a step. */
-    float ok = r == SUMO_SUCCESS ? 0.0f : 1.0f;
-    sumo_result ar = sumo_allreduce(&ok, &ok, 1, SUMO_FLOAT32, SUMO_OP_SUM, comm);
-    if (r == SUMO_SUCCESS && (ar != SUMO_SUCCESS || ok != 0.0f)) {
-        r = ar != SUMO_SUCCESS ? fail(&s, ar, "set-up") : SUMO_ERR_PEER_FAILURE;
-        if (ar == SUMO_SUCCESS) snprintf(err, errlen, "rank %d: another rank failed to set up", s.rank);
-    }
+    /* Every rank must agree that the set-up worked, with the same configuration, before the
+     * first collective of a step; the communicator's message names the first rank that did
+     * not. */
+    sumo_result ar = sumo__agree_setup(comm, r, sumo__fnv1a(SUMO__FNV_OFFSET, s.config, strlen(s.config)),
+                                       "sumo train set-up (configuration)");
+    if (r == SUMO_SUCCESS && ar != SUMO_SUCCESS) r = fail(&s, ar, "set-up");
     if (r != SUMO_SUCCESS) {
         teardown(&s);
         return r;

@@ -1,5 +1,6 @@
 #include "transport/shm.h"
-#include "transport/transport.h"
+
+#include <string.h>
 
 #include <errno.h>
 #include <limits.h>
@@ -95,18 +96,17 @@ static sumo_result peer_left(sumo__transport *tp, const char *what, int who)
                       what, who, tp->rank);
 }
 
-static sumo_result peer_failed(sumo__transport *tp, const char *what)
+static sumo_result peer_failed(sumo__transport *tp, const sumo__shm *shm, const char *what)
 {
     return SUMO__FAIL(tp, SUMO_ERR_PEER_FAILURE,
                       "%s: rank %d aborted the group (it failed, timed out waiting, or left); "
                       "this communicator is unusable",
-                      what, (int)atomic_load(&tp->shm->ctl->abort_flag) - 1);
+                      what, (int)atomic_load(&shm->ctl->abort_flag) - 1);
 }
 
-sumo_result sumo__shm_wait_change(sumo__transport *tp, _Atomic uint32_t *word, uint32_t value,
-                                  int peer, int64_t deadline_ns, const char *what)
+sumo_result sumo__shm_wait_change(sumo__transport *tp, sumo__shm *shm, _Atomic uint32_t *word,
+                                  uint32_t value, int peer, int64_t deadline_ns, const char *what)
 {
-    sumo__shm *shm = tp->shm;
     sumo__shm_ctl *ctl = shm->ctl;
     for (uint32_t spin = 0; spin < shm->spin_limit; spin++) {
         if (atomic_load_explicit(word, memory_order_acquire) != value) return SUMO_SUCCESS;
@@ -114,13 +114,13 @@ sumo_result sumo__shm_wait_change(sumo__transport *tp, _Atomic uint32_t *word, u
     }
     for (int y = 0; y < YIELD_LIMIT && sumo__now_ns() < deadline_ns; y++) {
         if (atomic_load_explicit(word, memory_order_acquire) != value) return SUMO_SUCCESS;
-        if (atomic_load(&ctl->abort_flag)) return peer_failed(tp, what);
+        if (atomic_load(&ctl->abort_flag)) return peer_failed(tp, shm, what);
         if (departed_peer(ctl, peer) >= 0) break;
         sched_yield();
     }
     for (;;) {
         if (atomic_load_explicit(word, memory_order_acquire) != value) return SUMO_SUCCESS;
-        if (atomic_load(&ctl->abort_flag)) return peer_failed(tp, what);
+        if (atomic_load(&ctl->abort_flag)) return peer_failed(tp, shm, what);
         int who = departed_peer(ctl, peer);
         /* A departing rank changes the word before it leaves, so the word is read again after
          * the departure was seen: a change it made on its way out still counts. */
@@ -145,11 +145,10 @@ sumo_result sumo__shm_wait_change(sumo__transport *tp, _Atomic uint32_t *word, u
     }
 }
 
-sumo_result sumo__shm_barrier(sumo__transport *tp)
+sumo_result sumo__shm_barrier(sumo__transport *tp, sumo__shm *shm)
 {
-    sumo__shm *shm = tp->shm;
     sumo__shm_ctl *ctl = shm->ctl;
-    if (atomic_load(&ctl->abort_flag)) return peer_failed(tp, "barrier");
+    if (atomic_load(&ctl->abort_flag)) return peer_failed(tp, shm, "barrier");
     uint32_t gen = atomic_load_explicit(&ctl->generation, memory_order_acquire);
     if (atomic_fetch_add_explicit(&ctl->arrived, 1, memory_order_acq_rel) + 1 == (uint32_t)shm->size) {
         atomic_store_explicit(&ctl->arrived, 0, memory_order_relaxed);
@@ -157,6 +156,20 @@ sumo_result sumo__shm_barrier(sumo__transport *tp)
         sumo__shm_wake(shm, &ctl->generation);
         return SUMO_SUCCESS;
     }
-    return sumo__shm_wait_change(tp, &ctl->generation, gen, -1, sumo__now_ns() + tp->timeout_ns,
-                                 "barrier");
+    return sumo__shm_wait_change(tp, shm, &ctl->generation, gen, -1,
+                                 sumo__now_ns() + tp->timeout_ns, "barrier");
+}
+
+sumo_result sumo__shm_announce(sumo__transport *tp, sumo__shm *shm, const void *record, void *all,
+                               size_t bytes)
+{
+    sumo__shm_desc *desc = shm->ctl->desc;
+    if (bytes > sizeof desc[0].payload[0])
+        return SUMO__FAIL(tp, SUMO_ERR_INTERNAL, "announce of %zu bytes", bytes);
+    unsigned slot = shm->announces++ & 1u;
+    memcpy(desc[shm->rank].payload[slot], record, bytes);
+    SUMO__CHECK(sumo__shm_barrier(tp, shm));
+    for (int r = 0; r < shm->size; r++)
+        memcpy((unsigned char *)all + (size_t)r * bytes, desc[r].payload[slot], bytes);
+    return SUMO_SUCCESS;
 }

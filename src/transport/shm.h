@@ -1,23 +1,22 @@
 /*
- * Synchronisation for ranks that share memory: the threads transport (one heap) and the MPI
- * transport on one node (an MPI-3 shared window). The control block lives in that shared
+ * Synchronisation for ranks that share memory, private to the transports that have it: the
+ * threads transport (one heap) and the MPI transport on one node (an MPI-3 shared window). The control block lives in that shared
  * memory; waits spin briefly, then sleep on a futex (shared, so it works across processes),
  * and every wait is bounded by the transport's deadline and the group's abort flag.
  */
 #ifndef SUMO_SHM_H
 #define SUMO_SHM_H
 
-#include "common/common.h"
+#include "transport/transport.h"
 
 #include <stdatomic.h>
 
-typedef struct sumo__transport sumo__transport;
-
-/* One rank's slot for small announcements: the collectives' agreement descriptor (compared
- * across ranks before any data moves, so that disagreeing ranks fail together instead of
- * corrupting memory) and allgather_small's values. A cache line each. */
+/* One rank's slots for announcements (the collectives' agreement records), a cache line each.
+ * Announcement g uses payload[g % 2]: a rank can only write announcement g + 2 after every
+ * rank arrived at announcement g + 1, so nobody still reads the slot it overwrites, and no
+ * collective needs a trailing barrier to protect the records. */
 typedef struct sumo__shm_desc {
-    unsigned char payload[64];
+    unsigned char payload[2][SUMO__ANNOUNCE_BYTES];
     /* Set once when the rank has left the group (its handle was destroyed): a wait on this
      * rank, or a barrier it can no longer reach, fails at once. Waits on other ranks go on, so
      * a rank that leaves after its last collective does not fail peers still finishing it. */
@@ -47,6 +46,8 @@ typedef struct sumo__shm {
     size_t stage_bytes;
     /* Spins before sleeping: short when the ranks outnumber the cores. */
     uint32_t spin_limit;
+    /* Announcements this rank made: picks the payload slot (every rank counts alike). */
+    uint32_t announces;
 } sumo__shm;
 
 size_t sumo__shm_ctl_bytes(int size);
@@ -58,12 +59,15 @@ uint32_t sumo__shm_default_spin_limit(int ranks_sharing_cores);
  * group's abort flag), or PEER_FAILURE when the abort flag is raised by someone else or when
  * the rank the change must come from has left (peer; -1 when any rank's departure makes the
  * change impossible, as for a barrier). */
-sumo_result sumo__shm_wait_change(sumo__transport *tp, _Atomic uint32_t *word, uint32_t value,
-                                  int peer, int64_t deadline_ns, const char *what);
+sumo_result sumo__shm_wait_change(sumo__transport *tp, sumo__shm *shm, _Atomic uint32_t *word,
+                                  uint32_t value, int peer, int64_t deadline_ns, const char *what);
 /* Wakes every sleeper on word (only issues the system call when someone sleeps). */
 void sumo__shm_wake(sumo__shm *shm, _Atomic uint32_t *word);
 
-sumo_result sumo__shm_barrier(sumo__transport *tp);
+sumo_result sumo__shm_barrier(sumo__transport *tp, sumo__shm *shm);
+/* The transports' announce over the control block: one barrier. */
+sumo_result sumo__shm_announce(sumo__transport *tp, sumo__shm *shm, const void *record, void *all,
+                               size_t bytes);
 /* Raises the abort flag on behalf of rank and wakes everyone. */
 void sumo__shm_abort(sumo__shm *shm, int rank);
 /* Marks rank as gone (it leaves between collectives) and wakes everyone. */

@@ -1,10 +1,10 @@
 /*
  * The threads transport: P ranks are P threads of one process. The group's control block and
  * mailboxes live on the heap; because the ranks share an address space, collectives can read
- * and write each other's buffers directly (shm->same_address_space), and point-to-point
+ * and write each other's buffers directly (SUMO__REACH_DIRECT), and point-to-point
  * messages are a single memcpy from the sender's buffer into the receiver's.
  */
-#include "transport/transport.h"
+#include "transport/shm.h"
 
 #include <sched.h>
 #include <stdatomic.h>
@@ -71,7 +71,7 @@ static sumo_result threads_sendrecv(sumo__transport *tp, const void *sbuf, size_
     if (src >= 0) {
         mailbox *in = box(g, src, tp->rank);
         uint32_t taken = atomic_load_explicit(&in->taken, memory_order_relaxed);
-        r = sumo__shm_wait_change(tp, &in->posted, taken, src, deadline, "receive");
+        r = sumo__shm_wait_change(tp, &t->shm, &in->posted, taken, src, deadline, "receive");
         uint32_t posted = MAIL_POSTED;
         if (r == SUMO_SUCCESS && !atomic_compare_exchange_strong(&in->state, &posted, MAIL_COPYING))
             r = SUMO__FAIL(tp, SUMO_ERR_PEER_FAILURE, "receive from rank %d: it withdrew its message",
@@ -89,27 +89,33 @@ static sumo_result threads_sendrecv(sumo__transport *tp, const void *sbuf, size_
         }
     }
     if (out && r == SUMO_SUCCESS)
-        r = sumo__shm_wait_change(tp, &out->taken, my_post - 1, dst, deadline, "send");
+        r = sumo__shm_wait_change(tp, &t->shm, &out->taken, my_post - 1, dst, deadline, "send");
     if (out && r != SUMO_SUCCESS) retract(out, my_post);
     return r;
 }
 
-static sumo_result threads_allgather_small(sumo__transport *tp, const void *in, void *out,
-                                           size_t bytes)
+static sumo_result threads_announce(sumo__transport *tp, const void *record, void *all, size_t bytes)
 {
-    threads_transport *t = (threads_transport *)tp;
-    sumo__shm_ctl *ctl = t->group->ctl;
-    if (bytes > sizeof ctl->desc[0].payload)
-        return SUMO__FAIL(tp, SUMO_ERR_INTERNAL, "allgather_small of %zu bytes", bytes);
-    memcpy(ctl->desc[tp->rank].payload, in, bytes);
-    SUMO__CHECK(sumo__shm_barrier(tp));
-    for (int r = 0; r < tp->size; r++)
-        memcpy((unsigned char *)out + (size_t)r * bytes, ctl->desc[r].payload, bytes);
-    /* Nobody may overwrite a payload before everyone has read it. */
-    return sumo__shm_barrier(tp);
+    return sumo__shm_announce(tp, &((threads_transport *)tp)->shm, record, all, bytes);
 }
 
-static sumo_result threads_barrier(sumo__transport *tp) { return sumo__shm_barrier(tp); }
+static sumo_result threads_barrier(sumo__transport *tp)
+{
+    return sumo__shm_barrier(tp, &((threads_transport *)tp)->shm);
+}
+
+static void *threads_peer_buffer(sumo__transport *tp, int rank, uint64_t address)
+{
+    (void)tp;
+    (void)rank;
+    return (void *)(uintptr_t)address;
+}
+
+static void threads_abort(sumo__transport *tp)
+{
+    threads_transport *t = (threads_transport *)tp;
+    sumo__shm_abort(&t->shm, tp->rank);
+}
 
 static void group_release(threads_group *g)
 {
@@ -133,8 +139,10 @@ static void threads_destroy(sumo__transport *tp)
 static const sumo__transport_ops threads_ops = {
     .name = "threads",
     .sendrecv = threads_sendrecv,
-    .allgather_small = threads_allgather_small,
+    .announce = threads_announce,
     .barrier = threads_barrier,
+    .peer_buffer = threads_peer_buffer,
+    .abort = threads_abort,
     .destroy = threads_destroy,
 };
 
@@ -188,7 +196,7 @@ sumo_result sumo__threads_transport_create(int nranks, sumo__transport **tps)
                                     .timeout_ns = timeout_ns,
                                     .log_level = log_level,
                                     .node_local_size = nranks,
-                                    .shm = &t->shm};
+                                    .reach = SUMO__REACH_DIRECT};
         tps[r] = &t->base;
     }
     return SUMO_SUCCESS;

@@ -1,18 +1,51 @@
 /*
- * The transport layer moves bytes between the ranks of a group and knows nothing of
- * reductions. Two transports implement it: threads (ranks are threads of one process) and mpi
- * (ranks are MPI processes). Collectives are written once over this interface.
+ * The transport layer: how the ranks of a group reach each other. It moves bytes and knows
+ * nothing of reductions; the collectives (src/collectives/) are written once over this
+ * interface and never look behind it.
+ *
+ * A transport is one file that fills a sumo__transport_ops table and has a constructor
+ * (threads.c, transport_mpi.c). What it must provide:
+ *   sendrecv   point to point, both directions at once (any transport, any distance);
+ *   announce   every rank publishes a small record and reads everyone's (the collectives'
+ *              agreement rides on it); a rank may announce again as soon as this returns;
+ *   barrier    every rank has arrived;
+ *   abort      tell the peers at once that this rank failed, so they stop waiting;
+ *   destroy    leave the group (peers still waiting on this rank fail fast).
+ * What it may provide, and the collectives use when present:
+ *   reach      how far a rank can touch its peers' memory (below): peer_buffer maps a peer's
+ *              published address into this process (same address space), stage gives the
+ *              ranks' staging areas in memory every rank maps (processes on one node);
+ *   offload    the peer library's own allreduce (MPI_Allreduce today, NCCL's tomorrow),
+ *              asked per call whether it supports a dtype and op, the way NCCL keeps its
+ *              collective offload (ncclCollNet) apart from its byte transport (ncclNet).
  *
  * Every wait inside a transport is bounded by the group's deadline (timeout_ns from the start
- * of the wait). A wait that expires marks the transport broken, raises the group's abort flag
- * where the transport has one (so waiting peers leave with SUMO_ERR_PEER_FAILURE instead of
- * waiting out their own deadline) and returns SUMO_ERR_TIMEOUT.
+ * of the wait). A wait that expires aborts the group where the transport can (so waiting peers
+ * leave with SUMO_ERR_PEER_FAILURE instead of waiting out their own deadline) and returns
+ * SUMO_ERR_TIMEOUT. Failures are recorded in the status the communicator owns.
  */
 #ifndef SUMO_TRANSPORT_H
 #define SUMO_TRANSPORT_H
 
 #include "common/common.h"
-#include "transport/shm.h"
+
+/* The largest record announce carries: one cache line per rank. */
+#define SUMO__ANNOUNCE_BYTES 64
+
+/* A rank's error state: set by the first failure, read by sumo_comm_error_message. Owned by
+ * the communicator; the transport reports into it. */
+typedef struct sumo__status {
+    /* Set after a timeout, a peer failure or an internal error: every later call fails. */
+    bool broken;
+    char message[256];
+} sumo__status;
+
+/* How far a rank reaches into its peers' memory. */
+typedef enum sumo__reach {
+    SUMO__REACH_NONE = 0,   /* messages only (across machines) */
+    SUMO__REACH_STAGED,     /* every rank maps every rank's staging area (processes, one node) */
+    SUMO__REACH_DIRECT,     /* peers' buffers are addressable here (threads of one process) */
+} sumo__reach;
 
 typedef struct sumo__transport sumo__transport;
 
@@ -25,19 +58,34 @@ typedef struct sumo__transport_ops {
      */
     sumo_result (*sendrecv)(sumo__transport *tp, const void *sbuf, size_t sbytes, int dst,
                             void *rbuf, size_t rbytes, int src);
-    /* out[r*bytes .. (r+1)*bytes) = rank r's in, for every r. For small records (<= 64 B). */
-    sumo_result (*allgather_small)(sumo__transport *tp, const void *in, void *out, size_t bytes);
+    /* all[r*bytes .. (r+1)*bytes) = rank r's record, for every r (bytes <= SUMO__ANNOUNCE_BYTES).
+     * Synchronising: it returns only once every rank has announced. */
+    sumo_result (*announce)(sumo__transport *tp, const void *record, void *all, size_t bytes);
     sumo_result (*barrier)(sumo__transport *tp);
-    /* Optional (NULL when the transport has none): the library's own allreduce (MPI's), for
-     * fp32/fp64 SUM and AVERAGE, bounded by the deadline like everything else. */
-    sumo_result (*native_allreduce)(sumo__transport *tp, const void *sendbuf, void *recvbuf,
-                                    size_t count, sumo_dtype dtype, sumo_op op);
+    /* SUMO__REACH_DIRECT only: rank's buffer at the address it announced, usable here. */
+    void *(*peer_buffer)(sumo__transport *tp, int rank, uint64_t address);
+    /* SUMO__REACH_STAGED only: rank's staging area (tp->stage_bytes), mapped here. */
+    unsigned char *(*stage)(sumo__transport *tp, int rank);
+    /* Raises the group's abort so peers waiting on anything fail now (no-op where the
+     * transport cannot reach them: they then fail at their deadline). */
+    void (*abort)(sumo__transport *tp);
     /* Marks this rank as gone so peers waiting on it fail fast, then frees the rank's state. */
     void (*destroy)(sumo__transport *tp);
 } sumo__transport_ops;
 
+/* A peer library's own reduction, for the sizes where it beats sumo's point-to-point ones. */
+typedef struct sumo__offload_ops {
+    const char *name;
+    /* Whether allreduce below handles this dtype and op (SUMO_OP_SUM, SUMO_OP_AVERAGE, ...). */
+    bool (*reduce_support)(const sumo__transport *tp, sumo_dtype dtype, sumo_op op);
+    /* Bounded by the deadline like everything else; sendbuf == recvbuf is in place. */
+    sumo_result (*allreduce)(sumo__transport *tp, const void *sendbuf, void *recvbuf,
+                             size_t count, sumo_dtype dtype, sumo_op op);
+} sumo__offload_ops;
+
 struct sumo__transport {
     const sumo__transport_ops *ops;
+    const sumo__offload_ops *offload; /* NULL when the transport has none */
     int rank;
     int size;
     int64_t timeout_ns;
@@ -45,21 +93,27 @@ struct sumo__transport {
     /* Ranks per node when the ranks are packed by node in equal groups (MPI shared-memory
      * split), else 0; the threads transport is one node. */
     int node_local_size;
-    /* Non-NULL when every rank of the group shares memory with this one (one node). */
-    sumo__shm *shm;
-    /* Set after a timeout or a peer failure: every later call fails. */
-    bool broken;
-    char errmsg[256];
+    sumo__reach reach;
+    size_t stage_bytes; /* SUMO__REACH_STAGED: bytes of each rank's staging area */
+    /* Where failures are recorded: the communicator's (NULL before one wraps the transport:
+     * failures are then only logged). */
+    sumo__status *status;
 };
 
 /*
- * Records the detail of a failure in tp->errmsg (and the debug log), marks the transport
- * broken for TIMEOUT/PEER_FAILURE/INTERNAL, and returns code.
+ * Records the detail of a failure in tp->status (and the debug log); a failure that leaves
+ * this rank out of step with its peers (TIMEOUT, PEER_FAILURE, INTERNAL, SYSTEM) also marks
+ * the status broken and aborts the group. Returns code.
  */
 sumo_result sumo__transport_fail(sumo__transport *tp, sumo_result code, const char *file,
                                  int line, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 #define SUMO__FAIL(tp, code, ...) sumo__transport_fail((tp), (code), __FILE__, __LINE__, __VA_ARGS__)
+
+static inline bool sumo__transport_broken(const sumo__transport *tp)
+{
+    return tp->status != NULL && tp->status->broken;
+}
 
 /* The threads transport: fills tps[0..nranks). */
 sumo_result sumo__threads_transport_create(int nranks, sumo__transport **tps);

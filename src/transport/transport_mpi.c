@@ -7,15 +7,16 @@
  * cores), where a spinning rank steals the core its peer needs.
  *
  * When every rank lives on one node, a shared window (MPI_Win_allocate_shared) holds the
- * shm control block and one staging area per rank; the collectives then use the same
- * futex-backed synchronisation as the threads transport, across processes.
+ * shm control block and one staging area per rank (SUMO__REACH_STAGED); announce and barrier
+ * then use the same futex-backed synchronisation as the threads transport, across processes.
+ * MPI_Allreduce itself is offered as an offload, for the sums it supports.
  *
  * After a timeout the communicator is broken: destroy then skips the collective frees
  * (MPI_Win_free, MPI_Comm_free), which could hang on the missing peer, and leaks them; the
  * usual reaction to a dead peer is to end the job anyway.
  */
 #include "transport/transport_mpi.h"
-#include "kernels/kernels.h"
+#include "transport/shm.h"
 
 #include <limits.h>
 #include <sched.h>
@@ -32,13 +33,13 @@
 typedef struct mpi_transport {
     sumo__transport base;
     MPI_Comm comm;
-    /* The receive side of allgather_small. A nonblocking collective cannot be cancelled, so
+    /* The receive side of announce off shared memory. A nonblocking collective cannot be cancelled, so
      * after a timeout MPI may still write here when a late peer arrives: the buffer belongs
      * to the transport and is deliberately leaked once the transport is broken. */
     unsigned char *gather_buf;
     MPI_Win win;
     bool have_win;
-    sumo__shm shm;
+    sumo__shm shm; /* have_win only */
     unsigned char **stage;
 } mpi_transport;
 
@@ -170,40 +171,60 @@ static sumo_result mpi_sendrecv(sumo__transport *tp, const void *sbuf, size_t sb
     return SUMO_SUCCESS;
 }
 
-static sumo_result mpi_allgather_small(sumo__transport *tp, const void *in, void *out, size_t bytes)
+static sumo_result mpi_announce(sumo__transport *tp, const void *record, void *all, size_t bytes)
 {
     mpi_transport *t = (mpi_transport *)tp;
-    if (bytes > 64) return SUMO__FAIL(tp, SUMO_ERR_INTERNAL, "allgather_small of %zu bytes", bytes);
+    if (t->have_win) return sumo__shm_announce(tp, &t->shm, record, all, bytes);
+    if (bytes > SUMO__ANNOUNCE_BYTES)
+        return SUMO__FAIL(tp, SUMO_ERR_INTERNAL, "announce of %zu bytes", bytes);
     MPI_Request req;
-    int rc = MPI_Iallgather(in, (int)bytes, MPI_BYTE, t->gather_buf, (int)bytes, MPI_BYTE, t->comm, &req);
-    if (rc != MPI_SUCCESS) return mpi_fail(tp, SUMO_ERR_PEER_FAILURE, rc, "allgather");
-    SUMO__CHECK(wait_all(tp, &req, 1, 0, MPI_STATUSES_IGNORE, sumo__now_ns() + tp->timeout_ns, "allgather"));
-    memcpy(out, t->gather_buf, bytes * (size_t)tp->size);
+    int rc = MPI_Iallgather(record, (int)bytes, MPI_BYTE, t->gather_buf, (int)bytes, MPI_BYTE,
+                            t->comm, &req);
+    if (rc != MPI_SUCCESS) return mpi_fail(tp, SUMO_ERR_PEER_FAILURE, rc, "announce");
+    SUMO__CHECK(wait_all(tp, &req, 1, 0, MPI_STATUSES_IGNORE, sumo__now_ns() + tp->timeout_ns,
+                         "announce"));
+    memcpy(all, t->gather_buf, bytes * (size_t)tp->size);
     return SUMO_SUCCESS;
 }
 
 static sumo_result mpi_barrier(sumo__transport *tp)
 {
-    if (tp->shm) return sumo__shm_barrier(tp);
     mpi_transport *t = (mpi_transport *)tp;
+    if (t->have_win) return sumo__shm_barrier(tp, &t->shm);
     MPI_Request req;
     int rc = MPI_Ibarrier(t->comm, &req);
     if (rc != MPI_SUCCESS) return mpi_fail(tp, SUMO_ERR_PEER_FAILURE, rc, "barrier");
     return wait_all(tp, &req, 1, 0, MPI_STATUSES_IGNORE, sumo__now_ns() + tp->timeout_ns, "barrier");
 }
 
-static sumo_result mpi_native_allreduce(sumo__transport *tp, const void *sendbuf, void *recvbuf,
-                                        size_t count, sumo_dtype dtype, sumo_op op)
+static unsigned char *mpi_stage(sumo__transport *tp, int rank)
 {
     mpi_transport *t = (mpi_transport *)tp;
-    if ((dtype != SUMO_FLOAT32 && dtype != SUMO_FLOAT64) || op > SUMO_OP_AVERAGE) {
-        sumo_result r = SUMO__FAIL(tp, SUMO_ERR_INVALID_USAGE, "MPI_Allreduce has no %s %s",
-                                   sumo__dtype_name(dtype), sumo__op_name(op));
-        /* Every rank fails here alike, right after the agreement; on shared memory a barrier
-         * must separate that agreement from the next one (collectives/agree.h). */
-        if (tp->shm) sumo__shm_barrier(tp);
-        return r;
-    }
+    return t->have_win ? t->stage[rank] : NULL;
+}
+
+static void mpi_abort(sumo__transport *tp)
+{
+    mpi_transport *t = (mpi_transport *)tp;
+    /* Off shared memory the peers cannot be reached without MPI_Abort, which would end the
+     * caller's job: they fail at their deadline instead. */
+    if (t->have_win) sumo__shm_abort(&t->shm, tp->rank);
+}
+
+/* MPI_SUM on MPI's own float types; AVERAGE is a sum the collectives divide afterwards. */
+static bool mpi_reduce_support(const sumo__transport *tp, sumo_dtype dtype, sumo_op op)
+{
+    (void)tp;
+    return (dtype == SUMO_FLOAT32 || dtype == SUMO_FLOAT64) && op == SUMO_OP_SUM;
+}
+
+static sumo_result mpi_offload_allreduce(sumo__transport *tp, const void *sendbuf, void *recvbuf,
+                                         size_t count, sumo_dtype dtype, sumo_op op)
+{
+    mpi_transport *t = (mpi_transport *)tp;
+    if (!mpi_reduce_support(tp, dtype, op))
+        return SUMO__FAIL(tp, SUMO_ERR_INVALID_USAGE, "MPI_Allreduce has no %s %s",
+                          sumo__dtype_name(dtype), sumo__op_name(op));
     MPI_Datatype type = dtype == SUMO_FLOAT32 ? MPI_FLOAT : MPI_DOUBLE;
     size_t esz = sumo__dtype_bytes(dtype), piece = MAX_MESSAGE_BYTES / esz;
     int64_t deadline = sumo__now_ns() + tp->timeout_ns;
@@ -216,8 +237,6 @@ static sumo_result mpi_native_allreduce(sumo__transport *tp, const void *sendbuf
         if (rc != MPI_SUCCESS) return mpi_fail(tp, SUMO_ERR_PEER_FAILURE, rc, "MPI_Allreduce");
         SUMO__CHECK(wait_all(tp, &req, 1, 0, MPI_STATUSES_IGNORE, deadline, "MPI_Allreduce"));
     }
-    /* Divide (not multiply by 1/P), as every other path does. */
-    if (op == SUMO_OP_AVERAGE) sumo__kernel_divide(dtype, recvbuf, recvbuf, count, tp->size);
     return SUMO_SUCCESS;
 }
 
@@ -226,15 +245,16 @@ static void mpi_destroy(sumo__transport *tp)
     mpi_transport *t = (mpi_transport *)tp;
     /* The frees below are collective and blocking: meet the peers first under the deadline,
      * so a peer that is gone makes destroy leak instead of hang. */
-    if (!tp->broken) {
+    bool broken = sumo__transport_broken(tp);
+    if (!broken) {
         MPI_Request req;
         if (MPI_Ibarrier(t->comm, &req) != MPI_SUCCESS ||
             wait_all(tp, &req, 1, 0, MPI_STATUSES_IGNORE, sumo__now_ns() + tp->timeout_ns,
                      "destroy") != SUMO_SUCCESS)
-            tp->broken = true;
+            broken = true;
     }
-    if (tp->broken) {
-        if (tp->shm) sumo__shm_abort(tp->shm, tp->rank);
+    if (broken) {
+        mpi_abort(tp);
         /* gather_buf stays allocated: MPI may still complete the abandoned collective. */
     } else {
         free(t->gather_buf);
@@ -251,10 +271,17 @@ static void mpi_destroy(sumo__transport *tp)
 static const sumo__transport_ops mpi_ops = {
     .name = "mpi",
     .sendrecv = mpi_sendrecv,
-    .allgather_small = mpi_allgather_small,
+    .announce = mpi_announce,
     .barrier = mpi_barrier,
-    .native_allreduce = mpi_native_allreduce,
+    .stage = mpi_stage,
+    .abort = mpi_abort,
     .destroy = mpi_destroy,
+};
+
+static const sumo__offload_ops mpi_offload = {
+    .name = "MPI_Allreduce",
+    .reduce_support = mpi_reduce_support,
+    .allreduce = mpi_offload_allreduce,
 };
 
 static size_t stage_bytes_from_env(void)
@@ -336,7 +363,8 @@ static sumo_result map_window(mpi_transport *t, size_t stage, char *err, size_t 
                          .stage = t->stage,
                          .stage_bytes = stage,
                          .spin_limit = sumo__shm_default_spin_limit(size)};
-    t->base.shm = &t->shm;
+    t->base.reach = SUMO__REACH_STAGED;
+    t->base.stage_bytes = stage;
     return SUMO_SUCCESS;
 }
 
@@ -392,7 +420,7 @@ sumo_result sumo__mpi_transport_create(MPI_Comm comm, sumo__transport **out, cha
         free(t);
         return SUMO_ERR_INVALID_ARGUMENT;
     }
-    gather_buf = malloc(64 * (size_t)size);
+    gather_buf = malloc(SUMO__ANNOUNCE_BYTES * (size_t)size);
     /* A local failure here cannot be told to the peers before the communicator exists; they
      * then time out in the duplication below instead of hanging. */
     if (t == NULL || gather_buf == NULL) {
@@ -403,6 +431,7 @@ sumo_result sumo__mpi_transport_create(MPI_Comm comm, sumo__transport **out, cha
     }
     t->gather_buf = gather_buf;
     t->base = (sumo__transport){.ops = &mpi_ops,
+                                .offload = &mpi_offload,
                                 .timeout_ns = (int64_t)(sumo__timeout_from_env(300.0) * 1e9),
                                 .log_level = sumo__log_level_from_env()};
     /* The nonblocking duplication makes a rank that never calls create a timeout here. The

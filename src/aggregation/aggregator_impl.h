@@ -1,6 +1,7 @@
-/* The aggregator object and the table each method fills in. */
-#ifndef SUMO_AGGREGATOR_H
-#define SUMO_AGGREGATOR_H
+/* The aggregator object and the table each method fills in: shared by the public entry
+ * points (aggregator.c) and the methods (acga.c), which do not depend on each other. */
+#ifndef SUMO_AGGREGATOR_IMPL_H
+#define SUMO_AGGREGATOR_IMPL_H
 
 #include "sumo_aggregation.h"
 #include "common/common.h"
@@ -25,10 +26,11 @@ struct sumo_aggregator {
     void *impl;                      /* method's own state */
 };
 
-/* ACGA (aggregation/acga.c): fills agg->vtbl and agg->impl. */
-sumo_result sumo__acga_init(sumo_aggregator *agg);
-
 /* Counts one collective of count elements of dtype in agg->stats. */
-void sumo__aggregator_count(sumo_aggregator *agg, size_t count, sumo_dtype dtype);
+static inline void sumo__aggregator_count(sumo_aggregator *agg, size_t count, sumo_dtype dtype)
+{
+    agg->stats.rounds++;
+    agg->stats.bytes += (uint64_t)count * sumo__dtype_bytes(dtype);
+}
 
 #endif

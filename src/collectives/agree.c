@@ -1,0 +1,108 @@
+#include "collectives/agree.h"
+
+#include <string.h>
+
+_Static_assert(sizeof(sumo__call_desc) <= SUMO__ANNOUNCE_BYTES, "an announcement fits its slot");
+
+static const char *kind_name(uint32_t kind)
+{
+    switch (kind) {
+    case SUMO__CALL_ALLREDUCE: return "allreduce";
+    case SUMO__CALL_ALLGATHER: return "allgather";
+    case SUMO__CALL_BROADCAST: return "broadcast";
+    case SUMO__CALL_BARRIER: return "barrier";
+    case SUMO__CALL_SETUP: return "set-up";
+    default: return "unknown collective";
+    }
+}
+
+static sumo_result compare(sumo_comm *c, const sumo__call_desc *all, const sumo__call_desc *mine,
+                           const char *what)
+{
+    sumo__transport *tp = c->tp;
+    for (int r = 0; r < tp->size; r++) {
+        if (all[r].local_error != SUMO_SUCCESS) {
+            if (mine->local_error != SUMO_SUCCESS) return (sumo_result)mine->local_error;
+            return SUMO__COMM_FAIL(c, (sumo_result)all[r].local_error,
+                                   "%s: rank %d failed before moving data (%s: its arguments, or "
+                                   "a layer above); no rank moved data",
+                                   what, r, sumo_result_name((sumo_result)all[r].local_error));
+        }
+    }
+    for (int r = 0; r < tp->size; r++) {
+        const sumo__call_desc *o = &all[r];
+        if (o->kind != mine->kind)
+            return SUMO__COMM_FAIL(c, SUMO_ERR_MISMATCH, "rank %d called %s while rank %d called %s",
+                                   r, kind_name(o->kind), tp->rank, kind_name(mine->kind));
+        if (o->count != mine->count)
+            return SUMO__COMM_FAIL(c, SUMO_ERR_MISMATCH,
+                                   "%s: rank %d passed count %llu, rank %d passed %llu", what, r,
+                                   (unsigned long long)o->count, tp->rank,
+                                   (unsigned long long)mine->count);
+        if (o->dtype != mine->dtype)
+            return SUMO__COMM_FAIL(c, SUMO_ERR_MISMATCH, "%s: rank %d passed dtype %s, rank %d %s",
+                                   what, r, sumo__dtype_name(o->dtype), tp->rank,
+                                   sumo__dtype_name(mine->dtype));
+        if (o->op != mine->op)
+            return SUMO__COMM_FAIL(c, SUMO_ERR_MISMATCH, "%s: rank %d passed op %s, rank %d %s",
+                                   what, r, sumo__op_name(o->op), tp->rank,
+                                   sumo__op_name(mine->op));
+        if (o->root != mine->root)
+            return SUMO__COMM_FAIL(c, SUMO_ERR_MISMATCH, "%s: rank %d passed root %d, rank %d %d",
+                                   what, r, o->root, tp->rank, mine->root);
+        if (o->aux != mine->aux)
+            return SUMO__COMM_FAIL(c, SUMO_ERR_MISMATCH,
+                                   "%s: rank %d passed a different %s than rank %d (hash %016llx "
+                                   "vs %016llx)",
+                                   what, r,
+                                   mine->kind == SUMO__CALL_SETUP ? "configuration"
+                                                                  : "tensor layout or op options",
+                                   tp->rank, (unsigned long long)o->aux,
+                                   (unsigned long long)mine->aux);
+    }
+    return SUMO_SUCCESS;
+}
+
+static sumo_result agree_as(sumo_comm *c, sumo__call_desc *d, const sumo__call_desc **all,
+                            const char *what)
+{
+    SUMO__CHECK(c->tp->ops->announce(c->tp, d, c->agreed, sizeof *d));
+    SUMO__CHECK(compare(c, c->agreed, d, what));
+    if (all) *all = c->agreed;
+    return SUMO_SUCCESS;
+}
+
+sumo_result sumo__agree(sumo_comm *c, sumo__call_desc *d, const sumo__call_desc **all)
+{
+    return agree_as(c, d, all, kind_name(d->kind));
+}
+
+sumo_result sumo__usable(sumo_comm *c)
+{
+    /* The message still names the first failure. */
+    return c->status.broken ? SUMO_ERR_PEER_FAILURE : SUMO_SUCCESS;
+}
+
+sumo_result sumo__agree_setup(sumo_comm *c, sumo_result local, uint64_t fingerprint,
+                              const char *what)
+{
+    sumo__comm_enter(c);
+    sumo_result r = sumo__usable(c);
+    if (r == SUMO_SUCCESS) {
+        sumo__call_desc d = {.kind = SUMO__CALL_SETUP, .local_error = (uint32_t)local,
+                             .aux = fingerprint};
+        r = agree_as(c, &d, NULL, what);
+    }
+    sumo__comm_leave(c);
+    return r;
+}
+
+sumo_result sumo__fail_together(sumo_comm *c, sumo_result code)
+{
+    sumo__comm_enter(c);
+    /* The peers' comparison looks at local_error before the kind, so any kind will do. */
+    sumo__call_desc d = {.kind = SUMO__CALL_BARRIER, .local_error = (uint32_t)code};
+    if (sumo__usable(c) == SUMO_SUCCESS) sumo__agree(c, &d, NULL);
+    sumo__comm_leave(c);
+    return code;
+}

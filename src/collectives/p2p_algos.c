@@ -1,0 +1,239 @@
+#include "collectives/p2p_algos.h"
+#include "collectives/slices.h"
+
+#include <string.h>
+
+/* Segment s of n split into parts nearly equal parts (for the ring). */
+static size_t seg_off(size_t n, int parts, int s)
+{
+    return (n / (size_t)parts) * (size_t)s + SUMO__MIN((size_t)s, n % (size_t)parts);
+}
+static size_t seg_len(size_t n, int parts, int s) { return seg_off(n, parts, s + 1) - seg_off(n, parts, s); }
+
+/* Copies (or widens) the input into the accumulator buffer the p2p algorithms work on, and
+ * finds room for tmp_elems more accumulator elements. */
+static sumo_result work_buffers(sumo_comm *c, const sumo__call_desc *d, const void *sendbuf,
+                                void *recvbuf, size_t tmp_elems, void **work, void **tmp)
+{
+    sumo_dtype acc = sumo__accumulator_of(d->dtype);
+    size_t aesz = sumo__dtype_bytes(acc);
+    bool widen = acc != (sumo_dtype)d->dtype;
+    size_t work_bytes = widen ? d->count * aesz : 0;
+    void *s;
+    SUMO__CHECK(sumo__comm_scratch(c, work_bytes + tmp_elems * aesz + 64, &s));
+    *tmp = (unsigned char *)s + (work_bytes + 63) / 64 * 64;
+    if (widen) {
+        *work = s;
+        c->kernels->convert(acc, *work, d->dtype, sendbuf, d->count);
+    } else {
+        *work = recvbuf;
+        if (sendbuf != recvbuf) memcpy(recvbuf, sendbuf, d->count * aesz);
+    }
+    return SUMO_SUCCESS;
+}
+
+/* ---- ring --------------------------------------------------------------------------------- */
+
+/* The ring's allgather: each rank starts with its finished segment `own` of buf (elements of
+ * esz bytes) and passes segments on until every rank holds all of them. */
+static sumo_result ring_pass_segments(sumo__transport *tp, unsigned char *buf, size_t esz,
+                                      size_t n, int own)
+{
+    int size = tp->size, next = (tp->rank + 1) % size, prev = (tp->rank + size - 1) % size;
+    for (int step = 0; step < size - 1; step++) {
+        int ss = (own - step + size) % size, rs = (own - step - 1 + size) % size;
+        SUMO__CHECK(tp->ops->sendrecv(tp, buf + seg_off(n, size, ss) * esz,
+                                      seg_len(n, size, ss) * esz, next,
+                                      buf + seg_off(n, size, rs) * esz,
+                                      seg_len(n, size, rs) * esz, prev));
+    }
+    return SUMO_SUCCESS;
+}
+
+/*
+ * The ring for fp16 and bf16: partial sums travel in fp32 (one rounding, at the end). The
+ * reduce-scatter runs chunk by chunk (chunk k of every segment, then chunk k + 1), so only
+ * two fp32 chunks are kept, not an fp32 copy of the buffer; the owner rounds each finished
+ * chunk and the allgather moves the narrow type. Every element sees the same additions in the
+ * same order as in the fp32 ring: same bits.
+ */
+#define RING_WIDEN_CHUNK_ELEMS ((size_t)1 << 18)
+
+/* Chunk k of segment s: [*lo, *lo + return value). Segments differ in length by at most one
+ * element, so a segment's last chunk may be short or empty. */
+static size_t ring_chunk(size_t n, int size, int s, size_t k, size_t chunk, size_t *lo)
+{
+    size_t start = seg_off(n, size, s), end = seg_off(n, size, s + 1);
+    *lo = SUMO__MIN(start + k * chunk, end);
+    return SUMO__MIN(chunk, end - *lo);
+}
+
+static sumo_result ring_allreduce_widened(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
+                                          void *recvbuf)
+{
+    sumo__transport *tp = c->tp;
+    const sumo__kernel_table *kt = c->kernels;
+    int size = tp->size, me = tp->rank;
+    int next = (me + 1) % size, prev = (me + size - 1) % size;
+    size_t n = d->count;
+    sumo_dtype dt = (sumo_dtype)d->dtype, acc = sumo__accumulator_of(dt);
+    size_t esz = sumo__dtype_bytes(dt), aesz = sumo__dtype_bytes(acc);
+    const unsigned char *in = sendbuf;
+    unsigned char *out = recvbuf;
+    if (n == 0) return SUMO_SUCCESS; /* the buffers may be NULL */
+    size_t seg_max = n / (size_t)size + 1, chunk = SUMO__MIN(seg_max, RING_WIDEN_CHUNK_ELEMS);
+    size_t nchunks = (seg_max + chunk - 1) / chunk;
+    void *s;
+    SUMO__CHECK(sumo__comm_scratch(c, 2 * (chunk * aesz + 64), &s));
+    unsigned char *partial = s, *incoming = partial + (chunk * aesz + 63) / 64 * 64;
+    int own = (me + 1) % size;
+    for (size_t k = 0; k < nchunks; k++) {
+        size_t lo, len = ring_chunk(n, size, me, k, chunk, &lo);
+        kt->convert(acc, partial, dt, in + lo * esz, len);
+        for (int step = 0; step < size - 1; step++) {
+            int ss = (me - step + size) % size, rs = (me - step - 1 + 2 * size) % size;
+            size_t slo, slen = ring_chunk(n, size, ss, k, chunk, &slo);
+            len = ring_chunk(n, size, rs, k, chunk, &lo);
+            SUMO__CHECK(tp->ops->sendrecv(tp, partial, slen * aesz, next, incoming, len * aesz, prev));
+            kt->convert(acc, partial, dt, in + lo * esz, len);
+            kt->add(acc, partial, incoming, partial, len);
+        }
+        /* Chunk k of every input segment has been read: its output may overwrite it. */
+        len = ring_chunk(n, size, own, k, chunk, &lo);
+        if (d->op == SUMO_OP_AVERAGE) kt->divide(acc, partial, partial, len, size);
+        kt->convert(dt, out + lo * esz, acc, partial, len);
+    }
+    return ring_pass_segments(tp, out, esz, n, own);
+}
+
+sumo_result sumo__ring_allreduce(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
+                                 void *recvbuf)
+{
+    sumo__transport *tp = c->tp;
+    SUMO__CHECK(sumo__agree(c, d, NULL));
+    sumo_dtype dt = (sumo_dtype)d->dtype;
+    if (sumo__accumulator_of(dt) != dt) return ring_allreduce_widened(c, d, sendbuf, recvbuf);
+    /* fp32 and fp64 accumulate in themselves: the ring works in the receive buffer. */
+    int size = tp->size, me = tp->rank;
+    int next = (me + 1) % size, prev = (me + size - 1) % size;
+    size_t n = d->count, esz = sumo__dtype_bytes(dt);
+    void *workv, *tmp;
+    SUMO__CHECK(work_buffers(c, d, sendbuf, recvbuf, n / (size_t)size + 1, &workv, &tmp));
+    unsigned char *work = workv;
+    for (int step = 0; step < size - 1; step++) {
+        int ss = (me - step + size) % size, rs = (me - step - 1 + 2 * size) % size;
+        SUMO__CHECK(tp->ops->sendrecv(tp, work + seg_off(n, size, ss) * esz,
+                                      seg_len(n, size, ss) * esz, next, tmp,
+                                      seg_len(n, size, rs) * esz, prev));
+        unsigned char *mine = work + seg_off(n, size, rs) * esz;
+        c->kernels->add(dt, mine, tmp, mine, seg_len(n, size, rs));
+    }
+    int own = (me + 1) % size;
+    if (d->op == SUMO_OP_AVERAGE) {
+        unsigned char *seg = work + seg_off(n, size, own) * esz;
+        c->kernels->divide(dt, seg, seg, seg_len(n, size, own), size);
+    }
+    return ring_pass_segments(tp, work, esz, n, own);
+}
+
+/* ---- recursive doubling ------------------------------------------------------------------- */
+
+static int member_rank(const sumo__rd_group *g, int member)
+{
+    return g->rank_of ? g->rank_of(g->ctx, member) : member;
+}
+
+sumo_result sumo__rd_sum(sumo_comm *c, const sumo__rd_group *g, sumo_dtype acc, void *work,
+                         void *tmp, size_t n)
+{
+    sumo__transport *tp = c->tp;
+    size_t bytes = n * sumo__dtype_bytes(acc);
+    int me = g->me, pof2 = 1;
+    while (pof2 * 2 <= g->members) pof2 *= 2;
+    int rem = g->members - pof2, vme;
+    if (me < 2 * rem) {
+        if (me % 2) {
+            SUMO__CHECK(tp->ops->sendrecv(tp, work, bytes, member_rank(g, me - 1), NULL, 0, -1));
+            vme = -1;
+        } else {
+            SUMO__CHECK(tp->ops->sendrecv(tp, NULL, 0, -1, tmp, bytes, member_rank(g, me + 1)));
+            c->kernels->add(acc, work, work, tmp, n);
+            vme = me / 2;
+        }
+    } else {
+        vme = me - rem;
+    }
+    if (vme >= 0) {
+        for (int mask = 1; mask < pof2; mask <<= 1) {
+            int vpeer = vme ^ mask;
+            int peer = member_rank(g, vpeer < rem ? vpeer * 2 : vpeer + rem);
+            SUMO__CHECK(tp->ops->sendrecv(tp, work, bytes, peer, tmp, bytes, peer));
+            if (vme < vpeer) c->kernels->add(acc, work, work, tmp, n);
+            else c->kernels->add(acc, work, tmp, work, n);
+        }
+    }
+    if (me < 2 * rem) {
+        int partner = member_rank(g, me % 2 ? me - 1 : me + 1);
+        if (me % 2) SUMO__CHECK(tp->ops->sendrecv(tp, NULL, 0, -1, work, bytes, partner));
+        else SUMO__CHECK(tp->ops->sendrecv(tp, work, bytes, partner, NULL, 0, -1));
+    }
+    return SUMO_SUCCESS;
+}
+
+sumo_result sumo__rd_allreduce(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
+                               void *recvbuf)
+{
+    sumo__transport *tp = c->tp;
+    SUMO__CHECK(sumo__agree(c, d, NULL));
+    size_t n = d->count;
+    sumo_dtype acc = sumo__accumulator_of(d->dtype);
+    void *work, *tmp;
+    SUMO__CHECK(work_buffers(c, d, sendbuf, recvbuf, n, &work, &tmp));
+    sumo__rd_group everyone = {.members = tp->size, .me = tp->rank};
+    SUMO__CHECK(sumo__rd_sum(c, &everyone, acc, work, tmp, n));
+    /* Every rank divides the same sum alike: the same bits everywhere. */
+    if (d->op == SUMO_OP_AVERAGE) c->kernels->divide(acc, work, work, n, tp->size);
+    if (acc != (sumo_dtype)d->dtype) c->kernels->convert(d->dtype, recvbuf, acc, work, n);
+    return SUMO_SUCCESS;
+}
+
+/* ---- broadcast and allgather -------------------------------------------------------------- */
+
+sumo_result sumo__tree_broadcast(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
+                                 void *recvbuf)
+{
+    sumo__transport *tp = c->tp;
+    SUMO__CHECK(sumo__agree(c, d, NULL));
+    int size = tp->size, vrank = (tp->rank - d->root + size) % size;
+    size_t bytes = d->count * sumo__dtype_bytes(d->dtype);
+    if (vrank == 0 && sendbuf != recvbuf && bytes) memcpy(recvbuf, sendbuf, bytes);
+    /* Binomial tree: in round `mask`, ranks below mask send to rank + mask. */
+    for (int mask = 1; mask < size; mask <<= 1) {
+        if (vrank < mask && vrank + mask < size) {
+            int dst = (vrank + mask + d->root) % size;
+            SUMO__CHECK(tp->ops->sendrecv(tp, recvbuf, bytes, dst, NULL, 0, -1));
+        } else if (vrank >= mask && vrank < 2 * mask) {
+            int src = (vrank - mask + d->root) % size;
+            SUMO__CHECK(tp->ops->sendrecv(tp, NULL, 0, -1, recvbuf, bytes, src));
+        }
+    }
+    return SUMO_SUCCESS;
+}
+
+sumo_result sumo__ring_allgather(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
+                                 void *recvbuf)
+{
+    sumo__transport *tp = c->tp;
+    SUMO__CHECK(sumo__agree(c, d, NULL));
+    int size = tp->size, me = tp->rank;
+    size_t bytes = d->count * sumo__dtype_bytes(d->dtype);
+    unsigned char *out = recvbuf;
+    if (out + (size_t)me * bytes != (const unsigned char *)sendbuf && bytes)
+        memcpy(out + (size_t)me * bytes, sendbuf, bytes);
+    for (int step = 0; step < size - 1; step++) {
+        int ss = (me - step + size) % size, rs = (me - step - 1 + size) % size;
+        SUMO__CHECK(tp->ops->sendrecv(tp, out + (size_t)ss * bytes, bytes, (me + 1) % size,
+                                      out + (size_t)rs * bytes, bytes, (me + size - 1) % size));
+    }
+    return SUMO_SUCCESS;
+}

@@ -1,0 +1,42 @@
+/*
+ * The point-to-point algorithms, over sendrecv alone: any transport, the only choice across
+ * machines. Each runs the agreement itself.
+ *   ring                 reduce-scatter then allgather: 2 N (P-1)/P bytes per rank;
+ *   recursive doubling   for small messages: log2 P steps;
+ *   binomial tree        broadcast.
+ */
+#ifndef SUMO_P2P_ALGOS_H
+#define SUMO_P2P_ALGOS_H
+
+#include "collectives/agree.h"
+
+sumo_result sumo__ring_allreduce(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
+                                 void *recvbuf);
+sumo_result sumo__rd_allreduce(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
+                               void *recvbuf);
+sumo_result sumo__tree_broadcast(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
+                                 void *recvbuf);
+sumo_result sumo__ring_allgather(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
+                                 void *recvbuf);
+
+/*
+ * A group of ranks that sums among itself: `members` ranks, this one being member `me`;
+ * member m is rank rank_of(ctx, m). A NULL rank_of means member m is rank m.
+ */
+typedef struct sumo__rd_group {
+    int members;
+    int me;
+    int (*rank_of)(const void *ctx, int member);
+    const void *ctx;
+} sumo__rd_group;
+
+/*
+ * Recursive doubling over the group: work (n elements of acc, a type that accumulates itself)
+ * ends holding the sum over all members, with the same bits on every member; tmp holds n
+ * elements. Members beyond the largest power of two first fold into a partner and get the
+ * result back at the end; partners add the lower member's partial first.
+ */
+sumo_result sumo__rd_sum(sumo_comm *c, const sumo__rd_group *g, sumo_dtype acc, void *work,
+                         void *tmp, size_t n);
+
+#endif

@@ -1,0 +1,217 @@
+#include "collectives/shm_algos.h"
+#include "collectives/slices.h"
+
+#include <string.h>
+
+/* Two pointer arrays of size entries from the handle's scratch. */
+static sumo_result pointer_arrays(sumo_comm *c, void ***outs, const void ***ins)
+{
+    void *s;
+    SUMO__CHECK(sumo__comm_scratch(c, 2 * sizeof(void *) * (size_t)c->tp->size, &s));
+    *outs = s;
+    *ins = (const void **)((void **)s + c->tp->size);
+    return SUMO_SUCCESS;
+}
+
+/* ---- direct: peers' buffers are addressable (threads) ------------------------------------ */
+
+/* The buffer rank k announced, as this rank reaches it. */
+static unsigned char *peer_buffer(sumo_comm *c, const sumo__call_desc *all, int k, bool recv)
+{
+    return c->tp->ops->peer_buffer(c->tp, k, recv ? all[k].recvptr : all[k].sendptr);
+}
+
+/* Each rank reduces a 1/P slice straight from every rank's input into every rank's output:
+ * each byte read once and written once, the floor. The final barrier keeps every rank from
+ * returning while a peer still writes into its output. */
+static sumo_result allreduce_direct(sumo_comm *c, sumo__call_desc *d)
+{
+    sumo__transport *tp = c->tp;
+    const sumo__call_desc *all;
+    SUMO__CHECK(sumo__agree(c, d, &all));
+    size_t esz = sumo__dtype_bytes(d->dtype), lo, hi;
+    sumo__cache_slice(d->count, esz, tp->size, tp->rank, &lo, &hi);
+    if (hi > lo) {
+        void **outs;
+        const void **ins;
+        SUMO__CHECK(pointer_arrays(c, &outs, &ins));
+        for (int k = 0; k < tp->size; k++) {
+            ins[k] = peer_buffer(c, all, k, false) + lo * esz;
+            outs[k] = peer_buffer(c, all, k, true) + lo * esz;
+        }
+        c->kernels->reduce_multi(d->dtype, outs, tp->size, ins, tp->size, hi - lo,
+                                 sumo__divisor_of(d->op, tp->size));
+    }
+    return tp->ops->barrier(tp);
+}
+
+static sumo_result broadcast_direct(sumo_comm *c, sumo__call_desc *d)
+{
+    sumo__transport *tp = c->tp;
+    const sumo__call_desc *all;
+    SUMO__CHECK(sumo__agree(c, d, &all));
+    size_t esz = sumo__dtype_bytes(d->dtype), lo, hi;
+    sumo__cache_slice(d->count, esz, tp->size, tp->rank, &lo, &hi);
+    const unsigned char *src = peer_buffer(c, all, d->root, false) + lo * esz;
+    for (int k = 0; k < tp->size && hi > lo; k++) {
+        unsigned char *dst = peer_buffer(c, all, k, true) + lo * esz;
+        if (dst != src) memcpy(dst, src, (hi - lo) * esz);
+    }
+    return tp->ops->barrier(tp);
+}
+
+static sumo_result allgather_direct(sumo_comm *c, sumo__call_desc *d, const void *sendbuf)
+{
+    sumo__transport *tp = c->tp;
+    const sumo__call_desc *all;
+    SUMO__CHECK(sumo__agree(c, d, &all));
+    size_t bytes = d->count * sumo__dtype_bytes(d->dtype);
+    for (int k = 0; k < tp->size && bytes; k++) {
+        unsigned char *dst = peer_buffer(c, all, k, true) + (size_t)tp->rank * bytes;
+        if (dst != (const unsigned char *)sendbuf) memcpy(dst, sendbuf, bytes);
+    }
+    return tp->ops->barrier(tp);
+}
+
+/* ---- staged: every rank maps every rank's staging area (processes on one node) ----------- */
+
+/*
+ * Each rank's staging area holds two halves; chunk k uses half k % 2. Per chunk: every rank
+ * reduces its cache slice of the chunk across all ranks' staging areas and writes the result
+ * back into all of them, copies its next input chunk into the other half, passes one barrier,
+ * and copies the finished chunk out of its own area. A half is rewritten only two barriers
+ * after everyone last read it. Chunks are small enough to stay in cache, so user buffers are
+ * read once and written once. After the last barrier a rank touches only its own area, so the
+ * next collective's first copy may ride ahead of its agreement.
+ */
+typedef struct staging {
+    sumo__transport *tp;
+    size_t chunk; /* elements per chunk */
+    size_t esz;
+} staging;
+
+static staging staging_of(sumo__transport *tp, size_t esz)
+{
+    staging s = {.tp = tp, .esz = esz};
+    size_t line = SUMO__CACHELINE / esz, unit = line * (size_t)tp->size;
+    s.chunk = (tp->stage_bytes / 2 / esz) / unit * unit;
+    if (s.chunk == 0) s.chunk = line;
+    return s;
+}
+
+static unsigned char *stage_half(const staging *s, int rank, size_t k)
+{
+    return s->tp->ops->stage(s->tp, rank) + (k & 1) * (s->tp->stage_bytes / 2);
+}
+
+static size_t chunk_len(const staging *s, size_t count, size_t k)
+{
+    return SUMO__MIN(s->chunk, count - k * s->chunk);
+}
+
+static size_t chunk_count(const staging *s, size_t count) { return (count + s->chunk - 1) / s->chunk; }
+
+static void stage_in(const staging *s, int rank, size_t k, const void *src, size_t count)
+{
+    memcpy(stage_half(s, rank, k), (const unsigned char *)src + k * s->chunk * s->esz,
+           chunk_len(s, count, k) * s->esz);
+}
+
+static sumo_result allreduce_staged(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
+                                    void *recvbuf)
+{
+    sumo__transport *tp = c->tp;
+    size_t esz = sumo__dtype_bytes(d->dtype);
+    staging s = staging_of(tp, esz);
+    size_t chunks = chunk_count(&s, d->count);
+    int me = tp->rank, size = tp->size;
+    /* The first copy rides ahead of the agreement; it touches only our own area. */
+    if (chunks > 0) stage_in(&s, me, 0, sendbuf, d->count);
+    SUMO__CHECK(sumo__agree(c, d, NULL));
+    void **outs;
+    const void **ins;
+    SUMO__CHECK(pointer_arrays(c, &outs, &ins));
+    for (size_t k = 0; k < chunks; k++) {
+        size_t len = chunk_len(&s, d->count, k), lo, hi;
+        sumo__cache_slice(len, esz, size, me, &lo, &hi);
+        if (hi > lo) {
+            for (int r = 0; r < size; r++) {
+                ins[r] = stage_half(&s, r, k) + lo * esz;
+                outs[r] = stage_half(&s, r, k) + lo * esz;
+            }
+            c->kernels->reduce_multi(d->dtype, outs, size, ins, size, hi - lo,
+                                     sumo__divisor_of(d->op, size));
+        }
+        if (k + 1 < chunks) stage_in(&s, me, k + 1, sendbuf, d->count);
+        SUMO__CHECK(tp->ops->barrier(tp));
+        memcpy((unsigned char *)recvbuf + k * s.chunk * esz, stage_half(&s, me, k), len * esz);
+    }
+    return SUMO_SUCCESS;
+}
+
+static sumo_result broadcast_staged(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
+                                    void *recvbuf)
+{
+    sumo__transport *tp = c->tp;
+    size_t esz = sumo__dtype_bytes(d->dtype);
+    staging s = staging_of(tp, esz);
+    size_t chunks = chunk_count(&s, d->count);
+    bool root = tp->rank == d->root;
+    if (root && chunks > 0) stage_in(&s, tp->rank, 0, sendbuf, d->count);
+    SUMO__CHECK(sumo__agree(c, d, NULL));
+    for (size_t k = 0; k < chunks; k++) {
+        size_t len = chunk_len(&s, d->count, k);
+        unsigned char *dst = (unsigned char *)recvbuf + k * s.chunk * esz;
+        if (!root) memcpy(dst, stage_half(&s, d->root, k), len * esz);
+        else {
+            if (sendbuf != recvbuf) memcpy(dst, (const unsigned char *)sendbuf + k * s.chunk * esz, len * esz);
+            if (k + 1 < chunks) stage_in(&s, tp->rank, k + 1, sendbuf, d->count);
+        }
+        SUMO__CHECK(tp->ops->barrier(tp));
+    }
+    return SUMO_SUCCESS;
+}
+
+static sumo_result allgather_staged(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
+                                    void *recvbuf)
+{
+    sumo__transport *tp = c->tp;
+    size_t esz = sumo__dtype_bytes(d->dtype);
+    staging s = staging_of(tp, esz);
+    size_t chunks = chunk_count(&s, d->count);
+    if (chunks > 0) stage_in(&s, tp->rank, 0, sendbuf, d->count);
+    SUMO__CHECK(sumo__agree(c, d, NULL));
+    for (size_t k = 0; k < chunks; k++) {
+        size_t len = chunk_len(&s, d->count, k);
+        for (int r = 0; r < tp->size; r++) {
+            unsigned char *dst = (unsigned char *)recvbuf + ((size_t)r * d->count + k * s.chunk) * esz;
+            memcpy(dst, stage_half(&s, r, k), len * esz);
+        }
+        if (k + 1 < chunks) stage_in(&s, tp->rank, k + 1, sendbuf, d->count);
+        SUMO__CHECK(tp->ops->barrier(tp));
+    }
+    return SUMO_SUCCESS;
+}
+
+/* ---- entry points: the caller has validated the arguments (d->local_error == 0) --------- */
+
+sumo_result sumo__shm_allreduce(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
+                                void *recvbuf)
+{
+    if (c->tp->reach == SUMO__REACH_DIRECT) return allreduce_direct(c, d);
+    return allreduce_staged(c, d, sendbuf, recvbuf);
+}
+
+sumo_result sumo__shm_broadcast(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
+                                void *recvbuf)
+{
+    if (c->tp->reach == SUMO__REACH_DIRECT) return broadcast_direct(c, d);
+    return broadcast_staged(c, d, sendbuf, recvbuf);
+}
+
+sumo_result sumo__shm_allgather(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
+                                void *recvbuf)
+{
+    if (c->tp->reach == SUMO__REACH_DIRECT) return allgather_direct(c, d, sendbuf);
+    return allgather_staged(c, d, sendbuf, recvbuf);
+}
