@@ -59,6 +59,7 @@ SONAME        := libsumo.so.$(SO_MAJOR)
 LIBSUMO_SO    := $(BUILD)/libsumo.so.$(SO_VERSION)
 
 TOOL_SRCS := $(wildcard tools/sumo/*.c)
+TOOL_HDRS := $(wildcard tools/sumo/*.h)
 # Stand-alone measurement programs (bench/*.c), built with everything so they cannot rot.
 BENCH_SRCS := $(wildcard bench/*.c)
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
@@ -155,7 +156,7 @@ uninstall:
 test-install: $(TARGETS)
 	tests/install/run.sh
 
-$(BUILD)/sumo: $(TOOL_SRCS) $(TOOL_LIBS)
+$(BUILD)/sumo: $(TOOL_SRCS) $(TOOL_HDRS) $(TOOL_LIBS)
 	@mkdir -p $(dir $@)
 	$(TOOL_CC) $(CPPFLAGS) $(TOOL_DEFS) $(CFLAGS) $(TOOL_SRCS) $(TOOL_LIBS) $(LDFLAGS) $(TRAIN_LIBS) $(LDLIBS) -o $@
 

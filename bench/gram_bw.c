@@ -12,6 +12,7 @@
  *   wsum:  sumo__kernel_weighted_sum from the P inputs into one output, against the read of
  *          the P inputs plus a write of the output (memset), for reference.
  */
+#include "kernels/kernels.h"
 #include "kernels/kernels_isa.h"
 
 #include <immintrin.h>

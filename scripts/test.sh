@@ -19,6 +19,7 @@ step() {
 }
 
 step make -j"$jobs"
+step ./scripts/check-layers
 step make test
 # make install into a scratch prefix; a program built with pkg-config against it.
 step make test-install

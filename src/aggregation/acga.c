@@ -1,5 +1,5 @@
 /*
- * ACGA, adaptive consensus gradient aggregation (design/acga.md).
+ * ACGA, adaptive consensus gradient aggregation (docs/design/acga.md).
  *
  * ONE STEP, rank r of N, fp32 buffers only (other dtypes: SUMO_ERR_INVALID_ARGUMENT before any
  * communication). A "group" is what one coefficient covers: the whole buffer (default), or one

@@ -1,5 +1,5 @@
 /*
- * ACGA in Gram form (issue 14, section 1): one step's weights from each group's P x P Gram
+ * ACGA in Gram form (docs/design/adasum.md, the Gram form): one step's weights from each group's P x P Gram
  * matrix G_ij = <g_i, g_j>, so a step needs one pass for the Gram partials, one small allreduce
  * and one weighted-sum pass, instead of acga.c's two full-size allreduces.
  *

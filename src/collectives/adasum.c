@@ -1,5 +1,5 @@
 /*
- * Adasum allreduce (design/adasum.md).
+ * Adasum allreduce (docs/design/adasum.md).
  *
  * The combine, per tensor of the op's layout:
  *     Adasum(a, b) = (1 - a.b / (2|a|^2)) a + (1 - a.b / (2|b|^2)) b,

@@ -1,5 +1,5 @@
 /*
- * Adasum in Gram form (issue 14, section 1): the weights w such that sum_i w_i g_i is what
+ * Adasum in Gram form (docs/design/adasum.md, the Gram form): the weights w such that sum_i w_i g_i is what
  * sumo's Adasum tree (collectives/adasum.c, docs/design/adasum.md) computes for P ranks, found
  * from the P x P Gram matrix G_ij = <g_i, g_j> of each tensor alone. No data, no transport: the
  * caller forms the Gram partials in one pass (sumo__kernel_gram_partials), sums them in one

@@ -1,4 +1,5 @@
 #include "collectives/comm.h"
+#include "transport/threads.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -6,6 +6,7 @@
  * The path is asked of libgcc's CPU model on every call: a few loads, no syscall, and no
  * state of ours to initialise or race on.
  */
+#include "kernels/kernels.h"
 #include "kernels/kernels_isa.h"
 
 #include <math.h>

@@ -45,7 +45,7 @@ void sumo__kernel_scaled_add(sumo_dtype dtype, void *a, double ca, const void *b
                              size_t n);
 
 /*
- * The Gram form's first pass (issue 14): for nin inputs of n elements, the packed upper
+ * The Gram form's first pass: for nin inputs of n elements, the packed upper
  * triangle of their Gram matrix, out[(i,j)] = <ins[i], ins[j]> for i <= j, row by row
  * ((0,0) (0,1) .. (0,nin-1) (1,1) ..; collectives/adasum_gram.h's sumo__gram_index), accumulated
  * in double, reading every input once. Overwrites the nin(nin+1)/2 doubles of out; summation

@@ -2,6 +2,7 @@
  * The AVX2 path (with FMA and F16C, as every AVX2 CPU has): 8 floats or 4 doubles a vector.
  * Only the primitives are here; the kernels are kernels_simd.h's.
  */
+#include "kernels/kernels.h"
 #include "kernels/kernels_isa.h"
 
 #if SUMO__KERNELS_X86

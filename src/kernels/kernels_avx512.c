@@ -6,6 +6,7 @@
  * Not used: AVX512-BF16's vcvtneps2bf16 flushes subnormals to zero, and AVX512-FP16 would
  * compute in fp16; both differ from the specified widen-to-fp32-and-round-once.
  */
+#include "kernels/kernels.h"
 #include "kernels/kernels_isa.h"
 
 #if SUMO__KERNELS_X86

@@ -12,7 +12,7 @@
 #ifndef SUMO_KERNELS_ISA_H
 #define SUMO_KERNELS_ISA_H
 
-#include "kernels/kernels.h"
+#include "common/common.h"
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #define SUMO__KERNELS_X86 1

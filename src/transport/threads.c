@@ -4,6 +4,7 @@
  * and write each other's buffers directly (SUMO__REACH_DIRECT), and point-to-point
  * messages are a single memcpy from the sender's buffer into the receiver's.
  */
+#include "transport/threads.h"
 #include "transport/shm.h"
 
 #include <sched.h>

@@ -3,8 +3,8 @@
  * nothing of reductions; the collectives (src/collectives/) are written once over this
  * interface and never look behind it.
  *
- * A transport is one file that fills a sumo__transport_ops table and has a constructor
- * (threads.c, transport_mpi.c). What it must provide:
+ * A transport is one file that fills a sumo__transport_ops table, plus a header declaring its
+ * constructor (threads.h, transport_mpi.h). What it must provide:
  *   sendrecv   point to point, both directions at once (any transport, any distance);
  *   announce   every rank publishes a small record and reads everyone's (the collectives'
  *              agreement rides on it); a rank may announce again as soon as this returns;
@@ -114,8 +114,5 @@ static inline bool sumo__transport_broken(const sumo__transport *tp)
 {
     return tp->status != NULL && tp->status->broken;
 }
-
-/* The threads transport: fills tps[0..nranks). */
-sumo_result sumo__threads_transport_create(int nranks, sumo__transport **tps);
 
 #endif

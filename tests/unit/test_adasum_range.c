@@ -23,6 +23,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "kernels/kernels.h"
 #include "kernels/kernels_isa.h"
 #include "support/harness.h"
 #include "support/reference.h"

@@ -25,6 +25,7 @@
 
 #include "aggregation/acga_gram.h"
 #include "collectives/adasum_gram.h"
+#include "kernels/kernels.h"
 #include "kernels/kernels_isa.h"
 #include "support/harness.h"
 #include "support/reference.h"

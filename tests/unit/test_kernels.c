@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/kernels.h"
 #include "kernels/kernels_isa.h"
 #include "support/reference.h"
 

@@ -1,0 +1,10 @@
+/* The threads transport's constructor (transport/threads.c). */
+#ifndef SUMO_THREADS_H
+#define SUMO_THREADS_H
+
+#include "transport/transport.h"
+
+/* Makes the nranks ranks of one group: fills tps[0..nranks). */
+sumo_result sumo__threads_transport_create(int nranks, sumo__transport **tps);
+
+#endif
