@@ -124,6 +124,12 @@ sumo_result sumo_op_destroy(sumo_comm *comm, sumo_op op);
  */
 #define SUMO_THREADS_MAX_RANKS 1024
 sumo_result sumo_comm_create_threads(int nranks, sumo_comm **comms);
+/*
+ * Frees the handle (always). Queued requests run first. Over MPI the ranks meet under the
+ * deadline to free what they share; SUMO_ERR_TIMEOUT or SUMO_ERR_PEER_FAILURE says they could
+ * not (a peer stopped, died or left): end the job with MPI_Abort then, not MPI_Finalize, which
+ * would wait for that peer.
+ */
 sumo_result sumo_comm_destroy(sumo_comm *comm);
 
 /*

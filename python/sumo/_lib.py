@@ -119,9 +119,9 @@ _SIGS = {
     "sumo_aggregator_state_save": (_R, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]),
     "sumo_aggregator_state_load": (_R, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]),
     # Present only in a library built with MPI.
-    "sumo_mpi_world_create": (_R, [ctypes.POINTER(_c_comm_p)]),
+    "sumo_mpi_world_create": (_R, [ctypes.POINTER(ctypes.c_int), ctypes.POINTER(_c_comm_p)]),
     "sumo_mpi_world_local": (_R, [ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]),
-    "sumo_mpi_world_finalize": (_R, [_c_comm_p]),
+    "sumo_mpi_world_finalize": (_R, [_c_comm_p, ctypes.c_int]),
     "sumo_mpi_world_abort": (_R, [ctypes.c_int]),
 }
 

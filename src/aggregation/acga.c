@@ -65,6 +65,9 @@
  * finite; anything else is SUMO_ERR_INVALID_ARGUMENT with the reason in the comm's message.
  */
 #include "aggregation/acga.h"
+#include "aggregation/acga_gram.h"
+#include "collectives/adasum_gram.h"
+#include "collectives/gram.h"
 #include "collectives/agree.h"
 
 #include <math.h>
@@ -197,6 +200,71 @@ static void fill_nan(float *p, size_t n)
     for (size_t i = 0; i < n; i++) p[i] = NAN;
 }
 
+/* ---- the one-exchange form ------------------------------------------------------------ */
+
+/* ACGA's weights from the groups' Gram matrices (aggregation/acga_gram.h): coefficient of rank
+ * r in group k is w[k N + r], which is acga_gram's own layout. A non-finite group declines, and
+ * the two-exchange path below reports it as it always has. */
+typedef struct gram_step {
+    acga *a;
+    const sumo_acga_options *o;
+} gram_step;
+
+static size_t gram_work_bytes(const acga *a)
+{
+    return sumo__acga_gram_work_bytes(a->nranks) + a->ngroups;
+}
+
+static bool weigh_acga(void *ctx, const double *gram, size_t ngroups, double *w, void *work)
+{
+    gram_step *st = ctx;
+    acga *a = st->a;
+    unsigned char *kind = (unsigned char *)work + sumo__acga_gram_work_bytes(a->nranks);
+    size_t bad = sumo__acga_gram_weights(st->o, a->nranks, ngroups, gram, a->m, a->initialised,
+                                         a->m_next, w, kind, work);
+    return bad == SIZE_MAX;
+}
+
+static uint64_t options_hash(const acga *a, const sumo_acga_options *o, size_t count)
+{
+    const double f[] = {o->beta, o->eps, (double)o->per_tensor, (double)o->reference_permutation,
+                        (double)o->negative_guard, (double)o->rescale, (double)count,
+                        (double)a->ngroups};
+    uint64_t h = sumo__fnv1a(SUMO__FNV_OFFSET, f, sizeof f);
+    if (a->group_off) h = sumo__fnv1a(h, a->group_off, (a->ngroups + 1) * sizeof *a->group_off);
+    return h;
+}
+
+/*
+ * One Gram pass, one small sum, one weighted-sum pass (collectives/gram.h), where the group is
+ * small enough; *applied false leaves the buffer untouched for the two-exchange path. Results
+ * agree with it within fp32 rounding (acga_gram.h says where the inner products differ).
+ */
+static sumo_result apply_gram(sumo_aggregator *agg, acga *a, float *g, size_t count, bool *applied)
+{
+    *applied = false;
+    if (a->nranks > SUMO__GRAM_MAX_RANKS) return SUMO_SUCCESS;
+    size_t whole[2] = {0, count};
+    gram_step st = {.a = a, .o = &agg->options.acga};
+    sumo_comm *c = agg->comm;
+    int algo = SUMO_ALGORITHM_AUTO;
+    sumo_comm_get_param(c, SUMO_PARAM_ALGORITHM, &algo);
+    sumo__gram_call call = {.dtype = SUMO_FLOAT32, .count = count, .ntensors = a->ngroups,
+                            .offsets = a->group_off ? a->group_off : whole, .weigh = weigh_acga,
+                            .ctx = &st, .weigh_work_bytes = gram_work_bytes(a),
+                            .direct = c->tp->reach == SUMO__REACH_DIRECT &&
+                                      (algo == SUMO_ALGORITHM_AUTO ||
+                                       algo == SUMO_ALGORITHM_SHARED_MEMORY)};
+    SUMO__CHECK(sumo__gram_allreduce(c, g, &call, options_hash(a, st.o, count), applied));
+    sumo__aggregator_count(agg, count, SUMO_FLOAT32);
+    sumo__aggregator_count(agg, a->ngroups * sumo__gram_len(a->nranks), SUMO_FLOAT64);
+    if (*applied) {
+        memcpy(a->m, a->m_next, (size_t)a->nranks * a->ngroups * sizeof *a->m);
+        a->initialised = 1;
+    }
+    return SUMO_SUCCESS;
+}
+
 static sumo_result acga_apply(sumo_aggregator *agg, void *buffer, size_t count, sumo_dtype dtype)
 {
     acga *a = impl_of(agg);
@@ -209,6 +277,9 @@ static sumo_result acga_apply(sumo_aggregator *agg, void *buffer, size_t count, 
     float *g = buffer;
     const size_t K = a->ngroups;
     const int n = a->nranks;
+    bool applied;
+    SUMO__CHECK(apply_gram(agg, a, g, count, &applied));
+    if (applied) return SUMO_SUCCESS;
     sumo_result grown = ensure_sum(a, count);
     if (grown != SUMO_SUCCESS) {
         sumo__fail_together(agg->comm, grown);

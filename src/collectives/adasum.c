@@ -69,6 +69,8 @@
  */
 #include "collectives/adasum.h"
 #include "collectives/agree.h"
+#include "collectives/adasum_gram.h"
+#include "collectives/gram.h"
 #include "collectives/p2p_algos.h"
 
 #include <math.h>
@@ -279,6 +281,9 @@ typedef struct run {
     const void **ins;         /* g pointers (hierarchical average) */
     /* Direct mode (ranks share an address space): every rank's buffers, from the agreement. */
     bool direct;
+    bool gram; /* the Gram form first (weigh_adasum) */
+    sumo__gram_call gram_call;
+    sumo__adasum_gram_params gram_params;
     const unsigned char **send_of;
     unsigned char **recv_of;
     int g, ngroups, grp, mem;
@@ -594,6 +599,39 @@ static sumo_result adasum_slice(run *a, size_t s0, size_t s1)
     return SUMO_SUCCESS;
 }
 
+/*
+ * Adasum in Gram form (collectives/gram.h): the tree's weights from each tensor's Gram matrix.
+ * A tensor whose weights cannot be trusted to the dtype's accuracy (its inputs cancel; see
+ * adasum_gram.h) or are not finite makes every rank decline alike, and the call takes the
+ * tree, whose inputs are untouched. fp64 keeps the tree always: its tolerance is below what
+ * the quadratic forms deliver on inputs that cancel.
+ */
+static size_t gram_work_bytes(int P, size_t ntensors)
+{
+    return sumo__adasum_gram_work_len(P) * sizeof(double) + ntensors;
+}
+
+static bool weigh_adasum(void *ctx, const double *gram, size_t ntensors, double *w, void *work)
+{
+    const sumo__adasum_gram_params *params = ctx;
+    double *dwork = work;
+    unsigned char *flags = (unsigned char *)(dwork + sumo__adasum_gram_work_len(params->nranks));
+    sumo__adasum_gram_weights(params, gram, ntensors, w, flags, dwork);
+    for (size_t t = 0; t < ntensors; t++)
+        if (flags[t]) return false;
+    return true;
+}
+
+static double dtype_epsilon(sumo_dtype dtype)
+{
+    switch (dtype) {
+    case SUMO_FLOAT16: return 0x1p-10;
+    case SUMO_BFLOAT16: return 0x1p-7;
+    case SUMO_FLOAT32: return 0x1p-23;
+    default: return 0x1p-52;
+    }
+}
+
 /* Local checks, no communication; finds the op's layout. */
 static sumo_result validate(sumo_comm *c, const sumo__call_desc *d, const void *sendbuf,
                             void *recvbuf, const adasum_op **aop)
@@ -632,7 +670,7 @@ static sumo_result validate(sumo_comm *c, const sumo__call_desc *d, const void *
 
 /* Scratch offsets of one call. */
 typedef struct scratch_plan {
-    size_t y, sums, ins, ptrs, total;
+    size_t y, sums, ins, ptrs, gram, total;
 } scratch_plan;
 
 static size_t align64(size_t v) { return (v + 63) / 64 * 64; }
@@ -658,7 +696,9 @@ static bool plan_scratch(const run *a, size_t n, scratch_plan *sp)
     sp->sums = align64(y_bytes);
     sp->ins = align64(sp->sums + sums_bytes);
     sp->ptrs = align64(sp->ins + (size_t)a->g * sizeof(void *));
-    sp->total = sp->ptrs + (a->direct ? 2 * ptr_bytes : 0);
+    sp->gram = align64(sp->ptrs + (a->direct ? 2 * ptr_bytes : 0));
+    sp->total = sp->gram;
+    if (a->gram) sp->total += sumo__gram_scratch_bytes(a->c, &a->gram_call);
     return true;
 }
 
@@ -689,6 +729,18 @@ sumo_result sumo__allreduce_adasum(sumo_comm *c, const void *sendbuf, void *recv
         a.rem = a.ngroups - a.g2;
         a.direct = tp->size > 1 && tp->reach == SUMO__REACH_DIRECT &&
                    (c->algo == SUMO_ALGORITHM_AUTO || c->algo == SUMO_ALGORITHM_SHARED_MEMORY);
+        /* The bound on tensors keeps the Gram scratch's size arithmetic far from overflow. */
+        a.gram = a.ngroups > 1 && dtype != SUMO_FLOAT64 && tp->size <= SUMO__GRAM_MAX_RANKS &&
+                 a.ntensors <= ((size_t)1 << 32);
+        if (a.gram) {
+            a.gram_params = (sumo__adasum_gram_params){
+                .nranks = tp->size, .group_size = a.g, .need = 8 * dtype_epsilon(dtype)};
+            a.gram_call = (sumo__gram_call){.dtype = dtype, .count = count,
+                                            .ntensors = a.ntensors, .offsets = a.off,
+                                            .weigh = weigh_adasum, .ctx = &a.gram_params,
+                                            .weigh_work_bytes = gram_work_bytes(tp->size, a.ntensors),
+                                            .direct = a.direct};
+        }
         void *s;
         if (!plan_scratch(&a, count, &sp))
             d.local_error = SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
@@ -718,6 +770,13 @@ sumo_result sumo__allreduce_adasum(sumo_comm *c, const void *sendbuf, void *recv
             a.send_of[k] = tp->ops->peer_buffer(tp, k, all[k].sendptr);
             a.recv_of[k] = tp->ops->peer_buffer(tp, k, all[k].recvptr);
         }
+    }
+    if (a.gram) {
+        bool applied;
+        SUMO__CHECK(sumo__gram_run(c, all, sendbuf, recvbuf, &a.gram_call, base + sp.gram, &applied));
+        if (applied) return SUMO_SUCCESS;
+        SUMO__LOG(tp->log_level, SUMO__LOG_INFO, "rank %d adasum: Gram form declined, tree",
+                  tp->rank);
     }
     size_t s0 = 0, s1 = count;
     if (a.g > 1) {

@@ -36,9 +36,9 @@ fail_agreed:
     return SUMO_ERR_SYSTEM;
 }
 
-void sumo__comm_free(sumo_comm *comm)
+sumo_result sumo__comm_free(sumo_comm *comm)
 {
-    comm->tp->ops->destroy(comm->tp);
+    sumo_result r = comm->tp->ops->destroy(comm->tp);
     pthread_cond_destroy(&comm->work);
     pthread_cond_destroy(&comm->idle);
     pthread_mutex_destroy(&comm->exec);
@@ -47,6 +47,7 @@ void sumo__comm_free(sumo_comm *comm)
     free(comm->agreed);
     free(comm->scratch);
     free(comm);
+    return r;
 }
 
 sumo_result sumo_comm_create_threads(int nranks, sumo_comm **comms)

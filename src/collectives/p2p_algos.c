@@ -3,11 +3,7 @@
 
 #include <string.h>
 
-/* Segment s of n split into parts nearly equal parts (for the ring). */
-static size_t seg_off(size_t n, int parts, int s)
-{
-    return (n / (size_t)parts) * (size_t)s + SUMO__MIN((size_t)s, n % (size_t)parts);
-}
+static size_t seg_off(size_t n, int parts, int s) { return sumo__seg_off(n, parts, s); }
 static size_t seg_len(size_t n, int parts, int s) { return seg_off(n, parts, s + 1) - seg_off(n, parts, s); }
 
 /* Copies (or widens) the input into the accumulator buffer the p2p algorithms work on, and
@@ -34,10 +30,8 @@ static sumo_result work_buffers(sumo_comm *c, const sumo__call_desc *d, const vo
 
 /* ---- ring --------------------------------------------------------------------------------- */
 
-/* The ring's allgather: each rank starts with its finished segment `own` of buf (elements of
- * esz bytes) and passes segments on until every rank holds all of them. */
-static sumo_result ring_pass_segments(sumo__transport *tp, unsigned char *buf, size_t esz,
-                                      size_t n, int own)
+sumo_result sumo__ring_pass_segments(sumo__transport *tp, unsigned char *buf, size_t esz,
+                                     size_t n, int own)
 {
     int size = tp->size, next = (tp->rank + 1) % size, prev = (tp->rank + size - 1) % size;
     for (int step = 0; step < size - 1; step++) {
@@ -103,7 +97,7 @@ static sumo_result ring_allreduce_widened(sumo_comm *c, sumo__call_desc *d, cons
         if (d->op == SUMO_OP_AVERAGE) kt->divide(acc, partial, partial, len, size);
         kt->convert(dt, out + lo * esz, acc, partial, len);
     }
-    return ring_pass_segments(tp, out, esz, n, own);
+    return sumo__ring_pass_segments(tp, out, esz, n, own);
 }
 
 sumo_result sumo__ring_allreduce(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
@@ -133,7 +127,7 @@ sumo_result sumo__ring_allreduce(sumo_comm *c, sumo__call_desc *d, const void *s
         unsigned char *seg = work + seg_off(n, size, own) * esz;
         c->kernels->divide(dt, seg, seg, seg_len(n, size, own), size);
     }
-    return ring_pass_segments(tp, work, esz, n, own);
+    return sumo__ring_pass_segments(tp, work, esz, n, own);
 }
 
 /* ---- recursive doubling ------------------------------------------------------------------- */

@@ -19,6 +19,12 @@ sumo_result sumo__tree_broadcast(sumo_comm *c, sumo__call_desc *d, const void *s
 sumo_result sumo__ring_allgather(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
                                  void *recvbuf);
 
+/* The ring's allgather: each rank starts with its finished segment `own` of buf (elements of
+ * esz bytes; segment s is sumo__seg_off(n, P, s) ..) and passes segments on until every rank
+ * holds all of them. */
+sumo_result sumo__ring_pass_segments(sumo__transport *tp, unsigned char *buf, size_t esz,
+                                     size_t n, int own);
+
 /*
  * A group of ranks that sums among itself: `members` ranks, this one being member `me`;
  * member m is rank rank_of(ctx, m). A NULL rank_of means member m is rank m.

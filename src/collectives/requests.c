@@ -44,8 +44,7 @@ sumo_result sumo_comm_destroy(sumo_comm *comm)
         free(r);
     }
     pthread_mutex_unlock(&comm->lock);
-    sumo__comm_free(comm);
-    return SUMO_SUCCESS;
+    return sumo__comm_free(comm);
 }
 
 /* Runs queued requests in order. The queue lock is held only to take a request and to settle

@@ -17,6 +17,12 @@ static inline void sumo__cache_slice(size_t n, size_t esz, int parts, int r, siz
     *hi = SUMO__MIN(last * unit, n);
 }
 
+/* Segment s of n split into `parts` nearly equal parts (the ring's and the shards'). */
+static inline size_t sumo__seg_off(size_t n, int parts, int s)
+{
+    return (n / (size_t)parts) * (size_t)s + SUMO__MIN((size_t)s, n % (size_t)parts);
+}
+
 /* What a sum is divided by: the group size for AVERAGE, else 1 (no division). */
 static inline int sumo__divisor_of(sumo_op op, int size) { return op == SUMO_OP_AVERAGE ? size : 1; }
 

@@ -8,12 +8,10 @@
 
 #include <stdio.h>
 
-/* Set when sumo_mpi_world_create called MPI_Init_thread, so finalize knows it must undo it. */
-static int sumo__world_initialized_mpi = 0;
-
-sumo_result sumo_mpi_world_create(sumo_comm **out)
+sumo_result sumo_mpi_world_create(int *initialized_mpi, sumo_comm **out)
 {
-    if (out == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    if (out == NULL || initialized_mpi == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    *initialized_mpi = 0;
     int initialized = 0, finalized = 0, provided = MPI_THREAD_SINGLE;
     MPI_Finalized(&finalized);
     if (finalized) return SUMO_ERR_INVALID_USAGE;
@@ -21,7 +19,7 @@ sumo_result sumo_mpi_world_create(sumo_comm **out)
     if (!initialized) {
         if (MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
             return SUMO_ERR_SYSTEM;
-        sumo__world_initialized_mpi = 1;
+        *initialized_mpi = 1;
     } else {
         MPI_Query_thread(&provided);
     }
@@ -54,15 +52,13 @@ sumo_result sumo_mpi_world_local(int *local_rank, int *local_size)
     return SUMO_SUCCESS;
 }
 
-sumo_result sumo_mpi_world_finalize(sumo_comm *comm)
+sumo_result sumo_mpi_world_finalize(sumo_comm *comm, int finalize_mpi)
 {
     sumo_result r = sumo_comm_destroy(comm);
+    if (r != SUMO_SUCCESS) sumo_mpi_world_abort(1);
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (sumo__world_initialized_mpi && !finalized) {
-        if (MPI_Finalize() != MPI_SUCCESS && r == SUMO_SUCCESS) r = SUMO_ERR_SYSTEM;
-        sumo__world_initialized_mpi = 0;
-    }
+    if (finalize_mpi && !finalized && MPI_Finalize() != MPI_SUCCESS) r = SUMO_ERR_SYSTEM;
     return r;
 }
 

@@ -580,7 +580,11 @@ sumo_result sumo__train_rank(sumo_comm *comm, const sumo__train_config *cfg,
      * not. */
     sumo_result ar = sumo__agree_setup(comm, r, sumo__fnv1a(SUMO__FNV_OFFSET, s.config, strlen(s.config)),
                                        "sumo train set-up (configuration)");
-    if (r == SUMO_SUCCESS && ar != SUMO_SUCCESS) r = fail(&s, ar, "set-up");
+    if (r == SUMO_SUCCESS && ar != SUMO_SUCCESS) {
+        fail(&s, ar, "set-up");
+        /* Another rank's failure is that rank's to report; this one only followed it. */
+        r = ar == SUMO_ERR_MISMATCH ? ar : SUMO_ERR_PEER_FAILURE;
+    }
     if (r != SUMO_SUCCESS) {
         teardown(&s);
         return r;

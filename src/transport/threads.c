@@ -126,7 +126,7 @@ static void group_release(threads_group *g)
     free(g);
 }
 
-static void threads_destroy(sumo__transport *tp)
+static sumo_result threads_destroy(sumo__transport *tp)
 {
     threads_transport *t = (threads_transport *)tp;
     /* A rank that leaves can no longer take part in anything: peers still waiting for it
@@ -135,6 +135,7 @@ static void threads_destroy(sumo__transport *tp)
     if (tp->size > 1) sumo__shm_depart(&t->shm, tp->rank);
     group_release(t->group);
     free(t);
+    return SUMO_SUCCESS;
 }
 
 static const sumo__transport_ops threads_ops = {

@@ -69,8 +69,10 @@ typedef struct sumo__transport_ops {
     /* Raises the group's abort so peers waiting on anything fail now (no-op where the
      * transport cannot reach them: they then fail at their deadline). */
     void (*abort)(sumo__transport *tp);
-    /* Marks this rank as gone so peers waiting on it fail fast, then frees the rank's state. */
-    void (*destroy)(sumo__transport *tp);
+    /* Marks this rank as gone so peers waiting on it fail fast, then frees the rank's state.
+     * Returns SUMO_SUCCESS, or why the peers could not be met to free what they share (which
+     * is then left allocated: the caller should end the job). */
+    sumo_result (*destroy)(sumo__transport *tp);
 } sumo__transport_ops;
 
 /* A peer library's own reduction, for the sizes where it beats sumo's point-to-point ones. */

@@ -240,20 +240,23 @@ static sumo_result mpi_offload_allreduce(sumo__transport *tp, const void *sendbu
     return SUMO_SUCCESS;
 }
 
-static void mpi_destroy(sumo__transport *tp)
+static sumo_result mpi_destroy(sumo__transport *tp)
 {
     mpi_transport *t = (mpi_transport *)tp;
+    /* Peers on this node still waiting on this rank learn at once that it left, as on the
+     * threads transport (a peer finishing a collective this rank finished is not affected). */
+    if (t->have_win) sumo__shm_depart(&t->shm, tp->rank);
     /* The frees below are collective and blocking: meet the peers first under the deadline,
      * so a peer that is gone makes destroy leak instead of hang. */
-    bool broken = sumo__transport_broken(tp);
-    if (!broken) {
+    sumo_result r = sumo__transport_broken(tp) ? SUMO_ERR_PEER_FAILURE : SUMO_SUCCESS;
+    if (r == SUMO_SUCCESS) {
         MPI_Request req;
-        if (MPI_Ibarrier(t->comm, &req) != MPI_SUCCESS ||
-            wait_all(tp, &req, 1, 0, MPI_STATUSES_IGNORE, sumo__now_ns() + tp->timeout_ns,
-                     "destroy") != SUMO_SUCCESS)
-            broken = true;
+        int rc = MPI_Ibarrier(t->comm, &req);
+        r = rc != MPI_SUCCESS ? mpi_fail(tp, SUMO_ERR_PEER_FAILURE, rc, "destroy")
+                              : wait_all(tp, &req, 1, 0, MPI_STATUSES_IGNORE,
+                                         sumo__now_ns() + tp->timeout_ns, "destroy");
     }
-    if (broken) {
+    if (r != SUMO_SUCCESS) {
         mpi_abort(tp);
         /* gather_buf stays allocated: MPI may still complete the abandoned collective. */
     } else {
@@ -266,6 +269,7 @@ static void mpi_destroy(sumo__transport *tp)
     }
     free(t->stage);
     free(t);
+    return r;
 }
 
 static const sumo__transport_ops mpi_ops = {

@@ -51,14 +51,14 @@ reported='SUMO_ERR_TIMEOUT|SUMO_ERR_PEER_FAILURE'
 
 # ---- the bare allreduce program: the faulty rank acts on itself ----
 rm -f "$tmp"/pid.*
-timeout 120 "${mpi[@]}" -np 3 "${wrap[@]}" "$prog" none > "$tmp/none.out" 2>&1
+timeout -k 10 120 "${mpi[@]}" -np 3 "${wrap[@]}" "$prog" none > "$tmp/none.out" 2>&1
 code=$?
 [ $code -eq 0 ] && grep -q "allreduce_fault: ok" "$tmp/none.out" && ok "allreduce, no fault: completes" \
   || { fail "allreduce, no fault: status $code"; tail -5 "$tmp/none.out"; }
 for mode in stop kill exit; do
   rm -f "$tmp"/pid.*
   start=$(date +%s)
-  timeout 120 "${mpi[@]}" -np 3 "${wrap[@]}" "$prog" $mode > "$tmp/$mode.out" 2>&1
+  timeout -k 10 120 "${mpi[@]}" -np 3 "${wrap[@]}" "$prog" $mode > "$tmp/$mode.out" 2>&1
   code=$?
   pattern=$reported
   [ $mode = kill ] && pattern=""  # Open MPI itself ends the job when a process dies
@@ -74,7 +74,7 @@ run_train() {
   rm -f "$tmp"/pid.* "$tmp/log.csv"
   local start
   start=$(date +%s)
-  timeout 180 "${mpi[@]}" "$@" > "$tmp/train.out" 2>&1 &
+  timeout -k 10 180 "${mpi[@]}" "$@" > "$tmp/train.out" 2>&1 &
   local job=$!
   if [ "$sig" != none ]; then
     for _ in $(seq 300); do

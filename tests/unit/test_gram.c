@@ -1,11 +1,10 @@
 /*
- * The Gram form of Adasum and ACGA (issue 14): its kernels, Adasum's weights against the
- * float64 reference tree of support/reference.c, and ACGA's weights against the library's own
- * two-allreduce ACGA run through the public API on the threads transport.
+ * The Gram form of Adasum: its kernels, and Adasum's weights against the float64 reference
+ * tree of support/reference.c. (ACGA, which runs in Gram form, is held against test_acga.c's
+ * own reference of the two-exchange algorithm.)
  *
  * References: the kernels are held against plain loops written here; Adasum against
- * ref_adasum_tree (the documented tree, sharing no code with the library); ACGA against the
- * aggregator (acga.c), which does not use the Gram module.
+ * ref_adasum_tree (the documented tree, sharing no code with the library).
  *
  * Tolerance (the Adasum tests' own): relative L2 error of the whole buffer below 100 eps of the
  * dtype, and per tensor below 8 (levels + 1) eps of the dtype relative to the tensor's input
@@ -23,7 +22,6 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "aggregation/acga_gram.h"
 #include "collectives/adasum_gram.h"
 #include "kernels/kernels.h"
 #include "kernels/kernels_isa.h"
@@ -517,133 +515,6 @@ static void test_adasum_gram_exact(void **state)
     assert_true(isnan(w[0]) && fl == SUMO__GRAM_NONFINITE);
 }
 
-/* ---- ACGA against the library's two-allreduce aggregator -------------------------------------- */
-
-#define ASTEPS 4
-
-typedef struct acga_job {
-    int N;
-    size_t count;
-    sumo_aggregator_options opts;
-    size_t counts[3];
-    float *in[ASTEPS][MAXP], *out[ASTEPS][MAXP];
-    sumo_result res[ASTEPS][MAXP];
-} acga_job;
-
-static void acga_body(sumo_comm *comm, int rank, int size, void *arg)
-{
-    (void)size;
-    acga_job *J = arg;
-    sumo_comm_set_timeout(comm, 60);
-    sumo_aggregator *agg = NULL;
-    if (sumo_aggregator_create(comm, &J->opts, &agg) != SUMO_SUCCESS) {
-        for (int s = 0; s < ASTEPS; s++) J->res[s][rank] = SUMO_ERR_INTERNAL;
-        return;
-    }
-    for (int s = 0; s < ASTEPS; s++) {
-        memcpy(J->out[s][rank], J->in[s][rank], J->count * sizeof(float));
-        J->res[s][rank] = sumo_aggregator_apply(agg, J->out[s][rank], J->count, SUMO_FLOAT32);
-    }
-    sumo_aggregator_destroy(agg);
-}
-
-static int acga_compare(int N, int per_tensor, int rescale, int refperm, double beta)
-{
-    acga_job J;
-    memset(&J, 0, sizeof J);
-    J.N = N;
-    J.counts[0] = 300;
-    J.counts[1] = 1;
-    J.counts[2] = 1000;
-    J.count = 1301;
-    sumo_aggregator_options_default(SUMO_AGGREGATE_ACGA, &J.opts);
-    J.opts.tensor_counts = J.counts;
-    J.opts.ntensors = 3;
-    J.opts.acga.per_tensor = per_tensor;
-    J.opts.acga.rescale = rescale;
-    J.opts.acga.reference_permutation = refperm;
-    J.opts.acga.beta = beta;
-    for (int s = 0; s < ASTEPS; s++)
-        for (int r = 0; r < N; r++) {
-            J.in[s][r] = malloc(J.count * sizeof(float));
-            J.out[s][r] = malloc(J.count * sizeof(float));
-            for (size_t i = 0; i < J.count; i++)
-                J.in[s][r][i] = harness_correlated(77 + (uint64_t)N, s, r, i, 0.8);
-        }
-    int bad = 0;
-    if (harness_run_threads(N, acga_body, &J) != 0) return 1;
-    const size_t K = per_tensor ? 3 : 1, len = sumo__gram_len(N);
-    size_t goff[4] = {0, 300, 301, 1301};
-    if (!per_tensor) goff[1] = 1301;
-    double *m = calloc((size_t)N * K, sizeof *m), *mn = calloc((size_t)N * K, sizeof *mn);
-    double *coef = calloc((size_t)N * K, sizeof *coef), *gram = calloc(K * len, sizeof *gram);
-    unsigned char kind[3];
-    void *work = malloc(sumo__acga_gram_work_bytes(N));
-    int init = 0;
-    double worst = 0;
-    for (int s = 0; s < ASTEPS; s++) {
-        for (int r = 0; r < N; r++)
-            if (J.res[s][r] != SUMO_SUCCESS) bad++;
-        for (size_t k = 0; k < K; k++) {
-            const void *ins[MAXP];
-            for (int r = 0; r < N; r++) ins[r] = J.in[s][r] + goff[k];
-            sumo__kernel_gram_partials(SUMO_FLOAT32, ins, N, goff[k + 1] - goff[k], gram + k * len);
-        }
-        size_t fb = sumo__acga_gram_weights(&J.opts.acga, N, K, gram, m, init, mn, coef, kind, work);
-        if (fb != SIZE_MAX) bad++;
-        memcpy(m, mn, (size_t)N * K * sizeof *m);
-        init = 1;
-        double dd = 0, ww = 0;
-        for (size_t k = 0; k < K; k++)
-            for (size_t i = goff[k]; i < goff[k + 1]; i++) {
-                double g = 0;
-                for (int r = 0; r < N; r++) g += coef[k * N + r] * J.in[s][r][i];
-                double lib = J.out[s][0][i];
-                dd += (g - lib) * (g - lib);
-                ww += g * g;
-            }
-        double rel = sqrt(dd / ww);
-        worst = fmax(worst, rel);
-        /* fp32 rounding: the library rounds s, the scaled gradients and the sum to fp32. */
-        if (!(rel < 100 * FLT_EPSILON)) {
-            fprintf(stderr, "acga gram N=%d per_tensor %d rescale %d refperm %d beta %g step %d: relative L2 %.3g\n",
-                    N, per_tensor, rescale, refperm, beta, s, rel);
-            bad++;
-        }
-        for (int r = 1; r < N; r++)
-            if (memcmp(J.out[s][r], J.out[s][0], J.count * sizeof(float)) != 0) bad++;
-    }
-    if (verbose())
-        fprintf(stderr, "acga gram N=%d per_tensor %d rescale %d refperm %d beta %g: worst %.3g\n", N,
-                per_tensor, rescale, refperm, beta, worst);
-    free(m);
-    free(mn);
-    free(coef);
-    free(gram);
-    free(work);
-    for (int s = 0; s < ASTEPS; s++)
-        for (int r = 0; r < N; r++) {
-            free(J.in[s][r]);
-            free(J.out[s][r]);
-        }
-    return bad;
-}
-
-static void test_acga_gram_matches_library(void **state)
-{
-    (void)state;
-    int bad = 0;
-    const int ns[] = {2, 3, 4, 5, 8};
-    for (size_t q = 0; q < sizeof ns / sizeof ns[0]; q++) {
-        bad += acga_compare(ns[q], 0, 0, 0, 0.9);
-        bad += acga_compare(ns[q], 1, 0, 0, 0.9);
-        bad += acga_compare(ns[q], 1, 1, 0, 0.5);
-        bad += acga_compare(ns[q], 0, 0, 1, 0.9);
-        bad += acga_compare(ns[q], 1, 0, 0, 0.0);
-    }
-    assert_int_equal(bad, 0);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -651,7 +522,6 @@ int main(void)
         cmocka_unit_test(test_weighted_sum_kernel),
         cmocka_unit_test(test_adasum_gram_exact),
         cmocka_unit_test(test_adasum_gram_weights),
-        cmocka_unit_test(test_acga_gram_matches_library),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

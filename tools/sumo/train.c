@@ -599,7 +599,13 @@ out:
             fflush(stderr);
             MPI_Abort(MPI_COMM_WORLD, rc);
         }
-        sumo_comm_destroy(mpi_comm);
+        /* A rank that finished (--stop-after) while its peers did not cannot meet them to
+         * free the communicator either: the same applies. */
+        if (sumo_comm_destroy(mpi_comm) != SUMO_SUCCESS && size > 1) {
+            fflush(stdout);
+            fflush(stderr);
+            MPI_Abort(MPI_COMM_WORLD, rc ? rc : 1);
+        }
         MPI_Finalize();
     }
 #endif

@@ -36,6 +36,7 @@ class _State:
     local_size = 1
     worker = None
     broken = False       # a peer failed or timed out: end by aborting, not finalizing
+    initialized_mpi = 0  # sumo initialised MPI, so it finalizes it
 
 
 state = _State()
@@ -163,7 +164,8 @@ def init(timeout=None, process_group=True, transport=None):
         if not _lib.HAVE_MPI:
             raise RuntimeError("sumo.torch.init: launched by mpirun but libsumo was built "
                                "without MPI (install libopenmpi-dev and rebuild)")
-        check(lib.sumo_mpi_world_create(ctypes.byref(comm)), None,
+        initialized = ctypes.c_int(0)
+        check(lib.sumo_mpi_world_create(ctypes.byref(initialized), ctypes.byref(comm)), None,
               "sumo_mpi_world_create (MPI with MPI_THREAD_MULTIPLE on MPI_COMM_WORLD)")
     elif transport == "threads":
         check(lib.sumo_comm_create_threads(1, ctypes.byref(comm)), None, "sumo_comm_create_threads")
@@ -171,6 +173,7 @@ def init(timeout=None, process_group=True, transport=None):
         raise ValueError("sumo.torch.init: transport must be 'mpi' or 'threads'")
     state.comm = comm
     state.transport = transport
+    state.initialized_mpi = initialized.value if transport == "mpi" else 0
     r, s = ctypes.c_int(), ctypes.c_int()
     check(lib.sumo_comm_rank(comm, ctypes.byref(r)), comm)
     check(lib.sumo_comm_size(comm, ctypes.byref(s)), comm)
@@ -259,6 +262,6 @@ def shutdown():
             lib.sumo_mpi_world_abort(1)
         if dist.is_initialized():
             dist.destroy_process_group()
-        lib.sumo_mpi_world_finalize(comm)
+        lib.sumo_mpi_world_finalize(comm, state.initialized_mpi)
     else:
         lib.sumo_comm_destroy(comm)

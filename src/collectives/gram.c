@@ -1,0 +1,244 @@
+#include "collectives/gram.h"
+#include "collectives/adasum_gram.h"
+#include "collectives/p2p_algos.h"
+#include "collectives/slices.h"
+
+#include <string.h>
+
+_Static_assert(SUMO__GRAM_MAX_RANKS <= SUMO__GRAM_MAX_IN, "the partials kernel takes every rank");
+_Static_assert(SUMO__GRAM_MAX_RANKS <= 64, "the shard layout keeps rank pointers on the stack");
+
+static size_t align64(size_t v) { return (v + 63) / 64 * 64; }
+
+/* Where each part of the scratch starts. */
+typedef struct gram_space {
+    double *gram, *incoming, *w;
+    void *weigh_work;
+    unsigned char *shards; /* messages: P - 1 received shards, shard_bytes apart */
+    size_t shard_bytes;
+} gram_space;
+
+static size_t layout_space(const sumo_comm *c, const sumo__gram_call *call, unsigned char *base,
+                           gram_space *gs)
+{
+    int P = c->tp->size;
+    size_t L = sumo__gram_len(P), T = call->ntensors, esz = sumo__dtype_bytes(call->dtype);
+    size_t gram = 0, incoming = align64(gram + T * L * sizeof(double));
+    size_t w = align64(incoming + T * L * sizeof(double));
+    size_t work = align64(w + T * (size_t)P * sizeof(double));
+    size_t shards = align64(work + call->weigh_work_bytes);
+    size_t shard_bytes = call->direct ? 0 : align64((call->count / (size_t)P + 1) * esz);
+    if (gs) {
+        *gs = (gram_space){.gram = (double *)(void *)(base + gram),
+                           .incoming = (double *)(void *)(base + incoming),
+                           .w = (double *)(void *)(base + w),
+                           .weigh_work = base + work,
+                           .shards = base + shards,
+                           .shard_bytes = shard_bytes};
+    }
+    return shards + (size_t)(P - 1) * shard_bytes;
+}
+
+size_t sumo__gram_scratch_bytes(const sumo_comm *c, const sumo__gram_call *call)
+{
+    return layout_space(c, call, NULL, NULL);
+}
+
+/* The first tensor that ends after pos (zero-length tensors at pos are skipped). */
+static size_t first_tensor(const sumo__gram_call *call, size_t pos)
+{
+    size_t lo = 0, hi = call->ntensors;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (call->offsets[mid + 1] > pos) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
+/* in_at[k] for elements [s, e) of the buffer: rank k's input there. */
+typedef void (*inputs_fn)(const void *ctx, size_t s, const void **in_at);
+
+/* Partials of every tensor piece in [lo, hi) (zero elsewhere). */
+static void partials(sumo_comm *c, const sumo__gram_call *call, size_t lo, size_t hi,
+                     inputs_fn inputs, const void *ctx, double *gram)
+{
+    int P = c->tp->size;
+    size_t L = sumo__gram_len(P);
+    const void *in_at[SUMO__GRAM_MAX_RANKS];
+    memset(gram, 0, call->ntensors * L * sizeof *gram);
+    for (size_t t = hi > lo ? first_tensor(call, lo) : call->ntensors;
+         t < call->ntensors && call->offsets[t] < hi; t++) {
+        size_t s = SUMO__MAX(lo, call->offsets[t]), e = SUMO__MIN(hi, call->offsets[t + 1]);
+        if (e <= s) continue;
+        inputs(ctx, s, in_at);
+        c->kernels->gram_partials(call->dtype, in_at, P, e - s, gram + t * L);
+    }
+}
+
+/* out[s..e) = sum_k w[t][k] in_k[s..e) for every tensor piece in [lo, hi); out_of(s) gives the
+ * destination of element s. */
+static void weighted(sumo_comm *c, const sumo__gram_call *call, size_t lo, size_t hi,
+                     inputs_fn inputs, const void *ctx, const double *w, unsigned char *out)
+{
+    int P = c->tp->size;
+    size_t esz = sumo__dtype_bytes(call->dtype);
+    const void *in_at[SUMO__GRAM_MAX_RANKS];
+    for (size_t t = hi > lo ? first_tensor(call, lo) : call->ntensors;
+         t < call->ntensors && call->offsets[t] < hi; t++) {
+        size_t s = SUMO__MAX(lo, call->offsets[t]), e = SUMO__MIN(hi, call->offsets[t + 1]);
+        if (e <= s) continue;
+        inputs(ctx, s, in_at);
+        c->kernels->weighted_sum(call->dtype, out + (s - lo) * esz, in_at, w + t * (size_t)P, P,
+                                 e - s);
+    }
+}
+
+/* Every rank's partials summed, the weights; false when the weigh function declined. */
+static sumo_result weigh(sumo_comm *c, const sumo__gram_call *call, gram_space *g, bool *accept)
+{
+    size_t L = sumo__gram_len(c->tp->size);
+    sumo__rd_group everyone = {.members = c->tp->size, .me = c->tp->rank};
+    SUMO__CHECK(sumo__rd_sum(c, &everyone, SUMO_FLOAT64, g->gram, g->incoming,
+                             call->ntensors * L));
+    *accept = call->weigh(call->ctx, g->gram, call->ntensors, g->w, g->weigh_work);
+    return SUMO_SUCCESS;
+}
+
+/* ---- direct ------------------------------------------------------------------------------- */
+
+typedef struct direct_inputs {
+    const unsigned char *send_of[SUMO__GRAM_MAX_RANKS];
+    size_t esz;
+    int P;
+} direct_inputs;
+
+static void direct_at(const void *ctx, size_t s, const void **in_at)
+{
+    const direct_inputs *d = ctx;
+    for (int k = 0; k < d->P; k++) in_at[k] = d->send_of[k] + s * d->esz;
+}
+
+static sumo_result run_direct(sumo_comm *c, const sumo__call_desc *all, const sumo__gram_call *call,
+                              gram_space *g, bool *applied)
+{
+    sumo__transport *tp = c->tp;
+    int P = tp->size;
+    size_t esz = sumo__dtype_bytes(call->dtype), lo, hi;
+    direct_inputs in = {.esz = esz, .P = P};
+    unsigned char *recv_of[SUMO__GRAM_MAX_RANKS];
+    for (int k = 0; k < P; k++) {
+        in.send_of[k] = tp->ops->peer_buffer(tp, k, all[k].sendptr);
+        recv_of[k] = tp->ops->peer_buffer(tp, k, all[k].recvptr);
+    }
+    sumo__cache_slice(call->count, esz, P, tp->rank, &lo, &hi);
+    partials(c, call, lo, hi, direct_at, &in, g->gram);
+    bool accept;
+    SUMO__CHECK(weigh(c, call, g, &accept));
+    if (accept && hi > lo) {
+        /* Rank 0's output may be its input (in place): this rank alone reads this slice, and
+         * the weighted sum reads each element before writing it. The other outputs are copies,
+         * written once every input of the slice has been read. */
+        weighted(c, call, lo, hi, direct_at, &in, g->w, recv_of[0] + lo * esz);
+        for (int k = 1; k < P; k++) memcpy(recv_of[k] + lo * esz, recv_of[0] + lo * esz, (hi - lo) * esz);
+    }
+    *applied = accept;
+    /* No rank returns while a peer still reads or writes its buffers. */
+    return tp->ops->barrier(tp);
+}
+
+/* ---- messages ----------------------------------------------------------------------------- */
+
+typedef struct shard_inputs {
+    const unsigned char *own; /* this rank's input at its shard's start */
+    const unsigned char *shards;
+    size_t shard_bytes, lo, esz;
+    int me, P;
+} shard_inputs;
+
+static void shard_at(const void *ctx, size_t s, const void **in_at)
+{
+    const shard_inputs *d = ctx;
+    /* Rank k's shard of this rank's part sits at slot k (k < me) or k - 1 (k > me). */
+    for (int k = 0; k < d->P; k++) {
+        if (k == d->me) in_at[k] = d->own + (s - d->lo) * d->esz;
+        else {
+            int slot = k < d->me ? k : k - 1;
+            in_at[k] = d->shards + (size_t)slot * d->shard_bytes + (s - d->lo) * d->esz;
+        }
+    }
+}
+
+static sumo_result run_messages(sumo_comm *c, const void *sendbuf, void *recvbuf,
+                                const sumo__gram_call *call, gram_space *g, bool *applied)
+{
+    sumo__transport *tp = c->tp;
+    int P = tp->size, me = tp->rank;
+    size_t n = call->count, esz = sumo__dtype_bytes(call->dtype);
+    size_t lo = sumo__seg_off(n, P, me), hi = sumo__seg_off(n, P, me + 1);
+    const unsigned char *in = sendbuf;
+    /* The all-to-all: in round k, send to me + k the piece of our input it owns, receive from
+     * me - k the piece of its input we own. */
+    for (int k = 1; k < P && n > 0; k++) {
+        int dst = (me + k) % P, src = (me - k + P) % P;
+        size_t dlo = sumo__seg_off(n, P, dst), dhi = sumo__seg_off(n, P, dst + 1);
+        int slot = src < me ? src : src - 1;
+        SUMO__CHECK(tp->ops->sendrecv(tp, in + dlo * esz, (dhi - dlo) * esz, dst,
+                                      g->shards + (size_t)slot * g->shard_bytes, (hi - lo) * esz,
+                                      src));
+    }
+    shard_inputs sh = {.own = in ? in + lo * esz : NULL, .shards = g->shards,
+                       .shard_bytes = g->shard_bytes, .lo = lo, .esz = esz, .me = me, .P = P};
+    partials(c, call, lo, hi, shard_at, &sh, g->gram);
+    bool accept;
+    SUMO__CHECK(weigh(c, call, g, &accept));
+    *applied = accept;
+    if (!accept || n == 0) return SUMO_SUCCESS;
+    /* In place, our shard of the output is our shard of the input: the kernel reads each
+     * element before writing it. */
+    weighted(c, call, lo, hi, shard_at, &sh, g->w, (unsigned char *)recvbuf + lo * esz);
+    return sumo__ring_pass_segments(tp, recvbuf, esz, n, me);
+}
+
+sumo_result sumo__gram_run(sumo_comm *c, const sumo__call_desc *all, const void *sendbuf,
+                           void *recvbuf, const sumo__gram_call *call, void *scratch,
+                           bool *applied)
+{
+    gram_space g;
+    layout_space(c, call, scratch, &g);
+    if (call->direct) return run_direct(c, all, call, &g, applied);
+    return run_messages(c, sendbuf, recvbuf, call, &g, applied);
+}
+
+/* ---- as a collective of its own ----------------------------------------------------------- */
+
+/* What the announcement carries in place of an op: no public op has this value. */
+#define GRAM_OP 0xfffffff0u
+
+sumo_result sumo__gram_allreduce(sumo_comm *c, void *buffer, const sumo__gram_call *call,
+                                 uint64_t layout_hash, bool *applied)
+{
+    *applied = false;
+    sumo__comm_enter(c);
+    sumo_result r = sumo__usable(c);
+    if (r != SUMO_SUCCESS) goto out;
+    sumo__call_desc d = {.kind = SUMO__CALL_ALLREDUCE, .dtype = (uint32_t)call->dtype,
+                         .op = GRAM_OP, .count = call->count, .sendptr = (uintptr_t)buffer,
+                         .recvptr = (uintptr_t)buffer, .aux = layout_hash};
+    void *scratch = NULL;
+    if (c->tp->size > SUMO__GRAM_MAX_RANKS)
+        d.local_error = SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_USAGE,
+                                        "gram combine: %d ranks, at most %d", c->tp->size,
+                                        SUMO__GRAM_MAX_RANKS);
+    else if (!sumo__dtype_valid(call->dtype) || (buffer == NULL && call->count > 0))
+        d.local_error = SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_ARGUMENT,
+                                        "gram combine: NULL buffer or unknown dtype");
+    else
+        d.local_error = sumo__comm_scratch(c, sumo__gram_scratch_bytes(c, call), &scratch);
+    const sumo__call_desc *all;
+    r = sumo__agree(c, &d, &all);
+    if (r == SUMO_SUCCESS) r = sumo__gram_run(c, all, buffer, buffer, call, scratch, applied);
+out:
+    sumo__comm_leave(c);
+    return r;
+}

@@ -1,0 +1,64 @@
+/*
+ * Combines in Gram form (docs/design/adasum.md): a collective whose result, per tensor of a
+ * layout, is sum_i w_i g_i with weights computed from that tensor's P x P Gram matrix
+ * G_ij = <g_i, g_j>. Adasum's whole tree and ACGA's consensus weights are both of this shape,
+ * so both cost two passes over the data and one small sum instead of a chain of exchanges.
+ *
+ * Shapes, picked by the caller (call->direct):
+ *   direct (peers' buffers addressable): each rank reads its cache slice of every rank's input
+ *     for the Gram partials, then writes its slice of the result into every rank's output;
+ *   messages (any transport): an all-to-all of shards (the bytes of a reduce-scatter), the
+ *     partials of this rank's shard, the weighted sum of the shard, a ring allgather: an
+ *     allreduce's volume.
+ * In both, the partials are summed by recursive doubling (the same bits on every rank), so
+ * every rank computes the same weights; and inputs are only read until the weights are known,
+ * so a weigh function that declines leaves every buffer as it was.
+ */
+#ifndef SUMO_GRAM_H
+#define SUMO_GRAM_H
+
+#include "collectives/agree.h"
+
+/* The largest group the Gram form serves (the partials kernel's limit). */
+#define SUMO__GRAM_MAX_RANKS 16
+
+/*
+ * From the summed Gram matrices of ntensors tensors (sumo__gram_len(P) doubles each, packed as
+ * adasum_gram.h describes), the weights w[t * P + r] of rank r in tensor t. Returns false to
+ * decline (the buffers stay untouched and the caller takes another path); it must decide from
+ * the Gram bits alone, so every rank decides alike.
+ */
+typedef bool (*sumo__gram_weigh_fn)(void *ctx, const double *gram, size_t ntensors, double *w,
+                                    void *work);
+
+typedef struct sumo__gram_call {
+    sumo_dtype dtype;
+    size_t count;
+    size_t ntensors;
+    const size_t *offsets; /* ntensors + 1 */
+    sumo__gram_weigh_fn weigh;
+    void *ctx;
+    size_t weigh_work_bytes; /* scratch the weigh function gets as work (64-byte aligned) */
+    bool direct;             /* the direct shape (SUMO__REACH_DIRECT only), else messages */
+} sumo__gram_call;
+
+/* Scratch bytes sumo__gram_run needs (at its scratch argument, 64-byte aligned). */
+size_t sumo__gram_scratch_bytes(const sumo_comm *c, const sumo__gram_call *call);
+
+/*
+ * Runs the combine after an agreement whose announcements (all) carry every rank's send and
+ * receive buffers; *applied says whether the weights were applied (false: declined, nothing
+ * written). P must be <= SUMO__GRAM_MAX_RANKS.
+ */
+sumo_result sumo__gram_run(sumo_comm *c, const sumo__call_desc *all, const void *sendbuf,
+                           void *recvbuf, const sumo__gram_call *call, void *scratch,
+                           bool *applied);
+
+/*
+ * The same as a collective of its own, for a layer above (ACGA): takes the handle, checks and
+ * agrees (the layout by its hash), and runs. In place only (buffer is read and written).
+ */
+sumo_result sumo__gram_allreduce(sumo_comm *c, void *buffer, const sumo__gram_call *call,
+                                 uint64_t layout_hash, bool *applied);
+
+#endif
