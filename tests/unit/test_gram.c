@@ -84,7 +84,7 @@ static void test_gram_partials_kernel(void **state)
                 unsigned char *in[16];
                 const void *ins[16];
                 for (int p = 0; p < P; p++) {
-                    in[p] = malloc(n * esz + 3) + 1; /* unaligned */
+                    in[p] = (unsigned char *)malloc((n + 1) * esz) + esz; /* off the vector alignment */
                     for (size_t i = 0; i < n; i++)
                         harness_set(dt, in[p], i, 4 * harness_uniform_at(3 + d, (uint64_t)p, i));
                     ins[p] = in[p];
@@ -116,7 +116,7 @@ static void test_gram_partials_kernel(void **state)
                     /* The packed order is adasum_gram.h's. */
                     if (P >= 3 && n > 0 && got[sumo__gram_index(P, 2, 1)] != got[P + 1]) bad++;
                 }
-                for (int p = 0; p < P; p++) free(in[p] - 1);
+                for (int p = 0; p < P; p++) free(in[p] - esz);
             }
         }
     }
