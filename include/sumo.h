@@ -207,8 +207,11 @@ sumo_result sumo_comm_error_message(const sumo_comm *comm, const char **message)
  * point-to-point algorithms (MPI across nodes, or SUMO_MPI_SHM=0) keep, for large messages
  * (the ring), count/P elements of the accumulation type, two of them for fp16 and bf16
  * (partial sums travel in fp32); for small messages (recursive doubling, or when forced)
- * up to twice count elements of it. Adasum keeps nothing of size count on threads; over MPI
- * at most half the buffer flat, and (g-1)/g of it hierarchical with groups of g ranks.
+ * count elements of it, or two chunks of 64 Ki fp32 elements for fp16 and bf16. Adasum keeps
+ * nothing of size count on threads; over MPI, in Gram form (fp32, fp16, bf16 up to 16 ranks,
+ * see docs/design/adasum.md) the (P-1)/P of the buffer the other ranks send this one, else
+ * (its tree) at most half the buffer flat and (g-1)/g of it hierarchical with groups of g
+ * ranks. Either form also keeps P(P+1)/2 + P doubles per tensor of the op's layout.
  */
 sumo_result sumo_allreduce(const void *sendbuf, void *recvbuf, size_t count, sumo_dtype dtype,
                            sumo_op op, sumo_comm *comm);

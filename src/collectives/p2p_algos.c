@@ -6,25 +6,14 @@
 static size_t seg_off(size_t n, int parts, int s) { return sumo__seg_off(n, parts, s); }
 static size_t seg_len(size_t n, int parts, int s) { return seg_off(n, parts, s + 1) - seg_off(n, parts, s); }
 
-/* Copies (or widens) the input into the accumulator buffer the p2p algorithms work on, and
- * finds room for tmp_elems more accumulator elements. */
+/* For types that accumulate in themselves (fp32, fp64): the result builds up in the receive
+ * buffer, which starts as a copy of the input; tmp holds tmp_elems elements. */
 static sumo_result work_buffers(sumo_comm *c, const sumo__call_desc *d, const void *sendbuf,
-                                void *recvbuf, size_t tmp_elems, void **work, void **tmp)
+                                void *recvbuf, size_t tmp_elems, void **tmp)
 {
-    sumo_dtype acc = sumo__accumulator_of(d->dtype);
-    size_t aesz = sumo__dtype_bytes(acc);
-    bool widen = acc != (sumo_dtype)d->dtype;
-    size_t work_bytes = widen ? d->count * aesz : 0;
-    void *s;
-    SUMO__CHECK(sumo__comm_scratch(c, work_bytes + tmp_elems * aesz + 64, &s));
-    *tmp = (unsigned char *)s + (work_bytes + 63) / 64 * 64;
-    if (widen) {
-        *work = s;
-        c->kernels->convert(acc, *work, d->dtype, sendbuf, d->count);
-    } else {
-        *work = recvbuf;
-        if (sendbuf != recvbuf) memcpy(recvbuf, sendbuf, d->count * aesz);
-    }
+    size_t esz = sumo__dtype_bytes(d->dtype);
+    SUMO__CHECK(sumo__comm_scratch(c, tmp_elems * esz + 64, tmp));
+    if (sendbuf != recvbuf) memcpy(recvbuf, sendbuf, d->count * esz);
     return SUMO_SUCCESS;
 }
 
@@ -111,9 +100,9 @@ sumo_result sumo__ring_allreduce(sumo_comm *c, sumo__call_desc *d, const void *s
     int size = tp->size, me = tp->rank;
     int next = (me + 1) % size, prev = (me + size - 1) % size;
     size_t n = d->count, esz = sumo__dtype_bytes(dt);
-    void *workv, *tmp;
-    SUMO__CHECK(work_buffers(c, d, sendbuf, recvbuf, n / (size_t)size + 1, &workv, &tmp));
-    unsigned char *work = workv;
+    void *tmp;
+    SUMO__CHECK(work_buffers(c, d, sendbuf, recvbuf, n / (size_t)size + 1, &tmp));
+    unsigned char *work = recvbuf;
     for (int step = 0; step < size - 1; step++) {
         int ss = (me - step + size) % size, rs = (me - step - 1 + 2 * size) % size;
         SUMO__CHECK(tp->ops->sendrecv(tp, work + seg_off(n, size, ss) * esz,
@@ -174,6 +163,43 @@ sumo_result sumo__rd_sum(sumo_comm *c, const sumo__rd_group *g, sumo_dtype acc, 
     return SUMO_SUCCESS;
 }
 
+/*
+ * fp16 and bf16 sum in fp32 chunk by chunk, so the scratch holds two fp32 chunks rather than
+ * an fp32 copy of the buffer (recursive doubling is picked for small messages, but may be
+ * forced on any). Each element sees the same additions in the same order as with one chunk:
+ * the same bits.
+ */
+#define RD_WIDEN_CHUNK_ELEMS ((size_t)1 << 16)
+
+static sumo_result rd_allreduce_widened(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
+                                        void *recvbuf)
+{
+    sumo__transport *tp = c->tp;
+    const sumo__kernel_table *kt = c->kernels;
+    sumo_dtype dt = (sumo_dtype)d->dtype, acc = sumo__accumulator_of(dt);
+    size_t n = d->count, esz = sumo__dtype_bytes(dt), aesz = sumo__dtype_bytes(acc);
+    size_t chunk = SUMO__MIN(SUMO__MAX(n, (size_t)1), RD_WIDEN_CHUNK_ELEMS);
+    size_t chunk_bytes = (chunk * aesz + 63) / 64 * 64;
+    void *s;
+    SUMO__CHECK(sumo__comm_scratch(c, 2 * chunk_bytes, &s));
+    unsigned char *work = s, *tmp = work + chunk_bytes;
+    sumo__rd_group everyone = {.members = tp->size, .me = tp->rank};
+    /* Every rank walks the same chunks, so the messages pair up; an empty buffer still takes
+     * one (empty) round, as the peers expect. */
+    size_t k = 0;
+    do {
+        size_t len = SUMO__MIN(chunk, n - k);
+        /* In place, chunk k of the output overwrites chunk k of the input only after it was
+         * read. */
+        if (len) kt->convert(acc, work, dt, (const unsigned char *)sendbuf + k * esz, len);
+        SUMO__CHECK(sumo__rd_sum(c, &everyone, acc, work, tmp, len));
+        if (d->op == SUMO_OP_AVERAGE) kt->divide(acc, work, work, len, tp->size);
+        if (len) kt->convert(dt, (unsigned char *)recvbuf + k * esz, acc, work, len);
+        k += len;
+    } while (k < n);
+    return SUMO_SUCCESS;
+}
+
 sumo_result sumo__rd_allreduce(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
                                void *recvbuf)
 {
@@ -181,13 +207,13 @@ sumo_result sumo__rd_allreduce(sumo_comm *c, sumo__call_desc *d, const void *sen
     SUMO__CHECK(sumo__agree(c, d, NULL));
     size_t n = d->count;
     sumo_dtype acc = sumo__accumulator_of(d->dtype);
-    void *work, *tmp;
-    SUMO__CHECK(work_buffers(c, d, sendbuf, recvbuf, n, &work, &tmp));
+    if (acc != (sumo_dtype)d->dtype) return rd_allreduce_widened(c, d, sendbuf, recvbuf);
+    void *tmp;
+    SUMO__CHECK(work_buffers(c, d, sendbuf, recvbuf, n, &tmp));
     sumo__rd_group everyone = {.members = tp->size, .me = tp->rank};
-    SUMO__CHECK(sumo__rd_sum(c, &everyone, acc, work, tmp, n));
+    SUMO__CHECK(sumo__rd_sum(c, &everyone, acc, recvbuf, tmp, n));
     /* Every rank divides the same sum alike: the same bits everywhere. */
-    if (d->op == SUMO_OP_AVERAGE) c->kernels->divide(acc, work, work, n, tp->size);
-    if (acc != (sumo_dtype)d->dtype) c->kernels->convert(d->dtype, recvbuf, acc, work, n);
+    if (d->op == SUMO_OP_AVERAGE) c->kernels->divide(acc, recvbuf, recvbuf, n, tp->size);
     return SUMO_SUCCESS;
 }
 

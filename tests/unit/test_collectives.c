@@ -233,22 +233,26 @@ static void test_allreduce_p2p_algorithms(void **state)
     assert_int_equal(bad, 0);
 }
 
-/* fp16/bf16 through the ring with segments of several chunks (the widened ring reduces
- * 2^18 elements at a time): exact integer sums, in place and not. */
+/* fp16/bf16 through the ring and recursive doubling over several chunks (the widened ring
+ * reduces 2^18 elements at a time, recursive doubling 2^16): exact integer sums, in place and
+ * not, and averages. */
 static void test_ring_narrow_types_many_chunks(void **state)
 {
     (void)state;
     int bad = 0;
     const sumo_dtype narrow[] = {SUMO_FLOAT16, SUMO_BFLOAT16};
+    const sumo_algorithm algos[] = {SUMO_ALGORITHM_RING, SUMO_ALGORITHM_RECURSIVE_DOUBLING};
     const int ranks[] = {2, 3};
-    for (size_t d = 0; d < 2; d++)
-        for (size_t p = 0; p < 2; p++)
-            for (int in_place = 0; in_place < 2; in_place++) {
-                config c = {.kind = ALLREDUCE, .dtype = narrow[d], .op = SUMO_OP_SUM,
-                            .count = ((size_t)5 << 18) + 7, .in_place = in_place,
-                            .integer_data = true, .algo = SUMO_ALGORITHM_RING};
-                bad += check_config(c, ranks[p]);
-            }
+    for (size_t a = 0; a < 2; a++)
+        for (size_t d = 0; d < 2; d++)
+            for (size_t p = 0; p < 2; p++)
+                for (int in_place = 0; in_place < 2; in_place++) {
+                    config c = {.kind = ALLREDUCE, .dtype = narrow[d],
+                                .op = in_place ? SUMO_OP_AVERAGE : SUMO_OP_SUM,
+                                .count = ((size_t)5 << 18) + 7, .in_place = in_place,
+                                .integer_data = true, .algo = algos[a]};
+                    bad += check_config(c, ranks[p]);
+                }
     assert_int_equal(bad, 0);
 }
 
