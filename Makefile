@@ -189,7 +189,7 @@ MPIRUN_FLAGS ?= --oversubscribe --allow-run-as-root --mca btl self,vader --mca r
 test-mpi: $(MPI_TEST_BINS)
 	@fail=0; for t in $(MPI_TEST_BINS); do for np in 2 3 4; do \
 	  echo "== mpirun -np $$np $$t"; \
-	  timeout 300 mpirun -np $$np $(MPIRUN_FLAGS) $$t || fail=1; done; done; exit $$fail
+	  timeout -k 10 300 mpirun -np $$np $(MPIRUN_FLAGS) $$t || fail=1; done; done; exit $$fail
 
 # End-to-end checks of the command (training, checkpoints, resume, data errors).
 test-cli: $(BUILD)/sumo

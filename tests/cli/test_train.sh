@@ -200,7 +200,7 @@ if command -v mpirun > /dev/null && ldd "$sumo" | grep libmpi > /dev/null; then
   [ "$(checksum "$tmp/m2.out")" = "$A" ] && [ "$n" -eq 2 ] && ok "MPI: stopped, resumed: bit-identical; 2 checkpoints kept per rank" \
     || { fail "MPI resume: $(checksum "$tmp/m2.out") vs $A, $n files of rank 1"; tail -3 "$tmp/m2.out"; }
   # Only rank 0 writes the log: the others must learn that it cannot, and every rank leave.
-  SUMO_TIMEOUT=60 timeout 50 mpirun -np 2 --oversubscribe --allow-run-as-root --mca btl self,vader "$sumo" train "${quick[@]}" \
+  SUMO_TIMEOUT=60 timeout -k 10 50 mpirun -np 2 --oversubscribe --allow-run-as-root --mca btl self,vader "$sumo" train "${quick[@]}" \
     --transport mpi --log /nonexistent/x.csv > "$tmp/m3.out" 2>&1
   code=$?
   [ $code -ne 0 ] && [ $code -ne 124 ] && grep -q "/nonexistent/x.csv" "$tmp/m3.out" \

@@ -16,11 +16,11 @@ pytest=("$py" -m pytest -q --color=no -p no:cacheprovider tests/python)
 mpi=(mpirun --oversubscribe --mca btl self,vader -x PYTHONPATH -x SUMO_TIMEOUT)
 status=0
 echo "== pytest, one rank"
-timeout 300 "${pytest[@]}" || status=1
+timeout -k 10 300 "${pytest[@]}" || status=1
 if command -v mpirun > /dev/null && "$py" -c "import sys; sys.path.insert(0, 'python'); import sumo._lib as l; sys.exit(0 if l.HAVE_MPI else 1)"; then
   for np in 2 3; do
     echo "== mpirun -np $np pytest"
-    timeout 300 "${mpi[@]}" -np $np "${pytest[@]}" || status=1
+    timeout -k 10 300 "${mpi[@]}" -np $np "${pytest[@]}" || status=1
   done
   deadline=5 slack=${FAULT_SLACK:-20}
   for mode in hook optimizer; do
@@ -28,9 +28,10 @@ if command -v mpirun > /dev/null && "$py" -c "import sys; sys.path.insert(0, 'py
     start=$(date +%s)
     # --enable-recovery: without it Open MPI itself kills the job when a process dies, and
     # what sumo does about a dead peer is never seen.
-    out=$(SUMO_TIMEOUT=$deadline timeout 120 "${mpi[@]}" --enable-recovery -np 3 "$py" tests/python/kill_rank.py $mode 2>&1)
+    out=$(SUMO_TIMEOUT=$deadline timeout -k 10 120 "${mpi[@]}" --enable-recovery -np 3 "$py" tests/python/kill_rank.py $mode 2>&1)
     took=$(( $(date +%s) - start ))
-    raised=$(grep -cE "raised SUMO_ERR_(TIMEOUT|PEER_FAILURE)" <<< "$out")
+    # Count matches, not lines: two ranks printing at once may share a line.
+    raised=$(grep -oE "raised SUMO_ERR_(TIMEOUT|PEER_FAILURE)" <<< "$out" | wc -l)
     grep "raised" <<< "$out"
     if [ "$raised" -ne 2 ] || [ "$took" -gt $((deadline + slack)) ]; then
       echo "FAIL - $mode: $raised of 2 ranks raised, job took ${took}s"; tail -20 <<< "$out"; status=1
