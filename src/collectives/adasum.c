@@ -72,6 +72,7 @@
 #include "collectives/adasum_gram.h"
 #include "collectives/gram.h"
 #include "collectives/p2p_algos.h"
+#include "collectives/slices.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -315,13 +316,7 @@ static size_t slice_off(size_t n, int parts, int s)
 /* The first tensor that ends after pos (zero-length tensors at pos are skipped). */
 static size_t first_tensor(const run *a, size_t pos)
 {
-    size_t lo = 0, hi = a->ntensors;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (a->off[mid + 1] > pos) hi = mid;
-        else lo = mid + 1;
-    }
-    return lo;
+    return sumo__first_tensor(a->off, a->ntensors, pos);
 }
 
 /* A pairwise synchronisation: both ranks have reached it (and everything each wrote before is

@@ -6,12 +6,11 @@
 #include <string.h>
 
 _Static_assert(SUMO__GRAM_MAX_RANKS <= SUMO__GRAM_MAX_IN, "the partials kernel takes every rank");
-_Static_assert(SUMO__GRAM_MAX_RANKS <= 64, "the shard layout keeps rank pointers on the stack");
 
 static size_t align64(size_t v) { return (v + 63) / 64 * 64; }
 
-/* The direct shape writes its result in chunks this big (half an L2 of the machines measured),
- * copying each to the other ranks' outputs while it is still in cache. */
+/* The direct shape writes its result in chunks this big (well inside a core's L2), copying each
+ * to the other ranks' outputs while it is still in cache. */
 #define GRAM_COPY_CHUNK_BYTES ((size_t)64 * 1024)
 
 /* Where each part of the scratch starts. */
@@ -48,16 +47,9 @@ size_t sumo__gram_scratch_bytes(const sumo_comm *c, const sumo__gram_call *call)
     return layout_space(c, call, NULL, NULL);
 }
 
-/* The first tensor that ends after pos (zero-length tensors at pos are skipped). */
 static size_t first_tensor(const sumo__gram_call *call, size_t pos)
 {
-    size_t lo = 0, hi = call->ntensors;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (call->offsets[mid + 1] > pos) hi = mid;
-        else lo = mid + 1;
-    }
-    return lo;
+    return sumo__first_tensor(call->offsets, call->ntensors, pos);
 }
 
 /* in_at[k] for elements [s, e) of the buffer: rank k's input there. */

@@ -44,16 +44,6 @@ static double input(uint64_t seed, int rank, size_t i)
     return harness_uniform_at(seed, (uint64_t)rank, i);
 }
 
-static double eps_of(sumo_dtype d)
-{
-    switch (d) {
-    case SUMO_FLOAT32: return FLT_EPSILON;
-    case SUMO_FLOAT64: return DBL_EPSILON;
-    case SUMO_FLOAT16: return 0x1p-10;
-    default: return 0x1p-7;
-    }
-}
-
 /* ---- one configuration ---------------------------------------------------------------- */
 
 typedef struct config {
@@ -122,7 +112,7 @@ static void run_config(sumo_comm *comm, const config *c, uint64_t seed)
     /* Per tensor, relative to the inputs' size: rounding at each of the log2 levels. */
     int levels = 1;
     while ((1 << levels) < g_size) levels++;
-    double tol = 8.0 * (levels + 1) * eps_of(c->dtype), worst = 0;
+    double tol = 8.0 * (levels + 1) * harness_eps(c->dtype), worst = 0;
     for (size_t t = 0; t < T; t++) {
         double dd = 0, scale = 0;
         for (size_t k = off[t]; k < off[t + 1]; k++) {

@@ -96,6 +96,16 @@ float harness_correlated(uint64_t seed, int step, int rank, size_t i, double noi
                             noise * harness_uniform_at(base, 1 + (uint64_t)rank, i)));
 }
 
+double harness_eps(sumo_dtype dtype)
+{
+    switch (dtype) {
+    case SUMO_FLOAT32: return 0x1p-23;
+    case SUMO_FLOAT64: return 0x1p-52;
+    case SUMO_FLOAT16: return 0x1p-10;
+    default: return 0x1p-7;
+    }
+}
+
 size_t harness_dtype_size(sumo_dtype dtype)
 {
     switch (dtype) {

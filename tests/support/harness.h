@@ -49,5 +49,7 @@ float harness_correlated(uint64_t seed, int step, int rank, size_t i, double noi
 double harness_get(sumo_dtype dtype, const void *buf, size_t i);
 void harness_set(sumo_dtype dtype, void *buf, size_t i, double v);
 size_t harness_dtype_size(sumo_dtype dtype);
+/* The dtype's machine epsilon (2^-23 for fp32, 2^-52 fp64, 2^-10 fp16, 2^-7 bf16). */
+double harness_eps(sumo_dtype dtype);
 
 #endif

@@ -50,16 +50,6 @@ typedef struct job {
     char msg[MAXP][256];
 } job;
 
-static double eps_of(sumo_dtype d)
-{
-    switch (d) {
-    case SUMO_FLOAT32: return FLT_EPSILON;
-    case SUMO_FLOAT64: return DBL_EPSILON;
-    case SUMO_FLOAT16: return 0x1p-10;
-    default: return 0x1p-7;
-    }
-}
-
 static void body(sumo_comm *comm, int rank, int size, void *arg)
 {
     (void)size;
@@ -193,7 +183,7 @@ static double tensor_tolerance(const job *j)
 {
     int levels = 1;
     while ((1 << levels) < j->size) levels++;
-    return 8.0 * (levels + 1) * eps_of(j->dtype);
+    return 8.0 * (levels + 1) * harness_eps(j->dtype);
 }
 
 /* Runs the job and checks success, the reference, and bits across ranks and calls. */
@@ -222,12 +212,12 @@ static int run_and_check(job *j, const char *what)
      * (Adasum of parallel scalars is their average): relative to it, rounding of the inputs
      * looks large. The per-tensor check, relative to the inputs, covers those. */
     bool horovod = j->count >= 16;
-    if ((horovod && !(e.total < 100 * eps_of(j->dtype))) || !(e.per_tensor <= tol)) {
+    if ((horovod && !(e.total < 100 * harness_eps(j->dtype))) || !(e.per_tensor <= tol)) {
         fprintf(stderr,
                 "%s: P=%d dtype %d count %zu tensors %zu hier %d/%d p2p %d: relative error %.3g "
                 "(limit %.3g), worst tensor %.3g (limit %.3g)\n",
                 what, j->size, j->dtype, j->count, j->ntensors, j->hierarchical, j->group_size,
-                j->p2p, e.total, 100 * eps_of(j->dtype), e.per_tensor, tol);
+                j->p2p, e.total, 100 * harness_eps(j->dtype), e.per_tensor, tol);
         bad++;
     }
     if (getenv("ADASUM_TEST_VERBOSE"))
@@ -528,7 +518,7 @@ static int known_answer(int size, sumo_dtype dtype, bool orthogonal)
         }
     int bad = run_and_check(&j, orthogonal ? "orthogonal" : "parallel");
     double dist = distance(&j, want);
-    if (!(dist < 100 * eps_of(dtype))) {
+    if (!(dist < 100 * harness_eps(dtype))) {
         fprintf(stderr, "%s P=%d dtype %d: %.3g from the %s\n", orthogonal ? "orthogonal" : "parallel",
                 size, dtype, dist, orthogonal ? "sum" : "average");
         bad++;
@@ -586,7 +576,7 @@ static int stability(int size, sumo_dtype dtype, bool overflow)
         for (size_t i = 0; i < n; i++) want[i] += harness_get(dtype, j.in[r], i) / size;
     int bad = run_and_check(&j, overflow ? "stability (overflow)" : "stability (underflow)");
     double dist = distance(&j, want);
-    if (!(dist < 100 * eps_of(dtype))) {
+    if (!(dist < 100 * harness_eps(dtype))) {
         fprintf(stderr, "stability %s P=%d dtype %d: %.3g from the average\n",
                 overflow ? "overflow" : "underflow", size, dtype, dist);
         bad++;

@@ -40,16 +40,6 @@
 
 static const sumo_dtype dtypes[] = {SUMO_FLOAT32, SUMO_FLOAT64, SUMO_FLOAT16, SUMO_BFLOAT16};
 
-static double eps_of(sumo_dtype d)
-{
-    switch (d) {
-    case SUMO_FLOAT32: return FLT_EPSILON;
-    case SUMO_FLOAT64: return DBL_EPSILON;
-    case SUMO_FLOAT16: return 0x1p-10;
-    default: return 0x1p-7;
-    }
-}
-
 typedef struct job {
     int size;
     sumo_dtype dtype;
@@ -124,11 +114,11 @@ static int run_case(int size, sumo_dtype dt, bool long_first, bool p2p)
         ww += want * want;
     }
     double rel = sqrt(dd / ww);
-    if (nonfinite || !(rel < 100 * eps_of(dt))) {
+    if (nonfinite || !(rel < 100 * harness_eps(dt))) {
         fprintf(stderr,
                 "%s: %d non-finite elements, relative L2 error %.3g (limit %.3g); element 0 "
                 "%.4g, float64 tree %.4g\n",
-                what, nonfinite, rel, 100 * eps_of(dt), harness_get(dt, j.out[0], 0), ref[0][0]);
+                what, nonfinite, rel, 100 * harness_eps(dt), harness_get(dt, j.out[0], 0), ref[0][0]);
         bad++;
     }
 out:
@@ -204,7 +194,7 @@ static void test_scaled_add_wide_coefficients(void **state)
                     /* The product is exact in double here, so one rounding of the sum remains;
                      * the fp16/bf16 path may also round through fp32 (a relative 2^-24). */
                     double want = round_to(dt, exact);
-                    double tol = 2 * eps_of(dt) * fabs(exact);
+                    double tol = 2 * harness_eps(dt) * fabs(exact);
                     if (!isfinite(got) || fabs(got - want) > tol) {
                         if (bad < 10)
                             fprintf(stderr,

@@ -42,16 +42,6 @@ static const sumo_dtype dtypes[] = {SUMO_FLOAT32, SUMO_FLOAT64, SUMO_FLOAT16, SU
 static const sumo__isa isas[] = {SUMO__ISA_PORTABLE, SUMO__ISA_AVX2, SUMO__ISA_AVX512};
 #define NISA (sizeof isas / sizeof isas[0])
 
-static double eps_of(sumo_dtype d)
-{
-    switch (d) {
-    case SUMO_FLOAT32: return FLT_EPSILON;
-    case SUMO_FLOAT64: return DBL_EPSILON;
-    case SUMO_FLOAT16: return 0x1p-10;
-    default: return 0x1p-7;
-    }
-}
-
 static bool isa_ok(sumo__isa isa) { return (unsigned)isa <= (unsigned)sumo__kernel_isa_best(); }
 
 static double round_to(sumo_dtype dt, double x)
@@ -161,7 +151,7 @@ static void test_weighted_sum_kernel(void **state)
                             }
                             /* fp16/bf16 sum in fp32: P roundings of 2^-24 of the terms. */
                             double acc = dt == SUMO_FLOAT16 || dt == SUMO_BFLOAT16 ? 0x1p-24 : DBL_EPSILON;
-                            double tol = eps_of(dt) * fabs(v) + (P + 1) * acc * mag;
+                            double tol = harness_eps(dt) * fabs(v) + (P + 1) * acc * mag;
                             double got = harness_get(dt, out[k], i);
                             if (!(fabs(got - v) <= tol)) {
                                 if (bad++ < 10)
@@ -252,7 +242,7 @@ static verdict check_case(const acase *c, double need_scale)
         sumo__kernel_gram_partials(c->dt, ins, P, c->off[t + 1] - c->off[t], gram + t * len);
     }
     sumo__adasum_gram_params prm = {.nranks = P, .group_size = 1,
-                                    .need = need_scale * eps_of(c->dt), .gram_err = 0};
+                                    .need = need_scale * harness_eps(c->dt), .gram_err = 0};
     sumo__adasum_gram_weights(&prm, gram, c->T, w, flags, work);
     sumo__adasum_gram_weights(&prm, gram, c->T, w2, flags2, work);
     verdict v = {0};
@@ -266,8 +256,8 @@ static verdict check_case(const acase *c, double need_scale)
     ref_adasum_tree(u, P, c->off, c->T);
     int levels = 1;
     while ((1 << levels) < P) levels++;
-    v.tol_total = 100 * eps_of(c->dt);
-    v.tol_tensor = 8.0 * (levels + 1) * eps_of(c->dt);
+    v.tol_total = 100 * harness_eps(c->dt);
+    v.tol_tensor = 8.0 * (levels + 1) * harness_eps(c->dt);
     double dd = 0, ww = 0;
     bool unflagged_bad = false;
     unsigned char *outk = malloc(n * esz + 1);
@@ -292,7 +282,7 @@ static verdict check_case(const acase *c, double need_scale)
         double rel = scale > 0 ? sqrt(td / scale) : (td > 0 ? INFINITY : 0);
         /* The kernel's result in the dtype: one more rounding, eps/2 of each element. */
         double krel = scale > 0 ? sqrt(kd / scale) : (kd > 0 ? INFINITY : 0);
-        bool tbad = !(rel <= v.tol_tensor) || !(krel <= v.tol_tensor + eps_of(c->dt));
+        bool tbad = !(rel <= v.tol_tensor) || !(krel <= v.tol_tensor + harness_eps(c->dt));
         if (!(rel <= v.per_tensor)) v.per_tensor = rel;
         v.flags |= flags[t];
         if (tbad && !(flags[t] & (SUMO__GRAM_INEXACT | SUMO__GRAM_CANCELLED))) unflagged_bad = true;

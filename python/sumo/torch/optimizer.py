@@ -18,6 +18,7 @@ import torch
 from .. import Sum, Average, Adasum
 from .._lib import lib
 from . import _runtime as rt
+from ._wrapped import WrappedOptimizer
 
 
 class _Group:
@@ -33,7 +34,7 @@ class _Group:
         return tuple(p.numel() for p in self.params)
 
 
-class DistributedOptimizer(torch.optim.Optimizer):
+class DistributedOptimizer(WrappedOptimizer):
     # Not calling Optimizer.__init__: param_groups, state and defaults are the wrapped
     # optimizer's own (properties below), so LR schedulers and checkpoints see one optimizer.
     def __init__(self, optimizer, named_parameters=None, op=Average, backward_passes_per_step=1):
@@ -66,25 +67,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             for g in self._groups.values():
                 g.op = _adasum_op(comm, g.layout())
 
-    # The wrapped optimizer's attributes, shared rather than copied.
-    @property
-    def param_groups(self):
-        return self._opt.param_groups
-
-    @property
-    def state(self):
-        return self._opt.state
-
-    @property
-    def defaults(self):
-        return self._opt.defaults
 
     def __repr__(self):
         return "sumo.DistributedOptimizer(op=%s, %r)" % (
             {Sum: "Sum", Average: "Average", Adasum: "Adasum"}[self.op], self._opt)
-
-    def zero_grad(self, set_to_none=False):
-        return self._opt.zero_grad(set_to_none=set_to_none)
 
     def add_param_group(self, param_group):
         raise NotImplementedError("sumo.DistributedOptimizer: add parameter groups to the "

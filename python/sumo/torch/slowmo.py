@@ -17,11 +17,12 @@ import torch
 
 from .. import Average
 from . import _runtime as rt
+from ._wrapped import WrappedOptimizer
 
 _POLICIES = ("keep", "reset", "average")
 
 
-class SlowMo(torch.optim.Optimizer):
+class SlowMo(WrappedOptimizer):
     def __init__(self, optimizer, slowmo_frequency=48, slowmo_lr=1.0, slowmo_momentum=0.5,
                  localsgd_frequency=3, slowmo_memory_efficient=True, buffers="keep",
                  skip_nonfinite=True):
@@ -58,20 +59,6 @@ class SlowMo(torch.optim.Optimizer):
         self._slow = [None] * len(optimizer.param_groups)
         self._anchor_ready = False
 
-    @property
-    def param_groups(self):
-        return self._opt.param_groups
-
-    @property
-    def state(self):
-        return self._opt.state
-
-    @property
-    def defaults(self):
-        return self._opt.defaults
-
-    def zero_grad(self, set_to_none=False):
-        return self._opt.zero_grad(set_to_none=set_to_none)
 
     # -- helpers -----------------------------------------------------------------------------
     def _group_flat(self, g):
