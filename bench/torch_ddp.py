@@ -19,6 +19,20 @@ or the optimizer's collectives; overlapping buckets count once). Methods:
                  script with that venv's python)
 With horovod present, sumo's delta optimizer and Horovod's Adasum are also checked to give
 the same parameters after a few steps.
+
+A second table, measured in the same run, is communication only: per model, the gradient
+buckets DDP hands to a hook (their count, sizes and per-tensor layout recorded from a real
+hooked DDP step, after DDP has rebuilt its buckets) are reduced with nothing else running,
+steps interleaved across methods (each step runs every method once, so slow phases of a
+noisy machine hit them alike):
+  gloo           torch.distributed.all_reduce on the default gloo group from the main
+                 thread, issued as torch's allreduce_hook does (div_ by the rank count, then
+                 one asynchronous allreduce per bucket in bucket order, all waited on)
+  sumo avg / sumo adasum / sumo acga   the hooks themselves called on stand-in buckets
+                 over the same buffers (sumo's asynchronous allreduce through the binding,
+                 or ACGA's apply, on sumo's worker thread), every Future waited on
+Per step: refill the buffers with the rank's gradients, barrier, time until every bucket is
+reduced. Median over steps; "vs gloo" divides a method's median by gloo's, from the same run.
 """
 import argparse
 import os
@@ -135,6 +149,93 @@ def run(method, make, args):
     return nparams, statistics.median(times), statistics.median(comms)
 
 
+class _StandInBucket:
+    """What the hooks read of a dist.GradBucket (index, flat buffer, its gradients as views),
+    over a buffer of the size and layout DDP gave that bucket."""
+
+    def __init__(self, index, buf, layout):
+        self._index, self._buf = index, buf
+        self._grads, off = [], 0
+        for n in layout:
+            self._grads.append(buf[off:off + n])
+            off += n
+
+    def index(self):
+        return self._index
+
+    def buffer(self):
+        return self._buf
+
+    def gradients(self):
+        return self._grads
+
+
+def bucket_layouts(make, args, steps=3):
+    """The buckets DDP hands a comm hook for this model, as (index, per-gradient sizes,
+    dtype) in the order the hook is called, from the last of a few hooked steps (DDP rebuilds
+    its buckets from the gradients' ready order after the first)."""
+    torch.manual_seed(0)
+    model = make()
+    st.broadcast_parameters(model.state_dict(), root_rank=0)
+    ddp = DDP(model)
+    seen = []
+
+    def recording_hook(state, bucket):
+        seen.append((bucket.index(), tuple(int(g.numel()) for g in bucket.gradients()),
+                     bucket.buffer().dtype))
+        return default_hooks.allreduce_hook(None, bucket)
+
+    ddp.register_comm_hook(None, recording_hook)
+    g = torch.Generator().manual_seed(st.rank())
+    x = torch.randn(args.batch, 1, 28, 28, generator=g)
+    y = torch.randint(0, 10, (args.batch,), generator=g)
+    for _ in range(steps):
+        seen.clear()
+        ddp.zero_grad()
+        F.cross_entropy(ddp(x), y).backward()
+    return list(seen)
+
+
+COMM_METHODS = ["gloo", "sumo avg", "sumo adasum", "sumo acga"]
+
+
+def comm_only(layouts, args):
+    """Median seconds per step to reduce exactly these buckets, per method (see the module's
+    docstring), methods interleaved step by step."""
+    g = torch.Generator().manual_seed(1000 + st.rank())
+    src = [torch.randn(sum(lay), generator=g).to(dt) for _, lay, dt in layouts]
+    bufs = [t.clone() for t in src]
+    buckets = [_StandInBucket(i, b, lay) for (i, lay, _), b in zip(layouts, bufs)]
+    state = st.HookState()
+    hooks = {"sumo avg": st.average_hook, "sumo adasum": st.adasum_hook,
+             "sumo acga": st.acga_hook}
+    P = st.size()
+    times = {m: [] for m in COMM_METHODS}
+    for i in range(args.warmup + args.steps):
+        for m in COMM_METHODS:
+            for b, s in zip(bufs, src):
+                b.copy_(s)
+            st.barrier()
+            t0 = time.perf_counter()
+            if m == "gloo":
+                works = []
+                for b in bufs:  # as torch's allreduce_hook: divide, then allreduce
+                    b.div_(P)
+                    works.append(dist.all_reduce(b, async_op=True))
+                for w in works:
+                    w.wait()
+            else:
+                futs = [hooks[m](state, b) for b in buckets]
+                for f in futs:
+                    f.wait()
+            t = time.perf_counter() - t0
+            if i >= args.warmup:
+                times[m].append(t)
+    state.close()
+    st.take_timeline()  # the hooks' own records: not wanted here
+    return {m: statistics.median(v) for m, v in times.items()}
+
+
 def check_against_horovod(args):
     """sumo's delta optimizer and Horovod's Adasum optimizer from the same start on the same
     data: the parameters after a few steps (both per-tensor Adasum of the SGD deltas)."""
@@ -168,10 +269,14 @@ def main():
     methods = ["gloo", "gloo hook", "sumo avg", "sumo adasum", "sumo acga", "sumo delta"]
     if hvd is not None:
         methods += ["hvd adasum", "hvd avg"]
-    rows = []
+    rows, comm_rows, bucket_info = [], [], {}
     for m in args.models.split(","):
         for method in methods:
             rows.append((m,) + (method,) + run(method, MODELS[m], args))
+        layouts = bucket_layouts(MODELS[m], args)
+        bucket_info[m] = layouts
+        for method, t in comm_only(layouts, args).items():
+            comm_rows.append((m, method, t))
     diff = check_against_horovod(args) if hvd is not None else None
     if st.rank() != 0:
         return
@@ -190,6 +295,17 @@ def main():
                                                           cms, rel))
     print("comm ms: time inside communication per step (the union of the buckets' intervals); "
           "vs gloo: comm ms / the gloo hook's")
+    print()
+    print("Communication only: the buckets DDP hands the hook, reduced with nothing else running")
+    for m, layouts in bucket_info.items():
+        print("  %s: %d bucket(s): %s" % (m, len(layouts), ", ".join(
+            "%d tensors / %.2f MB" % (len(lay), sum(lay) * torch.empty(0, dtype=dt).element_size() / 1e6)
+            for _, lay, dt in layouts)))
+    print("%-6s %-12s %13s %9s" % ("model", "method", "comm-only ms", "vs gloo"))
+    gbase = {m: t for m, method, t in comm_rows if method == "gloo"}
+    for m, method, t in comm_rows:
+        rel = "-" if method == "gloo" else "%8.2fx" % (t / gbase[m])
+        print("%-6s %-12s %13.2f %9s" % (m, method, 1e3 * t, rel))
     if hvd is None:
         print("horovod: not run (%s)" % HVD_WHY)
     else:
