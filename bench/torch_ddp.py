@@ -236,23 +236,54 @@ def comm_only(layouts, args):
     return {m: statistics.median(v) for m, v in times.items()}
 
 
+def delta_params(method, steps=5):
+    """The MLP's parameters (one flat vector) after a few steps of an Adasum delta optimizer
+    ("sumo delta" or "hvd adasum") from the same start on the same per-rank data."""
+    torch.manual_seed(0)
+    model = mlp()
+    st.broadcast_parameters(model.state_dict(), root_rank=0)
+    module, opt, _ = setup(method, model)
+    for s in range(steps):
+        g = torch.Generator().manual_seed(100 * s + st.rank())
+        x, y = torch.randn(32, 1, 28, 28, generator=g), torch.randint(0, 10, (32,), generator=g)
+        opt.zero_grad()
+        F.cross_entropy(module(x), y).backward()
+        opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
 def check_against_horovod(args):
     """sumo's delta optimizer and Horovod's Adasum optimizer from the same start on the same
     data: the parameters after a few steps (both per-tensor Adasum of the SGD deltas)."""
-    out = []
-    for name, cls in (("sumo", "sumo delta"), ("hvd", "hvd adasum")):
-        torch.manual_seed(0)
-        model = mlp()
-        st.broadcast_parameters(model.state_dict(), root_rank=0)
-        module, opt, _ = setup(cls, model)
-        for s in range(5):
-            g = torch.Generator().manual_seed(100 * s + st.rank())
-            x, y = torch.randn(32, 1, 28, 28, generator=g), torch.randint(0, 10, (32,), generator=g)
-            opt.zero_grad()
-            F.cross_entropy(module(x), y).backward()
-            opt.step()
-        out.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
-    return (out[0] - out[1]).abs().max().item()
+    return (delta_params("sumo delta") - delta_params("hvd adasum")).abs().max().item()
+
+
+def check_only(args):
+    """--check-only: sumo's delta optimizer on this many ranks (are the ranks' parameters
+    bit-identical?), and Horovod's Adasum beside it when horovod imports (its error, if it
+    refuses this rank count, e.g. 3: horovod issue 3400)."""
+    mine = delta_params("sumo delta")
+    ref = mine.clone()
+    st.broadcast_(ref, root_rank=0)
+    spread = torch.tensor([float((mine != ref).sum())], dtype=torch.float64)
+    st.allreduce_(spread, op=sumo.Sum)
+    if hvd is None:
+        hv, why = None, "not run (%s)" % HVD_WHY
+    else:
+        try:
+            hv, why = delta_params("hvd adasum"), None
+        except Exception as e:  # Horovod's Adasum refuses some rank counts
+            hv, why = None, "hvd adasum failed: %s: %s" % (type(e).__name__, str(e).splitlines()[0])
+    if st.rank() != 0:
+        return
+    print("%d ranks: sumo delta (Adasum of SGD deltas, 5 steps, MLP): %d parameter values differ "
+          "from rank 0's on some rank" % (st.size(), int(spread.item())))
+    if hv is None:
+        print("%d ranks: horovod %s" % (st.size(), why))
+    else:
+        print("%d ranks: sumo delta vs hvd Adasum, max |param difference| after 5 steps: %.3g "
+              "(largest |param| %.3g)" % (st.size(), (mine - hv).abs().max().item(),
+                                          mine.abs().max().item()))
 
 
 def main():
@@ -261,11 +292,17 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--batch", type=int, default=64, help="per-rank batch")
     ap.add_argument("--models", default="mlp,conv")
+    ap.add_argument("--check-only", action="store_true",
+                    help="only the parameter check of sumo's delta optimizer (and Horovod's "
+                         "Adasum, when horovod imports) at this rank count")
     args = ap.parse_args()
     st.init()
     if hvd is not None:
         hvd.init()
     torch.set_num_threads(1)  # one core per rank
+    if args.check_only:
+        check_only(args)
+        return
     methods = ["gloo", "gloo hook", "sumo avg", "sumo adasum", "sumo acga", "sumo delta"]
     if hvd is not None:
         methods += ["hvd adasum", "hvd avg"]
