@@ -274,6 +274,10 @@ def check_only(args):
             hv, why = delta_params("hvd adasum"), None
         except Exception as e:  # Horovod's Adasum refuses some rank counts
             hv, why = None, "hvd adasum failed: %s: %s" % (type(e).__name__, str(e).splitlines()[0])
+    if hv is not None:  # every rank's max |sumo - hvd|, slot per rank
+        per_rank = torch.zeros(st.size(), dtype=torch.float64)
+        per_rank[st.rank()] = (mine - hv).abs().max().item()
+        st.allreduce_(per_rank, op=sumo.Sum)
     if st.rank() != 0:
         return
     print("%d ranks: sumo delta (Adasum of SGD deltas, 5 steps, MLP): %d parameter values differ "
@@ -281,9 +285,9 @@ def check_only(args):
     if hv is None:
         print("%d ranks: horovod %s" % (st.size(), why))
     else:
-        print("%d ranks: sumo delta vs hvd Adasum, max |param difference| after 5 steps: %.3g "
-              "(largest |param| %.3g)" % (st.size(), (mine - hv).abs().max().item(),
-                                          mine.abs().max().item()))
+        print("%d ranks: sumo delta vs hvd Adasum, max |param difference| after 5 steps, per "
+              "rank: %s (largest |param| %.3g)" % (st.size(), " ".join("%.3g" % v for v in per_rank),
+                                                   mine.abs().max().item()))
 
 
 def main():
