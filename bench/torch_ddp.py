@@ -17,6 +17,11 @@ or the optimizer's collectives; overlapping buckets count once). Methods:
   hvd adasum / hvd avg   horovod.torch.DistributedOptimizer, when horovod imports (it is not
                  a Debian package: bench/torch_ddp_setup.sh builds it in a venv; run this
                  script with that venv's python)
+  sumo delta+h   sumo delta again, right after the hvd rows
+Horovod is initialised only after every sumo row and the communication-only table: from
+hvd.init() on, its background thread cycles (MPI negotiation every HOROVOD_CYCLE_TIME) on the
+same cores, which would slow the rows measured beside it. The hvd rows pay for it, as they
+would in training; "sumo delta+h" is sumo's delta optimizer under the same conditions.
 With horovod present, sumo's delta optimizer and Horovod's Adasum are also checked to give
 the same parameters after a few steps.
 
@@ -106,7 +111,7 @@ def setup(method, model):
         ddp.register_comm_hook(state, {"sumo avg": st.average_hook, "sumo adasum": st.adasum_hook,
                                        "sumo acga": st.acga_hook}[method])
         return ddp, sgd, state
-    if method == "sumo delta":
+    if method in ("sumo delta", "sumo delta+h"):
         return model, st.DistributedOptimizer(sgd, model.named_parameters(), op=sumo.Adasum), None
     if method == "hvd adasum":
         return model, hvd.DistributedOptimizer(sgd, model.named_parameters(), op=hvd.Adasum), None
@@ -301,15 +306,13 @@ def main():
                          "Adasum, when horovod imports) at this rank count")
     args = ap.parse_args()
     st.init()
-    if hvd is not None:
-        hvd.init()
     torch.set_num_threads(1)  # one core per rank
     if args.check_only:
+        if hvd is not None:
+            hvd.init()
         check_only(args)
         return
     methods = ["gloo", "gloo hook", "sumo avg", "sumo adasum", "sumo acga", "sumo delta"]
-    if hvd is not None:
-        methods += ["hvd adasum", "hvd avg"]
     rows, comm_rows, bucket_info = [], [], {}
     for m in args.models.split(","):
         for method in methods:
@@ -318,7 +321,15 @@ def main():
         bucket_info[m] = layouts
         for method, t in comm_only(layouts, args).items():
             comm_rows.append((m, method, t))
-    diff = check_against_horovod(args) if hvd is not None else None
+    diff = None
+    if hvd is not None:  # last: see the module's docstring
+        hvd.init()
+        for m in args.models.split(","):
+            for method in ("hvd adasum", "hvd avg", "sumo delta+h"):
+                rows.append((m, method) + run(method, MODELS[m], args))
+        diff = check_against_horovod(args)
+    order = {m: i for i, m in enumerate(args.models.split(","))}
+    rows.sort(key=lambda r: order[r[0]])  # stable: each model's rows in the order measured
     if st.rank() != 0:
         return
     P = st.size()
@@ -330,7 +341,8 @@ def main():
     for m, method, n, t, c in rows:
         if method == "gloo hook":
             base[m] = c
-        rel = "%8.2fx" % (c / base[m]) if m in base and method not in ("gloo", "gloo hook") and base[m] > 0 else "-"
+        rel = "%8.2fx" % (c / base[m]) if m in base and method not in (
+            "gloo", "gloo hook", "hvd adasum", "hvd avg") and base[m] > 0 else "-"
         cms = "-" if method in ("gloo", "hvd adasum", "hvd avg") else "%10.2f" % (1e3 * c)
         print("%-6s %-12s %9d %10.2f %11.0f %10s %9s" % (m, method, n, 1e3 * t, P * args.batch / t,
                                                           cms, rel))
