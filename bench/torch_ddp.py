@@ -17,8 +17,27 @@ or the optimizer's collectives; overlapping buckets count once). Methods:
   hvd adasum / hvd avg   horovod.torch.DistributedOptimizer, when horovod imports (it is not
                  a Debian package: bench/torch_ddp_setup.sh builds it in a venv; run this
                  script with that venv's python)
+  sumo delta+h   sumo delta again, right after the hvd rows
+Horovod is initialised only after every sumo row and the communication-only table: from
+hvd.init() on, its background thread cycles (MPI negotiation every HOROVOD_CYCLE_TIME) on the
+same cores, which would slow the rows measured beside it. The hvd rows pay for it, as they
+would in training; "sumo delta+h" is sumo's delta optimizer under the same conditions.
 With horovod present, sumo's delta optimizer and Horovod's Adasum are also checked to give
 the same parameters after a few steps.
+
+A second table, measured in the same run, is communication only: per model, the gradient
+buckets DDP hands to a hook (their count, sizes and per-tensor layout recorded from a real
+hooked DDP step, after DDP has rebuilt its buckets) are reduced with nothing else running,
+steps interleaved across methods (each step runs every method once, so slow phases of a
+noisy machine hit them alike):
+  gloo           torch.distributed.all_reduce on the default gloo group from the main
+                 thread, issued as torch's allreduce_hook does (div_ by the rank count, then
+                 one asynchronous allreduce per bucket in bucket order, all waited on)
+  sumo avg / sumo adasum / sumo acga   the hooks themselves called on stand-in buckets
+                 over the same buffers (sumo's asynchronous allreduce through the binding,
+                 or ACGA's apply, on sumo's worker thread), every Future waited on
+Per step: refill the buffers with the rank's gradients, barrier, time until every bucket is
+reduced. Median over steps; "vs gloo" divides a method's median by gloo's, from the same run.
 """
 import argparse
 import os
@@ -92,7 +111,7 @@ def setup(method, model):
         ddp.register_comm_hook(state, {"sumo avg": st.average_hook, "sumo adasum": st.adasum_hook,
                                        "sumo acga": st.acga_hook}[method])
         return ddp, sgd, state
-    if method == "sumo delta":
+    if method in ("sumo delta", "sumo delta+h"):
         return model, st.DistributedOptimizer(sgd, model.named_parameters(), op=sumo.Adasum), None
     if method == "hvd adasum":
         return model, hvd.DistributedOptimizer(sgd, model.named_parameters(), op=hvd.Adasum), None
@@ -135,23 +154,145 @@ def run(method, make, args):
     return nparams, statistics.median(times), statistics.median(comms)
 
 
+class _StandInBucket:
+    """What the hooks read of a dist.GradBucket (index, flat buffer, its gradients as views),
+    over a buffer of the size and layout DDP gave that bucket."""
+
+    def __init__(self, index, buf, layout):
+        self._index, self._buf = index, buf
+        self._grads, off = [], 0
+        for n in layout:
+            self._grads.append(buf[off:off + n])
+            off += n
+
+    def index(self):
+        return self._index
+
+    def buffer(self):
+        return self._buf
+
+    def gradients(self):
+        return self._grads
+
+
+def bucket_layouts(make, args, steps=3):
+    """The buckets DDP hands a comm hook for this model, as (index, per-gradient sizes,
+    dtype) in the order the hook is called, from the last of a few hooked steps (DDP rebuilds
+    its buckets from the gradients' ready order after the first)."""
+    torch.manual_seed(0)
+    model = make()
+    st.broadcast_parameters(model.state_dict(), root_rank=0)
+    ddp = DDP(model)
+    seen = []
+
+    def recording_hook(state, bucket):
+        seen.append((bucket.index(), tuple(int(g.numel()) for g in bucket.gradients()),
+                     bucket.buffer().dtype))
+        return default_hooks.allreduce_hook(None, bucket)
+
+    ddp.register_comm_hook(None, recording_hook)
+    g = torch.Generator().manual_seed(st.rank())
+    x = torch.randn(args.batch, 1, 28, 28, generator=g)
+    y = torch.randint(0, 10, (args.batch,), generator=g)
+    for _ in range(steps):
+        seen.clear()
+        ddp.zero_grad()
+        F.cross_entropy(ddp(x), y).backward()
+    return list(seen)
+
+
+COMM_METHODS = ["gloo", "sumo avg", "sumo adasum", "sumo acga"]
+
+
+def comm_only(layouts, args):
+    """Median seconds per step to reduce exactly these buckets, per method (see the module's
+    docstring), methods interleaved step by step."""
+    g = torch.Generator().manual_seed(1000 + st.rank())
+    src = [torch.randn(sum(lay), generator=g).to(dt) for _, lay, dt in layouts]
+    bufs = [t.clone() for t in src]
+    buckets = [_StandInBucket(i, b, lay) for (i, lay, _), b in zip(layouts, bufs)]
+    state = st.HookState()
+    hooks = {"sumo avg": st.average_hook, "sumo adasum": st.adasum_hook,
+             "sumo acga": st.acga_hook}
+    P = st.size()
+    times = {m: [] for m in COMM_METHODS}
+    for i in range(args.warmup + args.steps):
+        for m in COMM_METHODS:
+            for b, s in zip(bufs, src):
+                b.copy_(s)
+            st.barrier()
+            t0 = time.perf_counter()
+            if m == "gloo":
+                works = []
+                for b in bufs:  # as torch's allreduce_hook: divide, then allreduce
+                    b.div_(P)
+                    works.append(dist.all_reduce(b, async_op=True))
+                for w in works:
+                    w.wait()
+            else:
+                futs = [hooks[m](state, b) for b in buckets]
+                for f in futs:
+                    f.wait()
+            t = time.perf_counter() - t0
+            if i >= args.warmup:
+                times[m].append(t)
+    state.close()
+    st.take_timeline()  # the hooks' own records: not wanted here
+    return {m: statistics.median(v) for m, v in times.items()}
+
+
+def delta_params(method, steps=5):
+    """The MLP's parameters (one flat vector) after a few steps of an Adasum delta optimizer
+    ("sumo delta" or "hvd adasum") from the same start on the same per-rank data."""
+    torch.manual_seed(0)
+    model = mlp()
+    st.broadcast_parameters(model.state_dict(), root_rank=0)
+    module, opt, _ = setup(method, model)
+    for s in range(steps):
+        g = torch.Generator().manual_seed(100 * s + st.rank())
+        x, y = torch.randn(32, 1, 28, 28, generator=g), torch.randint(0, 10, (32,), generator=g)
+        opt.zero_grad()
+        F.cross_entropy(module(x), y).backward()
+        opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
 def check_against_horovod(args):
     """sumo's delta optimizer and Horovod's Adasum optimizer from the same start on the same
     data: the parameters after a few steps (both per-tensor Adasum of the SGD deltas)."""
-    out = []
-    for name, cls in (("sumo", "sumo delta"), ("hvd", "hvd adasum")):
-        torch.manual_seed(0)
-        model = mlp()
-        st.broadcast_parameters(model.state_dict(), root_rank=0)
-        module, opt, _ = setup(cls, model)
-        for s in range(5):
-            g = torch.Generator().manual_seed(100 * s + st.rank())
-            x, y = torch.randn(32, 1, 28, 28, generator=g), torch.randint(0, 10, (32,), generator=g)
-            opt.zero_grad()
-            F.cross_entropy(module(x), y).backward()
-            opt.step()
-        out.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
-    return (out[0] - out[1]).abs().max().item()
+    return (delta_params("sumo delta") - delta_params("hvd adasum")).abs().max().item()
+
+
+def check_only(args):
+    """--check-only: sumo's delta optimizer on this many ranks (are the ranks' parameters
+    bit-identical?), and Horovod's Adasum beside it when horovod imports (its error, if it
+    refuses this rank count, e.g. 3: horovod issue 3400)."""
+    mine = delta_params("sumo delta")
+    ref = mine.clone()
+    st.broadcast_(ref, root_rank=0)
+    spread = torch.tensor([float((mine != ref).sum())], dtype=torch.float64)
+    st.allreduce_(spread, op=sumo.Sum)
+    if hvd is None:
+        hv, why = None, "not run (%s)" % HVD_WHY
+    else:
+        try:
+            hv, why = delta_params("hvd adasum"), None
+        except Exception as e:  # Horovod's Adasum refuses some rank counts
+            hv, why = None, "hvd adasum failed: %s: %s" % (type(e).__name__, str(e).splitlines()[0])
+    if hv is not None:  # every rank's max |sumo - hvd|, slot per rank
+        per_rank = torch.zeros(st.size(), dtype=torch.float64)
+        per_rank[st.rank()] = (mine - hv).abs().max().item()
+        st.allreduce_(per_rank, op=sumo.Sum)
+    if st.rank() != 0:
+        return
+    print("%d ranks: sumo delta (Adasum of SGD deltas, 5 steps, MLP): %d parameter values differ "
+          "from rank 0's on some rank" % (st.size(), int(spread.item())))
+    if hv is None:
+        print("%d ranks: horovod %s" % (st.size(), why))
+    else:
+        print("%d ranks: sumo delta vs hvd Adasum, max |param difference| after 5 steps, per "
+              "rank: %s (largest |param| %.3g)" % (st.size(), " ".join("%.3g" % v for v in per_rank),
+                                                   mine.abs().max().item()))
 
 
 def main():
@@ -160,22 +301,41 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--batch", type=int, default=64, help="per-rank batch")
     ap.add_argument("--models", default="mlp,conv")
+    ap.add_argument("--check-only", action="store_true",
+                    help="only the parameter check of sumo's delta optimizer (and Horovod's "
+                         "Adasum, when horovod imports) at this rank count")
     args = ap.parse_args()
     st.init()
-    if hvd is not None:
-        hvd.init()
     torch.set_num_threads(1)  # one core per rank
+    if args.check_only:
+        if hvd is not None:
+            hvd.init()
+        check_only(args)
+        return
     methods = ["gloo", "gloo hook", "sumo avg", "sumo adasum", "sumo acga", "sumo delta"]
-    if hvd is not None:
-        methods += ["hvd adasum", "hvd avg"]
-    rows = []
+    rows, comm_rows, bucket_info = [], [], {}
     for m in args.models.split(","):
         for method in methods:
             rows.append((m,) + (method,) + run(method, MODELS[m], args))
-    diff = check_against_horovod(args) if hvd is not None else None
+        layouts = bucket_layouts(MODELS[m], args)
+        bucket_info[m] = layouts
+        for method, t in comm_only(layouts, args).items():
+            comm_rows.append((m, method, t))
+    diff = None
+    P = st.size()
+    pow2 = P & (P - 1) == 0  # Horovod's Adasum refuses other rank counts (horovod issue 3400)
+    if hvd is not None:  # last: see the module's docstring
+        hvd.init()
+        for m in args.models.split(","):
+            for method in ("hvd adasum", "hvd avg", "sumo delta+h"):
+                if method != "hvd adasum" or pow2:
+                    rows.append((m, method) + run(method, MODELS[m], args))
+        if pow2:
+            diff = check_against_horovod(args)
+    order = {m: i for i, m in enumerate(args.models.split(","))}
+    rows.sort(key=lambda r: order[r[0]])  # stable: each model's rows in the order measured
     if st.rank() != 0:
         return
-    P = st.size()
     print("DDP on %d ranks x batch %d, torch %s, %d steps after %d warm-up (medians)" % (
         P, args.batch, torch.__version__, args.steps, args.warmup))
     print("%-6s %-12s %9s %10s %11s %10s %9s" % ("model", "method", "params", "step ms",
@@ -184,14 +344,29 @@ def main():
     for m, method, n, t, c in rows:
         if method == "gloo hook":
             base[m] = c
-        rel = "%8.2fx" % (c / base[m]) if m in base and method not in ("gloo", "gloo hook") and base[m] > 0 else "-"
+        rel = "%8.2fx" % (c / base[m]) if m in base and method not in (
+            "gloo", "gloo hook", "hvd adasum", "hvd avg") and base[m] > 0 else "-"
         cms = "-" if method in ("gloo", "hvd adasum", "hvd avg") else "%10.2f" % (1e3 * c)
         print("%-6s %-12s %9d %10.2f %11.0f %10s %9s" % (m, method, n, 1e3 * t, P * args.batch / t,
                                                           cms, rel))
     print("comm ms: time inside communication per step (the union of the buckets' intervals); "
           "vs gloo: comm ms / the gloo hook's")
+    print()
+    print("Communication only: the buckets DDP hands the hook, reduced with nothing else running")
+    for m, layouts in bucket_info.items():
+        print("  %s: %d bucket(s): %s" % (m, len(layouts), ", ".join(
+            "%d tensors / %.2f MB" % (len(lay), sum(lay) * torch.empty(0, dtype=dt).element_size() / 1e6)
+            for _, lay, dt in layouts)))
+    print("%-6s %-12s %13s %9s" % ("model", "method", "comm-only ms", "vs gloo"))
+    gbase = {m: t for m, method, t in comm_rows if method == "gloo"}
+    for m, method, t in comm_rows:
+        rel = "-" if method == "gloo" else "%8.2fx" % (t / gbase[m])
+        print("%-6s %-12s %13.2f %9s" % (m, method, 1e3 * t, rel))
     if hvd is None:
         print("horovod: not run (%s)" % HVD_WHY)
+    elif diff is None:
+        print("horovod: no hvd adasum rows: Horovod's Adasum runs on a power of 2 ranks only "
+              "(horovod issue 3400); sumo's runs on %d" % P)
     else:
         print("horovod: sumo delta vs hvd Adasum, max |param difference| after 5 steps: %.3g" % diff)
 
