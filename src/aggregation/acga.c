@@ -247,14 +247,10 @@ static sumo_result apply_gram(sumo_aggregator *agg, acga *a, float *g, size_t co
     size_t whole[2] = {0, count};
     gram_step st = {.a = a, .o = &agg->options.acga};
     sumo_comm *c = agg->comm;
-    int algo = SUMO_ALGORITHM_AUTO;
-    sumo_comm_get_param(c, SUMO_PARAM_ALGORITHM, &algo);
     sumo__gram_call call = {.dtype = SUMO_FLOAT32, .count = count, .ntensors = a->ngroups,
                             .offsets = a->group_off ? a->group_off : whole, .weigh = weigh_acga,
                             .ctx = &st, .weigh_work_bytes = gram_work_bytes(a),
-                            .direct = c->tp->reach == SUMO__REACH_DIRECT &&
-                                      (algo == SUMO_ALGORITHM_AUTO ||
-                                       algo == SUMO_ALGORITHM_SHARED_MEMORY)};
+                            .shape = sumo__gram_shape_for(c)};
     SUMO__CHECK(sumo__gram_allreduce(c, g, &call, options_hash(a, st.o, count), applied));
     sumo__aggregator_count(agg, count, SUMO_FLOAT32);
     sumo__aggregator_count(agg, a->ngroups * sumo__gram_len(a->nranks), SUMO_FLOAT64);

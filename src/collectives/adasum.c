@@ -734,7 +734,7 @@ sumo_result sumo__allreduce_adasum(sumo_comm *c, const void *sendbuf, void *recv
                                             .ntensors = a.ntensors, .offsets = a.off,
                                             .weigh = weigh_adasum, .ctx = &a.gram_params,
                                             .weigh_work_bytes = gram_work_bytes(tp->size, a.ntensors),
-                                            .direct = a.direct};
+                                            .shape = sumo__gram_shape_for(c)};
         }
         void *s;
         if (!plan_scratch(&a, count, &sp))

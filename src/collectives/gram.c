@@ -1,6 +1,7 @@
 #include "collectives/gram.h"
 #include "collectives/adasum_gram.h"
 #include "collectives/p2p_algos.h"
+#include "collectives/shm_algos.h"
 #include "collectives/slices.h"
 
 #include <string.h>
@@ -30,7 +31,8 @@ static size_t layout_space(const sumo_comm *c, const sumo__gram_call *call, unsi
     size_t w = align64(incoming + T * L * sizeof(double));
     size_t work = align64(w + T * (size_t)P * sizeof(double));
     size_t shards = align64(work + call->weigh_work_bytes);
-    size_t shard_bytes = call->direct ? 0 : align64((call->count / (size_t)P + 1) * esz);
+    size_t shard_bytes =
+        call->shape == SUMO__GRAM_MESSAGES ? align64((call->count / (size_t)P + 1) * esz) : 0;
     if (gs) {
         *gs = (gram_space){.gram = (double *)(void *)(base + gram),
                            .incoming = (double *)(void *)(base + incoming),
@@ -55,20 +57,21 @@ static size_t first_tensor(const sumo__gram_call *call, size_t pos)
 /* in_at[k] for elements [s, e) of the buffer: rank k's input there. */
 typedef void (*inputs_fn)(const void *ctx, size_t s, const void **in_at);
 
-/* Partials of every tensor piece in [lo, hi) (zero elsewhere). */
+/* Adds the partials of every tensor piece in [lo, hi) to gram (which the caller zeroed). */
 static void partials(sumo_comm *c, const sumo__gram_call *call, size_t lo, size_t hi,
                      inputs_fn inputs, const void *ctx, double *gram)
 {
     int P = c->tp->size;
     size_t L = sumo__gram_len(P);
     const void *in_at[SUMO__GRAM_MAX_RANKS];
-    memset(gram, 0, call->ntensors * L * sizeof *gram);
+    double piece[SUMO__GRAM_MAX_RANKS * (SUMO__GRAM_MAX_RANKS + 1) / 2];
     for (size_t t = hi > lo ? first_tensor(call, lo) : call->ntensors;
          t < call->ntensors && call->offsets[t] < hi; t++) {
         size_t s = SUMO__MAX(lo, call->offsets[t]), e = SUMO__MIN(hi, call->offsets[t + 1]);
         if (e <= s) continue;
         inputs(ctx, s, in_at);
-        c->kernels->gram_partials(call->dtype, in_at, P, e - s, gram + t * L);
+        c->kernels->gram_partials(call->dtype, in_at, P, e - s, piece);
+        for (size_t q = 0; q < L; q++) gram[t * L + q] += piece[q];
     }
 }
 
@@ -128,6 +131,7 @@ static sumo_result run_direct(sumo_comm *c, const sumo__call_desc *all, const su
         recv_of[k] = tp->ops->peer_buffer(tp, k, all[k].recvptr);
     }
     sumo__cache_slice(call->count, esz, P, tp->rank, &lo, &hi);
+    memset(g->gram, 0, call->ntensors * sumo__gram_len(P) * sizeof *g->gram);
     partials(c, call, lo, hi, direct_at, &in, g->gram);
     bool accept;
     SUMO__CHECK(weigh(c, call, g, &accept));
@@ -144,6 +148,77 @@ static sumo_result run_direct(sumo_comm *c, const sumo__call_desc *all, const su
     *applied = accept;
     /* No rank returns while a peer still reads or writes its buffers. */
     return tp->ops->barrier(tp);
+}
+
+/* ---- staged ------------------------------------------------------------------------------- */
+
+typedef struct staged_inputs {
+    const sumo__staging *st;
+    size_t k;     /* the chunk */
+    size_t first; /* its first element in the buffer */
+    int P;
+} staged_inputs;
+
+static void staged_at(const void *ctx, size_t s, const void **in_at)
+{
+    const staged_inputs *d = ctx;
+    for (int r = 0; r < d->P; r++)
+        in_at[r] = sumo__stage_half(d->st, r, d->k) + (s - d->first) * d->st->esz;
+}
+
+/*
+ * Two streams through the staging areas, as sumo__shm_allreduce's staged algorithm makes one:
+ * chunk k in half k % 2, the next chunk staged while this one is worked on, one barrier a
+ * chunk, so a half is rewritten only after everyone has passed the barrier that ended its
+ * reads. The first stream accumulates this rank's cache slice of each chunk into the Gram
+ * partials; the second writes the slice's weighted sum into every rank's area, and each rank
+ * copies its own out.
+ */
+static sumo_result run_staged(sumo_comm *c, const void *sendbuf, void *recvbuf,
+                              const sumo__gram_call *call, gram_space *g, bool *applied)
+{
+    sumo__transport *tp = c->tp;
+    int P = tp->size, me = tp->rank;
+    size_t n = call->count, esz = sumo__dtype_bytes(call->dtype);
+    size_t L = sumo__gram_len(P), T = call->ntensors;
+    sumo__staging st = sumo__staging_of(tp, esz);
+    size_t chunks = sumo__stage_chunk_count(&st, n);
+    staged_inputs in = {.st = &st, .P = P};
+    memset(g->gram, 0, T * L * sizeof *g->gram);
+    if (chunks > 0) sumo__stage_in(&st, me, 0, sendbuf, n);
+    SUMO__CHECK(tp->ops->barrier(tp));
+    for (size_t k = 0; k < chunks; k++) {
+        size_t len = sumo__stage_chunk_len(&st, n, k), lo, hi;
+        sumo__cache_slice(len, esz, P, me, &lo, &hi);
+        in.k = k;
+        in.first = k * st.chunk;
+        partials(c, call, in.first + lo, in.first + hi, staged_at, &in, g->gram);
+        if (k + 1 < chunks) sumo__stage_in(&st, me, k + 1, sendbuf, n);
+        SUMO__CHECK(tp->ops->barrier(tp));
+    }
+    bool accept;
+    SUMO__CHECK(weigh(c, call, g, &accept));
+    *applied = accept;
+    if (!accept || chunks == 0) return SUMO_SUCCESS;
+    sumo__stage_in(&st, me, 0, sendbuf, n);
+    SUMO__CHECK(tp->ops->barrier(tp));
+    for (size_t k = 0; k < chunks; k++) {
+        size_t len = sumo__stage_chunk_len(&st, n, k), lo, hi;
+        sumo__cache_slice(len, esz, P, me, &lo, &hi);
+        in.k = k;
+        in.first = k * st.chunk;
+        if (hi > lo) {
+            /* Into rank 0's area first (its input there, read before written), then copies. */
+            unsigned char *first = sumo__stage_half(&st, 0, k) + lo * esz;
+            weighted(c, call, in.first + lo, in.first + hi, staged_at, &in, g->w, first);
+            for (int r = 1; r < P; r++)
+                memcpy(sumo__stage_half(&st, r, k) + lo * esz, first, (hi - lo) * esz);
+        }
+        if (k + 1 < chunks) sumo__stage_in(&st, me, k + 1, sendbuf, n);
+        SUMO__CHECK(tp->ops->barrier(tp));
+        memcpy((unsigned char *)recvbuf + in.first * esz, sumo__stage_half(&st, me, k), len * esz);
+    }
+    return SUMO_SUCCESS;
 }
 
 /* ---- messages ----------------------------------------------------------------------------- */
@@ -188,6 +263,7 @@ static sumo_result run_messages(sumo_comm *c, const void *sendbuf, void *recvbuf
     }
     shard_inputs sh = {.own = in ? in + lo * esz : NULL, .shards = g->shards,
                        .shard_bytes = g->shard_bytes, .lo = lo, .esz = esz, .me = me, .P = P};
+    memset(g->gram, 0, call->ntensors * sumo__gram_len(P) * sizeof *g->gram);
     partials(c, call, lo, hi, shard_at, &sh, g->gram);
     bool accept;
     SUMO__CHECK(weigh(c, call, g, &accept));
@@ -199,13 +275,25 @@ static sumo_result run_messages(sumo_comm *c, const void *sendbuf, void *recvbuf
     return sumo__ring_pass_segments(tp, recvbuf, esz, n, me);
 }
 
+sumo__gram_shape sumo__gram_shape_for(const sumo_comm *c)
+{
+    if (c->algo != SUMO_ALGORITHM_AUTO && c->algo != SUMO_ALGORITHM_SHARED_MEMORY)
+        return SUMO__GRAM_MESSAGES;
+    switch (c->tp->reach) {
+    case SUMO__REACH_DIRECT: return c->tp->size > 1 ? SUMO__GRAM_DIRECT : SUMO__GRAM_MESSAGES;
+    case SUMO__REACH_STAGED: return SUMO__GRAM_STAGED;
+    default: return SUMO__GRAM_MESSAGES;
+    }
+}
+
 sumo_result sumo__gram_run(sumo_comm *c, const sumo__call_desc *all, const void *sendbuf,
                            void *recvbuf, const sumo__gram_call *call, void *scratch,
                            bool *applied)
 {
     gram_space g;
     layout_space(c, call, scratch, &g);
-    if (call->direct) return run_direct(c, all, call, &g, applied);
+    if (call->shape == SUMO__GRAM_DIRECT) return run_direct(c, all, call, &g, applied);
+    if (call->shape == SUMO__GRAM_STAGED) return run_staged(c, sendbuf, recvbuf, call, &g, applied);
     return run_messages(c, sendbuf, recvbuf, call, &g, applied);
 }
 

@@ -4,9 +4,12 @@
  * G_ij = <g_i, g_j>. Adasum's whole tree and ACGA's consensus weights are both of this shape,
  * so both cost two passes over the data and one small sum instead of a chain of exchanges.
  *
- * Shapes, picked by the caller (call->direct):
+ * Shapes, picked by the caller (call->shape):
  *   direct (peers' buffers addressable): each rank reads its cache slice of every rank's input
  *     for the Gram partials, then writes its slice of the result into every rank's output;
+ *   staged (processes of one node): the same through the staging areas every rank maps, in
+ *     cache-sized chunks, twice (the inputs are staged once for the partials and once for the
+ *     weighted sum, which is written back into every area and copied out);
  *   messages (any transport): an all-to-all of shards (the bytes of a reduce-scatter), the
  *     partials of this rank's shard, the weighted sum of the shard, a ring allgather: an
  *     allreduce's volume.
@@ -31,6 +34,16 @@
 typedef bool (*sumo__gram_weigh_fn)(void *ctx, const double *gram, size_t ntensors, double *w,
                                     void *work);
 
+typedef enum sumo__gram_shape {
+    SUMO__GRAM_MESSAGES = 0, /* any transport */
+    SUMO__GRAM_DIRECT,       /* SUMO__REACH_DIRECT only */
+    SUMO__GRAM_STAGED,       /* SUMO__REACH_STAGED only */
+} sumo__gram_shape;
+
+/* The shape for this handle: the transport's reach, unless the handle was told to use
+ * point-to-point algorithms (sumo_comm_set_param). */
+sumo__gram_shape sumo__gram_shape_for(const sumo_comm *c);
+
 typedef struct sumo__gram_call {
     sumo_dtype dtype;
     size_t count;
@@ -39,7 +52,7 @@ typedef struct sumo__gram_call {
     sumo__gram_weigh_fn weigh;
     void *ctx;
     size_t weigh_work_bytes; /* scratch the weigh function gets as work (64-byte aligned) */
-    bool direct;             /* the direct shape (SUMO__REACH_DIRECT only), else messages */
+    sumo__gram_shape shape;
 } sumo__gram_call;
 
 /* Scratch bytes sumo__gram_run needs (at its scratch argument, 64-byte aligned). */

@@ -84,37 +84,34 @@ static sumo_result allgather_direct(sumo_comm *c, sumo__call_desc *d, const void
  * read once and written once. After the last barrier a rank touches only its own area, so the
  * next collective's first copy may ride ahead of its agreement.
  */
-typedef struct staging {
-    sumo__transport *tp;
-    size_t chunk; /* elements per chunk */
-    size_t esz;
-} staging;
-
-static staging staging_of(sumo__transport *tp, size_t esz)
+sumo__staging sumo__staging_of(sumo__transport *tp, size_t esz)
 {
-    staging s = {.tp = tp, .esz = esz};
+    sumo__staging s = {.tp = tp, .esz = esz};
     size_t line = SUMO__CACHELINE / esz, unit = line * (size_t)tp->size;
     s.chunk = (tp->stage_bytes / 2 / esz) / unit * unit;
     if (s.chunk == 0) s.chunk = line;
     return s;
 }
 
-static unsigned char *stage_half(const staging *s, int rank, size_t k)
+unsigned char *sumo__stage_half(const sumo__staging *s, int rank, size_t k)
 {
     return s->tp->ops->stage(s->tp, rank) + (k & 1) * (s->tp->stage_bytes / 2);
 }
 
-static size_t chunk_len(const staging *s, size_t count, size_t k)
+size_t sumo__stage_chunk_len(const sumo__staging *s, size_t count, size_t k)
 {
     return SUMO__MIN(s->chunk, count - k * s->chunk);
 }
 
-static size_t chunk_count(const staging *s, size_t count) { return (count + s->chunk - 1) / s->chunk; }
-
-static void stage_in(const staging *s, int rank, size_t k, const void *src, size_t count)
+size_t sumo__stage_chunk_count(const sumo__staging *s, size_t count)
 {
-    memcpy(stage_half(s, rank, k), (const unsigned char *)src + k * s->chunk * s->esz,
-           chunk_len(s, count, k) * s->esz);
+    return (count + s->chunk - 1) / s->chunk;
+}
+
+void sumo__stage_in(const sumo__staging *s, int rank, size_t k, const void *src, size_t count)
+{
+    memcpy(sumo__stage_half(s, rank, k), (const unsigned char *)src + k * s->chunk * s->esz,
+           sumo__stage_chunk_len(s, count, k) * s->esz);
 }
 
 static sumo_result allreduce_staged(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
@@ -122,29 +119,29 @@ static sumo_result allreduce_staged(sumo_comm *c, sumo__call_desc *d, const void
 {
     sumo__transport *tp = c->tp;
     size_t esz = sumo__dtype_bytes(d->dtype);
-    staging s = staging_of(tp, esz);
-    size_t chunks = chunk_count(&s, d->count);
+    sumo__staging s = sumo__staging_of(tp, esz);
+    size_t chunks = sumo__stage_chunk_count(&s, d->count);
     int me = tp->rank, size = tp->size;
     /* The first copy rides ahead of the agreement; it touches only our own area. */
-    if (chunks > 0) stage_in(&s, me, 0, sendbuf, d->count);
+    if (chunks > 0) sumo__stage_in(&s, me, 0, sendbuf, d->count);
     SUMO__CHECK(sumo__agree(c, d, NULL));
     void **outs;
     const void **ins;
     SUMO__CHECK(pointer_arrays(c, &outs, &ins));
     for (size_t k = 0; k < chunks; k++) {
-        size_t len = chunk_len(&s, d->count, k), lo, hi;
+        size_t len = sumo__stage_chunk_len(&s, d->count, k), lo, hi;
         sumo__cache_slice(len, esz, size, me, &lo, &hi);
         if (hi > lo) {
             for (int r = 0; r < size; r++) {
-                ins[r] = stage_half(&s, r, k) + lo * esz;
-                outs[r] = stage_half(&s, r, k) + lo * esz;
+                ins[r] = sumo__stage_half(&s, r, k) + lo * esz;
+                outs[r] = sumo__stage_half(&s, r, k) + lo * esz;
             }
             c->kernels->reduce_multi(d->dtype, outs, size, ins, size, hi - lo,
                                      sumo__divisor_of(d->op, size));
         }
-        if (k + 1 < chunks) stage_in(&s, me, k + 1, sendbuf, d->count);
+        if (k + 1 < chunks) sumo__stage_in(&s, me, k + 1, sendbuf, d->count);
         SUMO__CHECK(tp->ops->barrier(tp));
-        memcpy((unsigned char *)recvbuf + k * s.chunk * esz, stage_half(&s, me, k), len * esz);
+        memcpy((unsigned char *)recvbuf + k * s.chunk * esz, sumo__stage_half(&s, me, k), len * esz);
     }
     return SUMO_SUCCESS;
 }
@@ -154,18 +151,18 @@ static sumo_result broadcast_staged(sumo_comm *c, sumo__call_desc *d, const void
 {
     sumo__transport *tp = c->tp;
     size_t esz = sumo__dtype_bytes(d->dtype);
-    staging s = staging_of(tp, esz);
-    size_t chunks = chunk_count(&s, d->count);
+    sumo__staging s = sumo__staging_of(tp, esz);
+    size_t chunks = sumo__stage_chunk_count(&s, d->count);
     bool root = tp->rank == d->root;
-    if (root && chunks > 0) stage_in(&s, tp->rank, 0, sendbuf, d->count);
+    if (root && chunks > 0) sumo__stage_in(&s, tp->rank, 0, sendbuf, d->count);
     SUMO__CHECK(sumo__agree(c, d, NULL));
     for (size_t k = 0; k < chunks; k++) {
-        size_t len = chunk_len(&s, d->count, k);
+        size_t len = sumo__stage_chunk_len(&s, d->count, k);
         unsigned char *dst = (unsigned char *)recvbuf + k * s.chunk * esz;
-        if (!root) memcpy(dst, stage_half(&s, d->root, k), len * esz);
+        if (!root) memcpy(dst, sumo__stage_half(&s, d->root, k), len * esz);
         else {
             if (sendbuf != recvbuf) memcpy(dst, (const unsigned char *)sendbuf + k * s.chunk * esz, len * esz);
-            if (k + 1 < chunks) stage_in(&s, tp->rank, k + 1, sendbuf, d->count);
+            if (k + 1 < chunks) sumo__stage_in(&s, tp->rank, k + 1, sendbuf, d->count);
         }
         SUMO__CHECK(tp->ops->barrier(tp));
     }
@@ -177,17 +174,17 @@ static sumo_result allgather_staged(sumo_comm *c, sumo__call_desc *d, const void
 {
     sumo__transport *tp = c->tp;
     size_t esz = sumo__dtype_bytes(d->dtype);
-    staging s = staging_of(tp, esz);
-    size_t chunks = chunk_count(&s, d->count);
-    if (chunks > 0) stage_in(&s, tp->rank, 0, sendbuf, d->count);
+    sumo__staging s = sumo__staging_of(tp, esz);
+    size_t chunks = sumo__stage_chunk_count(&s, d->count);
+    if (chunks > 0) sumo__stage_in(&s, tp->rank, 0, sendbuf, d->count);
     SUMO__CHECK(sumo__agree(c, d, NULL));
     for (size_t k = 0; k < chunks; k++) {
-        size_t len = chunk_len(&s, d->count, k);
+        size_t len = sumo__stage_chunk_len(&s, d->count, k);
         for (int r = 0; r < tp->size; r++) {
             unsigned char *dst = (unsigned char *)recvbuf + ((size_t)r * d->count + k * s.chunk) * esz;
-            memcpy(dst, stage_half(&s, r, k), len * esz);
+            memcpy(dst, sumo__stage_half(&s, r, k), len * esz);
         }
-        if (k + 1 < chunks) stage_in(&s, tp->rank, k + 1, sendbuf, d->count);
+        if (k + 1 < chunks) sumo__stage_in(&s, tp->rank, k + 1, sendbuf, d->count);
         SUMO__CHECK(tp->ops->barrier(tp));
     }
     return SUMO_SUCCESS;

@@ -10,6 +10,24 @@
 
 #include "collectives/agree.h"
 
+/*
+ * The staging areas of a SUMO__REACH_STAGED transport, for algorithms that stream through
+ * them: chunk k of a buffer lives in half k % 2 of each rank's area; chunk is a multiple of
+ * P cache lines, so every rank's cache slice of a chunk is whole lines.
+ */
+typedef struct sumo__staging {
+    sumo__transport *tp;
+    size_t chunk; /* elements per chunk */
+    size_t esz;
+} sumo__staging;
+
+sumo__staging sumo__staging_of(sumo__transport *tp, size_t esz);
+unsigned char *sumo__stage_half(const sumo__staging *s, int rank, size_t k);
+size_t sumo__stage_chunk_len(const sumo__staging *s, size_t count, size_t k);
+size_t sumo__stage_chunk_count(const sumo__staging *s, size_t count);
+/* Copies chunk k of src (count elements) into rank's area. */
+void sumo__stage_in(const sumo__staging *s, int rank, size_t k, const void *src, size_t count);
+
 sumo_result sumo__shm_allreduce(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
                                 void *recvbuf);
 sumo_result sumo__shm_broadcast(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
