@@ -26,7 +26,6 @@ static sumo_result validate(sumo_comm *c, const sumo__call_desc *d, const void *
     const char *what = d->kind == SUMO__CALL_ALLREDUCE   ? "allreduce"
                        : d->kind == SUMO__CALL_BROADCAST ? "broadcast"
                                                          : "allgather";
-    if (d->kind == SUMO__CALL_BARRIER) return SUMO_SUCCESS;
     if (!sumo__dtype_valid((int)d->dtype))
         return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_ARGUMENT, "%s: unknown dtype %u", what, d->dtype);
     if (d->kind == SUMO__CALL_ALLREDUCE && d->op >= SUMO_OP_PREDEFINED_COUNT)
