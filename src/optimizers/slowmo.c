@@ -83,16 +83,13 @@ static const char *check_options(const sumo_slowmo_options *o)
 
 enum { FP_TAU, FP_INNER, FP_ALPHA, FP_BETA, FP_BUFFERS, FP_EFFICIENT, FP_N, FP_COUNT };
 
-/* Outcome of the local part of create, exchanged so that every rank fails the same way. */
-enum { LOCAL_OK = 1, LOCAL_BAD_OPTIONS = 0, LOCAL_NO_MEMORY = -1 };
-
 /* One agreement: every rank learns whether all ranks have valid and identical options and
  * their buffers, and the communicator's message names the first rank at fault. */
-static sumo_result agree_options(sumo_distributed *dist, int local)
+static sumo_result agree_options(sumo_distributed *dist, sumo_result local)
 {
     const sumo_slowmo_options *o = &dist->options.slowmo;
     double mine[FP_COUNT] = {0};
-    if (local == LOCAL_OK) {
+    if (local == SUMO_SUCCESS) {
         mine[FP_TAU] = o->tau;
         mine[FP_INNER] = o->inner_period;
         mine[FP_ALPHA] = o->alpha;
@@ -101,11 +98,8 @@ static sumo_result agree_options(sumo_distributed *dist, int local)
         mine[FP_EFFICIENT] = o->memory_efficient;
         mine[FP_N] = (double)dist->nparams; /* exact below 2^53 elements */
     }
-    sumo_result r = local == LOCAL_OK          ? SUMO_SUCCESS
-                    : local == LOCAL_NO_MEMORY ? SUMO_ERR_SYSTEM
-                                               : SUMO_ERR_INVALID_ARGUMENT;
     /* Set-up, not training: not counted in the communication statistics. */
-    return sumo__agree_setup(dist->comm, r, sumo__fnv1a(SUMO__FNV_OFFSET, mine, sizeof mine),
+    return sumo__agree_setup(dist->comm, local, sumo__fnv1a(SUMO__FNV_OFFSET, mine, sizeof mine),
                              "slowmo create (SlowMo options and parameter count)");
 }
 
@@ -123,7 +117,8 @@ sumo_result sumo__slowmo_init(sumo_distributed *dist)
         return r;
     }
     const char *why = check_options(&dist->options.slowmo);
-    int local = LOCAL_BAD_OPTIONS;
+    /* This rank's outcome of the local part, agreed on so that every rank fails the same way. */
+    sumo_result local = SUMO_ERR_INVALID_ARGUMENT;
     if (why != NULL) {
         SUMO__COMM_FAIL(dist->comm, SUMO_ERR_INVALID_ARGUMENT, "slowmo create: %s", why);
     } else {
@@ -141,7 +136,7 @@ sumo_result sumo__slowmo_init(sumo_distributed *dist)
         s->local = s->shard + s->tail; /* >= 1 since n >= 1 */
         /* u starts at zero (u_0 = 0); x0 is written by the first step. */
         s->u = calloc(2 * s->local, sizeof(float));
-        local = s->u != NULL ? LOCAL_OK : LOCAL_NO_MEMORY;
+        local = s->u != NULL ? SUMO_SUCCESS : SUMO_ERR_SYSTEM;
         if (s->u == NULL)
             SUMO__COMM_FAIL(dist->comm, SUMO_ERR_SYSTEM, "slowmo create: no memory for %zu floats",
                             2 * s->local);
