@@ -22,6 +22,16 @@ static double value16(uint16_t h, int ebits, int mbits)
 double ref_half_value(uint16_t h) { return value16(h, 5, 10); }
 double ref_bf16_value(uint16_t h) { return value16(h, 8, 7); }
 
+double ref_round_to(sumo_dtype dtype, double x)
+{
+    switch (dtype) {
+    case SUMO_FLOAT16: return ref_half_value(ref_round_half(x));
+    case SUMO_BFLOAT16: return ref_bf16_value(ref_round_bf16(x));
+    case SUMO_FLOAT32: return (double)(float)x;
+    default: return x;
+    }
+}
+
 /* x (not NaN) rounded once to nearest even in that format, as bits. */
 static uint16_t round16(double x, int ebits, int mbits)
 {

@@ -23,6 +23,8 @@ double ref_bf16_value(uint16_t h);
 /* x rounded once to nearest even, as bits; NaN gives the canonical quiet NaN of the format. */
 uint16_t ref_round_half(double x);
 uint16_t ref_round_bf16(double x);
+/* The value x takes once stored in dtype (rounded once, to nearest even). */
+double ref_round_to(sumo_dtype dtype, double x);
 /* True for a NaN pattern of the format (all-ones exponent, fraction not zero). */
 int ref_is_nan_half(uint16_t h);
 int ref_is_nan_bf16(uint16_t h);

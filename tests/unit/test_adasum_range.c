@@ -145,17 +145,6 @@ static void test_spread_norms(void **state)
 
 static double get(sumo_dtype dt, const void *p, size_t i) { return harness_get(dt, p, i); }
 
-/* The stored value of x rounded once to dt (the references' rounding, not the library's). */
-static double round_to(sumo_dtype dt, double x)
-{
-    switch (dt) {
-    case SUMO_FLOAT16: return ref_half_value(ref_round_half(x));
-    case SUMO_BFLOAT16: return ref_bf16_value(ref_round_bf16(x));
-    case SUMO_FLOAT32: return (double)(float)x;
-    default: return x;
-    }
-}
-
 static void test_scaled_add_wide_coefficients(void **state)
 {
     (void)state;
@@ -193,7 +182,7 @@ static void test_scaled_add_wide_coefficients(void **state)
                     double got = get(dt, a, i);
                     /* The product is exact in double here, so one rounding of the sum remains;
                      * the fp16/bf16 path may also round through fp32 (a relative 2^-24). */
-                    double want = round_to(dt, exact);
+                    double want = ref_round_to(dt, exact);
                     double tol = 2 * harness_eps(dt) * fabs(exact);
                     if (!isfinite(got) || fabs(got - want) > tol) {
                         if (bad < 10)

@@ -44,16 +44,6 @@ static const sumo__isa isas[] = {SUMO__ISA_PORTABLE, SUMO__ISA_AVX2, SUMO__ISA_A
 
 static bool isa_ok(sumo__isa isa) { return (unsigned)isa <= (unsigned)sumo__kernel_isa_best(); }
 
-static double round_to(sumo_dtype dt, double x)
-{
-    switch (dt) {
-    case SUMO_FLOAT16: return ref_half_value(ref_round_half(x));
-    case SUMO_BFLOAT16: return ref_bf16_value(ref_round_bf16(x));
-    case SUMO_FLOAT32: return (double)(float)x;
-    default: return x;
-    }
-}
-
 static bool verbose(void) { return getenv("GRAM_TEST_VERBOSE") != NULL; }
 
 /* ---- kernels against plain loops ------------------------------------------------------------ */
@@ -212,7 +202,7 @@ static void case_free(acase *c)
     free(c->off);
 }
 
-static void set(acase *c, int r, size_t i, double v) { c->in[r][i] = round_to(c->dt, v); }
+static void set(acase *c, int r, size_t i, double v) { c->in[r][i] = ref_round_to(c->dt, v); }
 
 typedef struct verdict {
     double total, per_tensor, tol_total, tol_tensor;

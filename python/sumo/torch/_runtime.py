@@ -224,22 +224,21 @@ def _init_gloo():
                             timeout=timedelta(seconds=max(timeout.value, 30.0)))
 
 
-def broadcast_tensor(t, root, name):
+def _in_place(collective, t, arg, what, name):
+    """Runs a blocking in-place collective on t after the queued ones, timed and checked."""
     ptr, n, dt = tensor_args(t, name)
     sync()
     t0 = time.perf_counter()
-    raise_for(lib.sumo_broadcast(ptr, ptr, n, dt, int(root), state.comm),
-              "broadcast of %s" % name)
+    raise_for(collective(ptr, ptr, n, dt, int(arg), state.comm), "%s of %s" % (what, name))
     record(t0, time.perf_counter(), n * t.element_size())
+
+
+def broadcast_tensor(t, root, name):
+    _in_place(lib.sumo_broadcast, t, root, "broadcast", name)
 
 
 def allreduce_tensor(t, op, name):
-    ptr, n, dt = tensor_args(t, name)
-    sync()
-    t0 = time.perf_counter()
-    raise_for(lib.sumo_allreduce(ptr, ptr, n, dt, int(op), state.comm),
-              "allreduce of %s" % name)
-    record(t0, time.perf_counter(), n * t.element_size())
+    _in_place(lib.sumo_allreduce, t, op, "allreduce", name)
 
 
 def sync():
