@@ -26,6 +26,10 @@ for name in idx checkpoint cli; do
   else
     echo "fuzz_$name: FAILED (status $code); input saved as $dir/crash-$name-*"
     grep -E 'ERROR|runtime error|SUMMARY' "$scratch/$name.log" | head -5
+    # CI keeps only the log: the input itself, in hex, makes the crash reproducible from it.
+    for crash in "$dir"/crash-$name-*; do
+      [ -f "$crash" ] && echo "  $crash: $(head -c 4096 "$crash" | od -An -v -tx1 | tr -d ' \n')"
+    done
     status=1
   fi
 done
