@@ -228,6 +228,23 @@ sumo_result sumo_broadcast(const void *sendbuf, void *recvbuf, size_t count, sum
 sumo_result sumo_barrier(sumo_comm *comm);
 
 /*
+ * Memory for the buffers of collectives that every rank of comm maps, like MPI_Alloc_mem /
+ * MPI_Win_allocate_shared and ncclMemAlloc. Where the ranks are processes of one node (MPI),
+ * a collective whose buffers all come from here, on every rank, reads and writes the peers'
+ * buffers directly instead of copying through the staging areas: a sum then costs what it
+ * costs between threads. Elsewhere it is plain memory and changes nothing.
+ *
+ * Both calls are collective: every rank calls them in the same order relative to the other
+ * collectives on comm, each with its own size (> 0). sumo_mem_free takes what sumo_mem_alloc
+ * gave on this rank, and every rank frees the allocation they made together; a rank freeing
+ * another one than its peers gets SUMO_ERR_MISMATCH on all. A failed allocation fails on every
+ * rank (SUMO_ERR_SYSTEM), leaves nothing allocated and the handle usable. Memory not freed is
+ * released by sumo_comm_destroy. The memory is 4096-byte aligned and not zeroed.
+ */
+sumo_result sumo_mem_alloc(sumo_comm *comm, size_t bytes, void **ptr);
+sumo_result sumo_mem_free(sumo_comm *comm, void *ptr);
+
+/*
  * Asynchronous allreduce: returns at once with a request; the buffers must stay untouched
  * until sumo_request_wait() returns or sumo_request_test() reports completion. Requests on
  * one handle complete in the order they were started, and a blocking collective on the

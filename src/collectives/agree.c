@@ -12,6 +12,8 @@ static const char *kind_name(uint32_t kind)
     case SUMO__CALL_BROADCAST: return "broadcast";
     case SUMO__CALL_BARRIER: return "barrier";
     case SUMO__CALL_SETUP: return "set-up";
+    case SUMO__CALL_MEM_ALLOC: return "mem_alloc";
+    case SUMO__CALL_MEM_FREE: return "mem_free";
     default: return "unknown collective";
     }
 }
@@ -23,6 +25,12 @@ static sumo_result compare(sumo_comm *c, const sumo__call_desc *all, const sumo_
     for (int r = 0; r < tp->size; r++) {
         if (all[r].local_error != SUMO_SUCCESS) {
             if (mine->local_error != SUMO_SUCCESS) return (sumo_result)mine->local_error;
+            /* An allocation that failed somewhere leaves every rank in step, nothing held. */
+            if (mine->kind == SUMO__CALL_MEM_ALLOC)
+                return SUMO__FAIL_TOGETHER(tp, (sumo_result)all[r].local_error,
+                                           "mem_alloc: failed on rank %d (%s); nothing was "
+                                           "allocated on any rank",
+                                           r, sumo_result_name((sumo_result)all[r].local_error));
             return SUMO__COMM_FAIL(c, (sumo_result)all[r].local_error,
                                    "%s: rank %d failed before moving data (%s: its arguments, or "
                                    "a layer above); no rank moved data",
@@ -55,8 +63,9 @@ static sumo_result compare(sumo_comm *c, const sumo__call_desc *all, const sumo_
                                    "%s: rank %d passed a different %s than rank %d (hash %016llx "
                                    "vs %016llx)",
                                    what, r,
-                                   mine->kind == SUMO__CALL_SETUP ? "configuration"
-                                                                  : "tensor layout or op options",
+                                   mine->kind == SUMO__CALL_SETUP      ? "configuration"
+                                   : mine->kind == SUMO__CALL_MEM_FREE ? "allocation (serial)"
+                                                                       : "tensor layout or op options",
                                    tp->rank, (unsigned long long)o->aux,
                                    (unsigned long long)mine->aux);
     }
@@ -75,6 +84,13 @@ static sumo_result agree_as(sumo_comm *c, sumo__call_desc *d, const sumo__call_d
 sumo_result sumo__agree(sumo_comm *c, sumo__call_desc *d, const sumo__call_desc **all)
 {
     return agree_as(c, d, all, kind_name(d->kind));
+}
+
+bool sumo__all_shared(const sumo_comm *c, const sumo__call_desc *all)
+{
+    for (int r = 0; r < c->tp->size; r++)
+        if (!(all[r].flags & SUMO__DESC_SHARED)) return false;
+    return true;
 }
 
 sumo_result sumo__usable(sumo_comm *c)

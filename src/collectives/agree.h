@@ -19,6 +19,8 @@ enum sumo__call_kind {
     SUMO__CALL_BROADCAST,
     SUMO__CALL_BARRIER,
     SUMO__CALL_SETUP, /* a layer above checks that every rank set up alike (sumo__agree_setup) */
+    SUMO__CALL_MEM_ALLOC,
+    SUMO__CALL_MEM_FREE, /* aux: the allocation's serial number, equal on every rank */
 };
 
 /* What every rank announces; at most SUMO__ANNOUNCE_BYTES. */
@@ -29,11 +31,17 @@ struct sumo__call_desc {
     int32_t root;
     uint64_t count;
     uint32_t local_error; /* a sumo_result: this rank's own arguments were invalid */
-    uint32_t pad;
+    uint32_t flags;       /* SUMO__DESC_*: facts about this rank's buffers, not compared */
     uint64_t sendptr;
     uint64_t recvptr;
     uint64_t aux; /* collective-specific, must be equal on every rank: a layout hash */
 };
+
+/* This rank's send and receive buffers lie in memory every peer maps (sumo_mem_alloc). */
+#define SUMO__DESC_SHARED 1u
+
+/* Whether every rank announced shared buffers: the call may then run direct. */
+bool sumo__all_shared(const sumo_comm *c, const sumo__call_desc *all);
 
 /*
  * Every rank announces d and compares all announcements: returns on every rank the first

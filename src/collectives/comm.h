@@ -43,6 +43,9 @@ struct sumo_comm {
     /* Scratch kept between calls so the hot path does not allocate. */
     void *scratch;
     size_t scratch_bytes;
+    /* What sumo_mem_alloc gave, newest first; serials count allocations alike on every rank. */
+    struct sumo__mem_block *mem_blocks;
+    uint64_t mem_serial;
     /* Ops created on this handle (Adasum with a layout), owned by the layer that made them. */
     void *op_table;
     void (*op_table_free)(void *op_table);

@@ -13,7 +13,7 @@ static sumo_result pointer_arrays(sumo_comm *c, void ***outs, const void ***ins)
     return SUMO_SUCCESS;
 }
 
-/* ---- direct: peers' buffers are addressable (threads) ------------------------------------ */
+/* ---- direct: peers' buffers are addressable (threads, or memory from sumo_mem_alloc) ----- */
 
 /* The buffer rank k announced, as this rank reaches it. */
 static unsigned char *peer_buffer(sumo_comm *c, const sumo__call_desc *all, int k, bool recv)
@@ -24,11 +24,10 @@ static unsigned char *peer_buffer(sumo_comm *c, const sumo__call_desc *all, int 
 /* Each rank reduces a 1/P slice straight from every rank's input into every rank's output:
  * each byte read once and written once, the floor. The final barrier keeps every rank from
  * returning while a peer still writes into its output. */
-static sumo_result allreduce_direct(sumo_comm *c, sumo__call_desc *d)
+static sumo_result allreduce_direct(sumo_comm *c, const sumo__call_desc *d,
+                                    const sumo__call_desc *all)
 {
     sumo__transport *tp = c->tp;
-    const sumo__call_desc *all;
-    SUMO__CHECK(sumo__agree(c, d, &all));
     size_t esz = sumo__dtype_bytes(d->dtype), lo, hi;
     sumo__cache_slice(d->count, esz, tp->size, tp->rank, &lo, &hi);
     if (hi > lo) {
@@ -45,11 +44,10 @@ static sumo_result allreduce_direct(sumo_comm *c, sumo__call_desc *d)
     return tp->ops->barrier(tp);
 }
 
-static sumo_result broadcast_direct(sumo_comm *c, sumo__call_desc *d)
+static sumo_result broadcast_direct(sumo_comm *c, const sumo__call_desc *d,
+                                    const sumo__call_desc *all)
 {
     sumo__transport *tp = c->tp;
-    const sumo__call_desc *all;
-    SUMO__CHECK(sumo__agree(c, d, &all));
     size_t esz = sumo__dtype_bytes(d->dtype), lo, hi;
     sumo__cache_slice(d->count, esz, tp->size, tp->rank, &lo, &hi);
     const unsigned char *src = peer_buffer(c, all, d->root, false) + lo * esz;
@@ -60,11 +58,10 @@ static sumo_result broadcast_direct(sumo_comm *c, sumo__call_desc *d)
     return tp->ops->barrier(tp);
 }
 
-static sumo_result allgather_direct(sumo_comm *c, sumo__call_desc *d, const void *sendbuf)
+static sumo_result allgather_direct(sumo_comm *c, const sumo__call_desc *d,
+                                    const sumo__call_desc *all, const void *sendbuf)
 {
     sumo__transport *tp = c->tp;
-    const sumo__call_desc *all;
-    SUMO__CHECK(sumo__agree(c, d, &all));
     size_t bytes = d->count * sumo__dtype_bytes(d->dtype);
     for (int k = 0; k < tp->size && bytes; k++) {
         unsigned char *dst = peer_buffer(c, all, k, true) + (size_t)tp->rank * bytes;
@@ -74,6 +71,25 @@ static sumo_result allgather_direct(sumo_comm *c, sumo__call_desc *d, const void
 }
 
 /* ---- staged: every rank maps every rank's staging area (processes on one node) ----------- */
+
+/*
+ * A rank whose buffers are shared skips the first copy that rides ahead of the agreement, in
+ * case the call runs direct. When it does not, that rank copies after the agreement, which
+ * its peers may already have passed: everyone waits for those copies at one barrier.
+ * (`root` >= 0: only that rank copies, as in a broadcast.)
+ */
+static sumo_result stage_late_copies(sumo_comm *c, const sumo__call_desc *all, int root,
+                                     const sumo__staging *s, bool precopied, const void *sendbuf,
+                                     size_t count)
+{
+    sumo__transport *tp = c->tp;
+    bool late = false;
+    for (int r = 0; r < tp->size; r++)
+        late = late || ((root < 0 || r == root) && (all[r].flags & SUMO__DESC_SHARED));
+    if (!late || count == 0) return SUMO_SUCCESS;
+    if (!precopied && (root < 0 || root == tp->rank)) sumo__stage_in(s, tp->rank, 0, sendbuf, count);
+    return tp->ops->barrier(tp);
+}
 
 /*
  * Each rank's staging area holds two halves; chunk k uses half k % 2. Per chunk: every rank
@@ -122,9 +138,14 @@ static sumo_result allreduce_staged(sumo_comm *c, sumo__call_desc *d, const void
     sumo__staging s = sumo__staging_of(tp, esz);
     size_t chunks = sumo__stage_chunk_count(&s, d->count);
     int me = tp->rank, size = tp->size;
-    /* The first copy rides ahead of the agreement; it touches only our own area. */
-    if (chunks > 0) sumo__stage_in(&s, me, 0, sendbuf, d->count);
-    SUMO__CHECK(sumo__agree(c, d, NULL));
+    /* The first copy rides ahead of the agreement (it touches only our own area), unless
+     * our buffers are shared, when the call may well run direct. */
+    bool precopied = chunks > 0 && !(d->flags & SUMO__DESC_SHARED);
+    if (precopied) sumo__stage_in(&s, me, 0, sendbuf, d->count);
+    const sumo__call_desc *all;
+    SUMO__CHECK(sumo__agree(c, d, &all));
+    if (sumo__all_shared(c, all)) return allreduce_direct(c, d, all);
+    SUMO__CHECK(stage_late_copies(c, all, -1, &s, precopied, sendbuf, d->count));
     void **outs;
     const void **ins;
     SUMO__CHECK(pointer_arrays(c, &outs, &ins));
@@ -154,8 +175,12 @@ static sumo_result broadcast_staged(sumo_comm *c, sumo__call_desc *d, const void
     sumo__staging s = sumo__staging_of(tp, esz);
     size_t chunks = sumo__stage_chunk_count(&s, d->count);
     bool root = tp->rank == d->root;
-    if (root && chunks > 0) sumo__stage_in(&s, tp->rank, 0, sendbuf, d->count);
-    SUMO__CHECK(sumo__agree(c, d, NULL));
+    bool precopied = root && chunks > 0 && !(d->flags & SUMO__DESC_SHARED);
+    if (precopied) sumo__stage_in(&s, tp->rank, 0, sendbuf, d->count);
+    const sumo__call_desc *all;
+    SUMO__CHECK(sumo__agree(c, d, &all));
+    if (sumo__all_shared(c, all)) return broadcast_direct(c, d, all);
+    SUMO__CHECK(stage_late_copies(c, all, d->root, &s, precopied, sendbuf, d->count));
     for (size_t k = 0; k < chunks; k++) {
         size_t len = sumo__stage_chunk_len(&s, d->count, k);
         unsigned char *dst = (unsigned char *)recvbuf + k * s.chunk * esz;
@@ -176,8 +201,12 @@ static sumo_result allgather_staged(sumo_comm *c, sumo__call_desc *d, const void
     size_t esz = sumo__dtype_bytes(d->dtype);
     sumo__staging s = sumo__staging_of(tp, esz);
     size_t chunks = sumo__stage_chunk_count(&s, d->count);
-    if (chunks > 0) sumo__stage_in(&s, tp->rank, 0, sendbuf, d->count);
-    SUMO__CHECK(sumo__agree(c, d, NULL));
+    bool precopied = chunks > 0 && !(d->flags & SUMO__DESC_SHARED);
+    if (precopied) sumo__stage_in(&s, tp->rank, 0, sendbuf, d->count);
+    const sumo__call_desc *all;
+    SUMO__CHECK(sumo__agree(c, d, &all));
+    if (sumo__all_shared(c, all)) return allgather_direct(c, d, all, sendbuf);
+    SUMO__CHECK(stage_late_copies(c, all, -1, &s, precopied, sendbuf, d->count));
     for (size_t k = 0; k < chunks; k++) {
         size_t len = sumo__stage_chunk_len(&s, d->count, k);
         for (int r = 0; r < tp->size; r++) {
@@ -195,20 +224,32 @@ static sumo_result allgather_staged(sumo_comm *c, sumo__call_desc *d, const void
 sumo_result sumo__shm_allreduce(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
                                 void *recvbuf)
 {
-    if (c->tp->reach == SUMO__REACH_DIRECT) return allreduce_direct(c, d);
+    if (c->tp->reach == SUMO__REACH_DIRECT) {
+        const sumo__call_desc *all;
+        SUMO__CHECK(sumo__agree(c, d, &all));
+        return allreduce_direct(c, d, all);
+    }
     return allreduce_staged(c, d, sendbuf, recvbuf);
 }
 
 sumo_result sumo__shm_broadcast(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
                                 void *recvbuf)
 {
-    if (c->tp->reach == SUMO__REACH_DIRECT) return broadcast_direct(c, d);
+    if (c->tp->reach == SUMO__REACH_DIRECT) {
+        const sumo__call_desc *all;
+        SUMO__CHECK(sumo__agree(c, d, &all));
+        return broadcast_direct(c, d, all);
+    }
     return broadcast_staged(c, d, sendbuf, recvbuf);
 }
 
 sumo_result sumo__shm_allgather(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
                                 void *recvbuf)
 {
-    if (c->tp->reach == SUMO__REACH_DIRECT) return allgather_direct(c, d, sendbuf);
+    if (c->tp->reach == SUMO__REACH_DIRECT) {
+        const sumo__call_desc *all;
+        SUMO__CHECK(sumo__agree(c, d, &all));
+        return allgather_direct(c, d, all, sendbuf);
+    }
     return allgather_staged(c, d, sendbuf, recvbuf);
 }

@@ -3,20 +3,17 @@
 #include <stdio.h>
 #include <string.h>
 
-sumo_result sumo__transport_fail(sumo__transport *tp, sumo_result code, const char *file,
-                                 int line, const char *fmt, ...)
+static sumo_result record(sumo__transport *tp, sumo_result code, bool together, const char *file,
+                          int line, const char *fmt, va_list ap)
 {
     char message[sizeof tp->status->message];
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(message, sizeof message, fmt, ap);
-    va_end(ap);
     if (tp->status) memcpy(tp->status->message, message, sizeof message);
     /* A failure that is not a verdict every rank reached together (bad arguments, a mismatch,
      * a non-finite result) leaves this rank out of step with its peers: the communicator is
      * broken, and the peers are told at once where the transport can reach them, so none of
      * them can finish a collective this rank abandoned and report success. */
-    if (code != SUMO_ERR_INVALID_ARGUMENT && code != SUMO_ERR_MISMATCH &&
+    if (!together && code != SUMO_ERR_INVALID_ARGUMENT && code != SUMO_ERR_MISMATCH &&
         code != SUMO_ERR_NONFINITE && code != SUMO_ERR_INVALID_USAGE) {
         if (tp->status) tp->status->broken = true;
         tp->ops->abort(tp);
@@ -24,4 +21,24 @@ sumo_result sumo__transport_fail(sumo__transport *tp, sumo_result code, const ch
     sumo__log(tp->log_level, SUMO__LOG_WARN, file, line, "rank %d/%d (%s): %s: %s", tp->rank,
               tp->size, tp->ops->name, sumo_result_name(code), message);
     return code;
+}
+
+sumo_result sumo__transport_fail(sumo__transport *tp, sumo_result code, const char *file,
+                                 int line, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    sumo_result r = record(tp, code, false, file, line, fmt, ap);
+    va_end(ap);
+    return r;
+}
+
+sumo_result sumo__transport_fail_together(sumo__transport *tp, sumo_result code,
+                                          const char *file, int line, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    sumo_result r = record(tp, code, true, file, line, fmt, ap);
+    va_end(ap);
+    return r;
 }

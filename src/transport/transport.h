@@ -17,7 +17,11 @@
  *              ranks' staging areas in memory every rank maps (processes on one node);
  *   offload    the peer library's own allreduce (MPI_Allreduce today, NCCL's tomorrow),
  *              asked per call whether it supports a dtype and op, the way NCCL keeps its
- *              collective offload (ncclCollNet) apart from its byte transport (ncclNet).
+ *              collective offload (ncclCollNet) apart from its byte transport (ncclNet);
+ *   mem_alloc  memory every peer maps (MPI_Win_allocate_shared, ncclMemAlloc): a STAGED
+ *              transport then reaches buffers in it directly, and `shares` tells the
+ *              collectives which of a rank's buffers are such, so that a call whose buffers
+ *              are shared on every rank skips the staging copies.
  *
  * Every wait inside a transport is bounded by the group's deadline (timeout_ns from the start
  * of the wait). A wait that expires aborts the group where the transport can (so waiting peers
@@ -62,8 +66,17 @@ typedef struct sumo__transport_ops {
      * Synchronising: it returns only once every rank has announced. */
     sumo_result (*announce)(sumo__transport *tp, const void *record, void *all, size_t bytes);
     sumo_result (*barrier)(sumo__transport *tp);
-    /* SUMO__REACH_DIRECT only: rank's buffer at the address it announced, usable here. */
+    /* Rank's buffer at the address it announced, usable here: any address on
+     * SUMO__REACH_DIRECT; on SUMO__REACH_STAGED only one that `shares` accepted on its owner. */
     void *(*peer_buffer)(sumo__transport *tp, int rank, uint64_t address);
+    /* Optional (NULL: nothing is shared beyond the reach). Whether bytes at buf, on this rank,
+     * lie in memory from mem_alloc, which every peer maps. */
+    bool (*shares)(sumo__transport *tp, const void *buf, size_t bytes);
+    /* Optional, both or neither. Collective: every rank calls them in the same order (the
+     * communicator agrees first), each with its own size; mem_free takes what mem_alloc of the
+     * same rank gave. Failures are this rank's own and leave nothing allocated. */
+    sumo_result (*mem_alloc)(sumo__transport *tp, size_t bytes, void **ptr);
+    sumo_result (*mem_free)(sumo__transport *tp, void *ptr);
     /* SUMO__REACH_STAGED only: rank's staging area (tp->stage_bytes), mapped here. */
     unsigned char *(*stage)(sumo__transport *tp, int rank);
     /* Raises the group's abort so peers waiting on anything fail now (no-op where the
@@ -111,6 +124,13 @@ sumo_result sumo__transport_fail(sumo__transport *tp, sumo_result code, const ch
                                  int line, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 #define SUMO__FAIL(tp, code, ...) sumo__transport_fail((tp), (code), __FILE__, __LINE__, __VA_ARGS__)
+/* A failure every rank of the group reached together, in step (a collective allocation that
+ * failed somewhere, as every rank learned): recorded, but the communicator stays usable. */
+sumo_result sumo__transport_fail_together(sumo__transport *tp, sumo_result code,
+                                          const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+#define SUMO__FAIL_TOGETHER(tp, code, ...) \
+    sumo__transport_fail_together((tp), (code), __FILE__, __LINE__, __VA_ARGS__)
 
 static inline bool sumo__transport_broken(const sumo__transport *tp)
 {

@@ -30,6 +30,24 @@
 #define DEFAULT_STAGE_BYTES ((size_t)512 * 1024)
 #define TAG 0x5d0
 
+/*
+ * Memory from mem_alloc. On one node it is a shared window of its own, so every peer maps
+ * every rank's part; peer_buffer turns an address a peer announced into our mapping of it.
+ * Across nodes it is plain memory (win == MPI_WIN_NULL) that nothing shares.
+ */
+typedef struct shared_region {
+    struct shared_region *next;
+    MPI_Win win;
+    unsigned char *base; /* this rank's part */
+    unsigned char *user; /* what the caller got: base rounded up to a page */
+    size_t bytes;
+    /* Per rank: its part's address in its own process, its length, and where it is mapped
+     * here (win != MPI_WIN_NULL only). */
+    uint64_t *owner_address;
+    size_t *owner_bytes;
+    unsigned char **mapped;
+} shared_region;
+
 typedef struct mpi_transport {
     sumo__transport base;
     MPI_Comm comm;
@@ -41,6 +59,7 @@ typedef struct mpi_transport {
     bool have_win;
     sumo__shm shm; /* have_win only */
     unsigned char **stage;
+    shared_region *regions; /* changed only by the collective mem_alloc / mem_free */
 } mpi_transport;
 
 /* note is appended to the message ("" for none). */
@@ -240,6 +259,157 @@ static sumo_result mpi_offload_allreduce(sumo__transport *tp, const void *sendbu
     return SUMO_SUCCESS;
 }
 
+/* Frees what a region holds, not the region itself. */
+static void region_drop(shared_region *g)
+{
+    if (g->win != MPI_WIN_NULL) {
+        MPI_Win_unlock_all(g->win);
+        MPI_Win_free(&g->win);
+    } else {
+        free(g->base);
+    }
+    free(g->owner_address);
+    free(g->owner_bytes);
+    free(g->mapped);
+}
+
+/* The shared region holding [address, address + bytes) of rank's process, or NULL. */
+static const shared_region *region_of(const mpi_transport *t, int rank, uint64_t address,
+                                      size_t bytes)
+{
+    for (const shared_region *g = t->regions; g; g = g->next) {
+        if (g->win == MPI_WIN_NULL) continue;
+        uint64_t lo = g->owner_address[rank];
+        if (address >= lo && address - lo <= g->owner_bytes[rank] &&
+            bytes <= g->owner_bytes[rank] - (address - lo))
+            return g;
+    }
+    return NULL;
+}
+
+static bool mpi_shares(sumo__transport *tp, const void *buf, size_t bytes)
+{
+    return region_of((mpi_transport *)tp, tp->rank, (uint64_t)(uintptr_t)buf, bytes) != NULL;
+}
+
+static void *mpi_peer_buffer(sumo__transport *tp, int rank, uint64_t address)
+{
+    /* The collectives ask only for addresses their owner said were shared. */
+    const shared_region *g = region_of((mpi_transport *)tp, rank, address, 0);
+    return g ? g->mapped[rank] + (address - g->owner_address[rank]) : NULL;
+}
+
+/* Whether every rank says ok (a collective: everyone calls it, whatever its own outcome). */
+static bool all_ranks_ok(mpi_transport *t, bool ok)
+{
+    int mine = ok, all = 0;
+    return MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, t->comm) == MPI_SUCCESS && all;
+}
+
+/*
+ * One window per allocation: MPI_Win_allocate_shared gives every rank a mapping of every
+ * rank's part, and an allgather tells each rank where its peers' parts live in their own
+ * processes (the addresses their collectives will announce). Every step runs on every rank,
+ * whatever its own outcome (the communicator agreed before), and all fail together.
+ */
+static sumo_result alloc_shared(mpi_transport *t, shared_region *g, size_t bytes, bool able)
+{
+    sumo__transport *tp = &t->base;
+    size_t size = (size_t)tp->size;
+    g->owner_address = calloc(size, sizeof *g->owner_address);
+    g->owner_bytes = calloc(size, sizeof *g->owner_bytes);
+    g->mapped = calloc(size, sizeof *g->mapped);
+    uint64_t *layout = calloc(2 * size, sizeof *layout);
+    able = able && g->owner_address && g->owner_bytes && g->mapped && layout;
+    MPI_Info info;
+    MPI_Info_create(&info);
+    /* Each rank's part on its own pages (and its own NUMA node when first touched there). */
+    MPI_Info_set(info, "alloc_shared_noncontig", "true");
+    void *base = NULL;
+    /* MPI aligns a part to less than a page (Open MPI: 8 bytes past a page): one page more
+     * lets the caller's buffer start on a page boundary. */
+    size_t part = able ? bytes + 4096 : 0;
+    int rc = MPI_Win_allocate_shared((MPI_Aint)part, 1, info, t->comm, &base, &g->win);
+    MPI_Info_free(&info);
+    if (rc != MPI_SUCCESS) g->win = MPI_WIN_NULL;
+    bool ok = all_ranks_ok(t, able && rc == MPI_SUCCESS);
+    if (ok) {
+        g->base = base;
+        g->user = (unsigned char *)(((uintptr_t)base + 4095) & ~(uintptr_t)4095);
+        MPI_Win_lock_all(MPI_MODE_NOCHECK, g->win);
+        uint64_t mine[2] = {(uintptr_t)base, part};
+        ok = MPI_Allgather(mine, 2, MPI_UINT64_T, layout, 2, MPI_UINT64_T, t->comm) == MPI_SUCCESS;
+        for (size_t r = 0; ok && r < size; r++) {
+            MPI_Aint rbytes = 0;
+            int disp = 0;
+            void *ptr = NULL;
+            /* MPI may round a part up to whole pages. */
+            ok = MPI_Win_shared_query(g->win, (int)r, &rbytes, &disp, &ptr) == MPI_SUCCESS &&
+                 (uint64_t)rbytes >= layout[2 * r + 1] && ptr != NULL;
+            g->owner_address[r] = layout[2 * r];
+            g->owner_bytes[r] = (size_t)layout[2 * r + 1];
+            g->mapped[r] = ptr;
+        }
+        ok = all_ranks_ok(t, ok);
+    }
+    free(layout);
+    if (ok) return SUMO_SUCCESS;
+    if (g->win != MPI_WIN_NULL && rc == MPI_SUCCESS) {
+        if (g->base) MPI_Win_unlock_all(g->win);
+        MPI_Win_free(&g->win);
+    }
+    g->win = MPI_WIN_NULL;
+    g->base = NULL;
+    return SUMO__FAIL_TOGETHER(tp, SUMO_ERR_SYSTEM,
+                               "mem_alloc: %zu bytes in a shared window (MPI_Win_allocate_shared): "
+                               "failed on %s", bytes, able && rc == MPI_SUCCESS ? "a peer" : "this rank");
+}
+
+static sumo_result mpi_mem_alloc(sumo__transport *tp, size_t bytes, void **ptr)
+{
+    mpi_transport *t = (mpi_transport *)tp;
+    shared_region spare = {.win = MPI_WIN_NULL};
+    shared_region *g = calloc(1, sizeof *g);
+    shared_region *use = g ? g : &spare;
+    use->win = MPI_WIN_NULL;
+    sumo_result r = SUMO_SUCCESS;
+    if (t->have_win) {
+        r = alloc_shared(t, use, bytes, g != NULL);
+    } else {
+        /* Across nodes nothing is shared: plain memory, listed so that mem_free knows it. */
+        use->base = use->user = g ? aligned_alloc(4096, (bytes + 4095) / 4096 * 4096) : NULL;
+        if (use->base == NULL) r = SUMO_ERR_SYSTEM;
+    }
+    if (r != SUMO_SUCCESS || g == NULL) {
+        region_drop(use);
+        free(g);
+        /* Only this rank's outcome: the communicator agrees on everyone's next. */
+        return r != SUMO_SUCCESS && t->have_win
+                   ? r
+                   : SUMO__FAIL_TOGETHER(tp, SUMO_ERR_SYSTEM, "mem_alloc: out of memory for %zu bytes", bytes);
+    }
+    g->bytes = bytes;
+    g->next = t->regions;
+    t->regions = g;
+    *ptr = g->user;
+    return SUMO_SUCCESS;
+}
+
+static sumo_result mpi_mem_free(sumo__transport *tp, void *ptr)
+{
+    mpi_transport *t = (mpi_transport *)tp;
+    for (shared_region **at = &t->regions; *at; at = &(*at)->next) {
+        shared_region *g = *at;
+        if (g->user != ptr) continue;
+        *at = g->next;
+        region_drop(g);
+        free(g);
+        return SUMO_SUCCESS;
+    }
+    return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
+                      "mem_free: %p did not come from sumo_mem_alloc on this communicator", ptr);
+}
+
 static sumo_result mpi_destroy(sumo__transport *tp)
 {
     mpi_transport *t = (mpi_transport *)tp;
@@ -260,6 +430,13 @@ static sumo_result mpi_destroy(sumo__transport *tp)
         mpi_abort(tp);
         /* gather_buf stays allocated: MPI may still complete the abandoned collective. */
     } else {
+        /* Collective frees, in the same order on every rank (the list is built alike). */
+        while (t->regions) {
+            shared_region *g = t->regions;
+            t->regions = g->next;
+            region_drop(g);
+            free(g);
+        }
         free(t->gather_buf);
         if (t->have_win) {
             MPI_Win_unlock_all(t->win);
@@ -277,6 +454,10 @@ static const sumo__transport_ops mpi_ops = {
     .sendrecv = mpi_sendrecv,
     .announce = mpi_announce,
     .barrier = mpi_barrier,
+    .peer_buffer = mpi_peer_buffer,
+    .shares = mpi_shares,
+    .mem_alloc = mpi_mem_alloc,
+    .mem_free = mpi_mem_free,
     .stage = mpi_stage,
     .abort = mpi_abort,
     .destroy = mpi_destroy,
