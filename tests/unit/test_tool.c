@@ -84,6 +84,14 @@ static void test_usage_errors(void **state)
     free(out);
     assert_int_equal(run_sumo("bench --dtype int8", &out), 2);
     free(out);
+    /* An empty list entry is a typo, not a shorter list (the run would otherwise go ahead). */
+    assert_int_equal(run_sumo("bench --transport threads --ranks 2,,3 --quick --skip-mem --max 4K "
+                              "--iters 1 --warmup 0", &out), 2);
+    assert_non_null(strstr(out, "--ranks"));
+    free(out);
+    assert_int_equal(run_sumo("bench --transport threads --ops sum, --quick --skip-mem --max 4K "
+                              "--iters 1 --warmup 0", &out), 2);
+    free(out);
 }
 
 /* A few sizes on 2 and 3 ranks (3: not a power of two, uneven slices), every row checked,
