@@ -84,6 +84,10 @@ static void test_usage_errors(void **state)
     free(out);
     assert_int_equal(run_sumo("bench --dtype int8", &out), 2);
     free(out);
+    /* A size of 0 used to become 4 B (one element) without a word. */
+    assert_int_equal(run_sumo("bench --min 0", &out), 2);
+    assert_non_null(strstr(out, "--min"));
+    free(out);
     /* An empty list entry is a typo, not a shorter list (the run would otherwise go ahead). */
     assert_int_equal(run_sumo("bench --transport threads --ranks 2,,3 --quick --skip-mem --max 4K "
                               "--iters 1 --warmup 0", &out), 2);
