@@ -84,6 +84,18 @@ static void test_usage_errors(void **state)
     free(out);
     assert_int_equal(run_sumo("bench --dtype int8", &out), 2);
     free(out);
+    /* A size of 0 used to become 4 B (one element) without a word. */
+    assert_int_equal(run_sumo("bench --min 0", &out), 2);
+    assert_non_null(strstr(out, "--min"));
+    free(out);
+    /* An empty list entry is a typo, not a shorter list (the run would otherwise go ahead). */
+    assert_int_equal(run_sumo("bench --transport threads --ranks 2,,3 --quick --skip-mem --max 4K "
+                              "--iters 1 --warmup 0", &out), 2);
+    assert_non_null(strstr(out, "--ranks"));
+    free(out);
+    assert_int_equal(run_sumo("bench --transport threads --ops sum, --quick --skip-mem --max 4K "
+                              "--iters 1 --warmup 0", &out), 2);
+    free(out);
 }
 
 /* A few sizes on 2 and 3 ranks (3: not a power of two, uneven slices), every row checked,
@@ -107,6 +119,10 @@ static void test_bench_quick_checked(void **state)
     assert_non_null(strstr(out, "memory bandwidth"));
     assert_non_null(strstr(out, "derived figures"));
     assert_null(strstr(out, "FAIL"));
+    /* A quick run's timings judge no goal: the test log that prints them must not say
+     * "NOT met" (nor "met") about the benchmark's goals. */
+    assert_null(strstr(out, "met)"));
+    assert_null(strstr(out, "below goal"));
     /* Data rows (not comments) for sum on both rank counts, verified. */
     int sum_rows = 0;
     for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"))

@@ -50,6 +50,15 @@ static void csv_row(const bench_report *rep, const char *section, int ranks, con
             v->busbw, v->ref_us, v->ratio, v->check, v->status);
 }
 
+/* The goals of docs/design/experiments.md are judged in a full run only: --quick is the test
+ * suite's check that the benchmark works, and its few iterations on small arrays (on a machine
+ * busy with other tests) say nothing about a goal, so a "NOT met" there would only mislead a
+ * reader of the test log. The figures themselves are still printed. */
+static bool judged(const bench_report *rep)
+{
+    return !rep->o->quick;
+}
+
 /* A row of the memory, kernel or floor sections: no minimum, no bus bandwidth, no check. */
 static csv_values bandwidth_values(const char *dtype, const char *op, double bytes, size_t count,
                                    double us, double gbps, double ref_us, double ratio)
@@ -152,9 +161,9 @@ void bench_print_kernels(const bench_report *rep, const bench_mem_results *m, si
 {
     const char *dt = bench_dtype_name(rep->o->dtype);
     printf("#\n# kernels (%s, %s, %zu MiB per operand, median of %d) against the STREAM loop "
-           "moving the same kind of traffic with as many threads, run in alternation with it; "
-           "goal >= 80%%\n",
-           bench_kernel_isa(), dt, kbytes / BENCH_MIB, rep->o->mem_reps);
+           "moving the same kind of traffic with as many threads, run in alternation with it%s\n",
+           bench_kernel_isa(), dt, kbytes / BENCH_MIB, rep->o->mem_reps,
+           judged(rep) ? "; goal >= 80%" : "");
     printf("#%-36s %7s %10s %8s %10s %7s\n", " kernel", "threads", "GB/s", "bound", "GB/s", "ratio");
     for (int i = 0; i < m->nk; i++) {
         for (int k = 0; k < BENCH_NKERNELS; k++) {
@@ -162,7 +171,7 @@ void bench_print_kernels(const bench_report *rep, const bench_mem_results *m, si
             double bound = m->kbound[i][k], ratio = m->kernel[i][k] / bound;
             printf("# %-35s %7d %10.2f %8s %10.2f %6.0f%%%s\n", d->name, m->kthreads[i],
                    m->kernel[i][k], bench_stream_name(d->bound), bound, 100 * ratio,
-                   ratio >= 0.8 ? "" : "  below goal");
+                   ratio >= 0.8 || !judged(rep) ? "" : "  below goal");
             csv_values v = bandwidth_values(dt, d->csv_name, (double)kbytes * d->operand_passes,
                                             0, NAN, m->kernel[i][k], NAN, ratio);
             csv_row(rep, "kernel", m->kthreads[i], &v);
@@ -277,7 +286,7 @@ static void print_floors(const bench_report *rep, const bench_mem_results *m)
                "the %d-worker a+=b bandwidth (%.2f GB/s, measured in alternation) take %.1f us: "
                "%.2fx",
                p, m->f_bytes, dt, m->f_us[i], p, p, m->f_bw[i], floor_us, ratio);
-        if (o->transport == BENCH_TRANSPORT_THREADS && p == 2)
+        if (o->transport == BENCH_TRANSPORT_THREADS && p == 2 && judged(rep))
             printf(" (goal <= 1.5x: %s)", ratio <= 1.5 ? "met" : "NOT met");
         printf("\n");
         csv_values v = bandwidth_values(dt, "sum", (double)m->f_bytes,
@@ -296,7 +305,8 @@ static void print_ratios_at(const bench_report *rep, int p, size_t bytes)
         double ratio = s->med_us / s->peer_med_us;
         printf("#   P=%d %9zu B sum: sumo %.2f us, MPI_Allreduce %.2f us, ratio %.3f", p, bytes,
                s->med_us, s->peer_med_us, ratio);
-        if (bytes == BENCH_GOAL_BYTES) printf(" (goal <= 0.4: %s)", ratio <= 0.4 ? "met" : "NOT met");
+        if (bytes == BENCH_GOAL_BYTES && judged(rep))
+            printf(" (goal <= 0.4: %s)", ratio <= 0.4 ? "met" : "NOT met");
         printf("\n");
     }
     if (s && a && s->status == 0 && a->status == 0)
@@ -309,7 +319,7 @@ static void print_ratios_at(const bench_report *rep, int p, size_t bytes)
                p, bytes, ac->med_us / av->med_us);
 }
 
-static void print_worst_kernel(const bench_mem_results *m)
+static void print_worst_kernel(const bench_report *rep, const bench_mem_results *m)
 {
     int worst_k = 0, worst_i = 0;
     double worst = INFINITY;
@@ -318,9 +328,10 @@ static void print_worst_kernel(const bench_mem_results *m)
             double r = m->kernel[i][k] / m->kbound[i][k];
             if (r < worst) worst = r, worst_k = k, worst_i = i;
         }
-    printf("#   kernels: lowest is %s with %d thread(s) at %.0f%% of its bound (goal >= 80%%: %s)\n",
-           bench_kernel(worst_k)->name, m->kthreads[worst_i], 100 * worst,
-           worst >= 0.8 ? "met" : "NOT met");
+    printf("#   kernels: lowest is %s with %d thread(s) at %.0f%% of its bound",
+           bench_kernel(worst_k)->name, m->kthreads[worst_i], 100 * worst);
+    if (judged(rep)) printf(" (goal >= 80%%: %s)", worst >= 0.8 ? "met" : "NOT met");
+    printf("\n");
 }
 
 void bench_print_derived(const bench_report *rep, const bench_mem_results *m)
@@ -338,6 +349,6 @@ void bench_print_derived(const bench_report *rep, const bench_mem_results *m)
         for (int k = 0; k < 3; k++)
             if (k == 0 || probe[k] != probe[k - 1]) print_ratios_at(rep, p, probe[k]);
     }
-    if (m->nk > 0) print_worst_kernel(m);
+    if (m->nk > 0) print_worst_kernel(rep, m);
     fflush(stdout);
 }
