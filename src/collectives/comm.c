@@ -1,5 +1,4 @@
 #include "collectives/comm.h"
-#include "collectives/memory.h"
 #include "transport/threads.h"
 
 #include <stdlib.h>
@@ -39,7 +38,6 @@ fail_agreed:
 
 sumo_result sumo__comm_free(sumo_comm *comm)
 {
-    sumo__mem_forget(comm);
     sumo_result r = comm->tp->ops->destroy(comm->tp);
     pthread_cond_destroy(&comm->work);
     pthread_cond_destroy(&comm->idle);

@@ -3,6 +3,7 @@
  * the end of a communicator's life (which must drain that queue first).
  */
 #include "collectives/collectives.h"
+#include "collectives/memory.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -44,6 +45,7 @@ sumo_result sumo_comm_destroy(sumo_comm *comm)
         free(r);
     }
     pthread_mutex_unlock(&comm->lock);
+    sumo__mem_forget(comm);
     return sumo__comm_free(comm);
 }
 
