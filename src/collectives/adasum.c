@@ -744,6 +744,8 @@ sumo_result sumo__allreduce_adasum(sumo_comm *c, const void *sendbuf, void *recv
         else
             d.local_error = sumo__comm_scratch(c, sp.total, &s);
     }
+    if (d.local_error == SUMO_SUCCESS && a.gram)
+        d.flags = sumo__shared_flag(c, sendbuf, count * a.esz, recvbuf, count * a.esz);
     SUMO__LOG(tp->log_level, SUMO__LOG_INFO,
               "rank %d allreduce count %zu %s adasum: %zu tensors, %d groups of %d, %s", tp->rank,
               count, sumo__dtype_name(dtype), a.ntensors, a.ngroups, a.g,

@@ -86,6 +86,16 @@ sumo_result sumo__agree(sumo_comm *c, sumo__call_desc *d, const sumo__call_desc 
     return agree_as(c, d, all, kind_name(d->kind));
 }
 
+uint32_t sumo__shared_flag(const sumo_comm *c, const void *sendbuf, size_t send_bytes,
+                           const void *recvbuf, size_t recv_bytes)
+{
+    sumo__transport *tp = c->tp;
+    if (tp->reach != SUMO__REACH_STAGED || tp->ops->shares == NULL) return 0;
+    bool shared = (sendbuf == NULL || tp->ops->shares(tp, sendbuf, send_bytes)) &&
+                  tp->ops->shares(tp, recvbuf, recv_bytes);
+    return shared ? SUMO__DESC_SHARED : 0;
+}
+
 bool sumo__all_shared(const sumo_comm *c, const sumo__call_desc *all)
 {
     for (int r = 0; r < c->tp->size; r++)

@@ -40,6 +40,11 @@ struct sumo__call_desc {
 /* This rank's send and receive buffers lie in memory every peer maps (sumo_mem_alloc). */
 #define SUMO__DESC_SHARED 1u
 
+/* SUMO__DESC_SHARED when the buffers this rank passes (sendbuf NULL: none to send) lie in
+ * memory its peers map, on a transport that otherwise stages; else 0. */
+uint32_t sumo__shared_flag(const sumo_comm *c, const void *sendbuf, size_t send_bytes,
+                           const void *recvbuf, size_t recv_bytes);
+
 /* Whether every rank announced shared buffers: the call may then run direct. */
 bool sumo__all_shared(const sumo_comm *c, const sumo__call_desc *all);
 

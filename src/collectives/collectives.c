@@ -86,18 +86,6 @@ static bool use_shared_memory(const sumo_comm *c)
            (c->algo == SUMO_ALGORITHM_AUTO || c->algo == SUMO_ALGORITHM_SHARED_MEMORY);
 }
 
-/* SUMO__DESC_SHARED when the buffers this rank passes lie in memory its peers map: if every
- * rank's do, a staged transport reaches them directly (shm_algos.c decides after agreeing). */
-static uint32_t shared_flag(const sumo_comm *c, const void *sendbuf, size_t send_bytes,
-                            const void *recvbuf, size_t recv_bytes)
-{
-    sumo__transport *tp = c->tp;
-    if (tp->reach != SUMO__REACH_STAGED || tp->ops->shares == NULL) return 0;
-    bool shared = (sendbuf == NULL || tp->ops->shares(tp, sendbuf, send_bytes)) &&
-                  tp->ops->shares(tp, recvbuf, recv_bytes);
-    return shared ? SUMO__DESC_SHARED : 0;
-}
-
 static size_t bytes_of(size_t count, sumo_dtype dtype)
 {
     size_t b;
@@ -115,7 +103,7 @@ sumo_result sumo__allreduce_locked(sumo_comm *c, const void *sendbuf, void *recv
                          .count = count, .sendptr = (uintptr_t)sendbuf, .recvptr = (uintptr_t)recvbuf};
     size_t bytes = bytes_of(count, dtype);
     d.local_error = validate(c, &d, sendbuf, recvbuf, bytes, bytes);
-    if (d.local_error == SUMO_SUCCESS) d.flags = shared_flag(c, sendbuf, bytes, recvbuf, bytes);
+    if (d.local_error == SUMO_SUCCESS) d.flags = sumo__shared_flag(c, sendbuf, bytes, recvbuf, bytes);
     sumo_algorithm algo = pick_allreduce(c, &d);
     if (d.local_error == SUMO_SUCCESS && algo == SUMO_ALGORITHM_PEER && !offload_supports(c->tp, &d))
         d.local_error = SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_USAGE, "allreduce: %s has no %s %s",
@@ -153,7 +141,7 @@ static sumo_result broadcast_locked(sumo_comm *c, const void *sendbuf, void *rec
     d.local_error = validate(c, &d, sendbuf, recvbuf, bytes, bytes);
     if (d.local_error != SUMO_SUCCESS) return sumo__agree(c, &d, NULL);
     /* Only the root's send buffer is read. */
-    d.flags = shared_flag(c, root == c->tp->rank ? sendbuf : NULL, bytes, recvbuf, bytes);
+    d.flags = sumo__shared_flag(c, root == c->tp->rank ? sendbuf : NULL, bytes, recvbuf, bytes);
     if (use_shared_memory(c)) return sumo__shm_broadcast(c, &d, sendbuf, recvbuf);
     return sumo__tree_broadcast(c, &d, sendbuf, recvbuf);
 }
@@ -180,7 +168,7 @@ static sumo_result allgather_locked(sumo_comm *c, const void *sendbuf, void *rec
         recv_bytes = SIZE_MAX;
     d.local_error = validate(c, &d, sendbuf, recvbuf, send_bytes, recv_bytes);
     if (d.local_error != SUMO_SUCCESS) return sumo__agree(c, &d, NULL);
-    d.flags = shared_flag(c, sendbuf, send_bytes, recvbuf, recv_bytes);
+    d.flags = sumo__shared_flag(c, sendbuf, send_bytes, recvbuf, recv_bytes);
     if (use_shared_memory(c)) return sumo__shm_allgather(c, &d, sendbuf, recvbuf);
     return sumo__ring_allgather(c, &d, sendbuf, recvbuf);
 }

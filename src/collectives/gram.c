@@ -292,7 +292,10 @@ sumo_result sumo__gram_run(sumo_comm *c, const sumo__call_desc *all, const void 
 {
     gram_space g;
     layout_space(c, call, scratch, &g);
-    if (call->shape == SUMO__GRAM_DIRECT) return run_direct(c, all, call, &g, applied);
+    /* Staged processes whose buffers all come from sumo_mem_alloc reach them directly. */
+    if (call->shape == SUMO__GRAM_DIRECT ||
+        (call->shape == SUMO__GRAM_STAGED && sumo__all_shared(c, all)))
+        return run_direct(c, all, call, &g, applied);
     if (call->shape == SUMO__GRAM_STAGED) return run_staged(c, sendbuf, recvbuf, call, &g, applied);
     return run_messages(c, sendbuf, recvbuf, call, &g, applied);
 }
@@ -322,6 +325,8 @@ sumo_result sumo__gram_allreduce(sumo_comm *c, void *buffer, const sumo__gram_ca
                                         "gram combine: NULL buffer or unknown dtype");
     else
         d.local_error = sumo__comm_scratch(c, sumo__gram_scratch_bytes(c, call), &scratch);
+    size_t bytes = call->count * sumo__dtype_bytes(call->dtype);
+    if (d.local_error == SUMO_SUCCESS) d.flags = sumo__shared_flag(c, buffer, bytes, buffer, bytes);
     const sumo__call_desc *all;
     r = sumo__agree(c, &d, &all);
     if (r == SUMO_SUCCESS) r = sumo__gram_run(c, all, buffer, buffer, call, scratch, applied);

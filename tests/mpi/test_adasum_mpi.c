@@ -52,18 +52,36 @@ typedef struct config {
     const size_t *counts; /* NULL: SUMO_OP_ADASUM on `count` elements */
     size_t ntensors, count;
     int hierarchical, group_size;
+    bool shared; /* buffers from sumo_mem_alloc: the Gram form runs direct over MPI */
 } config;
+
+/* A buffer of `bytes` (+8) from malloc, or from sumo_mem_alloc (collective) when shared. */
+static unsigned char *buffer(sumo_comm *comm, bool shared, size_t bytes)
+{
+    void *p = NULL;
+    if (!shared) return malloc(bytes + 8);
+    sumo_result r = sumo_mem_alloc(comm, bytes + 8, &p);
+    check(r == SUMO_SUCCESS, "sumo_mem_alloc");
+    return p;
+}
+
+static void release(sumo_comm *comm, bool shared, void *p)
+{
+    if (!shared) free(p);
+    else check(sumo_mem_free(comm, p) == SUMO_SUCCESS, "sumo_mem_free");
+}
 
 static void run_config(sumo_comm *comm, const config *c, uint64_t seed)
 {
     char what[256];
-    snprintf(what, sizeof what, "%s dtype %d count %zu hierarchical %d/%d", c->name, c->dtype,
-             c->count, c->hierarchical, c->group_size);
+    snprintf(what, sizeof what, "%s dtype %d count %zu hierarchical %d/%d%s", c->name, c->dtype,
+             c->count, c->hierarchical, c->group_size, c->shared ? ", shared buffers" : "");
     size_t esz = harness_dtype_size(c->dtype), n = c->count, T = c->counts ? c->ntensors : 1;
     size_t *off = malloc((T + 1) * sizeof *off);
     off[0] = 0;
     for (size_t t = 0; t < T; t++) off[t + 1] = off[t] + (c->counts ? c->counts[t] : n);
-    unsigned char *in = malloc(n * esz + 8), *out = malloc(n * esz + 8), *again = malloc(n * esz + 8);
+    unsigned char *in = buffer(comm, c->shared, n * esz), *out = buffer(comm, c->shared, n * esz);
+    unsigned char *again = buffer(comm, c->shared, n * esz);
     for (size_t i = 0; i < n; i++) harness_set(c->dtype, in, i, input(seed, g_rank, i));
     sumo_op op = SUMO_OP_ADASUM;
     bool created = c->counts != NULL || c->hierarchical;
@@ -135,9 +153,9 @@ static void run_config(sumo_comm *comm, const config *c, uint64_t seed)
     for (int i = 0; i < G; i++) free(u[i]);
     free(u);
     free(root);
-    free(in);
-    free(out);
-    free(again);
+    release(comm, c->shared, in);
+    release(comm, c->shared, out);
+    release(comm, c->shared, again);
     free(off);
 }
 
@@ -198,16 +216,16 @@ int main(int argc, char **argv)
         const sumo_dtype dtypes[] = {SUMO_FLOAT32, SUMO_FLOAT64, SUMO_FLOAT16, SUMO_BFLOAT16};
         for (size_t d = 0; d < 4; d++) {
             config cs[] = {
-                {"one tensor", dtypes[d], NULL, 0, 1001, 0, 0},
-                {"one element", dtypes[d], NULL, 0, 1, 0, 0},
-                {"empty", dtypes[d], NULL, 0, 0, 0, 0},
-                {"awkward", dtypes[d], awkward, sizeof awkward / sizeof awkward[0], 0, 0, 0},
-                {"many tiny", dtypes[d], many_tiny, 300, 0, 0, 0},
-                {"big", dtypes[d], big, sizeof big / sizeof big[0], 0, 0, 0},
-                {"awkward, groups of 1", dtypes[d], awkward, 11, 0, 1, 1},
-                {"awkward, one group", dtypes[d], awkward, 11, 0, 1, g_size},
-                {"awkward, groups of 2", dtypes[d], awkward, 11, 0, 1, 2},
-                {"awkward, node groups", dtypes[d], awkward, 11, 0, 1, 0},
+                {"one tensor", dtypes[d], NULL, 0, 1001, 0, 0, false},
+                {"one element", dtypes[d], NULL, 0, 1, 0, 0, false},
+                {"empty", dtypes[d], NULL, 0, 0, 0, 0, false},
+                {"awkward", dtypes[d], awkward, sizeof awkward / sizeof awkward[0], 0, 0, 0, false},
+                {"many tiny", dtypes[d], many_tiny, 300, 0, 0, 0, false},
+                {"big", dtypes[d], big, sizeof big / sizeof big[0], 0, 0, 0, false},
+                {"awkward, groups of 1", dtypes[d], awkward, 11, 0, 1, 1, false},
+                {"awkward, one group", dtypes[d], awkward, 11, 0, 1, g_size, false},
+                {"awkward, groups of 2", dtypes[d], awkward, 11, 0, 1, 2, false},
+                {"awkward, node groups", dtypes[d], awkward, 11, 0, 1, 0, false},
             };
             for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
                 config c = cs[k];
@@ -217,6 +235,9 @@ int main(int argc, char **argv)
                 }
                 if (c.hierarchical && c.group_size == 2 && g_size % 2 != 0) continue;
                 run_config(comm, &c, 100 + d * 16 + k);
+                /* The same with every rank's buffers shared, for the non-hierarchical cases. */
+                c.shared = true;
+                if (!c.hierarchical) run_config(comm, &c, 100 + d * 16 + k);
             }
         }
         failures(comm);

@@ -37,6 +37,9 @@ static void usage(FILE *out)
         "  --mem-reps N             repeats of each memory-bandwidth run (default 10)\n"
         "  --skip-mem               no memory-bandwidth or kernel section\n"
         "  --no-pin                 do not pin rank threads to cores (threads transport)\n"
+        "  --shared-buffers         buffers from sumo_mem_alloc: over MPI on one node, sumo's\n"
+        "                           collectives then read and write the peers' buffers\n"
+        "                           directly instead of staging copies\n"
         "  --csv FILE               also write every measurement as a CSV row: section\n"
         "                           (allreduce, memory, kernel, floor), transport, ranks (or\n"
         "                           threads), dtype, op, bytes, count, time_us, min_us, gbps,\n"
@@ -220,6 +223,7 @@ static bool parse_switch(bench_opts *o, const char *flag)
     else if (strcmp(flag, "--quick") == 0) o->quick = true;
     else if (strcmp(flag, "--skip-mem") == 0) o->skip_mem = true;
     else if (strcmp(flag, "--no-pin") == 0) o->pin = false;
+    else if (strcmp(flag, "--shared-buffers") == 0) o->shared_buffers = true;
     else return false;
     return true;
 }

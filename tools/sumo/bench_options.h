@@ -40,6 +40,7 @@ typedef struct bench_opts {
     int iters, warmup;
     bool iters_set, warmup_set;
     bool check, quick, skip_mem, pin;
+    bool shared_buffers; /* buffers from sumo_mem_alloc */
     size_t mem_bytes;
     bool mem_set;
     int mem_reps;

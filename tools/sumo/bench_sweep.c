@@ -132,9 +132,21 @@ static void measure_op(bench_group *g, sweep_state *s, bench_row *r)
     if (r->status != 0) s->told[r->op] = true;
 }
 
-/* The buffer of the largest size on every member, or 1 on all when one could not. */
-static int alloc_buffer(bench_group *g, size_t max_bytes, void **buf)
+/* The buffer of the largest size on every member, or 1 on all when one could not. With
+ * --shared-buffers it comes from sumo_mem_alloc (collective: every member calls it). */
+static int alloc_buffer(bench_group *g, const bench_opts *o, size_t max_bytes, void **buf)
 {
+    *buf = NULL;
+    if (o->shared_buffers && g->comm) {
+        sumo_result r = sumo_mem_alloc(g->comm, max_bytes, buf);
+        if (r != SUMO_SUCCESS) {
+            const char *detail = "";
+            sumo_comm_error_message(g->comm, &detail);
+            if (g->rank == 0) fprintf(stderr, "sumo bench: sumo_mem_alloc: %s\n", detail);
+            return 1;
+        }
+        return 0;
+    }
     *buf = aligned_alloc(4096, (max_bytes + 4095) / 4096 * 4096);
     double failed = *buf == NULL;
     g->max(g, &failed, 1);
@@ -145,11 +157,17 @@ static int alloc_buffer(bench_group *g, size_t max_bytes, void **buf)
     return 1;
 }
 
+static void free_buffer(bench_group *g, const bench_opts *o, void *buf)
+{
+    if (o->shared_buffers && g->comm) sumo_mem_free(g->comm, buf);
+    else free(buf);
+}
+
 int bench_sweep_body(bench_group *g, void *report)
 {
     sweep_state s = {.rep = report};
     const bench_opts *o = s.rep->o;
-    if (alloc_buffer(g, s.rep->sizes[s.rep->nsizes - 1], &s.buf) != 0) return 1;
+    if (alloc_buffer(g, o, s.rep->sizes[s.rep->nsizes - 1], &s.buf) != 0) return 1;
     if (s.rep->printer && g->rank == 0) bench_print_table_header(s.rep, g->size);
     for (int si = 0; si < s.rep->nsizes; si++) {
         bench_row base = {.ranks = g->size, .bytes = s.rep->sizes[si]};
@@ -159,16 +177,17 @@ int bench_sweep_body(bench_group *g, void *report)
             r.op = o->ops[oi];
             measure_op(g, &s, &r);
             if (!breaks_comm(r.status) || g->renew == NULL) continue;
-            sumo_result rr = g->renew(g);
+            /* Shared buffers belong to the broken communicator. */
+            sumo_result rr = o->shared_buffers ? SUMO_ERR_INVALID_USAGE : g->renew(g);
             if (rr != SUMO_SUCCESS) {
                 if (s.rep->printer && g->rank == 0)
                     printf("# cannot replace the broken communicator: %s\n", sumo_result_name(rr));
-                free(s.buf);
+                if (!o->shared_buffers) free(s.buf);
                 return 1;
             }
         }
     }
-    free(s.buf);
+    free_buffer(g, o, s.buf);
     return 0;
 }
 
@@ -179,7 +198,7 @@ int bench_floor_body(bench_group *g, void *floor)
     bench_floor *f = floor;
     const bench_opts *o = f->o;
     void *buf;
-    if (alloc_buffer(g, f->bytes, &buf) != 0) return 1;
+    if (alloc_buffer(g, o, f->bytes, &buf) != 0) return 1;
     size_t count = f->bytes / bench_dtype_bytes(o->dtype);
     bench_fill(o->dtype, buf, 0, count, g->rank);
     coll_call call = {buf, count, o->dtype, SUMO_OP_SUM, false, NULL};
@@ -194,7 +213,7 @@ int bench_floor_body(bench_group *g, void *floor)
         f->us = t_sum / 1e3;
         f->bw = add.bytes / t_add;
     }
-    free(buf);
+    free_buffer(g, o, buf);
     return 0;
 }
 
