@@ -144,7 +144,11 @@ static sumo_result allreduce_staged(sumo_comm *c, sumo__call_desc *d, const void
     if (precopied) sumo__stage_in(&s, me, 0, sendbuf, d->count);
     const sumo__call_desc *all;
     SUMO__CHECK(sumo__agree(c, d, &all));
-    if (sumo__all_shared(c, all)) return allreduce_direct(c, d, all);
+    if (sumo__all_shared(c, all)) {
+        SUMO__LOG(tp->log_level, SUMO__LOG_INFO, "rank %d allreduce: every rank's buffers are "
+                  "shared, direct", me);
+        return allreduce_direct(c, d, all);
+    }
     SUMO__CHECK(stage_late_copies(c, all, -1, &s, precopied, sendbuf, d->count));
     void **outs;
     const void **ins;

@@ -28,6 +28,7 @@ struct sumo__model {
     size_t sizes[MAX_TENSORS], offsets[MAX_TENSORS];
     const char *names[MAX_TENSORS];
     float *params, *grads;
+    bool external; /* params and grads belong to the caller (sumo__model_adopt_buffers) */
 
     /* Derived shapes. in: pixels per sample; flat: features into fc1. */
     int in, flat;
@@ -274,12 +275,27 @@ void sumo__model_destroy(sumo__model *m)
 {
     if (m == NULL) return;
     free(m->arena);
-    free(m->params);
-    free(m->grads);
+    if (!m->external) {
+        free(m->params);
+        free(m->grads);
+    }
     free(m);
 }
 
 float *sumo__model_params(sumo__model *m) { return m != NULL ? m->params : NULL; }
+void sumo__model_adopt_buffers(sumo__model *m, float *params, float *grads)
+{
+    memcpy(params, m->params, m->nparams * sizeof *params);
+    memcpy(grads, m->grads, m->nparams * sizeof *grads);
+    if (!m->external) {
+        free(m->params);
+        free(m->grads);
+    }
+    m->params = params;
+    m->grads = grads;
+    m->external = true;
+}
+
 float *sumo__model_grads(sumo__model *m) { return m != NULL ? m->grads : NULL; }
 size_t sumo__model_num_params(const sumo__model *m) { return m != NULL ? m->nparams : 0; }
 

@@ -87,6 +87,10 @@ void sumo__model_init(sumo__model *m, uint64_t seed);
  * owned by the model and valid until destroy. */
 float *sumo__model_params(sumo__model *m);
 float *sumo__model_grads(sumo__model *m);
+/* Moves the parameters and gradients into the caller's buffers (nparams floats each, which
+ * must outlive the model): the trainer gives it memory from sumo_mem_alloc, so that the
+ * collectives reach every rank's gradients directly. */
+void sumo__model_adopt_buffers(sumo__model *m, float *params, float *grads);
 size_t sumo__model_num_params(const sumo__model *m);
 /* The layout: *ntensors element counts summing to num_params, valid until destroy. */
 void sumo__model_layout(const sumo__model *m, const size_t **sizes, size_t *ntensors);

@@ -143,6 +143,8 @@ typedef struct rank_state {
     sumo__train_summary *summary;
     char *err;
     size_t errlen;
+    void *shared_params, *shared_grads; /* from sumo_mem_alloc (share_buffers), or NULL */
+    bool ended_together;                /* the training loop ended in step on every rank */
 } rank_state;
 
 static sumo_result fail(rank_state *s, sumo_result r, const char *what)
@@ -230,12 +232,42 @@ static sumo_result build(rank_state *s)
     return SUMO_SUCCESS;
 }
 
+/*
+ * Over MPI, the parameters and gradients move into memory from sumo_mem_alloc, so that the
+ * collectives of processes on one node read and write the peers' buffers directly instead of
+ * copying through staging areas (the same arithmetic, in the same order: the same bits).
+ * Collective: called once every rank agreed that its set-up worked. An allocation that fails
+ * fails on every rank and training goes on in the model's own buffers.
+ */
+static void share_buffers(rank_state *s)
+{
+    const char *transport = "";
+    sumo_comm_transport(s->comm, &transport);
+    if (strcmp(transport, "mpi") != 0 || s->size < 2) return;
+    size_t bytes = s->nparams * sizeof(float);
+    void *params = NULL, *grads = NULL;
+    if (sumo_mem_alloc(s->comm, bytes, &params) != SUMO_SUCCESS) return;
+    if (sumo_mem_alloc(s->comm, bytes, &grads) != SUMO_SUCCESS) {
+        sumo_mem_free(s->comm, params);
+        return;
+    }
+    sumo__model_adopt_buffers(s->model, params, grads);
+    s->shared_params = params;
+    s->shared_grads = grads;
+}
+
 static void teardown(rank_state *s)
 {
     sumo_distributed_destroy(s->dist);
     sumo_aggregator_destroy(s->agg);
     sumo_optimizer_destroy(s->opt);
     sumo__model_destroy(s->model);
+    /* Freeing is collective: only where every rank surely ends together (the last step);
+     * otherwise sumo_comm_destroy releases the memory. */
+    if (s->shared_params && s->ended_together) {
+        sumo_mem_free(s->comm, s->shared_grads);
+        sumo_mem_free(s->comm, s->shared_params);
+    }
     free(s->xbatch);
     free(s->ybatch);
     free(s->perm);
@@ -589,6 +621,7 @@ sumo_result sumo__train_rank(sumo_comm *comm, const sumo__train_config *cfg,
         teardown(&s);
         return r;
     }
+    share_buffers(&s);
     s.t0 = now_s();
     double acc = 0;
     float *params = sumo__model_params(s.model);
@@ -636,6 +669,9 @@ sumo_result sumo__train_rank(sumo_comm *comm, const sumo__train_config *cfg,
             r = save_checkpoint(&s);
         if (stop) break;
     }
+    /* Every rank runs the same number of steps (the configuration hash says so), except
+     * where --stop-after, which may differ between ranks, or a divergence ended the loop. */
+    s.ended_together = r == SUMO_SUCCESS && s.step == s.total_steps;
     if (s.rank == 0 && cfg->progress && cfg->progress_inline) fputc('\n', stderr);
     if (s.log) {
         /* Buffered rows reach the disk here: a full disk is found now or never. */

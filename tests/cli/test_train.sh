@@ -189,9 +189,13 @@ done
 
 # grep without -q reads all of its input: with pipefail, -q could make ldd die of SIGPIPE.
 if command -v mpirun > /dev/null && ldd "$sumo" | grep libmpi > /dev/null; then
-  mpirun -np 2 --oversubscribe --allow-run-as-root --mca btl self,vader "$sumo" train "${common[@]}" --transport mpi > "$tmp/m.out" 2>&1
+  # The debug log says whether the gradients' allreduce ran direct (sumo_mem_alloc'd buffers).
+  SUMO_DEBUG=INFO mpirun -np 2 --oversubscribe --allow-run-as-root --mca btl self,vader "$sumo" train "${common[@]}" --transport mpi > "$tmp/m.out" 2>&1
   [ "$(checksum "$tmp/m.out")" = "$A" ] && ok "MPI transport (2 processes) = threads transport, bit for bit" \
     || { fail "MPI differs: $(checksum "$tmp/m.out") vs $A"; tail -5 "$tmp/m.out"; }
+  grep -c "every rank's buffers are shared, direct" "$tmp/m.out" > "$tmp/direct.n"
+  [ "$(cat "$tmp/direct.n")" -gt 0 ] && ok "MPI: gradients in shared memory, reduced without staging copies" \
+    || fail "MPI: the gradients' allreduce was staged (no direct call in the debug log)"
   mpirun -np 2 --oversubscribe --allow-run-as-root --mca btl self,vader "$sumo" train "${common[@]}" --transport mpi \
     --checkpoint-dir "$tmp/mck" --checkpoint-every 20 --stop-after 55 > "$tmp/m1.out" 2>&1
   mpirun -np 2 --oversubscribe --allow-run-as-root --mca btl self,vader "$sumo" train "${common[@]}" --transport mpi \
