@@ -383,5 +383,7 @@ const char *bench_algo_name(sumo_algorithm algo)
 
 const char *bench_transport_name(const bench_opts *o)
 {
-    return o->transport == BENCH_TRANSPORT_MPI ? "mpi" : "threads";
+    /* Shared buffers change what the MPI transport does, so its rows carry them in the name. */
+    if (o->transport == BENCH_TRANSPORT_MPI) return o->shared_buffers ? "mpi-shared" : "mpi";
+    return o->shared_buffers ? "threads-shared" : "threads";
 }
