@@ -74,7 +74,8 @@ typedef struct sumo__transport_ops {
     bool (*shares)(sumo__transport *tp, const void *buf, size_t bytes);
     /* Optional, both or neither. Collective: every rank calls them in the same order (the
      * communicator agrees first), each with its own size; mem_free takes what mem_alloc of the
-     * same rank gave. Failures are this rank's own and leave nothing allocated. */
+     * same rank gave. A failure leaves nothing allocated on this rank and the communicator
+     * usable (SUMO__FAIL_TOGETHER); the communicator agrees on every rank's outcome after. */
     sumo_result (*mem_alloc)(sumo__transport *tp, size_t bytes, void **ptr);
     sumo_result (*mem_free)(sumo__transport *tp, void *ptr);
     /* SUMO__REACH_STAGED only: rank's staging area (tp->stage_bytes), mapped here. */

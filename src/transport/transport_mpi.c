@@ -40,7 +40,6 @@ typedef struct shared_region {
     MPI_Win win;
     unsigned char *base; /* this rank's part */
     unsigned char *user; /* what the caller got: base rounded up to a page */
-    size_t bytes;
     /* Per rank: its part's address in its own process, its length, and where it is mapped
      * here (win != MPI_WIN_NULL only). */
     uint64_t *owner_address;
@@ -354,6 +353,8 @@ static sumo_result alloc_shared(mpi_transport *t, shared_region *g, size_t bytes
     }
     free(layout);
     if (ok) return SUMO_SUCCESS;
+    /* (Where the creation failed on some ranks only, MPI leaves the others' windows in an
+     * undefined state; freeing them is the best we can do.) */
     if (g->win != MPI_WIN_NULL && rc == MPI_SUCCESS) {
         if (g->base) MPI_Win_unlock_all(g->win);
         MPI_Win_free(&g->win);
@@ -368,27 +369,27 @@ static sumo_result alloc_shared(mpi_transport *t, shared_region *g, size_t bytes
 static sumo_result mpi_mem_alloc(sumo__transport *tp, size_t bytes, void **ptr)
 {
     mpi_transport *t = (mpi_transport *)tp;
-    shared_region spare = {.win = MPI_WIN_NULL};
     shared_region *g = calloc(1, sizeof *g);
+    /* Without a record this rank still takes part in creating the window (collective), and
+     * makes it fail everywhere. */
+    shared_region spare = {0};
     shared_region *use = g ? g : &spare;
     use->win = MPI_WIN_NULL;
-    sumo_result r = SUMO_SUCCESS;
+    sumo_result r;
     if (t->have_win) {
         r = alloc_shared(t, use, bytes, g != NULL);
     } else {
-        /* Across nodes nothing is shared: plain memory, listed so that mem_free knows it. */
+        /* Across nodes nothing is shared: plain memory, listed so that mem_free knows it. This
+         * rank's outcome alone: the communicator then agrees on everyone's. */
         use->base = use->user = g ? aligned_alloc(4096, (bytes + 4095) / 4096 * 4096) : NULL;
-        if (use->base == NULL) r = SUMO_ERR_SYSTEM;
+        r = use->base ? SUMO_SUCCESS
+                      : SUMO__FAIL_TOGETHER(tp, SUMO_ERR_SYSTEM, "mem_alloc: out of memory for %zu bytes", bytes);
     }
-    if (r != SUMO_SUCCESS || g == NULL) {
+    if (r != SUMO_SUCCESS) {
         region_drop(use);
         free(g);
-        /* Only this rank's outcome: the communicator agrees on everyone's next. */
-        return r != SUMO_SUCCESS && t->have_win
-                   ? r
-                   : SUMO__FAIL_TOGETHER(tp, SUMO_ERR_SYSTEM, "mem_alloc: out of memory for %zu bytes", bytes);
+        return r;
     }
-    g->bytes = bytes;
     g->next = t->regions;
     t->regions = g;
     *ptr = g->user;
