@@ -15,7 +15,8 @@ Horovod's does: a hook on each parameter's gradient accumulator fires once its g
 complete (after backward_passes_per_step passes), takes that parameter's local step right
 there (the wrapped optimizer's own step with its parameter groups narrowed to that one
 parameter, so it uses that parameter's own state exactly as a full step would), and writes
-start and delta into the parameter's bucket. Buckets are fixed at construction: the
+start and delta into the parameter's bucket (a bucket of a single parameter keeps the delta
+in the parameter itself until step(), as Horovod does). Buckets are fixed at construction: the
 parameters in reverse registration order (roughly the order backward produces them), one
 dtype per bucket, cut at bucket_cap_mb (0: one parameter per bucket). A bucket whose
 parameters are all stepped starts sumo's asynchronous Adasum allreduce, but only after every
@@ -154,11 +155,12 @@ class DistributedOptimizer(WrappedOptimizer):
             b.add(i, p)
         for b in self._buckets:
             b.start = torch.empty(b.numel, dtype=b.dtype)
-            b.delta = torch.empty(b.numel, dtype=b.dtype)
+            # A bucket of one parameter combines the delta in the parameter's own storage, as
+            # Horovod does (no third buffer, and one pass fewer over the largest tensors).
+            b.delta = None if len(b.slots) == 1 else torch.empty(b.numel, dtype=b.dtype)
             b.what = "the Adasum delta bucket %d of %d tensors (%s%s)" % (
                 b.index, len(b.slots), ", ".join(self._names[i] for i in b.slots[:3]),
                 ", ..." if len(b.slots) > 3 else "")
-            b.args = rt.tensor_args(b.delta, b.what)
             b.op = _adasum_op(comm, tuple(params[i].numel() for i in b.slots))
         self._reset()
         # The hook on a parameter's gradient accumulator (Horovod's way: torch 1.13 has no
@@ -212,7 +214,7 @@ class DistributedOptimizer(WrappedOptimizer):
         b, k = self._where[i]
         off, n = b.offsets[k], p.numel()
         pv = p.detach().view(-1)
-        start, delta = b.start[off:off + n], b.delta[off:off + n]
+        start = b.start[off:off + n]
         start.copy_(pv)
         groups = self._opt.param_groups
         saved = [g["params"] for g in groups]
@@ -223,14 +225,18 @@ class DistributedOptimizer(WrappedOptimizer):
         finally:
             for g, ps in zip(groups, saved):
                 g["params"] = ps
-        torch.sub(pv, start, out=delta)
+        if b.delta is None:
+            pv.sub_(start)  # the parameter holds its delta until step()
+        else:
+            torch.sub(pv, start, out=b.delta[off:off + n])
         self._stepped[i] = True
         b.missing -= 1
 
     def _start_complete(self):
         while self._next < len(self._buckets) and self._buckets[self._next].missing == 0:
             b = self._buckets[self._next]
-            ptr, n, dt = b.args
+            flat = self._params[b.slots[0]].detach() if b.delta is None else b.delta
+            ptr, n, dt = rt.tensor_args(flat, b.what)
             req = ctypes.c_void_p()
             b.t0 = time.perf_counter()
             rt.raise_for(lib.sumo_allreduce_start(ptr, ptr, n, dt, b.op, rt.state.comm,
@@ -264,10 +270,14 @@ class DistributedOptimizer(WrappedOptimizer):
                 except Exception as e:
                     err = e
             if err is None:
-                for i, off in zip(b.slots, b.offsets):
-                    p = self._params[i]
-                    n = p.numel()
-                    torch.add(b.start[off:off + n], b.delta[off:off + n], out=p.detach().view(-1))
+                if b.delta is None:  # start + delta, the same bits as delta + start
+                    self._params[b.slots[0]].detach().view(-1).add_(b.start)
+                else:
+                    for i, off in zip(b.slots, b.offsets):
+                        p = self._params[i]
+                        n = p.numel()
+                        torch.add(b.start[off:off + n], b.delta[off:off + n],
+                                  out=p.detach().view(-1))
         if err is not None:
             # A failed combine (a non-finite delta, a dead peer) leaves the parameters where
             # they started on every rank.
