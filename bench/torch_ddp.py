@@ -13,11 +13,16 @@ or the optimizer's collectives; overlapping buckets count once). Methods:
   sumo avg       sumo.torch.average_hook
   sumo adasum    sumo.torch.adasum_hook (per parameter)
   sumo acga      sumo.torch.acga_hook
-  sumo delta     sumo.torch.DistributedOptimizer(op=Adasum): local step, Adasum of deltas
+  sumo delta     sumo.torch.DistributedOptimizer(op=Adasum): local step, Adasum of deltas,
+                 each parameter's local step and its bucket's Adasum started in the backward
+                 pass (the default: overlap=True, bucket_cap_mb=1)
+  sumo delta/p   (--delta-variants) the same with one parameter per bucket (bucket_cap_mb=0)
+  sumo delta/s   (--delta-variants) overlap=False: local step and Adasum at step(), after
+                 the backward pass
   hvd adasum / hvd avg   horovod.torch.DistributedOptimizer, when horovod imports (it is not
                  a Debian package: bench/torch_ddp_setup.sh builds it in a venv; run this
                  script with that venv's python)
-  sumo delta+h   sumo delta again, right after the hvd rows
+  sumo delta+h   sumo delta again, right after the hvd rows (and delta/p+h, delta/s+h)
 Horovod is initialised only after every sumo row and the communication-only table: from
 hvd.init() on, its background thread cycles (MPI negotiation every HOROVOD_CYCLE_TIME) on the
 same cores, which would slow the rows measured beside it. The hvd rows pay for it, as they
@@ -38,6 +43,14 @@ noisy machine hit them alike):
                  or ACGA's apply, on sumo's worker thread), every Future waited on
 Per step: refill the buffers with the rank's gradients, barrier, time until every bucket is
 reduced. Median over steps; "vs gloo" divides a method's median by gloo's, from the same run.
+
+--delta-interleaved [--methods ...] measures only the Adasum delta optimizers (sumo delta,
+delta/p, delta/s, hvd adasum by default), each on its own copy of a model, every step running
+each method once (order rotated, a barrier before each), so a noisy machine's phases hit them
+alike; "vs hvd adasum" divides by Horovod's median from the same run. Horovod is initialised
+only when an hvd method is listed: run "--methods 'sumo delta,sumo delta/s'" and
+"--methods 'hvd adasum'" as separate jobs for each as its users run it (no other library's
+thread beside it), the default list for both under the same conditions.
 """
 import argparse
 import os
@@ -97,7 +110,9 @@ def gloo_timed_hook(pg, bucket):
 
 
 def setup(method, model):
-    """(module, optimizer, state to close) for a method."""
+    """(module, optimizer, state to close) for a method ("+h": measured after hvd.init())."""
+    if method.endswith("+h"):
+        method = method[:-2]
     sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     if method == "gloo":
         return DDP(model), sgd, None
@@ -111,8 +126,14 @@ def setup(method, model):
         ddp.register_comm_hook(state, {"sumo avg": st.average_hook, "sumo adasum": st.adasum_hook,
                                        "sumo acga": st.acga_hook}[method])
         return ddp, sgd, state
-    if method in ("sumo delta", "sumo delta+h"):
+    if method == "sumo delta":
         return model, st.DistributedOptimizer(sgd, model.named_parameters(), op=sumo.Adasum), None
+    if method == "sumo delta/p":
+        return model, st.DistributedOptimizer(sgd, model.named_parameters(), op=sumo.Adasum,
+                                              bucket_cap_mb=0), None
+    if method == "sumo delta/s":
+        return model, st.DistributedOptimizer(sgd, model.named_parameters(), op=sumo.Adasum,
+                                              overlap=False), None
     if method == "hvd adasum":
         return model, hvd.DistributedOptimizer(sgd, model.named_parameters(), op=hvd.Adasum), None
     if method == "hvd avg":
@@ -257,6 +278,65 @@ def delta_params(method, steps=5):
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
+DELTA_METHODS = ["sumo delta", "sumo delta/p", "sumo delta/s", "hvd adasum"]
+
+
+def delta_interleaved(make, args):
+    """--delta-interleaved: median step ms of the Adasum delta optimizers, each on its own
+    copy of the model, every step running each method once (order rotated step by step, a
+    barrier before each), so the slow and fast phases of a shared machine hit them alike."""
+    P = st.size()
+    methods = [m for m in args.methods.split(",") if not m.startswith("hvd") or (
+        hvd is not None and P & (P - 1) == 0)]
+    setups = []
+    for m in methods:
+        torch.manual_seed(0)
+        model = make()
+        st.broadcast_parameters(model.state_dict(), root_rank=0)
+        module, opt, _ = setup(m, model)
+        setups.append((m, module, opt))
+    g = torch.Generator().manual_seed(st.rank())
+    x = torch.randn(args.batch, 1, 28, 28, generator=g)
+    y = torch.randint(0, 10, (args.batch,), generator=g)
+    times = {m: [] for m in methods}
+    for i in range(args.warmup + args.steps):
+        k = i % len(setups)
+        for m, module, opt in setups[k:] + setups[:k]:
+            st.barrier()
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            F.cross_entropy(module(x), y).backward()
+            opt.step()
+            t = time.perf_counter() - t0
+            if i >= args.warmup:
+                times[m].append(t)
+    st.take_timeline()
+    return {m: statistics.median(v) for m, v in times.items()}
+
+
+def delta_interleaved_main(args):
+    """Horovod is initialised only when an hvd method is measured: its background thread
+    slows everything beside it on a small machine, so "sumo delta" alone is sumo as its users
+    run it, and with "hvd adasum" in --methods it is measured under the same conditions."""
+    global hvd
+    if not any(m.startswith("hvd") for m in args.methods.split(",")):
+        hvd = None
+    if hvd is not None:
+        hvd.init()
+    res = {m: delta_interleaved(MODELS[m], args) for m in args.models.split(",")}
+    if st.rank() != 0:
+        return
+    print("Adasum delta optimizers on %d ranks x batch %d, interleaved step by step, Horovod %s, "
+          "%d steps after %d warm-up (medians)" % (st.size(), args.batch, "initialised" if hvd
+                                                   is not None else "not initialised", args.steps,
+                                                   args.warmup))
+    print("%-6s %-12s %10s %14s" % ("model", "method", "step ms", "vs hvd adasum"))
+    for m, r in res.items():
+        for method, t in r.items():
+            rel = "%13.2fx" % (t / r["hvd adasum"]) if "hvd adasum" in r else "-"
+            print("%-6s %-12s %10.2f %14s" % (m, method, 1e3 * t, rel))
+
+
 def check_against_horovod(args):
     """sumo's delta optimizer and Horovod's Adasum optimizer from the same start on the same
     data: the parameters after a few steps (both per-tensor Adasum of the SGD deltas)."""
@@ -304,6 +384,14 @@ def main():
     ap.add_argument("--check-only", action="store_true",
                     help="only the parameter check of sumo's delta optimizer (and Horovod's "
                          "Adasum, when horovod imports) at this rank count")
+    ap.add_argument("--delta-variants", action="store_true",
+                    help="also the rows sumo delta/p (one parameter per bucket) and sumo "
+                         "delta/s (no overlap: everything at step())")
+    ap.add_argument("--delta-interleaved", action="store_true",
+                    help="only the Adasum delta optimizers of --methods, interleaved step by "
+                         "step (Horovod initialised only if one of them is an hvd method)")
+    ap.add_argument("--methods", default=",".join(DELTA_METHODS),
+                    help="with --delta-interleaved (default: %(default)s)")
     args = ap.parse_args()
     st.init()
     torch.set_num_threads(1)  # one core per rank
@@ -312,7 +400,12 @@ def main():
             hvd.init()
         check_only(args)
         return
+    if args.delta_interleaved:
+        delta_interleaved_main(args)
+        return
     methods = ["gloo", "gloo hook", "sumo avg", "sumo adasum", "sumo acga", "sumo delta"]
+    if args.delta_variants:
+        methods += ["sumo delta/p", "sumo delta/s"]
     rows, comm_rows, bucket_info = [], [], {}
     for m in args.models.split(","):
         for method in methods:
@@ -327,7 +420,8 @@ def main():
     if hvd is not None:  # last: see the module's docstring
         hvd.init()
         for m in args.models.split(","):
-            for method in ("hvd adasum", "hvd avg", "sumo delta+h"):
+            for method in ("hvd adasum", "hvd avg", "sumo delta+h") + (
+                    ("sumo delta/p+h", "sumo delta/s+h") if args.delta_variants else ()):
                 if method != "hvd adasum" or pow2:
                     rows.append((m, method) + run(method, MODELS[m], args))
         if pow2:

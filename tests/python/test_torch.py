@@ -218,6 +218,120 @@ def test_delta_optimizer_equals_reference(name):
     assert_close(params_of(model), params_of(start), rtol=1e-4, atol=2e-5)
 
 
+class _Gated(torch.nn.Module):
+    """make_model() plus a side layer that only some steps and ranks use (so the ranks'
+    gradients arrive differently) and a parameter no step uses."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = make_model()
+        self.side = torch.nn.Linear(12, 5)
+        self.unused = torch.nn.Parameter(torch.ones(4))
+
+    def forward(self, x, use_side):
+        y = self.net(x)
+        return y + self.side(x) if use_side else y
+
+
+def _gated_loss(model, rank, step, k):
+    x, y = batch(rank, 10 * step + k)
+    use_side = (step + rank) % 3 == 0  # differs across ranks within a step
+    return torch.nn.functional.cross_entropy(model(x, use_side), y)
+
+
+OVERLAP_OPTIMIZERS = {
+    "adam": lambda ps: torch.optim.Adam(ps, lr=0.01),
+    "sgd-momentum": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OVERLAP_OPTIMIZERS))
+@pytest.mark.parametrize("bucket_cap_mb,passes", [(0, 1), (1.0, 1), (0.001, 2)])
+def test_overlapped_delta_optimizer_equals_reference(name, bucket_cap_mb, passes):
+    # The local steps happen in the backward pass's hooks, per parameter; parameters without
+    # a gradient (side on some ranks and steps, unused always) are stepped at step(), from
+    # their .grad as a full step would (zeros once they had one: momentum moves them on).
+    steps = 5
+    factory = OVERLAP_OPTIMIZERS[name]
+    model = _Gated()
+    opt = st.DistributedOptimizer(factory(model.parameters()), model.named_parameters(),
+                                  op=sumo.Adasum, backward_passes_per_step=passes,
+                                  bucket_cap_mb=bucket_cap_mb)
+    assert opt.overlap and len(opt._buckets) >= (8 if bucket_cap_mb == 0 else 1)
+    for s in range(steps):
+        opt.zero_grad()
+        for k in range(passes):
+            _gated_loss(model, st.rank(), s, k).backward()
+        opt.step()
+    assert_identical_across_ranks(params_of(model))
+    # Reference: every rank's replica takes a full (non-overlapped) step from the common
+    # start; the deltas are combined per tensor in float64.
+    start = _Gated()
+    replicas = [copy.deepcopy(start) for _ in range(st.size())]
+    opts = [factory(m.parameters()) for m in replicas]
+    for s in range(steps):
+        deltas = []
+        for r, (m, o) in enumerate(zip(replicas, opts)):
+            with torch.no_grad():
+                for p, q in zip(m.parameters(), start.parameters()):
+                    p.copy_(q)
+            o.zero_grad()
+            for k in range(passes):
+                _gated_loss(m, r, s, k).backward()
+            o.step()
+            deltas.append([p.detach() - q.detach() for p, q in zip(m.parameters(), start.parameters())])
+        combined = adasum_per_tensor(deltas)
+        with torch.no_grad():
+            for q, d in zip(start.parameters(), combined):
+                q += d.to(q.dtype)
+    assert_close(params_of(model), params_of(start), rtol=1e-4, atol=2e-5)
+    # The unused parameter never had a gradient: its delta is zero on every rank.
+    assert torch.equal(model.unused.detach(), torch.ones(4))
+
+
+def test_overlapped_delta_optimizer_starts_during_backward():
+    model = make_model()
+    opt = st.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  model.named_parameters(), op=sumo.Adasum, bucket_cap_mb=0)
+    loss_of(model, st.rank(), 0).backward()
+    assert opt._next == len(opt._buckets) == 6  # every bucket started before step()
+    opt.step()
+    # A second backward pass before step() with backward_passes_per_step=1: step() raises
+    # on every rank and leaves the parameters where they started.
+    before = params_of(model)
+    opt.zero_grad()
+    loss_of(model, st.rank(), 1).backward()
+    loss_of(model, st.rank(), 2).backward()
+    with pytest.raises(RuntimeError, match="backward_passes_per_step=1"):
+        opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(params_of(model), before))
+    assert_identical_across_ranks(params_of(model))
+    # and the next step works.
+    opt.zero_grad()
+    loss_of(model, st.rank(), 3).backward()
+    opt.step()
+    assert_identical_across_ranks(params_of(model))
+
+
+def test_overlapped_and_plain_delta_optimizer_agree():
+    a, b = make_model(), make_model()
+    oa = st.DistributedOptimizer(torch.optim.AdamW(a.parameters(), lr=0.01), a.named_parameters(),
+                                 op=sumo.Adasum)
+    ob = st.DistributedOptimizer(torch.optim.AdamW(b.parameters(), lr=0.01), b.named_parameters(),
+                                 op=sumo.Adasum, overlap=False)
+    assert oa.overlap and not ob.overlap
+    for s in range(4):
+        for m, o in ((a, oa), (b, ob)):
+            o.zero_grad()
+            loss_of(m, st.rank(), s).backward()
+            o.step()
+    assert_close(params_of(a), params_of(b), rtol=1e-5, atol=1e-6)
+    # Checkpoint round trip: the state is the wrapped optimizer's.
+    sd = oa.state_dict()
+    oa.load_state_dict(sd)
+    assert set(sd["state"]) == set(ob.state_dict()["state"])
+
+
 def test_average_optimizer_equals_ddp_default():
     ref = train_ddp(None)
     model = make_model()

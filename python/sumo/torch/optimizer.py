@@ -1,17 +1,41 @@
 """Horovod-style DistributedOptimizer over sumo.
 
 op=Average or Sum: step() combines the gradients across ranks, then the wrapped optimizer
-steps (the same step on every rank). op=Adasum: delta mode, as Horovod's
-_DistributedAdasumOptimizer: every rank steps locally on its own gradient, the update
-delta = new - start is combined with per-parameter Adasum, and start + combined becomes the
-parameters on every rank; the optimizer's state (momentum, Adam moments) stays local.
+steps (the same step on every rank). Tensors of one dtype travel in one flat buffer (one
+collective per dtype and step, packed with one copy each way). Gradients accumulate in .grad
+over backward_passes_per_step backward passes and are combined once, at step().
 
-Tensors of one dtype travel in one flat buffer (one collective per dtype and step, packed
-with one copy each way), cut per parameter by the Adasum op's layout. Gradients accumulate
-in .grad over backward_passes_per_step backward passes and are combined once, at step().
+op=Adasum: delta mode, as Horovod's _DistributedAdasumOptimizer: every rank steps locally on
+its own gradient, the update delta = new - start is combined with per-parameter Adasum, and
+start + combined becomes the parameters on every rank; the optimizer's state (momentum, Adam
+moments) stays local.
+
+With overlap (the default for Adasum) the combine runs during the backward pass, as
+Horovod's does: a hook on each parameter's gradient accumulator fires once its gradient is
+complete (after backward_passes_per_step passes), takes that parameter's local step right
+there (the wrapped optimizer's own step with its parameter groups narrowed to that one
+parameter, so it uses that parameter's own state exactly as a full step would), and writes
+start and delta into the parameter's bucket (a bucket of a single parameter keeps the delta
+in the parameter itself until step(), as Horovod does). Buckets are fixed at construction: the
+parameters in reverse registration order (roughly the order backward produces them), one
+dtype per bucket, cut at bucket_cap_mb (0: one parameter per bucket). A bucket whose
+parameters are all stepped starts sumo's asynchronous Adasum allreduce, but only after every
+bucket before it has started, so every rank starts them in the same order whatever order its
+gradients arrived in (sumo matches collectives by order). step() steps the parameters that
+got no gradient (their .grad, if any, as a full step would), starts the rest of the buckets
+in order, waits for each bucket in turn and sets start + combined delta.
+
+What overlap changes for the caller: the local step happens inside backward(), so anything
+done to .grad between backward() and step() (clipping, unscaling) does not reach it, and an
+optimizer whose step couples parameters (LBFGS, a global norm) is stepped one parameter at a
+time: pass overlap=False for those, which steps and combines everything at step(). A
+parameter may receive a gradient at most backward_passes_per_step times per step(). A
+collective of your own between backward() and step() is matched against the buckets
+already started, which is only safe when every rank's parameters got gradients alike.
 """
 import ctypes
 import time
+import weakref
 
 import torch
 
@@ -34,16 +58,41 @@ class _Group:
         return tuple(p.numel() for p in self.params)
 
 
+class _Bucket:
+    """Parameters combined by one overlapped collective: their indices, their offsets in the
+    bucket's flat start and delta buffers (persistent, so the collective works in place)."""
+
+    def __init__(self, index, dtype):
+        self.index = index
+        self.dtype = dtype
+        self.slots = []      # indices into the optimizer's parameter list
+        self.offsets = []
+        self.numel = 0
+        self.nbytes = 0
+        self.missing = 0     # parameters not yet stepped locally in this step
+        self.req = None      # the started collective, until step() waits for it
+        self.t0 = 0.0
+
+    def add(self, slot, p):
+        self.slots.append(slot)
+        self.offsets.append(self.numel)
+        self.numel += p.numel()
+        self.nbytes += p.numel() * p.element_size()
+
+
 class DistributedOptimizer(WrappedOptimizer):
     # Not calling Optimizer.__init__: param_groups, state and defaults are the wrapped
     # optimizer's own (properties below), so LR schedulers and checkpoints see one optimizer.
-    def __init__(self, optimizer, named_parameters=None, op=Average, backward_passes_per_step=1):
+    def __init__(self, optimizer, named_parameters=None, op=Average, backward_passes_per_step=1,
+                 overlap=True, bucket_cap_mb=1.0):
         comm = rt.require_init()
         if op not in (Sum, Average, Adasum):
             raise ValueError("sumo.torch.DistributedOptimizer: op must be sumo.Sum, "
                              "sumo.Average or sumo.Adasum")
         if int(backward_passes_per_step) < 1:
             raise ValueError("backward_passes_per_step must be >= 1")
+        if float(bucket_cap_mb) < 0:
+            raise ValueError("bucket_cap_mb must be >= 0")
         self._opt = optimizer
         self.op = op
         self.backward_passes_per_step = int(backward_passes_per_step)
@@ -56,17 +105,21 @@ class DistributedOptimizer(WrappedOptimizer):
                                  "model.named_parameters() gives")
             names = {id(p): n for n, p in named}
         self._groups = {}
+        self._names = []
         for i, p in enumerate(params):
             name = names.get(id(p), "param.%d" % i)
             rt.tensor_args(p.detach(), name)  # refuse int, non-contiguous, CUDA tensors now
             g = self._groups.setdefault(p.dtype, _Group(p.dtype))
             g.params.append(p)
             g.names.append(name)
-        if op == Adasum:
+            self._names.append(name)
+        self.overlap = bool(overlap) and op == Adasum
+        if self.overlap:
+            self._build_buckets(comm, params, float(bucket_cap_mb) * 1e6)
+        elif op == Adasum:
             # The tensor sizes are the Adasum layout.
             for g in self._groups.values():
                 g.op = _adasum_op(comm, g.layout())
-
 
     def __repr__(self):
         return "sumo.DistributedOptimizer(op=%s, %r)" % (
@@ -77,12 +130,179 @@ class DistributedOptimizer(WrappedOptimizer):
                                   "optimizer before wrapping it")
 
     # The state is the wrapped optimizer's: the starting point of a delta is taken at each
-    # step (the parameters every rank holds), so nothing else needs saving.
+    # step (the parameters every rank holds), so nothing else needs saving. (With overlap,
+    # save between step() and the next backward(), when no step is half done.)
     def state_dict(self):
         return self._opt.state_dict()
 
     def load_state_dict(self, state_dict):
         self._opt.load_state_dict(state_dict)
+
+    # -- the overlapped delta optimizer --------------------------------------------------------
+    def _build_buckets(self, comm, params, cap_bytes):
+        self._params = params
+        self._group_of = [k for k, g in enumerate(self._opt.param_groups) for _ in g["params"]]
+        self._where = [None] * len(params)
+        self._buckets = []
+        open_ = {}  # dtype -> the bucket being filled
+        for i in reversed(range(len(params))):
+            p = params[i]
+            b = open_.get(p.dtype)
+            if b is None or (b.slots and b.nbytes + p.numel() * p.element_size() > cap_bytes):
+                b = open_[p.dtype] = _Bucket(len(self._buckets), p.dtype)
+                self._buckets.append(b)
+            self._where[i] = (b, len(b.slots))
+            b.add(i, p)
+        for b in self._buckets:
+            b.start = torch.empty(b.numel, dtype=b.dtype)
+            # A bucket of one parameter combines the delta in the parameter's own storage, as
+            # Horovod does (no third buffer, and one pass fewer over the largest tensors).
+            b.delta = None if len(b.slots) == 1 else torch.empty(b.numel, dtype=b.dtype)
+            b.what = "the Adasum delta bucket %d of %d tensors (%s%s)" % (
+                b.index, len(b.slots), ", ".join(self._names[i] for i in b.slots[:3]),
+                ", ..." if len(b.slots) > 3 else "")
+            b.op = _adasum_op(comm, tuple(params[i].numel() for i in b.slots))
+        self._reset()
+        # The hook on a parameter's gradient accumulator (Horovod's way: torch 1.13 has no
+        # post-accumulate hook). The nodes are kept so the same one serves every graph; the
+        # hooks hold the optimizer weakly, so a dropped optimizer's hooks do nothing.
+        self._grad_accs = []
+        ref = weakref.ref(self)
+        with torch.enable_grad():
+            for i, p in enumerate(params):
+                if p.requires_grad:
+                    acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                    acc.register_hook(_grad_hook(ref, i))
+                    self._grad_accs.append(acc)
+
+    def _reset(self):
+        self._delay = [self.backward_passes_per_step] * len(self._params)
+        self._stepped = [False] * len(self._params)
+        self._next = 0
+        self._error = None
+        for b in self._buckets:
+            b.missing = len(b.slots)
+            b.req = None
+
+    def _on_grad(self, i):
+        """A parameter's gradient is accumulated: on the last backward pass of the step, its
+        local step; then start the buckets that are complete, in order. An error is kept
+        for step() to raise after the started collectives are waited for."""
+        if self._error is not None:
+            return
+        try:
+            self._delay[i] -= 1
+            if self._delay[i] > 0:
+                return
+            if self._delay[i] < 0:
+                raise RuntimeError(
+                    "sumo.DistributedOptimizer: %s got a gradient in more than "
+                    "backward_passes_per_step=%d backward passes before step(); with "
+                    "op=Adasum and overlap the local step is taken in the last of them (set "
+                    "backward_passes_per_step, or pass overlap=False)"
+                    % (self._names[i], self.backward_passes_per_step))
+            self._local_step(i)
+            self._start_complete()
+        except BaseException as e:  # raised by step(), on every rank's own terms
+            self._error = e
+
+    @torch.no_grad()
+    def _local_step(self, i):
+        """The wrapped optimizer's step on parameter i alone (its group narrowed to it, the
+        other groups empty); start and delta go to the bucket's buffers."""
+        p = self._params[i]
+        b, k = self._where[i]
+        off, n = b.offsets[k], p.numel()
+        pv = p.detach().view(-1)
+        start = b.start[off:off + n]
+        start.copy_(pv)
+        groups = self._opt.param_groups
+        saved = [g["params"] for g in groups]
+        try:
+            for j, g in enumerate(groups):
+                g["params"] = [p] if j == self._group_of[i] else []
+            self._opt.step()
+        finally:
+            for g, ps in zip(groups, saved):
+                g["params"] = ps
+        if b.delta is None:
+            pv.sub_(start)  # the parameter holds its delta until step()
+        else:
+            torch.sub(pv, start, out=b.delta[off:off + n])
+        self._stepped[i] = True
+        b.missing -= 1
+
+    def _start_complete(self):
+        while self._next < len(self._buckets) and self._buckets[self._next].missing == 0:
+            b = self._buckets[self._next]
+            flat = self._params[b.slots[0]].detach() if b.delta is None else b.delta
+            ptr, n, dt = rt.tensor_args(flat, b.what)
+            req = ctypes.c_void_p()
+            b.t0 = time.perf_counter()
+            rt.raise_for(lib.sumo_allreduce_start(ptr, ptr, n, dt, b.op, rt.state.comm,
+                                                  ctypes.byref(req)), b.what)
+            b.req = req
+            self._next += 1
+
+    @torch.no_grad()
+    def _finish_overlapped(self):
+        err = self._error
+        if err is None:
+            try:
+                for b in self._buckets[self._next:]:
+                    for i in b.slots:
+                        if not self._stepped[i]:  # no gradient this step (or fewer passes)
+                            self._local_step(i)
+                self._start_complete()
+            except BaseException as e:
+                err = e
+        # Every started collective is waited for (sumo frees it there), in order; each
+        # bucket is applied as it completes while the later ones still run.
+        for b in self._buckets:
+            if b.req is None:
+                continue
+            code = lib.sumo_request_wait(b.req)
+            b.req = None
+            rt.record(b.t0, time.perf_counter(), b.nbytes)
+            if err is None:
+                try:
+                    rt.raise_for(code, "DistributedOptimizer.step: " + b.what)
+                except Exception as e:
+                    err = e
+            if err is None:
+                if b.delta is None:  # start + delta, the same bits as delta + start
+                    self._params[b.slots[0]].detach().view(-1).add_(b.start)
+                else:
+                    for i, off in zip(b.slots, b.offsets):
+                        p = self._params[i]
+                        n = p.numel()
+                        torch.add(b.start[off:off + n], b.delta[off:off + n],
+                                  out=p.detach().view(-1))
+        if err is not None:
+            # A failed combine (a non-finite delta, a dead peer) leaves the parameters where
+            # they started on every rank.
+            for i, done in enumerate(self._stepped):
+                if done:
+                    b, k = self._where[i]
+                    off, n = b.offsets[k], self._params[i].numel()
+                    self._params[i].detach().view(-1).copy_(b.start[off:off + n])
+            self._reset()
+            raise err
+        self._reset()
+
+    # -- step ------------------------------------------------------------------------------------
+    def step(self, closure=None):
+        if self.overlap:
+            loss = None
+            if closure is not None:
+                with torch.enable_grad():
+                    loss = closure()  # its backward pass takes the local steps
+            self._finish_overlapped()
+            return loss
+        with torch.no_grad():
+            if self.op == Adasum:
+                return self._step_delta(closure)
+            return self._step_combined(closure)
 
     def _flat(self, group, tensors):
         return torch.cat([t.reshape(-1) for t in tensors]) if len(tensors) > 1 else \
@@ -99,10 +319,7 @@ class DistributedOptimizer(WrappedOptimizer):
                          len(group.params), ", ".join(group.names[:3])))
         rt.record(t0, time.perf_counter(), n * flat.element_size())
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        if self.op == Adasum:
-            return self._step_delta(closure)
+    def _step_combined(self, closure):
         for g in self._groups.values():
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in g.params]
             for t, name in zip(grads, g.names):
@@ -142,6 +359,14 @@ class DistributedOptimizer(WrappedOptimizer):
                 p.copy_(s.add_(delta[off:off + n].view_as(s)))
                 off += n
         return loss
+
+
+def _grad_hook(ref, i):
+    def hook(*_):
+        opt = ref()
+        if opt is not None:
+            opt._on_grad(i)
+    return hook
 
 
 def _adasum_op(comm, layout):
