@@ -168,7 +168,7 @@ $(BUILD)/tests/%: tests/unit/%.c $(TEST_SUPPORT) $(LIBSUMO_TRAIN) $(LIBSUMO)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $< $(TEST_SUPPORT) $(LIBSUMO_TRAIN) $(LIBSUMO) $(LDFLAGS) -lcmocka $(TRAIN_LIBS) $(LDLIBS) -o $@
 
-$(BUILD)/tests/mpi/%: tests/mpi/%.c $(TEST_SUPPORT) $(LIBSUMO_TRAIN) $(LIBSUMO_MPI) $(LIBSUMO)
+$(BUILD)/tests/mpi/%: tests/mpi/%.c tests/mpi/check.h $(TEST_SUPPORT) $(LIBSUMO_TRAIN) $(LIBSUMO_MPI) $(LIBSUMO)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CPPFLAGS) -Itests $(CFLAGS) $< $(TEST_SUPPORT) $(LIBSUMO_TRAIN) $(LIBSUMO_MPI) $(LIBSUMO) $(LDFLAGS) $(TRAIN_LIBS) $(LDLIBS) -o $@
 

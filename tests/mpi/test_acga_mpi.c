@@ -13,6 +13,7 @@
 #include "sumo_mpi.h"
 #include "support/harness.h"
 #include "support/reference.h"
+#include "mpi/check.h"
 
 #include <math.h>
 #include <mpi.h>
@@ -21,20 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int g_rank, g_size, g_passed, g_failed;
-
-/* Records one check: it fails when it failed on any rank. */
-static void check(bool ok, const char *what)
-{
-    int bad = !ok, any = 0;
-    MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (any) {
-        g_failed++;
-        if (bad) fprintf(stderr, "rank %d/%d: FAILED %s\n", g_rank, g_size, what);
-    } else {
-        g_passed++;
-    }
-}
 
 /* A consensus direction per step, per-rank noise and scale: positive, well-separated
  * coefficients (support/harness.c, the generator the unit test uses). */

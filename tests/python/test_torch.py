@@ -177,6 +177,30 @@ def test_acga_hook_identical_and_checkpointable():
 
 # ---- the Horovod-style optimizer -------------------------------------------------------------
 
+def delta_reference(start, factory, steps, loss, passes=1):
+    """Horovod's delta mode simulated here: one replica and optimizer per rank, each taking
+    its local step (passes backward passes of loss(model, rank, step, k)) from the common
+    start; the deltas are combined per tensor in float64 and added to start, returned."""
+    replicas = [copy.deepcopy(start) for _ in range(st.size())]
+    opts = [factory(m.parameters()) for m in replicas]
+    for s in range(steps):
+        deltas = []
+        for r, (m, o) in enumerate(zip(replicas, opts)):
+            with torch.no_grad():
+                for p, q in zip(m.parameters(), start.parameters()):
+                    p.copy_(q)
+            o.zero_grad()
+            for k in range(passes):
+                loss(m, r, s, k).backward()
+            o.step()
+            deltas.append([p.detach() - q.detach() for p, q in zip(m.parameters(), start.parameters())])
+        combined = adasum_per_tensor(deltas)
+        with torch.no_grad():
+            for q, d in zip(start.parameters(), combined):
+                q += d.to(q.dtype)
+    return start
+
+
 OPTIMIZERS = {
     "sgd-nesterov": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True),
     "adam": lambda ps: torch.optim.Adam(ps, lr=0.01),
@@ -196,25 +220,7 @@ def test_delta_optimizer_equals_reference(name):
         loss_of(model, st.rank(), s).backward()
         opt.step()
     assert_identical_across_ranks(params_of(model))
-    # Reference trajectory: one model and optimizer per rank, simulated here; each takes its
-    # local step from the common start, the deltas are combined per tensor in float64.
-    start = make_model()
-    replicas = [copy.deepcopy(start) for _ in range(st.size())]
-    opts = [factory(m.parameters()) for m in replicas]
-    for s in range(steps):
-        deltas = []
-        for r, (m, o) in enumerate(zip(replicas, opts)):
-            with torch.no_grad():
-                for p, q in zip(m.parameters(), start.parameters()):
-                    p.copy_(q)
-            o.zero_grad()
-            loss_of(m, r, s).backward()
-            o.step()
-            deltas.append([p.detach() - q.detach() for p, q in zip(m.parameters(), start.parameters())])
-        combined = adasum_per_tensor(deltas)
-        with torch.no_grad():
-            for q, d in zip(start.parameters(), combined):
-                q += d.to(q.dtype)
+    start = delta_reference(make_model(), factory, steps, lambda m, r, s, k: loss_of(m, r, s))
     assert_close(params_of(model), params_of(start), rtol=1e-4, atol=2e-5)
 
 
@@ -264,26 +270,8 @@ def test_overlapped_delta_optimizer_equals_reference(name, bucket_cap_mb, passes
             _gated_loss(model, st.rank(), s, k).backward()
         opt.step()
     assert_identical_across_ranks(params_of(model))
-    # Reference: every rank's replica takes a full (non-overlapped) step from the common
-    # start; the deltas are combined per tensor in float64.
-    start = _Gated()
-    replicas = [copy.deepcopy(start) for _ in range(st.size())]
-    opts = [factory(m.parameters()) for m in replicas]
-    for s in range(steps):
-        deltas = []
-        for r, (m, o) in enumerate(zip(replicas, opts)):
-            with torch.no_grad():
-                for p, q in zip(m.parameters(), start.parameters()):
-                    p.copy_(q)
-            o.zero_grad()
-            for k in range(passes):
-                _gated_loss(m, r, s, k).backward()
-            o.step()
-            deltas.append([p.detach() - q.detach() for p, q in zip(m.parameters(), start.parameters())])
-        combined = adasum_per_tensor(deltas)
-        with torch.no_grad():
-            for q, d in zip(start.parameters(), combined):
-                q += d.to(q.dtype)
+    # The reference takes full (non-overlapped) steps.
+    start = delta_reference(_Gated(), factory, steps, _gated_loss, passes)
     assert_close(params_of(model), params_of(start), rtol=1e-4, atol=2e-5)
     # The unused parameter never had a gradient: its delta is zero on every rank.
     assert torch.equal(model.unused.detach(), torch.ones(4))
