@@ -324,10 +324,15 @@ SUMO__SIMD_TARGET void SUMO__SIMD_NAME(sumo__convert)(sumo_dtype dst_dtype, void
  */
 #define SUMO__DOT_PREFETCH_BYTES 1024
 
+SIMD_INLINE void prefetch_at(const void *p, size_t byte_offset, size_t bytes, size_t distance)
+{
+    uintptr_t at = (uintptr_t)p + byte_offset + distance;
+    for (size_t k = 0; k < bytes; k += SUMO__CACHELINE) __builtin_prefetch((const void *)(at + k));
+}
+
 SIMD_INLINE void prefetch_ahead(const void *p, size_t byte_offset, size_t bytes)
 {
-    uintptr_t at = (uintptr_t)p + byte_offset + SUMO__DOT_PREFETCH_BYTES;
-    for (size_t k = 0; k < bytes; k += SUMO__CACHELINE) __builtin_prefetch((const void *)(at + k));
+    prefetch_at(p, byte_offset, bytes, SUMO__DOT_PREFETCH_BYTES);
 }
 SIMD_INLINE void dot_f(sumo_dtype dt, const void *a, const void *b, size_t n, double out[3])
 {
@@ -506,21 +511,23 @@ SUMO__SIMD_TARGET void SUMO__SIMD_NAME(sumo__scaled_add)(sumo_dtype dtype, void 
 #define GRAM_COLS 4
 #define GRAM_BUF_DOUBLES 2048 /* 16 KiB of widened inputs per block */
 
+/* Each input is read in blocks, and no input is read while the tiles of a block are computed:
+ * prefetching one whole block ahead keeps memory busy through that phase too. */
 SIMD_INLINE void gram_widen(sumo_dtype dt, const void *p, size_t base, size_t m, size_t mpad,
-                            double *dst)
+                            size_t block, double *dst)
 {
     size_t i = 0;
     if (dt == SUMO_FLOAT64) {
         const double *s = (const double *)p + base;
         for (; i + WD <= m; i += WD) {
-            prefetch_ahead(s, i * sizeof(double), WD * sizeof(double));
+            prefetch_at(s, i * sizeof(double), WD * sizeof(double), block * sizeof(double));
             vd_storeu(dst + i, vd_loadu(s + i));
         }
         for (; i < m; i++) dst[i] = s[i];
     } else {
         const size_t esz = sumo__dtype_bytes(dt);
         for (; i + WF <= m; i += WF) {
-            prefetch_ahead(p, (base + i) * esz, WF * esz);
+            prefetch_at(p, (base + i) * esz, WF * esz, block * esz);
             vf v = ld(dt, p, base + i);
             vd_storeu(dst + i, vd_from_lo(v));
             vd_storeu(dst + i + WD, vd_from_hi(v));
@@ -530,8 +537,11 @@ SIMD_INLINE void gram_widen(sumo_dtype dt, const void *p, size_t base, size_t m,
     for (; i < mpad; i++) dst[i] = 0.0;
 }
 
+/* diag: a tile on the diagonal (i0 == j0, GRAM_ROWS == GRAM_COLS), whose entries below it are
+ * dropped: a constant at each call, so the compiler leaves out their FMAs (4 x 4: 10 of 16)
+ * and the loads the two sides share. The entries kept get the same FMAs in the same order. */
 SIMD_INLINE void gram_tile(const double *buf, size_t ld_, int i0, int j0, size_t mpad, vd *acc,
-                           int pp)
+                           int pp, const bool diag)
 {
     /* Unrolled by pragma: -O2 keeps loops over small arrays rolled, and the tile's accumulators
      * then live on the stack, one store per FMA, at a third of the read bandwidth. */
@@ -550,11 +560,12 @@ SIMD_INLINE void gram_tile(const double *buf, size_t ld_, int i0, int j0, size_t
 #pragma GCC unroll 4
         for (int r = 0; r < GRAM_ROWS; r++) x[r] = vd_loadu(xr[r] + e);
 #pragma GCC unroll 4
-        for (int c = 0; c < GRAM_COLS; c++) y[c] = vd_loadu(yc[c] + e);
+        for (int c = 0; c < GRAM_COLS; c++) y[c] = diag ? x[c] : vd_loadu(yc[c] + e);
 #pragma GCC unroll 4
         for (int r = 0; r < GRAM_ROWS; r++)
 #pragma GCC unroll 4
-            for (int c = 0; c < GRAM_COLS; c++) a[r][c] = vd_fmadd(x[r], y[c], a[r][c]);
+            for (int c = 0; c < GRAM_COLS; c++)
+                if (!diag || c >= r) a[r][c] = vd_fmadd(x[r], y[c], a[r][c]);
     }
 #pragma GCC unroll 4
     for (int r = 0; r < GRAM_ROWS; r++)
@@ -582,10 +593,12 @@ SIMD_INLINE void gram_f(sumo_dtype dt, const void *const *ins, int nin, size_t n
     for (size_t k = (size_t)nin * B; k < (size_t)pp * B; k++) buf[k] = 0.0; /* never written */
     for (size_t base = 0; base < n; base += B) {
         const size_t m = SUMO__MIN(B, n - base), mpad = (m + WD - 1) / WD * WD;
-        for (int p = 0; p < nin; p++) gram_widen(dt, ins[p], base, m, mpad, buf + (size_t)p * B);
+        for (int p = 0; p < nin; p++) gram_widen(dt, ins[p], base, m, mpad, B, buf + (size_t)p * B);
         for (int i0 = 0; i0 < pp; i0 += GRAM_ROWS)
-            for (int j0 = i0 / GRAM_COLS * GRAM_COLS; j0 < pp; j0 += GRAM_COLS)
-                gram_tile(buf, B, i0, j0, mpad, acc, pp);
+            for (int j0 = i0 / GRAM_COLS * GRAM_COLS; j0 < pp; j0 += GRAM_COLS) {
+                if (GRAM_ROWS == GRAM_COLS && i0 == j0) gram_tile(buf, B, i0, j0, mpad, acc, pp, true);
+                else gram_tile(buf, B, i0, j0, mpad, acc, pp, false);
+            }
     }
     int e = 0;
     for (int i = 0; i < nin; i++)
