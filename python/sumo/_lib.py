@@ -109,6 +109,8 @@ _SIGS = {
     "sumo_broadcast": (_R, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                             ctypes.c_int, _c_comm_p]),
     "sumo_barrier": (_R, [_c_comm_p]),
+    "sumo_mem_alloc": (_R, [_c_comm_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)]),
+    "sumo_mem_free": (_R, [_c_comm_p, ctypes.c_void_p]),
     "sumo_aggregator_options_default": (_R, [ctypes.c_int, ctypes.POINTER(AggregatorOptions)]),
     "sumo_aggregator_create": (_R, [_c_comm_p, ctypes.POINTER(AggregatorOptions),
                                     ctypes.POINTER(ctypes.c_void_p)]),

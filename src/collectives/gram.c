@@ -293,9 +293,12 @@ sumo_result sumo__gram_run(sumo_comm *c, const sumo__call_desc *all, const void 
     gram_space g;
     layout_space(c, call, scratch, &g);
     /* Staged processes whose buffers all come from sumo_mem_alloc reach them directly. */
-    if (call->shape == SUMO__GRAM_DIRECT ||
-        (call->shape == SUMO__GRAM_STAGED && sumo__all_shared(c, all)))
+    if (call->shape == SUMO__GRAM_STAGED && sumo__all_shared(c, all)) {
+        SUMO__LOG(c->tp->log_level, SUMO__LOG_INFO,
+                  "rank %d gram combine: every rank's buffers are shared, direct", c->tp->rank);
         return run_direct(c, all, call, &g, applied);
+    }
+    if (call->shape == SUMO__GRAM_DIRECT) return run_direct(c, all, call, &g, applied);
     if (call->shape == SUMO__GRAM_STAGED) return run_staged(c, sendbuf, recvbuf, call, &g, applied);
     return run_messages(c, sendbuf, recvbuf, call, &g, applied);
 }

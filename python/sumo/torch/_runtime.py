@@ -233,6 +233,20 @@ def _in_place(collective, t, arg, what, name):
     record(t0, time.perf_counter(), n * t.element_size())
 
 
+def shared_empty(numel, dtype, what):
+    """An uninitialised 1-D tensor for a buffer sumo reduces in place. Under MPI it lives in
+    sumo_mem_alloc's memory, which every process of the node maps, so a collective whose
+    buffers are all such runs without staging copies. Collective under MPI: every rank calls
+    it in the same order. The memory goes with the communicator (shutdown())."""
+    nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+    if state.transport != "mpi" or nbytes == 0:
+        return torch.empty(numel, dtype=dtype)
+    sync()
+    ptr = ctypes.c_void_p()
+    raise_for(lib.sumo_mem_alloc(state.comm, nbytes, ctypes.byref(ptr)), "sumo_mem_alloc for " + what)
+    return torch.frombuffer((ctypes.c_byte * nbytes).from_address(ptr.value), dtype=dtype)
+
+
 def broadcast_tensor(t, root, name):
     _in_place(lib.sumo_broadcast, t, root, "broadcast", name)
 

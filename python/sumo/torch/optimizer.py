@@ -155,12 +155,14 @@ class DistributedOptimizer(WrappedOptimizer):
             b.add(i, p)
         for b in self._buckets:
             b.start = torch.empty(b.numel, dtype=b.dtype)
-            # A bucket of one parameter combines the delta in the parameter's own storage, as
-            # Horovod does (no third buffer, and one pass fewer over the largest tensors).
-            b.delta = None if len(b.slots) == 1 else torch.empty(b.numel, dtype=b.dtype)
             b.what = "the Adasum delta bucket %d of %d tensors (%s%s)" % (
                 b.index, len(b.slots), ", ".join(self._names[i] for i in b.slots[:3]),
                 ", ..." if len(b.slots) > 3 else "")
+            # A bucket of one parameter combines the delta in the parameter's own storage, as
+            # Horovod does (no third buffer, and one pass fewer over the largest tensors).
+            # The others in memory every process of the node maps (under MPI), so that their
+            # Adasum reads the peers' deltas directly.
+            b.delta = None if len(b.slots) == 1 else rt.shared_empty(b.numel, b.dtype, b.what)
             b.op = _adasum_op(comm, tuple(params[i].numel() for i in b.slots))
         self._reset()
         # The hook on a parameter's gradient accumulator (Horovod's way: torch 1.13 has no
