@@ -90,6 +90,7 @@ uint32_t sumo__shared_flag(const sumo_comm *c, const void *sendbuf, size_t send_
                            const void *recvbuf, size_t recv_bytes)
 {
     sumo__transport *tp = c->tp;
+    if (tp->reach == SUMO__REACH_DIRECT) return SUMO__DESC_SHARED;
     if (tp->reach != SUMO__REACH_STAGED || tp->ops->shares == NULL) return 0;
     bool shared = (sendbuf == NULL || tp->ops->shares(tp, sendbuf, send_bytes)) &&
                   tp->ops->shares(tp, recvbuf, recv_bytes);

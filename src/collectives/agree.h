@@ -37,11 +37,12 @@ struct sumo__call_desc {
     uint64_t aux; /* collective-specific, must be equal on every rank: a layout hash */
 };
 
-/* This rank's send and receive buffers lie in memory every peer maps (sumo_mem_alloc). */
+/* This rank's send and receive buffers are reachable by every peer: any buffer on a
+ * SUMO__REACH_DIRECT transport, memory from sumo_mem_alloc on a staged one. */
 #define SUMO__DESC_SHARED 1u
 
-/* SUMO__DESC_SHARED when the buffers this rank passes (sendbuf NULL: none to send) lie in
- * memory its peers map, on a transport that otherwise stages; else 0. */
+/* SUMO__DESC_SHARED when the peers reach the buffers this rank passes (sendbuf NULL: none to
+ * send); else 0. */
 uint32_t sumo__shared_flag(const sumo_comm *c, const void *sendbuf, size_t send_bytes,
                            const void *recvbuf, size_t recv_bytes);
 

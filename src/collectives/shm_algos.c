@@ -72,6 +72,11 @@ static sumo_result allgather_direct(sumo_comm *c, const sumo__call_desc *d,
 
 /* ---- staged: every rank maps every rank's staging area (processes on one node) ----------- */
 
+/* The entry points below (the caller has validated the arguments, d->local_error == 0) stage
+ * their buffers unless every rank announced buffers its peers reach (SUMO__DESC_SHARED: any
+ * buffer on a SUMO__REACH_DIRECT transport, sumo_mem_alloc's memory on a staged one), in
+ * which case they run direct. */
+
 /*
  * A rank whose buffers are shared skips the first copy that rides ahead of the agreement, in
  * case the call runs direct. When it does not, that rank copies after the agreement, which
@@ -130,8 +135,8 @@ void sumo__stage_in(const sumo__staging *s, int rank, size_t k, const void *src,
            sumo__stage_chunk_len(s, count, k) * s->esz);
 }
 
-static sumo_result allreduce_staged(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
-                                    void *recvbuf)
+sumo_result sumo__shm_allreduce(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
+                                void *recvbuf)
 {
     sumo__transport *tp = c->tp;
     size_t esz = sumo__dtype_bytes(d->dtype);
@@ -145,8 +150,9 @@ static sumo_result allreduce_staged(sumo_comm *c, sumo__call_desc *d, const void
     const sumo__call_desc *all;
     SUMO__CHECK(sumo__agree(c, d, &all));
     if (sumo__all_shared(c, all)) {
-        SUMO__LOG(tp->log_level, SUMO__LOG_INFO, "rank %d allreduce: every rank's buffers are "
-                  "shared, direct", me);
+        if (tp->reach == SUMO__REACH_STAGED)
+            SUMO__LOG(tp->log_level, SUMO__LOG_INFO, "rank %d allreduce: every rank's buffers "
+                      "are shared, direct", me);
         return allreduce_direct(c, d, all);
     }
     SUMO__CHECK(stage_late_copies(c, all, -1, &s, precopied, sendbuf, d->count));
@@ -171,8 +177,8 @@ static sumo_result allreduce_staged(sumo_comm *c, sumo__call_desc *d, const void
     return SUMO_SUCCESS;
 }
 
-static sumo_result broadcast_staged(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
-                                    void *recvbuf)
+sumo_result sumo__shm_broadcast(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
+                                void *recvbuf)
 {
     sumo__transport *tp = c->tp;
     size_t esz = sumo__dtype_bytes(d->dtype);
@@ -198,8 +204,8 @@ static sumo_result broadcast_staged(sumo_comm *c, sumo__call_desc *d, const void
     return SUMO_SUCCESS;
 }
 
-static sumo_result allgather_staged(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
-                                    void *recvbuf)
+sumo_result sumo__shm_allgather(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
+                                void *recvbuf)
 {
     sumo__transport *tp = c->tp;
     size_t esz = sumo__dtype_bytes(d->dtype);
@@ -221,39 +227,4 @@ static sumo_result allgather_staged(sumo_comm *c, sumo__call_desc *d, const void
         SUMO__CHECK(tp->ops->barrier(tp));
     }
     return SUMO_SUCCESS;
-}
-
-/* ---- entry points: the caller has validated the arguments (d->local_error == 0) --------- */
-
-sumo_result sumo__shm_allreduce(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
-                                void *recvbuf)
-{
-    if (c->tp->reach == SUMO__REACH_DIRECT) {
-        const sumo__call_desc *all;
-        SUMO__CHECK(sumo__agree(c, d, &all));
-        return allreduce_direct(c, d, all);
-    }
-    return allreduce_staged(c, d, sendbuf, recvbuf);
-}
-
-sumo_result sumo__shm_broadcast(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
-                                void *recvbuf)
-{
-    if (c->tp->reach == SUMO__REACH_DIRECT) {
-        const sumo__call_desc *all;
-        SUMO__CHECK(sumo__agree(c, d, &all));
-        return broadcast_direct(c, d, all);
-    }
-    return broadcast_staged(c, d, sendbuf, recvbuf);
-}
-
-sumo_result sumo__shm_allgather(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
-                                void *recvbuf)
-{
-    if (c->tp->reach == SUMO__REACH_DIRECT) {
-        const sumo__call_desc *all;
-        SUMO__CHECK(sumo__agree(c, d, &all));
-        return allgather_direct(c, d, all, sendbuf);
-    }
-    return allgather_staged(c, d, sendbuf, recvbuf);
 }
