@@ -166,6 +166,15 @@ static void staged_at(const void *ctx, size_t s, const void **in_at)
         in_at[r] = sumo__stage_half(d->st, r, d->k) + (s - d->first) * d->st->esz;
 }
 
+/* Points in at chunk k of an n-element buffer; [*lo, *hi) is this rank's slice of the chunk. */
+static void staged_chunk(staged_inputs *in, size_t n, size_t k, int me, size_t *lo, size_t *hi)
+{
+    size_t len = sumo__stage_chunk_len(in->st, n, k);
+    sumo__cache_slice(len, in->st->esz, in->P, me, lo, hi);
+    in->k = k;
+    in->first = k * in->st->chunk;
+}
+
 /*
  * Two streams through the staging areas, as sumo__shm_allreduce's staged algorithm makes one:
  * chunk k in half k % 2, the next chunk staged while this one is worked on, one barrier a
@@ -188,10 +197,8 @@ static sumo_result run_staged(sumo_comm *c, const void *sendbuf, void *recvbuf,
     if (chunks > 0) sumo__stage_in(&st, me, 0, sendbuf, n);
     SUMO__CHECK(tp->ops->barrier(tp));
     for (size_t k = 0; k < chunks; k++) {
-        size_t len = sumo__stage_chunk_len(&st, n, k), lo, hi;
-        sumo__cache_slice(len, esz, P, me, &lo, &hi);
-        in.k = k;
-        in.first = k * st.chunk;
+        size_t lo, hi;
+        staged_chunk(&in, n, k, me, &lo, &hi);
         partials(c, call, in.first + lo, in.first + hi, staged_at, &in, g->gram);
         if (k + 1 < chunks) sumo__stage_in(&st, me, k + 1, sendbuf, n);
         SUMO__CHECK(tp->ops->barrier(tp));
@@ -203,10 +210,8 @@ static sumo_result run_staged(sumo_comm *c, const void *sendbuf, void *recvbuf,
     sumo__stage_in(&st, me, 0, sendbuf, n);
     SUMO__CHECK(tp->ops->barrier(tp));
     for (size_t k = 0; k < chunks; k++) {
-        size_t len = sumo__stage_chunk_len(&st, n, k), lo, hi;
-        sumo__cache_slice(len, esz, P, me, &lo, &hi);
-        in.k = k;
-        in.first = k * st.chunk;
+        size_t lo, hi;
+        staged_chunk(&in, n, k, me, &lo, &hi);
         if (hi > lo) {
             /* Into rank 0's area first (its input there, read before written), then copies. */
             unsigned char *first = sumo__stage_half(&st, 0, k) + lo * esz;
@@ -216,7 +221,8 @@ static sumo_result run_staged(sumo_comm *c, const void *sendbuf, void *recvbuf,
         }
         if (k + 1 < chunks) sumo__stage_in(&st, me, k + 1, sendbuf, n);
         SUMO__CHECK(tp->ops->barrier(tp));
-        memcpy((unsigned char *)recvbuf + in.first * esz, sumo__stage_half(&st, me, k), len * esz);
+        memcpy((unsigned char *)recvbuf + in.first * esz, sumo__stage_half(&st, me, k),
+               sumo__stage_chunk_len(&st, n, k) * esz);
     }
     return SUMO_SUCCESS;
 }
