@@ -78,21 +78,27 @@ static sumo_result allgather_direct(sumo_comm *c, const sumo__call_desc *d,
  * which case they run direct. */
 
 /*
- * A rank whose buffers are shared skips the first copy that rides ahead of the agreement, in
- * case the call runs direct. When it does not, that rank copies after the agreement, which
- * its peers may already have passed: everyone waits for those copies at one barrier.
- * (`root` >= 0: only that rank copies, as in a broadcast.)
+ * How every staged collective starts. The first copy into this rank's own area rides ahead of
+ * the agreement, unless this rank's buffers are shared, when the call may well run direct
+ * (*direct: every rank's are; nothing was staged). When it does not, a rank that skipped the
+ * copy makes it after the agreement, which its peers may already have passed: everyone waits
+ * for those copies at one barrier. root >= 0: only that rank sends (a broadcast).
  */
-static sumo_result stage_late_copies(sumo_comm *c, const sumo__call_desc *all, int root,
-                                     const sumo__staging *s, bool precopied, const void *sendbuf,
-                                     size_t count)
+static sumo_result stage_start(sumo_comm *c, sumo__call_desc *d, int root, const void *sendbuf,
+                               const sumo__staging *s, const sumo__call_desc **all, bool *direct)
 {
     sumo__transport *tp = c->tp;
+    bool sends = d->count > 0 && (root < 0 || root == tp->rank);
+    bool precopied = sends && !(d->flags & SUMO__DESC_SHARED);
+    if (precopied) sumo__stage_in(s, tp->rank, 0, sendbuf, d->count);
+    SUMO__CHECK(sumo__agree(c, d, all));
+    *direct = sumo__all_shared(c, *all);
+    if (*direct || d->count == 0) return SUMO_SUCCESS;
     bool late = false;
     for (int r = 0; r < tp->size; r++)
-        late = late || ((root < 0 || r == root) && (all[r].flags & SUMO__DESC_SHARED));
-    if (!late || count == 0) return SUMO_SUCCESS;
-    if (!precopied && (root < 0 || root == tp->rank)) sumo__stage_in(s, tp->rank, 0, sendbuf, count);
+        late = late || ((root < 0 || r == root) && ((*all)[r].flags & SUMO__DESC_SHARED));
+    if (!late) return SUMO_SUCCESS;
+    if (sends && !precopied) sumo__stage_in(s, tp->rank, 0, sendbuf, d->count);
     return tp->ops->barrier(tp);
 }
 
@@ -143,19 +149,15 @@ sumo_result sumo__shm_allreduce(sumo_comm *c, sumo__call_desc *d, const void *se
     sumo__staging s = sumo__staging_of(tp, esz);
     size_t chunks = sumo__stage_chunk_count(&s, d->count);
     int me = tp->rank, size = tp->size;
-    /* The first copy rides ahead of the agreement (it touches only our own area), unless
-     * our buffers are shared, when the call may well run direct. */
-    bool precopied = chunks > 0 && !(d->flags & SUMO__DESC_SHARED);
-    if (precopied) sumo__stage_in(&s, me, 0, sendbuf, d->count);
     const sumo__call_desc *all;
-    SUMO__CHECK(sumo__agree(c, d, &all));
-    if (sumo__all_shared(c, all)) {
+    bool direct;
+    SUMO__CHECK(stage_start(c, d, -1, sendbuf, &s, &all, &direct));
+    if (direct) {
         if (tp->reach == SUMO__REACH_STAGED)
             SUMO__LOG(tp->log_level, SUMO__LOG_INFO, "rank %d allreduce: every rank's buffers "
                       "are shared, direct", me);
         return allreduce_direct(c, d, all);
     }
-    SUMO__CHECK(stage_late_copies(c, all, -1, &s, precopied, sendbuf, d->count));
     void **outs;
     const void **ins;
     SUMO__CHECK(pointer_arrays(c, &outs, &ins));
@@ -185,12 +187,10 @@ sumo_result sumo__shm_broadcast(sumo_comm *c, sumo__call_desc *d, const void *se
     sumo__staging s = sumo__staging_of(tp, esz);
     size_t chunks = sumo__stage_chunk_count(&s, d->count);
     bool root = tp->rank == d->root;
-    bool precopied = root && chunks > 0 && !(d->flags & SUMO__DESC_SHARED);
-    if (precopied) sumo__stage_in(&s, tp->rank, 0, sendbuf, d->count);
     const sumo__call_desc *all;
-    SUMO__CHECK(sumo__agree(c, d, &all));
-    if (sumo__all_shared(c, all)) return broadcast_direct(c, d, all);
-    SUMO__CHECK(stage_late_copies(c, all, d->root, &s, precopied, sendbuf, d->count));
+    bool direct;
+    SUMO__CHECK(stage_start(c, d, d->root, sendbuf, &s, &all, &direct));
+    if (direct) return broadcast_direct(c, d, all);
     for (size_t k = 0; k < chunks; k++) {
         size_t len = sumo__stage_chunk_len(&s, d->count, k);
         unsigned char *dst = (unsigned char *)recvbuf + k * s.chunk * esz;
@@ -211,12 +211,10 @@ sumo_result sumo__shm_allgather(sumo_comm *c, sumo__call_desc *d, const void *se
     size_t esz = sumo__dtype_bytes(d->dtype);
     sumo__staging s = sumo__staging_of(tp, esz);
     size_t chunks = sumo__stage_chunk_count(&s, d->count);
-    bool precopied = chunks > 0 && !(d->flags & SUMO__DESC_SHARED);
-    if (precopied) sumo__stage_in(&s, tp->rank, 0, sendbuf, d->count);
     const sumo__call_desc *all;
-    SUMO__CHECK(sumo__agree(c, d, &all));
-    if (sumo__all_shared(c, all)) return allgather_direct(c, d, all, sendbuf);
-    SUMO__CHECK(stage_late_copies(c, all, -1, &s, precopied, sendbuf, d->count));
+    bool direct;
+    SUMO__CHECK(stage_start(c, d, -1, sendbuf, &s, &all, &direct));
+    if (direct) return allgather_direct(c, d, all, sendbuf);
     for (size_t k = 0; k < chunks; k++) {
         size_t len = sumo__stage_chunk_len(&s, d->count, k);
         for (int r = 0; r < tp->size; r++) {
