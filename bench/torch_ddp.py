@@ -33,14 +33,17 @@ the same parameters after a few steps.
 A second table, measured in the same run, is communication only: per model, the gradient
 buckets DDP hands to a hook (their count, sizes and per-tensor layout recorded from a real
 hooked DDP step, after DDP has rebuilt its buckets) are reduced with nothing else running,
-steps interleaved across methods (each step runs every method once, so slow phases of a
-noisy machine hit them alike):
+steps interleaved across methods (each step runs every method once, in an order rotated
+from step to step, so slow phases of a noisy machine hit them alike):
   gloo           torch.distributed.all_reduce on the default gloo group from the main
                  thread, issued as torch's allreduce_hook does (div_ by the rank count, then
                  one asynchronous allreduce per bucket in bucket order, all waited on)
   sumo avg / sumo adasum / sumo acga   the hooks themselves called on stand-in buckets
                  over the same buffers (sumo's asynchronous allreduce through the binding,
                  or ACGA's apply, on sumo's worker thread), every Future waited on
+  sumo avg/m, sumo adasum/m, sumo acga/m   (processes of one node only) the same hooks with
+                 HookState(mapped_buffers=True): each bucket copied into memory every
+                 process maps and reduced there, instead of in place (staged by sumo)
 Per step: refill the buffers with the rank's gradients, barrier, time until every bucket is
 reduced. Median over steps; "vs gloo" divides a method's median by gloo's, from the same run.
 
@@ -235,10 +238,22 @@ def comm_only(layouts, args):
     state = st.HookState()
     hooks = {"sumo avg": st.average_hook, "sumo adasum": st.adasum_hook,
              "sumo acga": st.acga_hook}
+    methods = list(COMM_METHODS)
+    states = {m: state for m in hooks}
+    others = []
+    mapped = st.HookState(mapped_buffers=True)
+    if mapped.maps_buckets:
+        others.append(mapped)
+        for m in list(hooks):
+            hooks[m + "/m"], states[m + "/m"] = hooks[m], mapped
+            methods.append(m + "/m")
+    else:
+        mapped.close()
     P = st.size()
-    times = {m: [] for m in COMM_METHODS}
+    times = {m: [] for m in methods}
     for i in range(args.warmup + args.steps):
-        for m in COMM_METHODS:
+        # Rotated, so no method always follows the same one (gloo's threads, say).
+        for m in methods[i % len(methods):] + methods[:i % len(methods)]:
             for b, s in zip(bufs, src):
                 b.copy_(s)
             st.barrier()
@@ -251,13 +266,14 @@ def comm_only(layouts, args):
                 for w in works:
                     w.wait()
             else:
-                futs = [hooks[m](state, b) for b in buckets]
+                futs = [hooks[m](states[m], b) for b in buckets]
                 for f in futs:
                     f.wait()
             t = time.perf_counter() - t0
             if i >= args.warmup:
                 times[m].append(t)
-    state.close()
+    for hs in [state] + others:
+        hs.close()
     st.take_timeline()  # the hooks' own records: not wanted here
     return {m: statistics.median(v) for m, v in times.items()}
 

@@ -143,9 +143,22 @@ def test_average_hook_equals_ddp_default(bucket_cap_mb):
 
 
 @pytest.mark.parametrize("bucket_cap_mb", [25, 0.001])
-def test_adasum_hook_equals_reference(bucket_cap_mb):
+def test_average_hook_on_mapped_buckets_equals_ddp_default(bucket_cap_mb):
+    ref = train_ddp(None, bucket_cap_mb=bucket_cap_mb)
+    state = st.HookState(mapped_buffers=True)
+    got = train_ddp(st.average_hook, bucket_cap_mb=bucket_cap_mb, state=state)
+    state.close()
+    assert_close(params_of(got), params_of(ref), rtol=1e-5, atol=1e-6)
+    assert_identical_across_ranks(params_of(got))
+
+
+@pytest.mark.parametrize("mapped_buffers", [False, True])
+@pytest.mark.parametrize("bucket_cap_mb", [25, 0.001])
+def test_adasum_hook_equals_reference(bucket_cap_mb, mapped_buffers):
     steps = 3
-    got = train_ddp(st.adasum_hook, steps=steps, bucket_cap_mb=bucket_cap_mb)
+    state = st.HookState(mapped_buffers=mapped_buffers)
+    got = train_ddp(st.adasum_hook, steps=steps, bucket_cap_mb=bucket_cap_mb, state=state)
+    state.close()
     assert_identical_across_ranks(params_of(got))
     # Reference: every rank's gradient computed here, combined per tensor in float64.
     ref = make_model()
@@ -160,6 +173,39 @@ def test_adasum_hook_equals_reference(bucket_cap_mb):
             for p, g in zip(ref.parameters(), combined):
                 p -= 0.1 * g.to(p.dtype)
     assert_close(params_of(got), params_of(ref))
+
+
+@pytest.mark.parametrize("mapped_buffers", [False, True])
+def test_hooks_reduce_in_place_unless_mapped(mapped_buffers):
+    # Mapped: under MPI on one node every hook returns a mapped copy of the bucket; else
+    # (and alone, on threads) the bucket itself.
+    layout = [37, 5, 100, 1]
+    one_node = st.transport() == "mpi" and st.size() > 1 and st.local_size() == st.size()
+    state = st.HookState(mapped_buffers=mapped_buffers)
+    for hook in (st.average_hook, st.adasum_hook, st.acga_hook):
+        buf = torch.randn(sum(layout))
+        got = hook(state, _Bucket(buf, layout)).wait()
+        assert (got.data_ptr() != buf.data_ptr()) == (mapped_buffers and one_node), hook.__name__
+    state.close()
+
+
+def test_mapped_bucket_follows_a_rebuilt_bucket():
+    # DDP rebuilds its buckets after the first iteration: the same index, another size. The
+    # hook must reduce the new bucket whole, not the old mapped buffer's size of it.
+    state = st.HookState(mapped_buffers=True)
+    for layout in ([300, 20], [7], [300, 20, 1000]):
+        grads = [[torch.randn(sum(layout), generator=torch.Generator().manual_seed(r))]
+                 for r in range(st.size())]
+        buf = grads[st.rank()][0].clone()
+        got = st.adasum_hook(state, _Bucket(buf, layout)).wait()
+        off, ref = 0, []
+        for n in layout:
+            ref.append(adasum_per_tensor([[g[0][off:off + n]] for g in grads])[0])
+            off += n
+        assert got.numel() == sum(layout)
+        torch.testing.assert_close(got.to(torch.float64), torch.cat(ref), rtol=1e-5, atol=1e-6)
+        assert_identical_across_ranks([got])
+    state.close()
 
 
 def test_acga_hook_identical_and_checkpointable():

@@ -247,6 +247,15 @@ def shared_empty(numel, dtype, what):
     return torch.frombuffer((ctypes.c_byte * nbytes).from_address(ptr.value), dtype=dtype)
 
 
+def shared_free(t, what):
+    """Gives back a tensor shared_empty made (collective under MPI, like the allocation). The
+    tensor must not be used afterwards: its storage is the freed memory."""
+    if state.transport != "mpi" or t.numel() == 0:
+        return
+    sync()
+    raise_for(lib.sumo_mem_free(state.comm, ctypes.c_void_p(t.data_ptr())), "sumo_mem_free for " + what)
+
+
 def broadcast_tensor(t, root, name):
     _in_place(lib.sumo_broadcast, t, root, "broadcast", name)
 
