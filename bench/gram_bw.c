@@ -88,7 +88,11 @@ static void *worker(void *arg)
             sumo__kernel_gram_partials(s->dt, ins, s->P, hi - lo, g);
             memcpy(&x, &g[0], sizeof x);
             break;
-        case 2: sumo__kernel_weighted_sum(s->dt, s->out + lo * s->esz, ins, s->w, s->P, hi - lo); break;
+        case 2: {
+            void *out = s->out + lo * s->esz;
+            sumo__kernel_weighted_sum(s->dt, &out, 1, ins, s->w, s->P, hi - lo);
+            break;
+        }
         default:
             for (int p = 0; p < s->P; p++) x ^= read_loop(ins[p], (hi - lo) * s->esz);
             memset(s->out + lo * s->esz, (int)(x & 1), (hi - lo) * s->esz);

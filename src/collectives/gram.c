@@ -10,10 +10,6 @@ _Static_assert(SUMO__GRAM_MAX_RANKS <= SUMO__GRAM_MAX_IN, "the partials kernel t
 
 static size_t align64(size_t v) { return (v + 63) / 64 * 64; }
 
-/* The direct shape writes its result in chunks this big (well inside a core's L2), copying each
- * to the other ranks' outputs while it is still in cache. */
-#define GRAM_COPY_CHUNK_BYTES ((size_t)64 * 1024)
-
 /* Where each part of the scratch starts. */
 typedef struct gram_space {
     double *gram, *incoming, *w;
@@ -75,21 +71,23 @@ static void partials(sumo_comm *c, const sumo__gram_call *call, size_t lo, size_
     }
 }
 
-/* out[s..e) = sum_k w[t][k] in_k[s..e) for every tensor piece in [lo, hi); out_of(s) gives the
- * destination of element s. */
+/* outs[k][s - lo] = sum_r w[t][r] in_r[s] for every element s of [lo, hi) (tensor t's), for
+ * each of the nout outputs, which start at element lo. */
 static void weighted(sumo_comm *c, const sumo__gram_call *call, size_t lo, size_t hi,
-                     inputs_fn inputs, const void *ctx, const double *w, unsigned char *out)
+                     inputs_fn inputs, const void *ctx, const double *w,
+                     unsigned char *const *outs, int nout)
 {
     int P = c->tp->size;
     size_t esz = sumo__dtype_bytes(call->dtype);
     const void *in_at[SUMO__GRAM_MAX_RANKS];
+    void *out_at[SUMO__GRAM_MAX_RANKS];
     for (size_t t = hi > lo ? first_tensor(call, lo) : call->ntensors;
          t < call->ntensors && call->offsets[t] < hi; t++) {
         size_t s = SUMO__MAX(lo, call->offsets[t]), e = SUMO__MIN(hi, call->offsets[t + 1]);
         if (e <= s) continue;
         inputs(ctx, s, in_at);
-        c->kernels->weighted_sum(call->dtype, out + (s - lo) * esz, in_at, w + t * (size_t)P, P,
-                                 e - s);
+        for (int k = 0; k < nout; k++) out_at[k] = outs[k] + (s - lo) * esz;
+        c->kernels->weighted_sum(call->dtype, out_at, nout, in_at, w + t * (size_t)P, P, e - s);
     }
 }
 
@@ -125,26 +123,20 @@ static sumo_result run_direct(sumo_comm *c, const sumo__call_desc *all, const su
     int P = tp->size;
     size_t esz = sumo__dtype_bytes(call->dtype), lo, hi;
     direct_inputs in = {.esz = esz, .P = P};
-    unsigned char *recv_of[SUMO__GRAM_MAX_RANKS];
+    unsigned char *recv_of[SUMO__GRAM_MAX_RANKS], *recv_at[SUMO__GRAM_MAX_RANKS];
     for (int k = 0; k < P; k++) {
         in.send_of[k] = tp->ops->peer_buffer(tp, k, all[k].sendptr);
         recv_of[k] = tp->ops->peer_buffer(tp, k, all[k].recvptr);
     }
     sumo__cache_slice(call->count, esz, P, tp->rank, &lo, &hi);
+    for (int k = 0; k < P; k++) recv_at[k] = recv_of[k] + lo * esz;
     memset(g->gram, 0, call->ntensors * sumo__gram_len(P) * sizeof *g->gram);
     partials(c, call, lo, hi, direct_at, &in, g->gram);
     bool accept;
     SUMO__CHECK(weigh(c, call, g, &accept));
-    /* Rank 0's output may be its input (in place): this rank alone reads this slice, and the
-     * weighted sum reads each element before writing it. The other outputs are copies of each
-     * chunk while it is still in cache, written once every input of the chunk has been read,
-     * so the slice's result crosses memory once on the way in. */
-    size_t chunk = GRAM_COPY_CHUNK_BYTES / esz;
-    for (size_t s = lo; accept && s < hi; s += chunk) {
-        size_t e = SUMO__MIN(hi, s + chunk);
-        weighted(c, call, s, e, direct_at, &in, g->w, recv_of[0] + s * esz);
-        for (int k = 1; k < P; k++) memcpy(recv_of[k] + s * esz, recv_of[0] + s * esz, (e - s) * esz);
-    }
+    /* An output may be its rank's input (in place): this rank alone reads this slice, and the
+     * kernel reads each element of every input before writing it to every output. */
+    if (accept) weighted(c, call, lo, hi, direct_at, &in, g->w, recv_at, P);
     *applied = accept;
     /* No rank returns while a peer still reads or writes its buffers. */
     return tp->ops->barrier(tp);
@@ -213,11 +205,10 @@ static sumo_result run_staged(sumo_comm *c, const void *sendbuf, void *recvbuf,
         size_t lo, hi;
         staged_chunk(&in, n, k, me, &lo, &hi);
         if (hi > lo) {
-            /* Into rank 0's area first (its input there, read before written), then copies. */
-            unsigned char *first = sumo__stage_half(&st, 0, k) + lo * esz;
-            weighted(c, call, in.first + lo, in.first + hi, staged_at, &in, g->w, first);
-            for (int r = 1; r < P; r++)
-                memcpy(sumo__stage_half(&st, r, k) + lo * esz, first, (hi - lo) * esz);
+            /* Into every rank's area, where the inputs are (each read before written). */
+            unsigned char *outs[SUMO__GRAM_MAX_RANKS];
+            for (int r = 0; r < P; r++) outs[r] = sumo__stage_half(&st, r, k) + lo * esz;
+            weighted(c, call, in.first + lo, in.first + hi, staged_at, &in, g->w, outs, P);
         }
         if (k + 1 < chunks) sumo__stage_in(&st, me, k + 1, sendbuf, n);
         SUMO__CHECK(tp->ops->barrier(tp));
@@ -277,7 +268,8 @@ static sumo_result run_messages(sumo_comm *c, const void *sendbuf, void *recvbuf
     if (!accept || n == 0) return SUMO_SUCCESS;
     /* In place, our shard of the output is our shard of the input: the kernel reads each
      * element before writing it. */
-    weighted(c, call, lo, hi, shard_at, &sh, g->w, (unsigned char *)recvbuf + lo * esz);
+    unsigned char *own_out = (unsigned char *)recvbuf + lo * esz;
+    weighted(c, call, lo, hi, shard_at, &sh, g->w, &own_out, 1);
     return sumo__ring_pass_segments(tp, recvbuf, esz, n, me);
 }
 

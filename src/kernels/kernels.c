@@ -355,14 +355,14 @@ void sumo__scaled_add_half_wide(sumo_dtype dtype, void *a, double ca, const void
     }
 }
 
-void sumo__weighted_sum_half_wide(sumo_dtype dtype, void *out, const void *const *ins,
-                                  const double *w, int nin, size_t n)
+void sumo__weighted_sum_half_wide(sumo_dtype dtype, void *const *outs, int nout,
+                                  const void *const *ins, const double *w, int nin, size_t n)
 {
-    uint16_t *x = out;
     for (size_t i = 0; i < n; i++) {
         double v = w[0] * (double)load_f(dtype, ins[0], i);
         for (int p = 1; p < nin; p++) v = fma(w[p], (double)load_f(dtype, ins[p], i), v);
-        x[i] = dtype == SUMO_FLOAT16 ? sumo__double_to_half(v) : sumo__double_to_bf16(v);
+        uint16_t h = dtype == SUMO_FLOAT16 ? sumo__double_to_half(v) : sumo__double_to_bf16(v);
+        for (int k = 0; k < nout; k++) ((uint16_t *)outs[k])[i] = h;
     }
 }
 
@@ -397,8 +397,8 @@ void sumo__gram_partials_portable(sumo_dtype dtype, const void *const *ins, int 
     }
 }
 
-void sumo__weighted_sum_portable(sumo_dtype dtype, void *out, const void *const *ins,
-                                 const double *w, int nin, size_t n)
+void sumo__weighted_sum_portable(sumo_dtype dtype, void *const *outs, int nout,
+                                 const void *const *ins, const double *w, int nin, size_t n)
 {
     switch (dtype) {
     case SUMO_FLOAT64:
@@ -406,14 +406,16 @@ void sumo__weighted_sum_portable(sumo_dtype dtype, void *out, const void *const 
         for (size_t i = 0; i < n; i++) {
             double v = w[0] * load_d(dtype, ins[0], i);
             for (int p = 1; p < nin; p++) v = fma(w[p], load_d(dtype, ins[p], i), v);
-            if (dtype == SUMO_FLOAT64) ((double *)out)[i] = v;
-            else ((float *)out)[i] = (float)v;
+            for (int k = 0; k < nout; k++) {
+                if (dtype == SUMO_FLOAT64) ((double *)outs[k])[i] = v;
+                else ((float *)outs[k])[i] = (float)v;
+            }
         }
         break;
     case SUMO_FLOAT16:
     case SUMO_BFLOAT16: {
         if (!sumo__coefs_fit_float(w, nin)) {
-            sumo__weighted_sum_half_wide(dtype, out, ins, w, nin, n);
+            sumo__weighted_sum_half_wide(dtype, outs, nout, ins, w, nin, n);
             break;
         }
         float fw[SUMO__GRAM_MAX_IN];
@@ -424,7 +426,7 @@ void sumo__weighted_sum_portable(sumo_dtype dtype, void *out, const void *const 
                 float wp = p < SUMO__GRAM_MAX_IN ? fw[p] : (float)w[p];
                 v = fmaf(wp, load_f(dtype, ins[p], i), v);
             }
-            store_f(dtype, out, i, v);
+            for (int k = 0; k < nout; k++) store_f(dtype, outs[k], i, v);
         }
         break;
     }
@@ -546,16 +548,16 @@ void sumo__kernel_gram_partials_isa(sumo__isa isa, sumo_dtype dtype, const void 
     }
 }
 
-void sumo__kernel_weighted_sum_isa(sumo__isa isa, sumo_dtype dtype, void *out,
+void sumo__kernel_weighted_sum_isa(sumo__isa isa, sumo_dtype dtype, void *const *outs, int nout,
                                    const void *const *ins, const double *w, int nin, size_t n)
 {
-    if (n == 0 || nin < 1 || !sumo__dtype_valid((int)dtype)) return;
+    if (n == 0 || nin < 1 || nout < 1 || !sumo__dtype_valid((int)dtype)) return;
     switch (usable(isa)) {
 #if SUMO__KERNELS_X86
-    case SUMO__ISA_AVX512: sumo__weighted_sum_avx512(dtype, out, ins, w, nin, n); return;
-    case SUMO__ISA_AVX2: sumo__weighted_sum_avx2(dtype, out, ins, w, nin, n); return;
+    case SUMO__ISA_AVX512: sumo__weighted_sum_avx512(dtype, outs, nout, ins, w, nin, n); return;
+    case SUMO__ISA_AVX2: sumo__weighted_sum_avx2(dtype, outs, nout, ins, w, nin, n); return;
 #endif
-    default: sumo__weighted_sum_portable(dtype, out, ins, w, nin, n); return;
+    default: sumo__weighted_sum_portable(dtype, outs, nout, ins, w, nin, n); return;
     }
 }
 
@@ -609,10 +611,10 @@ void sumo__kernel_gram_partials(sumo_dtype dtype, const void *const *ins, int ni
     sumo__kernel_gram_partials_isa(sumo__kernel_isa_best(), dtype, ins, nin, n, out);
 }
 
-void sumo__kernel_weighted_sum(sumo_dtype dtype, void *out, const void *const *ins,
-                               const double *w, int nin, size_t n)
+void sumo__kernel_weighted_sum(sumo_dtype dtype, void *const *outs, int nout,
+                               const void *const *ins, const double *w, int nin, size_t n)
 {
-    sumo__kernel_weighted_sum_isa(sumo__kernel_isa_best(), dtype, out, ins, w, nin, n);
+    sumo__kernel_weighted_sum_isa(sumo__kernel_isa_best(), dtype, outs, nout, ins, w, nin, n);
 }
 
 static const sumo__kernel_table host_kernels = {

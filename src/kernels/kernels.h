@@ -56,14 +56,18 @@ void sumo__kernel_gram_partials(sumo_dtype dtype, const void *const *ins, int ni
                                 double *out);
 
 /*
- * The Gram form's second pass: out[i] = w[0] ins[0][i] + ... + w[nin-1] ins[nin-1][i], in that
- * order with fused multiply-adds, rounded once to the dtype. fp32/fp64: in double. fp16/bf16:
- * in fp32 with the weights narrowed to float, unless a weight is outside float's normal range,
- * then in double (as sumo__kernel_scaled_add). out may be the same pointer as any input.
- * nin >= 1.
+ * The Gram form's second pass: v[i] = w[0] ins[0][i] + ... + w[nin-1] ins[nin-1][i], in that
+ * order with fused multiply-adds, rounded once to the dtype, stored to every outs[k][i].
+ * fp32/fp64: in double. fp16/bf16: in fp32 with the weights narrowed to float, unless a weight
+ * is outside float's normal range, then in double (as sumo__kernel_scaled_add). Each element's
+ * inputs are read before any output's element is written, so an output may be the same
+ * pointer as any input. Storing to every output from registers, as reduce_multi does, costs
+ * less than writing one and copying it: the copy reads the result back and, where the outputs
+ * belong to other cores' ranks, takes its lines over a second time.
+ * 1 <= nin, nout <= SUMO__GRAM_MAX_IN.
  */
-void sumo__kernel_weighted_sum(sumo_dtype dtype, void *out, const void *const *ins,
-                               const double *w, int nin, size_t n);
+void sumo__kernel_weighted_sum(sumo_dtype dtype, void *const *outs, int nout,
+                               const void *const *ins, const double *w, int nin, size_t n);
 
 /*
  * The kernels above for buffers in one kind of memory. The collectives reach kernels only
@@ -82,8 +86,8 @@ typedef struct sumo__kernel_table {
     void (*scaled_add)(sumo_dtype dtype, void *a, double ca, const void *b, double cb, size_t n);
     void (*gram_partials)(sumo_dtype dtype, const void *const *ins, int nin, size_t n,
                           double *out);
-    void (*weighted_sum)(sumo_dtype dtype, void *out, const void *const *ins, const double *w,
-                         int nin, size_t n);
+    void (*weighted_sum)(sumo_dtype dtype, void *const *outs, int nout, const void *const *ins,
+                         const double *w, int nin, size_t n);
 } sumo__kernel_table;
 
 /* The kernels for host memory (run-time dispatched to the best instruction set). */

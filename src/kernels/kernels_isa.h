@@ -41,7 +41,7 @@ void sumo__kernel_scaled_add_isa(sumo__isa isa, sumo_dtype dtype, void *a, doubl
                                  const void *b, double cb, size_t n);
 void sumo__kernel_gram_partials_isa(sumo__isa isa, sumo_dtype dtype, const void *const *ins,
                                     int nin, size_t n, double *out);
-void sumo__kernel_weighted_sum_isa(sumo__isa isa, sumo_dtype dtype, void *out,
+void sumo__kernel_weighted_sum_isa(sumo__isa isa, sumo_dtype dtype, void *const *outs, int nout,
                                    const void *const *ins, const double *w, int nin, size_t n);
 
 /*
@@ -59,8 +59,8 @@ void sumo__kernel_weighted_sum_isa(sumo__isa isa, sumo_dtype dtype, void *out,
                                 size_t n);                                                       \
     void sumo__gram_partials_##sfx(sumo_dtype dtype, const void *const *ins, int nin, size_t n,   \
                                    double *out);                                                 \
-    void sumo__weighted_sum_##sfx(sumo_dtype dtype, void *out, const void *const *ins,           \
-                                  const double *w, int nin, size_t n)
+    void sumo__weighted_sum_##sfx(sumo_dtype dtype, void *const *outs, int nout,                 \
+                                  const void *const *ins, const double *w, int nin, size_t n)
 
 SUMO__KERNEL_DECLARE_PATH(portable);
 #if SUMO__KERNELS_X86
@@ -94,8 +94,8 @@ static inline int sumo__coefs_fit_float(const double *w, int n)
         if (!sumo__coef_fits_float(w[i])) return 0;
     return 1;
 }
-void sumo__weighted_sum_half_wide(sumo_dtype dtype, void *out, const void *const *ins,
-                                  const double *w, int nin, size_t n);
+void sumo__weighted_sum_half_wide(sumo_dtype dtype, void *const *outs, int nout,
+                                  const void *const *ins, const double *w, int nin, size_t n);
 void sumo__scaled_add_half_wide(sumo_dtype dtype, void *a, double ca, const void *b, double cb,
                                 size_t n);
 
