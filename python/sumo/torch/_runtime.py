@@ -247,6 +247,12 @@ def shared_empty(numel, dtype, what):
     return torch.frombuffer((ctypes.c_byte * nbytes).from_address(ptr.value), dtype=dtype)
 
 
+def node_maps_memory():
+    """True when every rank is an MPI process of one node: shared_empty's memory is then
+    mapped by every process, and collectives on it run without staging copies."""
+    return state.transport == "mpi" and state.size > 1 and state.local_size == state.size
+
+
 def shared_free(t, what):
     """Gives back a tensor shared_empty made (collective under MPI, like the allocation). The
     tensor must not be used afterwards: its storage is the freed memory."""

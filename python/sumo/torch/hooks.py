@@ -12,9 +12,9 @@ shared areas in cache-sized chunks (twice over for Adasum's and ACGA's Gram form
 average). HookState(mapped_buffers=True) instead copies each bucket once into memory every
 process maps (sumo_mem_alloc, one buffer per bucket, kept), reduces it there with the direct
 algorithms, and hands that buffer to DDP as the result (DDP copies a hook's result into the
-gradients either way). It is not the default: on the conv net of bench/torch_ddp.py (2 ranks,
-a 12.9 MB bucket) it took Adasum from 3.8-4.1 ms to 3.0-3.7 ms, within this machine's noise
-of each other in some runs, and made the average slower (1.9-2.1 ms against 2.9 ms).
+gradients either way). It is not the default: it makes the average slower, and its gain for
+Adasum and ACGA did not hold in every configuration measured (docs/torch.md, "The hooks after
+the staged Gram form").
 
 DDP does not pre-divide the bucket when a hook is registered: the average hook divides
 (SUMO_OP_AVERAGE), Adasum and ACGA take the raw gradients, as their definitions want.
@@ -40,9 +40,7 @@ class HookState:
         """mapped_buffers: reduce a copy of each bucket in memory every process of the node
         maps (see the module's note); applies when every rank is an MPI process of one node."""
         self.comm = rt.require_init()
-        self.maps_buckets = bool(mapped_buffers) and (
-            rt.state.transport == "mpi" and rt.state.size > 1
-            and rt.state.local_size == rt.state.size)
+        self.maps_buckets = bool(mapped_buffers) and rt.node_maps_memory()
         self._mapped = {}        # bucket index -> its buffer in mapped memory
         self.acga_beta = float(acga_beta)
         self.acga_per_tensor = bool(acga_per_tensor)

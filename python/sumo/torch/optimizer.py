@@ -15,8 +15,9 @@ Horovod's does: a hook on each parameter's gradient accumulator fires once its g
 complete (after backward_passes_per_step passes), takes that parameter's local step right
 there (the wrapped optimizer's own step with its parameter groups narrowed to that one
 parameter, so it uses that parameter's own state exactly as a full step would), and writes
-start and delta into the parameter's bucket (a bucket of a single parameter keeps the delta
-in the parameter itself until step(), as Horovod does). Buckets are fixed at construction: the
+start and delta into the parameter's bucket (the delta in memory every process of the node
+maps under MPI on one node; elsewhere a bucket of a single parameter keeps the delta in the
+parameter itself until step(), as Horovod does). Buckets are fixed at construction: the
 parameters in reverse registration order (roughly the order backward produces them), one
 dtype per bucket, cut at bucket_cap_mb (0: one parameter per bucket). A bucket whose
 parameters are all stepped starts sumo's asynchronous Adasum allreduce, but only after every
@@ -158,11 +159,12 @@ class DistributedOptimizer(WrappedOptimizer):
             b.what = "the Adasum delta bucket %d of %d tensors (%s%s)" % (
                 b.index, len(b.slots), ", ".join(self._names[i] for i in b.slots[:3]),
                 ", ..." if len(b.slots) > 3 else "")
-            # A bucket of one parameter combines the delta in the parameter's own storage, as
-            # Horovod does (no third buffer, and one pass fewer over the largest tensors).
-            # The others in memory every process of the node maps (under MPI), so that their
-            # Adasum reads the peers' deltas directly.
-            b.delta = None if len(b.slots) == 1 else rt.shared_empty(b.numel, b.dtype, b.what)
+            # The delta goes to memory every process of the node maps (under MPI on one node),
+            # so that its Adasum reads the peers' deltas directly instead of streaming them
+            # twice through the staging areas. Elsewhere a bucket of one parameter combines
+            # the delta in the parameter's own storage, as Horovod does (no third buffer).
+            single = len(b.slots) == 1 and not rt.node_maps_memory()
+            b.delta = None if single else rt.shared_empty(b.numel, b.dtype, b.what)
             b.op = _adasum_op(comm, tuple(params[i].numel() for i in b.slots))
         self._reset()
         # The hook on a parameter's gradient accumulator (Horovod's way: torch 1.13 has no
