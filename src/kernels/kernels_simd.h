@@ -509,7 +509,11 @@ SUMO__SIMD_TARGET void SUMO__SIMD_NAME(sumo__scaled_add)(sumo_dtype dtype, void 
  * and the loads it shares are the expensive part). The order depends on n and nin only.
  */
 #define GRAM_COLS 4
-#define GRAM_BUF_DOUBLES 2048 /* 16 KiB of widened inputs per block */
+/* 8 KiB of widened inputs per block. Measured with gram_bw 64 (AVX-512, one thread, share of
+ * the read bandwidth at P = 4 / 8): 16 KiB 89% / 73-75%, 12 KiB 94% / 80%, 8 KiB 96-98% /
+ * 83-85%, 4 KiB 87% / 75% (a block ahead is then too short a prefetch distance). The order of
+ * the sums does not depend on it: lane i % WD takes element i whatever the block. */
+#define GRAM_BUF_DOUBLES 1024
 
 /* Each input is read in blocks, and no input is read while the tiles of a block are computed:
  * prefetching one whole block ahead keeps memory busy through that phase too. */
