@@ -551,7 +551,9 @@ void sumo__kernel_gram_partials_isa(sumo__isa isa, sumo_dtype dtype, const void 
 void sumo__kernel_weighted_sum_isa(sumo__isa isa, sumo_dtype dtype, void *const *outs, int nout,
                                    const void *const *ins, const double *w, int nin, size_t n)
 {
-    if (n == 0 || nin < 1 || nout < 1 || !sumo__dtype_valid((int)dtype)) return;
+    if (n == 0 || nin < 1 || nin > SUMO__GRAM_MAX_IN || nout < 1 || nout > SUMO__GRAM_MAX_IN ||
+        !sumo__dtype_valid((int)dtype))
+        return;
     switch (usable(isa)) {
 #if SUMO__KERNELS_X86
     case SUMO__ISA_AVX512: sumo__weighted_sum_avx512(dtype, outs, nout, ins, w, nin, n); return;
