@@ -22,8 +22,14 @@ static sumo_result work_buffers(sumo_comm *c, const sumo__call_desc *d, const vo
 sumo_result sumo__ring_pass_segments(sumo__transport *tp, unsigned char *buf, size_t esz,
                                      size_t n, int own)
 {
+    return sumo__ring_pass_segments_from(tp, buf, esz, n, own, 0);
+}
+
+sumo_result sumo__ring_pass_segments_from(sumo__transport *tp, unsigned char *buf, size_t esz,
+                                          size_t n, int own, int first_step)
+{
     int size = tp->size, next = (tp->rank + 1) % size, prev = (tp->rank + size - 1) % size;
-    for (int step = 0; step < size - 1; step++) {
+    for (int step = first_step; step < size - 1; step++) {
         int ss = (own - step + size) % size, rs = (own - step - 1 + size) % size;
         SUMO__CHECK(tp->ops->sendrecv(tp, buf + seg_off(n, size, ss) * esz,
                                       seg_len(n, size, ss) * esz, next,

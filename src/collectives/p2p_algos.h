@@ -24,6 +24,10 @@ sumo_result sumo__ring_allgather(sumo_comm *c, sumo__call_desc *d, const void *s
  * holds all of them. */
 sumo_result sumo__ring_pass_segments(sumo__transport *tp, unsigned char *buf, size_t esz,
                                      size_t n, int own);
+/* The same from step first_step on (step 0 sends `own` to the next rank; a caller that made
+ * that step itself continues from 1). */
+sumo_result sumo__ring_pass_segments_from(sumo__transport *tp, unsigned char *buf, size_t esz,
+                                          size_t n, int own, int first_step);
 
 /*
  * A group of ranks that sums among itself: `members` ranks, this one being member `me`;

@@ -42,3 +42,17 @@ sumo_result sumo__transport_fail_together(sumo__transport *tp, sumo_result code,
     va_end(ap);
     return r;
 }
+
+sumo_result sumo__sendrecv_working(sumo__transport *tp, const void *sbuf, size_t sbytes, int dst,
+                                   void *rbuf, size_t rbytes, int src, sumo__work_fn work,
+                                   void *ctx)
+{
+    sumo_result r;
+    if (tp->ops->sendrecv_working) {
+        r = tp->ops->sendrecv_working(tp, sbuf, sbytes, dst, rbuf, rbytes, src, work, ctx);
+    } else {
+        r = tp->ops->sendrecv(tp, sbuf, sbytes, dst, rbuf, rbytes, src);
+    }
+    while (work && work(ctx)) {}
+    return r;
+}

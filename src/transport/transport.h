@@ -62,6 +62,13 @@ typedef struct sumo__transport_ops {
      */
     sumo_result (*sendrecv)(sumo__transport *tp, const void *sbuf, size_t sbytes, int dst,
                             void *rbuf, size_t rbytes, int src);
+    /* Optional (sumo__sendrecv_working runs sendrecv, then the work, without it). sendrecv,
+     * with work done while the bytes move: between polls of the exchange, work(ctx) is called
+     * until it returns false (nothing left); what is left when the exchange completes is
+     * done before returning. The work must not touch rbuf or sbuf. */
+    sumo_result (*sendrecv_working)(sumo__transport *tp, const void *sbuf, size_t sbytes,
+                                    int dst, void *rbuf, size_t rbytes, int src,
+                                    bool (*work)(void *ctx), void *ctx);
     /* all[r*bytes .. (r+1)*bytes) = rank r's record, for every r (bytes <= SUMO__ANNOUNCE_BYTES).
      * Synchronising: it returns only once every rank has announced. */
     sumo_result (*announce)(sumo__transport *tp, const void *record, void *all, size_t bytes);
@@ -132,6 +139,17 @@ sumo_result sumo__transport_fail_together(sumo__transport *tp, sumo_result code,
     __attribute__((format(printf, 5, 6)));
 #define SUMO__FAIL_TOGETHER(tp, code, ...) \
     sumo__transport_fail_together((tp), (code), __FILE__, __LINE__, __VA_ARGS__)
+
+/* A piece of work sumo__sendrecv_working runs while the bytes move: one slice per call,
+ * false once nothing is left. Slices of tens of microseconds keep the exchange polled. */
+typedef bool (*sumo__work_fn)(void *ctx);
+
+/* sendrecv with work overlapped where the transport can (sendrecv_working), else the
+ * exchange and then the work. The work runs to its end either way, also when the exchange
+ * fails (so its state is left complete), and the exchange's status is returned. */
+sumo_result sumo__sendrecv_working(sumo__transport *tp, const void *sbuf, size_t sbytes, int dst,
+                                   void *rbuf, size_t rbytes, int src, sumo__work_fn work,
+                                   void *ctx);
 
 static inline bool sumo__transport_broken(const sumo__transport *tp)
 {

@@ -118,9 +118,18 @@ static const char *unsettled_note(bool settled)
 /* What poll_requests returns when the deadline passed first (MPI's error codes are >= 0). */
 #define POLL_TIMED_OUT (-1)
 
+/* Work to do between polls (sendrecv_working); NULL fn: none. */
+typedef struct poll_work {
+    sumo__work_fn fn;
+    void *ctx;
+} poll_work;
+
 /* Polls until every request completes (MPI_SUCCESS), MPI reports an error (its code) or the
- * deadline passes (POLL_TIMED_OUT). Blocking MPI calls cannot time out, hence the polling. */
-static int poll_requests(MPI_Request *reqs, int n, MPI_Status *statuses, int64_t deadline)
+ * deadline passes (POLL_TIMED_OUT). Blocking MPI calls cannot time out, hence the polling.
+ * While work is left, a slice of it runs between polls instead of the pause: MPI progresses
+ * only inside MPI calls, so the exchange moves at every poll and the work fills the waits. */
+static int poll_requests(MPI_Request *reqs, int n, MPI_Status *statuses, int64_t deadline,
+                         poll_work *work)
 {
     for (uint64_t polls = 0;; polls++) {
         int done = 0;
@@ -128,6 +137,10 @@ static int poll_requests(MPI_Request *reqs, int n, MPI_Status *statuses, int64_t
         if (rc != MPI_SUCCESS) return rc;
         if (done) return MPI_SUCCESS;
         if ((polls & 63) == 0 && sumo__now_ns() > deadline) return POLL_TIMED_OUT;
+        if (work && work->fn) {
+            if (!work->fn(work->ctx)) work->fn = NULL;
+            continue;
+        }
         poll_pause(polls);
     }
 }
@@ -138,10 +151,11 @@ static int poll_requests(MPI_Request *reqs, int n, MPI_Status *statuses, int64_t
  * nonblocking collectives cannot be cancelled (MPI makes that an error) and are left to the
  * broken communicator. statuses may be MPI_STATUSES_IGNORE.
  */
-static sumo_result wait_all(sumo__transport *tp, MPI_Request *reqs, int n, int receives,
-                            MPI_Status *statuses, int64_t deadline, const char *what)
+static sumo_result wait_all_working(sumo__transport *tp, MPI_Request *reqs, int n, int receives,
+                                    MPI_Status *statuses, int64_t deadline, const char *what,
+                                    poll_work *work)
 {
-    int rc = poll_requests(reqs, n, statuses, deadline);
+    int rc = poll_requests(reqs, n, statuses, deadline, work);
     if (rc == MPI_SUCCESS) return SUMO_SUCCESS;
     const char *note = unsettled_note(settle_receives(tp, reqs, receives));
     if (rc != POLL_TIMED_OUT) return mpi_fail_note(tp, SUMO_ERR_PEER_FAILURE, rc, what, note);
@@ -151,9 +165,17 @@ static sumo_result wait_all(sumo__transport *tp, MPI_Request *reqs, int n, int r
                       what, tp->rank, (double)tp->timeout_ns / 1e9, note);
 }
 
-static sumo_result mpi_sendrecv(sumo__transport *tp, const void *sbuf, size_t sbytes, int dst,
-                                void *rbuf, size_t rbytes, int src)
+static sumo_result wait_all(sumo__transport *tp, MPI_Request *reqs, int n, int receives,
+                            MPI_Status *statuses, int64_t deadline, const char *what)
 {
+    return wait_all_working(tp, reqs, n, receives, statuses, deadline, what, NULL);
+}
+
+static sumo_result mpi_sendrecv_working(sumo__transport *tp, const void *sbuf, size_t sbytes,
+                                        int dst, void *rbuf, size_t rbytes, int src,
+                                        sumo__work_fn work_fn, void *ctx)
+{
+    poll_work work = {.fn = work_fn, .ctx = ctx};
     mpi_transport *t = (mpi_transport *)tp;
     int64_t deadline = sumo__now_ns() + tp->timeout_ns;
     /* Both sides cut a message at the same offsets, so pieces pair up in order. */
@@ -176,7 +198,7 @@ static sumo_result mpi_sendrecv(sumo__transport *tp, const void *sbuf, size_t sb
             settle_receives(tp, reqs, 1);
             return mpi_fail(tp, SUMO_ERR_PEER_FAILURE, rc, "sendrecv");
         }
-        SUMO__CHECK(wait_all(tp, reqs, 2, 1, status, deadline, "sendrecv"));
+        SUMO__CHECK(wait_all_working(tp, reqs, 2, 1, status, deadline, "sendrecv", &work));
         /* A shorter message would complete the receive silently and shift every later one. */
         int got = 0;
         if (receiving && (MPI_Get_count(&status[0], MPI_BYTE, &got) != MPI_SUCCESS || (size_t)got != rlen))
@@ -187,6 +209,12 @@ static sumo_result mpi_sendrecv(sumo__transport *tp, const void *sbuf, size_t sb
         first = false;
     } while ((dst >= 0 && soff < sbytes) || (src >= 0 && roff < rbytes));
     return SUMO_SUCCESS;
+}
+
+static sumo_result mpi_sendrecv(sumo__transport *tp, const void *sbuf, size_t sbytes, int dst,
+                                void *rbuf, size_t rbytes, int src)
+{
+    return mpi_sendrecv_working(tp, sbuf, sbytes, dst, rbuf, rbytes, src, NULL, NULL);
 }
 
 static sumo_result mpi_announce(sumo__transport *tp, const void *record, void *all, size_t bytes)
@@ -453,6 +481,7 @@ static sumo_result mpi_destroy(sumo__transport *tp)
 static const sumo__transport_ops mpi_ops = {
     .name = "mpi",
     .sendrecv = mpi_sendrecv,
+    .sendrecv_working = mpi_sendrecv_working,
     .announce = mpi_announce,
     .barrier = mpi_barrier,
     .peer_buffer = mpi_peer_buffer,
@@ -626,7 +655,7 @@ sumo_result sumo__mpi_transport_create(MPI_Comm comm, sumo__transport **out, cha
     MPI_Request req;
     int rc = MPI_Comm_idup(comm, &t->comm, &req);
     if (rc == MPI_SUCCESS)
-        rc = poll_requests(&req, 1, MPI_STATUSES_IGNORE, sumo__now_ns() + t->base.timeout_ns);
+        rc = poll_requests(&req, 1, MPI_STATUSES_IGNORE, sumo__now_ns() + t->base.timeout_ns, NULL);
     if (rc != MPI_SUCCESS) {
         if (rc == POLL_TIMED_OUT)
             snprintf(err, errlen, "MPI_Comm_idup: not every rank called sumo_comm_create_mpi "

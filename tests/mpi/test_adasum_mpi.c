@@ -149,6 +149,8 @@ static void run_config(sumo_comm *comm, const config *c, uint64_t seed)
 static const size_t awkward[] = {0, 1, 7, 0, 33, 1, 517, 3, 0, 2, 129};
 static size_t many_tiny[300];
 static const size_t big[] = {3, 70001, 0, 5};
+/* Shards of several 1 MiB wire chunks at np 2 to 4 (fp32), tensors across their bounds. */
+static const size_t chunked[] = {3, 524287, 1, 775712};
 
 static void failures(sumo_comm *comm)
 {
@@ -227,6 +229,27 @@ int main(int argc, char **argv)
                 if (!c.hierarchical) run_config(comm, &c, 100 + d * 16 + k);
             }
         }
+        /* The point-to-point shape, which ranks on several nodes take: its shards travel in
+         * chunks while the Gram work of the chunk before runs, overlapped with the MPI
+         * exchange (sendrecv_working). */
+        sumo_comm_set_param(comm, SUMO_PARAM_ALGORITHM, SUMO_ALGORITHM_RING);
+        for (size_t d = 0; d < 4; d++) {
+            if (dtypes[d] == SUMO_FLOAT64) continue; /* the tree: no Gram form */
+            config cs[] = {
+                {"messages, one tensor", dtypes[d], NULL, 0, 1001, 0, 0, false},
+                {"messages, awkward", dtypes[d], awkward, sizeof awkward / sizeof awkward[0], 0, 0, 0, false},
+                {"messages, chunked", dtypes[d], chunked, sizeof chunked / sizeof chunked[0], 0, 0, 0, false},
+            };
+            for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
+                config c = cs[k];
+                if (c.counts) {
+                    c.count = 0;
+                    for (size_t t = 0; t < c.ntensors; t++) c.count += c.counts[t];
+                }
+                run_config(comm, &c, 300 + d * 16 + k);
+            }
+        }
+        sumo_comm_set_param(comm, SUMO_PARAM_ALGORITHM, SUMO_ALGORITHM_AUTO);
         failures(comm);
     }
     sumo_comm_destroy(comm);

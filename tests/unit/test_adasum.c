@@ -447,6 +447,25 @@ static void test_tree_equality(void **state)
     assert_int_equal(bad, 0);
 }
 
+/* The point-to-point shape (what ranks on several nodes run) moves its shards in 1 MiB
+ * chunks, the Gram partials of one chunk and the weighted sum of another running while a
+ * chunk moves: shards of two and three chunks, tensors across the chunk boundaries, and a
+ * count that does not divide by P, so segments (and their last chunks) differ by one. */
+static void test_p2p_wire_chunks(void **state)
+{
+    (void)state;
+    static const size_t across[] = {3, 524287, 1, 775712}; /* 1,300,003 */
+    const layout ls[] = {{"one tensor over chunks", NULL, 0, 1300003},
+                         {"tensors across chunks", across, 4, 1300003}};
+    int bad = 0;
+    for (int size = 2; size <= 4; size++)
+        for (size_t li = 0; li < 2; li++) {
+            bad += run_layout(size, SUMO_FLOAT32, &ls[li], 0, 0, 77 + (uint64_t)size, true);
+            if (size == 2) bad += run_layout(size, SUMO_BFLOAT16, &ls[li], 0, 0, 78, true);
+        }
+    assert_int_equal(bad, 0);
+}
+
 static void test_hierarchical(void **state)
 {
     (void)state;
@@ -873,6 +892,7 @@ int main(void)
         cmocka_unit_test(test_pair_properties_library),
         cmocka_unit_test(test_tree_equality),
         cmocka_unit_test(test_hierarchical),
+        cmocka_unit_test(test_p2p_wire_chunks),
         cmocka_unit_test(test_orthogonal_sum_parallel_average),
         cmocka_unit_test(test_stability),
         cmocka_unit_test(test_repeatable_and_paths_agree),
