@@ -21,7 +21,9 @@
  *   mem_alloc  memory every peer maps (MPI_Win_allocate_shared, ncclMemAlloc): a STAGED
  *              transport then reaches buffers in it directly, and `shares` tells the
  *              collectives which of a rank's buffers are such, so that a call whose buffers
- *              are shared on every rank skips the staging copies.
+ *              are shared on every rank skips the staging copies;
+ *   sendrecv_working  sendrecv with the caller's work done while the bytes move (MPI: between
+ *              the polls of the exchange), so a pipelined collective hides its arithmetic.
  *
  * Every wait inside a transport is bounded by the group's deadline (timeout_ns from the start
  * of the wait). A wait that expires aborts the group where the transport can (so waiting peers
