@@ -64,10 +64,10 @@ typedef struct sumo__transport_ops {
      */
     sumo_result (*sendrecv)(sumo__transport *tp, const void *sbuf, size_t sbytes, int dst,
                             void *rbuf, size_t rbytes, int src);
-    /* Optional (sumo__sendrecv_working runs sendrecv, then the work, without it). sendrecv,
-     * with work done while the bytes move: between polls of the exchange, work(ctx) is called
-     * until it returns false (nothing left); what is left when the exchange completes is
-     * done before returning. The work must not touch rbuf or sbuf. */
+    /* Optional (sumo__sendrecv_working, its only caller, runs sendrecv and then the work
+     * without it). sendrecv, with work done while the bytes move: between polls of the
+     * exchange, work(ctx) is called until it returns false (nothing left). It may return with
+     * work left, which the caller finishes. The work must not touch rbuf or sbuf. */
     sumo_result (*sendrecv_working)(sumo__transport *tp, const void *sbuf, size_t sbytes,
                                     int dst, void *rbuf, size_t rbytes, int src,
                                     bool (*work)(void *ctx), void *ctx);
