@@ -71,21 +71,29 @@ SIMD_INLINE void sts(sumo_dtype dt, void *const *outs, int nout, size_t i, float
     for (int k = 0; k < nout; k++) ((uint16_t *)outs[k])[i] = h;
 }
 
+/* Copies of the input and output pointer arrays in locals, which the compiler can see no
+ * store reach: stores through the outputs may alias anything under -fno-strict-aliasing, and
+ * would otherwise force every pointer to be reloaded after each of them. */
+SIMD_INLINE void local_pointers(const void *const *ins, int nin, const void **ip,
+                                void *const *outs, int nout, void **op)
+{
+    for (int j = 0; j < nin; j++) ip[j] = ins[j];
+    for (int k = 0; k < nout; k++) op[k] = outs[k];
+}
+
 /* ---- reduce ------------------------------------------------------------------------------- */
 
 /*
  * Few inputs and outputs: each vector of every input is summed in registers and stored to
  * every output before the next is loaded, so aliasing is safe and traffic is the minimum.
- * Called with constant nin/nout for the common shapes, so the j and k loops unroll; the
- * pointers are copied to locals the compiler can see no store reach.
+ * Called with constant nin/nout for the common shapes, so the j and k loops unroll.
  */
 SIMD_INLINE void reduce_f_direct(sumo_dtype dt, void *const *outs, int nout,
                                  const void *const *ins, int nin, size_t n, int divisor)
 {
     const void *ip[4];
     void *op[4];
-    for (int j = 0; j < nin; j++) ip[j] = ins[j];
-    for (int k = 0; k < nout; k++) op[k] = outs[k];
+    local_pointers(ins, nin, ip, outs, nout, op);
     const int divide = divisor != 1;
     const float fdiv = (float)divisor;
     const vf vdiv = vf_set1(fdiv);
@@ -627,15 +635,13 @@ SUMO__SIMD_TARGET void SUMO__SIMD_NAME(sumo__gram_partials)(sumo_dtype dtype,
 /* fp32/fp64 in double: v = w0 x0, then v = fma(w_p, x_p, v), rounded once (portable's twin).
  * Every input is prefetched ahead, as dot_norms' are: with the conversions, FMAs and one store
  * per output in flight, too few loads are outstanding otherwise (threads, P = 2, 64 MiB: the
- * Adasum call from 8.4-9.0 to 7.0-7.2 ms). The pointers are copied to locals so that the
- * stores, which may alias anything under -fno-strict-aliasing, do not force them reloaded. */
+ * Adasum call from 8.4-9.0 to 7.0-7.2 ms, with the pointers in locals). */
 SIMD_INLINE void wsum_wide(sumo_dtype dt, void *const *outs, int nout, const void *const *ins,
                            const double *w, int nin, size_t n)
 {
     const void *ip[SUMO__GRAM_MAX_IN];
     void *op[SUMO__GRAM_MAX_IN];
-    for (int p = 0; p < nin; p++) ip[p] = ins[p];
-    for (int k = 0; k < nout; k++) op[k] = outs[k];
+    local_pointers(ins, nin, ip, outs, nout, op);
     const size_t esz = dt == SUMO_FLOAT64 ? sizeof(double) : sizeof(float);
     size_t i = 0;
     if (dt == SUMO_FLOAT64) {
@@ -677,8 +683,7 @@ SIMD_INLINE void wsum_half(sumo_dtype dt, void *const *outs, int nout, const voi
 {
     const void *ip[SUMO__GRAM_MAX_IN];
     void *op[SUMO__GRAM_MAX_IN];
-    for (int p = 0; p < nin; p++) ip[p] = ins[p];
-    for (int k = 0; k < nout; k++) op[k] = outs[k];
+    local_pointers(ins, nin, ip, outs, nout, op);
     size_t i = 0;
     for (; i + WF <= n; i += WF) {
         for (int p = 0; p < nin; p++) prefetch_ahead(ip[p], i * sizeof(uint16_t), WF * sizeof(uint16_t));
