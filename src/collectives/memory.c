@@ -18,7 +18,7 @@ typedef struct sumo__mem_block {
 /* Transports without shared memory: plain memory, 4096-byte aligned like a window's. */
 static sumo_result alloc_plain(size_t bytes, void **ptr)
 {
-    *ptr = aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+    *ptr = sumo__aligned_alloc(4096, bytes);
     return *ptr ? SUMO_SUCCESS : SUMO_ERR_SYSTEM;
 }
 

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #define SUMO__CACHELINE 64
 
@@ -23,6 +24,14 @@ void sumo__log(int threshold, int level, const char *file, int line, const char 
     __attribute__((format(printf, 5, 6)));
 #define SUMO__LOG(threshold, level, ...) \
     sumo__log((threshold), (level), __FILE__, __LINE__, __VA_ARGS__)
+
+/* aligned_alloc of bytes rounded up to a multiple of align (C11 wants the size to be one);
+ * NULL when that fails or the rounding would overflow. Freed with free(). */
+static inline void *sumo__aligned_alloc(size_t align, size_t bytes)
+{
+    if (bytes > SIZE_MAX - (align - 1)) return NULL;
+    return aligned_alloc(align, (bytes + align - 1) / align * align);
+}
 
 /* Monotonic clock in nanoseconds. */
 int64_t sumo__now_ns(void);

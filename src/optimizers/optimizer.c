@@ -150,8 +150,7 @@ sumo_result sumo_optimizer_create(const sumo_optimizer_options *options,
     o->tensor_sizes = malloc(layout_bytes);
     if (nbufs > 0) {
         /* Cache-line aligned so the vector loops start on a boundary. */
-        size_t rounded = (state_bytes + SUMO__CACHELINE - 1) / SUMO__CACHELINE * SUMO__CACHELINE;
-        o->state = aligned_alloc(SUMO__CACHELINE, rounded);
+        o->state = sumo__aligned_alloc(SUMO__CACHELINE, state_bytes);
     }
     if (o->tensor_sizes == NULL || (nbufs > 0 && o->state == NULL) ||
         pthread_mutex_init(&o->lock, NULL) != 0) {

@@ -409,7 +409,7 @@ static sumo_result mpi_mem_alloc(sumo__transport *tp, size_t bytes, void **ptr)
     } else {
         /* Across nodes nothing is shared: plain memory, listed so that mem_free knows it. This
          * rank's outcome alone: the communicator then agrees on everyone's. */
-        use->base = use->user = g ? aligned_alloc(4096, (bytes + 4095) / 4096 * 4096) : NULL;
+        use->base = use->user = g ? sumo__aligned_alloc(4096, bytes) : NULL;
         r = use->base ? SUMO_SUCCESS
                       : SUMO__FAIL_TOGETHER(tp, SUMO_ERR_SYSTEM, "mem_alloc: out of memory for %zu bytes", bytes);
     }
