@@ -347,7 +347,9 @@ static sumo_result alloc_shared(mpi_transport *t, shared_region *g, size_t bytes
     g->owner_bytes = calloc(size, sizeof *g->owner_bytes);
     g->mapped = calloc(size, sizeof *g->mapped);
     uint64_t *layout = calloc(2 * size, sizeof *layout);
-    able = able && g->owner_address && g->owner_bytes && g->mapped && layout;
+    /* MPI_Aint is signed, and the page added below must not wrap the size. */
+    able = able && g->owner_address && g->owner_bytes && g->mapped && layout &&
+           bytes <= (size_t)PTRDIFF_MAX - 4096;
     MPI_Info info;
     MPI_Info_create(&info);
     /* Each rank's part on its own pages (and its own NUMA node when first touched there). */

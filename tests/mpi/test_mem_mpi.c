@@ -118,6 +118,15 @@ static void test_transport(sumo_comm *comm, const char *name)
              sumo_result_name(r));
     check(r == SUMO_ERR_INVALID_ARGUMENT && p == NULL, what);
 
+    /* A size no memory holds, on rank 0 only: refused on all, nothing allocated anywhere
+     * (the page the window adds, or the rounding to whole pages, must not wrap it to a
+     * small allocation that reports success). */
+    p = (void *)1;
+    r = sumo_mem_alloc(comm, g_rank == 0 ? SIZE_MAX - 10 : 64, &p);
+    snprintf(what, sizeof what, "%s: SIZE_MAX - 10 bytes on rank 0 fails everywhere (%s)", name,
+             sumo_result_name(r));
+    check(r == SUMO_ERR_SYSTEM && p == NULL, what);
+
     /* A pointer that is not sumo's. */
     int stack;
     r = sumo_mem_free(comm, g_rank == 0 ? (void *)&stack : in);

@@ -19,8 +19,8 @@
 #define COUNT 4099
 
 typedef struct seen {
-    sumo_result alloc, sum, zero, foreign, mismatch, after, freed;
-    bool aligned, exact, zero_null;
+    sumo_result alloc, sum, zero, huge, foreign, mismatch, after, freed;
+    bool aligned, exact, zero_null, huge_null;
 } seen;
 
 static void rank_main(sumo_comm *comm, int rank, int size, void *arg)
@@ -42,6 +42,10 @@ static void rank_main(sumo_comm *comm, int rank, int size, void *arg)
     void *z = (void *)&s;
     s->zero = sumo_mem_alloc(comm, rank == 1 ? 0 : 8, &z);
     s->zero_null = z == NULL;
+    /* A size whose rounding to whole pages would wrap to a small allocation. */
+    void *h = (void *)&s;
+    s->huge = sumo_mem_alloc(comm, rank == 0 ? SIZE_MAX - 10 : 8, &h);
+    s->huge_null = h == NULL;
     int local;
     s->foreign = sumo_mem_free(comm, rank == 2 ? (void *)&local : (void *)b);
     s->mismatch = sumo_mem_free(comm, rank == 0 ? (void *)a : (void *)b);
@@ -63,6 +67,8 @@ static void test_mem_on_threads(void **state)
         assert_true(s[r].exact);
         assert_int_equal(s[r].zero, SUMO_ERR_INVALID_ARGUMENT);
         assert_true(s[r].zero_null);
+        assert_int_equal(s[r].huge, SUMO_ERR_SYSTEM);
+        assert_true(s[r].huge_null);
         assert_int_equal(s[r].foreign, SUMO_ERR_INVALID_ARGUMENT);
         assert_int_equal(s[r].mismatch, SUMO_ERR_MISMATCH);
         assert_int_equal(s[r].after, SUMO_SUCCESS);
