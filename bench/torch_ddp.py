@@ -228,6 +228,13 @@ def bucket_layouts(make, args, steps=3):
 COMM_METHODS = ["gloo", "sumo avg", "sumo adasum", "sumo acga"]
 
 
+def rotated(items, i):
+    """items starting at its (i mod len)-th: step i's order when every step runs each method
+    once, so that no method always follows the same one (gloo's threads, say) or runs first."""
+    k = i % len(items)
+    return items[k:] + items[:k]
+
+
 def comm_only(layouts, args):
     """Median seconds per step to reduce exactly these buckets, per method (see the module's
     docstring), methods interleaved step by step."""
@@ -252,8 +259,7 @@ def comm_only(layouts, args):
     P = st.size()
     times = {m: [] for m in methods}
     for i in range(args.warmup + args.steps):
-        # Rotated, so no method always follows the same one (gloo's threads, say).
-        for m in methods[i % len(methods):] + methods[:i % len(methods)]:
+        for m in rotated(methods, i):
             for b, s in zip(bufs, src):
                 b.copy_(s)
             st.barrier()
@@ -316,8 +322,7 @@ def delta_interleaved(make, args):
     y = torch.randint(0, 10, (args.batch,), generator=g)
     times = {m: [] for m in methods}
     for i in range(args.warmup + args.steps):
-        k = i % len(setups)
-        for m, module, opt in setups[k:] + setups[:k]:
+        for m, module, opt in rotated(setups, i):
             st.barrier()
             t0 = time.perf_counter()
             opt.zero_grad()
@@ -467,11 +472,11 @@ def main():
         print("  %s: %d bucket(s): %s" % (m, len(layouts), ", ".join(
             "%d tensors / %.2f MB" % (len(lay), sum(lay) * torch.empty(0, dtype=dt).element_size() / 1e6)
             for _, lay, dt in layouts)))
-    print("%-6s %-12s %13s %9s" % ("model", "method", "comm-only ms", "vs gloo"))
+    print("%-6s %-13s %13s %9s" % ("model", "method", "comm-only ms", "vs gloo"))
     gbase = {m: t for m, method, t in comm_rows if method == "gloo"}
     for m, method, t in comm_rows:
         rel = "-" if method == "gloo" else "%8.2fx" % (t / gbase[m])
-        print("%-6s %-12s %13.2f %9s" % (m, method, 1e3 * t, rel))
+        print("%-6s %-13s %13.2f %9s" % (m, method, 1e3 * t, rel))
     if hvd is None:
         print("horovod: not run (%s)" % HVD_WHY)
     elif diff is None:
