@@ -642,14 +642,17 @@ SIMD_INLINE void wsum_wide(sumo_dtype dt, void *const *outs, int nout, const voi
     const void *ip[SUMO__GRAM_MAX_IN];
     void *op[SUMO__GRAM_MAX_IN];
     local_pointers(ins, nin, ip, outs, nout, op);
+    /* Broadcast once: a double store to an output may alias w as far as the compiler knows,
+     * so it would reload and broadcast every weight for every vector. */
+    vd wv[SUMO__GRAM_MAX_IN];
+    for (int p = 0; p < nin; p++) wv[p] = vd_set1(w[p]);
     const size_t esz = dt == SUMO_FLOAT64 ? sizeof(double) : sizeof(float);
     size_t i = 0;
     if (dt == SUMO_FLOAT64) {
         for (; i + WD <= n; i += WD) {
             for (int p = 0; p < nin; p++) prefetch_ahead(ip[p], i * esz, WD * esz);
-            vd v = vd_mul(vd_set1(w[0]), vd_loadu((const double *)ip[0] + i));
-            for (int p = 1; p < nin; p++)
-                v = vd_fmadd(vd_set1(w[p]), vd_loadu((const double *)ip[p] + i), v);
+            vd v = vd_mul(wv[0], vd_loadu((const double *)ip[0] + i));
+            for (int p = 1; p < nin; p++) v = vd_fmadd(wv[p], vd_loadu((const double *)ip[p] + i), v);
             for (int k = 0; k < nout; k++) vd_storeu((double *)op[k] + i, v);
         }
         for (; i < n; i++) {
@@ -662,11 +665,11 @@ SIMD_INLINE void wsum_wide(sumo_dtype dt, void *const *outs, int nout, const voi
     for (; i + WF <= n; i += WF) {
         for (int p = 0; p < nin; p++) prefetch_ahead(ip[p], i * esz, WF * esz);
         vf x = vf_loadu((const float *)ip[0] + i);
-        vd lo = vd_mul(vd_set1(w[0]), vd_from_lo(x)), hi = vd_mul(vd_set1(w[0]), vd_from_hi(x));
+        vd lo = vd_mul(wv[0], vd_from_lo(x)), hi = vd_mul(wv[0], vd_from_hi(x));
         for (int p = 1; p < nin; p++) {
             x = vf_loadu((const float *)ip[p] + i);
-            lo = vd_fmadd(vd_set1(w[p]), vd_from_lo(x), lo);
-            hi = vd_fmadd(vd_set1(w[p]), vd_from_hi(x), hi);
+            lo = vd_fmadd(wv[p], vd_from_lo(x), lo);
+            hi = vd_fmadd(wv[p], vd_from_hi(x), hi);
         }
         vf v = vf_from_vd(lo, hi);
         for (int k = 0; k < nout; k++) vf_storeu((float *)op[k] + i, v);
@@ -676,6 +679,18 @@ SIMD_INLINE void wsum_wide(sumo_dtype dt, void *const *outs, int nout, const voi
         for (int p = 1; p < nin; p++) v = fma(w[p], (double)((const float *)ip[p])[i], v);
         for (int k = 0; k < nout; k++) ((float *)op[k])[i] = (float)v;
     }
+}
+
+/* The direct shape's calls (P inputs into P outputs) and the staged one's (into one) with
+ * constant counts, so the loops over inputs and outputs unroll, as reduce_f_direct's do. */
+SIMD_INLINE void wsum_wide_shapes(sumo_dtype dt, void *const *outs, int nout,
+                                  const void *const *ins, const double *w, int nin, size_t n)
+{
+    if (nin == 2 && nout == 2) wsum_wide(dt, outs, 2, ins, w, 2, n);
+    else if (nin == 2 && nout == 1) wsum_wide(dt, outs, 1, ins, w, 2, n);
+    else if (nin == 4 && nout == 4) wsum_wide(dt, outs, 4, ins, w, 4, n);
+    else if (nin == 4 && nout == 1) wsum_wide(dt, outs, 1, ins, w, 4, n);
+    else wsum_wide(dt, outs, nout, ins, w, nin, n);
 }
 
 SIMD_INLINE void wsum_half(sumo_dtype dt, void *const *outs, int nout, const void *const *ins,
@@ -703,8 +718,8 @@ SUMO__SIMD_TARGET void SUMO__SIMD_NAME(sumo__weighted_sum)(sumo_dtype dtype, voi
                                                           const double *w, int nin, size_t n)
 {
     switch (dtype) {
-    case SUMO_FLOAT32: wsum_wide(SUMO_FLOAT32, outs, nout, ins, w, nin, n); break;
-    case SUMO_FLOAT64: wsum_wide(SUMO_FLOAT64, outs, nout, ins, w, nin, n); break;
+    case SUMO_FLOAT32: wsum_wide_shapes(SUMO_FLOAT32, outs, nout, ins, w, nin, n); break;
+    case SUMO_FLOAT64: wsum_wide_shapes(SUMO_FLOAT64, outs, nout, ins, w, nin, n); break;
     case SUMO_FLOAT16:
     case SUMO_BFLOAT16:
         if (!sumo__coefs_fit_float(w, nin))
