@@ -90,18 +90,28 @@ uint32_t sumo__shared_flag(const sumo_comm *c, const void *sendbuf, size_t send_
                            const void *recvbuf, size_t recv_bytes)
 {
     sumo__transport *tp = c->tp;
-    if (tp->reach == SUMO__REACH_DIRECT) return SUMO__DESC_SHARED;
+    if (tp->reach == SUMO__REACH_DIRECT) return SUMO__DESC_SHARED | SUMO__DESC_RECV_SHARED;
     if (tp->reach != SUMO__REACH_STAGED || tp->ops->shares == NULL) return 0;
-    bool shared = (sendbuf == NULL || tp->ops->shares(tp, sendbuf, send_bytes)) &&
-                  tp->ops->shares(tp, recvbuf, recv_bytes);
-    return shared ? SUMO__DESC_SHARED : 0;
+    if (!tp->ops->shares(tp, recvbuf, recv_bytes)) return 0;
+    bool send_shared = sendbuf == NULL || tp->ops->shares(tp, sendbuf, send_bytes);
+    return SUMO__DESC_RECV_SHARED | (send_shared ? SUMO__DESC_SHARED : 0);
+}
+
+static bool all_flagged(const sumo_comm *c, const sumo__call_desc *all, uint32_t flag)
+{
+    for (int r = 0; r < c->tp->size; r++)
+        if (!(all[r].flags & flag)) return false;
+    return true;
 }
 
 bool sumo__all_shared(const sumo_comm *c, const sumo__call_desc *all)
 {
-    for (int r = 0; r < c->tp->size; r++)
-        if (!(all[r].flags & SUMO__DESC_SHARED)) return false;
-    return true;
+    return all_flagged(c, all, SUMO__DESC_SHARED);
+}
+
+bool sumo__all_recv_shared(const sumo_comm *c, const sumo__call_desc *all)
+{
+    return all_flagged(c, all, SUMO__DESC_RECV_SHARED);
 }
 
 sumo_result sumo__usable(sumo_comm *c)

@@ -40,14 +40,20 @@ struct sumo__call_desc {
 /* This rank's send and receive buffers are reachable by every peer: any buffer on a
  * SUMO__REACH_DIRECT transport, memory from sumo_mem_alloc on a staged one. */
 #define SUMO__DESC_SHARED 1u
+/* This rank's receive buffer is reachable by every peer, whatever its send buffer is: an
+ * allreduce may then copy the inputs into the outputs and reduce there (no staging areas). */
+#define SUMO__DESC_RECV_SHARED 2u
 
 /* SUMO__DESC_SHARED when the peers reach the buffers this rank passes (sendbuf NULL: none to
- * send); else 0. */
+ * send), with SUMO__DESC_RECV_SHARED when they reach its receive buffer. */
 uint32_t sumo__shared_flag(const sumo_comm *c, const void *sendbuf, size_t send_bytes,
                            const void *recvbuf, size_t recv_bytes);
 
 /* Whether every rank announced shared buffers: the call may then run direct. */
 bool sumo__all_shared(const sumo_comm *c, const sumo__call_desc *all);
+
+/* Whether every rank announced a shared receive buffer. */
+bool sumo__all_recv_shared(const sumo_comm *c, const sumo__call_desc *all);
 
 /*
  * Every rank announces d and compares all announcements: returns on every rank the first

@@ -218,6 +218,52 @@ static sumo_result run_staged(sumo_comm *c, const void *sendbuf, void *recvbuf,
     return SUMO_SUCCESS;
 }
 
+/* ---- into the outputs ----------------------------------------------------------------------- */
+
+/*
+ * Every rank's output is shared but some input is private (out of place, from private memory
+ * into sumo_mem_alloc's): the outputs serve as whole-buffer staging areas. Each rank copies
+ * its input into its own output a chunk ahead (the staged shape's chunks, so the partials
+ * sum in the staged shape's order and give its bits), and accumulates its cache slice of
+ * each chunk across all outputs once everyone's copy is in, while the chunk is in cache.
+ * The weighted sum then runs as the direct shape's does, in place in the outputs: one copy
+ * in, none out, and the inputs are not streamed twice.
+ */
+static sumo_result run_into_outputs(sumo_comm *c, const sumo__call_desc *all, const void *sendbuf,
+                                    void *recvbuf, const sumo__gram_call *call, gram_space *g,
+                                    bool *applied)
+{
+    sumo__transport *tp = c->tp;
+    int P = tp->size, me = tp->rank;
+    size_t n = call->count, esz = sumo__dtype_bytes(call->dtype), lo, hi;
+    sumo__staging st = sumo__staging_of(tp, esz);
+    size_t chunks = sumo__stage_chunk_count(&st, n);
+    direct_inputs in = {.esz = esz, .P = P};
+    unsigned char *recv_at[SUMO__GRAM_MAX_RANKS];
+    for (int k = 0; k < P; k++) in.send_of[k] = tp->ops->peer_buffer(tp, k, all[k].recvptr);
+    memset(g->gram, 0, call->ntensors * sumo__gram_len(P) * sizeof *g->gram);
+    if (chunks > 0) sumo__copy_chunk(&st, 0, recvbuf, sendbuf, n);
+    SUMO__CHECK(tp->ops->barrier(tp));
+    for (size_t k = 0; k < chunks; k++) {
+        size_t first = k * st.chunk;
+        sumo__cache_slice(sumo__stage_chunk_len(&st, n, k), esz, P, me, &lo, &hi);
+        partials(c, call, first + lo, first + hi, direct_at, &in, g->gram);
+        if (k + 1 == chunks) break;
+        sumo__copy_chunk(&st, k + 1, recvbuf, sendbuf, n);
+        SUMO__CHECK(tp->ops->barrier(tp));
+    }
+    bool accept;
+    SUMO__CHECK(weigh(c, call, g, &accept));
+    *applied = accept;
+    if (!accept) return SUMO_SUCCESS;
+    sumo__cache_slice(n, esz, P, me, &lo, &hi);
+    for (int k = 0; k < P; k++) recv_at[k] = (unsigned char *)(uintptr_t)in.send_of[k] + lo * esz;
+    /* Each element of this rank's slice is read from every output before it is written. */
+    weighted(c, call, lo, hi, direct_at, &in, g->w, recv_at, P);
+    /* No rank returns while a peer still writes its output. */
+    return tp->ops->barrier(tp);
+}
+
 /* ---- messages ----------------------------------------------------------------------------- */
 
 typedef struct shard_inputs {
@@ -369,6 +415,12 @@ sumo_result sumo__gram_run(sumo_comm *c, const sumo__call_desc *all, const void 
         SUMO__LOG(c->tp->log_level, SUMO__LOG_INFO,
                   "rank %d gram combine: every rank's buffers are shared, direct", c->tp->rank);
         return run_direct(c, all, call, &g, applied);
+    }
+    if (call->shape == SUMO__GRAM_STAGED && sumo__all_recv_shared(c, all)) {
+        SUMO__LOG(c->tp->log_level, SUMO__LOG_INFO,
+                  "rank %d gram combine: every rank's output is shared, combined there",
+                  c->tp->rank);
+        return run_into_outputs(c, all, sendbuf, recvbuf, call, &g, applied);
     }
     if (call->shape == SUMO__GRAM_DIRECT) return run_direct(c, all, call, &g, applied);
     if (call->shape == SUMO__GRAM_STAGED) return run_staged(c, sendbuf, recvbuf, call, &g, applied);

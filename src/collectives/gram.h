@@ -60,8 +60,9 @@ size_t sumo__gram_scratch_bytes(const sumo_comm *c, const sumo__gram_call *call)
 
 /*
  * Runs the combine after an agreement whose announcements (all) carry every rank's send and
- * receive buffers; *applied says whether the weights were applied (false: declined, nothing
- * written). P must be <= SUMO__GRAM_MAX_RANKS.
+ * receive buffers; *applied says whether the weights were applied (false: declined, and the
+ * receive buffer holds nothing or a copy of the send buffer). P must be <=
+ * SUMO__GRAM_MAX_RANKS.
  */
 sumo_result sumo__gram_run(sumo_comm *c, const sumo__call_desc *all, const void *sendbuf,
                            void *recvbuf, const sumo__gram_call *call, void *scratch,

@@ -77,26 +77,38 @@ static sumo_result allgather_direct(sumo_comm *c, const sumo__call_desc *d,
  * buffer on a SUMO__REACH_DIRECT transport, sumo_mem_alloc's memory on a staged one), in
  * which case they run direct. */
 
+/* The ways a staged collective can run once every rank's announcement is in. */
+typedef enum stage_shape {
+    STAGE_THROUGH_AREAS, /* the staging areas */
+    STAGE_DIRECT,        /* every rank's buffers are shared: nothing staged */
+    STAGE_INTO_OUTPUTS,  /* every rank's output is shared: the outputs are the staging */
+} stage_shape;
+
 /*
  * How every staged collective starts. The first copy into this rank's own area rides ahead of
- * the agreement, unless this rank's buffers are shared, when the call may well run direct
- * (*direct: every rank's are; nothing was staged). When it does not, a rank that skipped the
- * copy makes it after the agreement, which its peers may already have passed: everyone waits
- * for those copies at one barrier. root >= 0: only that rank sends (a broadcast).
+ * the agreement, unless this rank's buffers are shared (or, when the caller can run
+ * STAGE_INTO_OUTPUTS, its output is), when the call may well run without the areas. When it
+ * does not, a rank that skipped the copy makes it after the agreement, which its peers may
+ * already have passed: everyone waits for those copies at one barrier. root >= 0: only that
+ * rank sends (a broadcast).
  */
 static sumo_result stage_start(sumo_comm *c, sumo__call_desc *d, int root, const void *sendbuf,
-                               const sumo__staging *s, const sumo__call_desc **all, bool *direct)
+                               const sumo__staging *s, bool into_outputs_ok,
+                               const sumo__call_desc **all, stage_shape *shape)
 {
     sumo__transport *tp = c->tp;
+    uint32_t skips = SUMO__DESC_SHARED | (into_outputs_ok ? SUMO__DESC_RECV_SHARED : 0);
     bool sends = d->count > 0 && (root < 0 || root == tp->rank);
-    bool precopied = sends && !(d->flags & SUMO__DESC_SHARED);
+    bool precopied = sends && !(d->flags & skips);
     if (precopied) sumo__stage_in(s, tp->rank, 0, sendbuf, d->count);
     SUMO__CHECK(sumo__agree(c, d, all));
-    *direct = sumo__all_shared(c, *all);
-    if (*direct || d->count == 0) return SUMO_SUCCESS;
+    *shape = sumo__all_shared(c, *all) ? STAGE_DIRECT
+             : into_outputs_ok && sumo__all_recv_shared(c, *all) ? STAGE_INTO_OUTPUTS
+                                                                  : STAGE_THROUGH_AREAS;
+    if (*shape != STAGE_THROUGH_AREAS || d->count == 0) return SUMO_SUCCESS;
     bool late = false;
     for (int r = 0; r < tp->size; r++)
-        late = late || ((root < 0 || r == root) && ((*all)[r].flags & SUMO__DESC_SHARED));
+        late = late || ((root < 0 || r == root) && ((*all)[r].flags & skips));
     if (!late) return SUMO_SUCCESS;
     if (sends && !precopied) sumo__stage_in(s, tp->rank, 0, sendbuf, d->count);
     return tp->ops->barrier(tp);
@@ -141,6 +153,51 @@ void sumo__stage_in(const sumo__staging *s, int rank, size_t k, const void *src,
            sumo__stage_chunk_len(s, count, k) * s->esz);
 }
 
+void sumo__copy_chunk(const sumo__staging *s, size_t k, void *dst, const void *src, size_t count)
+{
+    size_t at = k * s->chunk * s->esz;
+    if (dst == src) return;
+    memcpy((unsigned char *)dst + at, (const unsigned char *)src + at,
+           sumo__stage_chunk_len(s, count, k) * s->esz);
+}
+
+/*
+ * Every rank's output is shared but some input is not (an out-of-place call from private
+ * memory into sumo_mem_alloc's): each rank copies its input into its own output a chunk
+ * ahead, and once everyone's copy of a chunk is in (one barrier a chunk), reduces its cache
+ * slice of the chunk across all outputs into all outputs, while the chunk is still in cache.
+ * The outputs are the staging areas, so nothing is copied out. A chunk is written by its
+ * owner's copy before the barrier and by the slices' owners after it, never both at once.
+ */
+static sumo_result allreduce_into_outputs(sumo_comm *c, const sumo__call_desc *d,
+                                          const sumo__call_desc *all, const void *sendbuf,
+                                          void *recvbuf, const sumo__staging *s)
+{
+    sumo__transport *tp = c->tp;
+    size_t esz = sumo__dtype_bytes(d->dtype), chunks = sumo__stage_chunk_count(s, d->count);
+    int me = tp->rank, size = tp->size;
+    void **outs;
+    const void **ins;
+    SUMO__CHECK(pointer_arrays(c, &outs, &ins));
+    if (chunks > 0) sumo__copy_chunk(s, 0, recvbuf, sendbuf, d->count);
+    SUMO__CHECK(tp->ops->barrier(tp));
+    for (size_t k = 0; k < chunks; k++) {
+        size_t first = k * s->chunk, len = sumo__stage_chunk_len(s, d->count, k), lo, hi;
+        sumo__cache_slice(len, esz, size, me, &lo, &hi);
+        if (hi > lo) {
+            for (int r = 0; r < size; r++) {
+                outs[r] = peer_buffer(c, all, r, true) + (first + lo) * esz;
+                ins[r] = outs[r];
+            }
+            c->kernels->reduce_multi(d->dtype, outs, size, ins, size, hi - lo,
+                                     sumo__divisor_of(d->op, size));
+        }
+        if (k + 1 < chunks) sumo__copy_chunk(s, k + 1, recvbuf, sendbuf, d->count);
+        SUMO__CHECK(tp->ops->barrier(tp));
+    }
+    return SUMO_SUCCESS;
+}
+
 sumo_result sumo__shm_allreduce(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
                                 void *recvbuf)
 {
@@ -150,13 +207,18 @@ sumo_result sumo__shm_allreduce(sumo_comm *c, sumo__call_desc *d, const void *se
     size_t chunks = sumo__stage_chunk_count(&s, d->count);
     int me = tp->rank, size = tp->size;
     const sumo__call_desc *all;
-    bool direct;
-    SUMO__CHECK(stage_start(c, d, -1, sendbuf, &s, &all, &direct));
-    if (direct) {
+    stage_shape shape;
+    SUMO__CHECK(stage_start(c, d, -1, sendbuf, &s, true, &all, &shape));
+    if (shape == STAGE_DIRECT) {
         if (tp->reach == SUMO__REACH_STAGED)
             SUMO__LOG(tp->log_level, SUMO__LOG_INFO, "rank %d allreduce: every rank's buffers "
                       "are shared, direct", me);
         return allreduce_direct(c, d, all);
+    }
+    if (shape == STAGE_INTO_OUTPUTS) {
+        SUMO__LOG(tp->log_level, SUMO__LOG_INFO, "rank %d allreduce: every rank's output is "
+                  "shared, reduced there", me);
+        return allreduce_into_outputs(c, d, all, sendbuf, recvbuf, &s);
     }
     void **outs;
     const void **ins;
@@ -188,9 +250,9 @@ sumo_result sumo__shm_broadcast(sumo_comm *c, sumo__call_desc *d, const void *se
     size_t chunks = sumo__stage_chunk_count(&s, d->count);
     bool root = tp->rank == d->root;
     const sumo__call_desc *all;
-    bool direct;
-    SUMO__CHECK(stage_start(c, d, d->root, sendbuf, &s, &all, &direct));
-    if (direct) return broadcast_direct(c, d, all);
+    stage_shape shape;
+    SUMO__CHECK(stage_start(c, d, d->root, sendbuf, &s, false, &all, &shape));
+    if (shape == STAGE_DIRECT) return broadcast_direct(c, d, all);
     for (size_t k = 0; k < chunks; k++) {
         size_t len = sumo__stage_chunk_len(&s, d->count, k);
         unsigned char *dst = (unsigned char *)recvbuf + k * s.chunk * esz;
@@ -212,9 +274,9 @@ sumo_result sumo__shm_allgather(sumo_comm *c, sumo__call_desc *d, const void *se
     sumo__staging s = sumo__staging_of(tp, esz);
     size_t chunks = sumo__stage_chunk_count(&s, d->count);
     const sumo__call_desc *all;
-    bool direct;
-    SUMO__CHECK(stage_start(c, d, -1, sendbuf, &s, &all, &direct));
-    if (direct) return allgather_direct(c, d, all, sendbuf);
+    stage_shape shape;
+    SUMO__CHECK(stage_start(c, d, -1, sendbuf, &s, false, &all, &shape));
+    if (shape == STAGE_DIRECT) return allgather_direct(c, d, all, sendbuf);
     for (size_t k = 0; k < chunks; k++) {
         size_t len = sumo__stage_chunk_len(&s, d->count, k);
         for (int r = 0; r < tp->size; r++) {

@@ -27,6 +27,9 @@ size_t sumo__stage_chunk_len(const sumo__staging *s, size_t count, size_t k);
 size_t sumo__stage_chunk_count(const sumo__staging *s, size_t count);
 /* Copies chunk k of src (count elements) into rank's area. */
 void sumo__stage_in(const sumo__staging *s, int rank, size_t k, const void *src, size_t count);
+/* Chunk k of a count-element buffer from src to dst (the same offsets in both; nothing when
+ * they are one buffer). */
+void sumo__copy_chunk(const sumo__staging *s, size_t k, void *dst, const void *src, size_t count);
 
 sumo_result sumo__shm_allreduce(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
                                 void *recvbuf);

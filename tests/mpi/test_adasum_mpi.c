@@ -39,8 +39,15 @@ typedef struct config {
     const size_t *counts; /* NULL: SUMO_OP_ADASUM on `count` elements */
     size_t ntensors, count;
     int hierarchical, group_size;
-    bool shared; /* buffers from sumo_mem_alloc: the Gram form runs direct over MPI */
+    int buffers; /* one of the BUFFERS_* below */
 } config;
+
+enum {
+    BUFFERS_PRIVATE, /* malloc: staged through the node's areas */
+    BUFFERS_SHARED,  /* sumo_mem_alloc: the Gram form runs direct over MPI */
+    BUFFERS_OUTPUTS, /* private inputs into sumo_mem_alloc outputs: staged into the outputs */
+};
+static const char *const buffers_name[] = {"", ", shared buffers", ", shared outputs"};
 
 /* A buffer of `bytes` (+8) from malloc, or from sumo_mem_alloc (collective) when shared. */
 static unsigned char *buffer(sumo_comm *comm, bool shared, size_t bytes)
@@ -62,13 +69,14 @@ static void run_config(sumo_comm *comm, const config *c, uint64_t seed)
 {
     char what[256];
     snprintf(what, sizeof what, "%s dtype %d count %zu hierarchical %d/%d%s", c->name, c->dtype,
-             c->count, c->hierarchical, c->group_size, c->shared ? ", shared buffers" : "");
+             c->count, c->hierarchical, c->group_size, buffers_name[c->buffers]);
+    bool in_shared = c->buffers == BUFFERS_SHARED, out_shared = c->buffers != BUFFERS_PRIVATE;
     size_t esz = harness_dtype_size(c->dtype), n = c->count, T = c->counts ? c->ntensors : 1;
     size_t *off = malloc((T + 1) * sizeof *off);
     off[0] = 0;
     for (size_t t = 0; t < T; t++) off[t + 1] = off[t] + (c->counts ? c->counts[t] : n);
-    unsigned char *in = buffer(comm, c->shared, n * esz), *out = buffer(comm, c->shared, n * esz);
-    unsigned char *again = buffer(comm, c->shared, n * esz);
+    unsigned char *in = buffer(comm, in_shared, n * esz), *out = buffer(comm, out_shared, n * esz);
+    unsigned char *again = buffer(comm, in_shared, n * esz);
     for (size_t i = 0; i < n; i++) harness_set(c->dtype, in, i, input(seed, g_rank, i));
     sumo_op op = SUMO_OP_ADASUM;
     bool created = c->counts != NULL || c->hierarchical;
@@ -84,7 +92,8 @@ static void run_config(sumo_comm *comm, const config *c, uint64_t seed)
     if (n) memcpy(again, in, n * esz);
     sumo_result r2 = sumo_allreduce(again, again, n, c->dtype, op, comm);
     check(r1 == SUMO_SUCCESS && r2 == SUMO_SUCCESS, what);
-    /* Bits: repeated and in place on this rank, and rank 0's everywhere. */
+    /* Bits: repeated and in place on this rank (with shared outputs, in place is the staged
+     * shape, whose chunks the outputs' shape keeps), and rank 0's everywhere. */
     check(n == 0 || memcmp(out, again, n * esz) == 0, what);
     unsigned char *root = malloc(n * esz + 8);
     if (n) memcpy(root, out, n * esz);
@@ -140,9 +149,9 @@ static void run_config(sumo_comm *comm, const config *c, uint64_t seed)
     for (int i = 0; i < G; i++) free(u[i]);
     free(u);
     free(root);
-    release(comm, c->shared, in);
-    release(comm, c->shared, out);
-    release(comm, c->shared, again);
+    release(comm, in_shared, in);
+    release(comm, out_shared, out);
+    release(comm, in_shared, again);
     free(off);
 }
 
@@ -205,16 +214,17 @@ int main(int argc, char **argv)
         const sumo_dtype dtypes[] = {SUMO_FLOAT32, SUMO_FLOAT64, SUMO_FLOAT16, SUMO_BFLOAT16};
         for (size_t d = 0; d < 4; d++) {
             config cs[] = {
-                {"one tensor", dtypes[d], NULL, 0, 1001, 0, 0, false},
-                {"one element", dtypes[d], NULL, 0, 1, 0, 0, false},
-                {"empty", dtypes[d], NULL, 0, 0, 0, 0, false},
-                {"awkward", dtypes[d], awkward, sizeof awkward / sizeof awkward[0], 0, 0, 0, false},
-                {"many tiny", dtypes[d], many_tiny, 300, 0, 0, 0, false},
-                {"big", dtypes[d], big, sizeof big / sizeof big[0], 0, 0, 0, false},
-                {"awkward, groups of 1", dtypes[d], awkward, 11, 0, 1, 1, false},
-                {"awkward, one group", dtypes[d], awkward, 11, 0, 1, g_size, false},
-                {"awkward, groups of 2", dtypes[d], awkward, 11, 0, 1, 2, false},
-                {"awkward, node groups", dtypes[d], awkward, 11, 0, 1, 0, false},
+                {"one tensor", dtypes[d], NULL, 0, 1001, 0, 0, BUFFERS_PRIVATE},
+                {"one element", dtypes[d], NULL, 0, 1, 0, 0, BUFFERS_PRIVATE},
+                {"empty", dtypes[d], NULL, 0, 0, 0, 0, BUFFERS_PRIVATE},
+                {"awkward", dtypes[d], awkward, sizeof awkward / sizeof awkward[0], 0, 0, 0, BUFFERS_PRIVATE},
+                {"many tiny", dtypes[d], many_tiny, 300, 0, 0, 0, BUFFERS_PRIVATE},
+                {"big", dtypes[d], big, sizeof big / sizeof big[0], 0, 0, 0, BUFFERS_PRIVATE},
+                {"chunked", dtypes[d], chunked, sizeof chunked / sizeof chunked[0], 0, 0, 0, BUFFERS_PRIVATE},
+                {"awkward, groups of 1", dtypes[d], awkward, 11, 0, 1, 1, BUFFERS_PRIVATE},
+                {"awkward, one group", dtypes[d], awkward, 11, 0, 1, g_size, BUFFERS_PRIVATE},
+                {"awkward, groups of 2", dtypes[d], awkward, 11, 0, 1, 2, BUFFERS_PRIVATE},
+                {"awkward, node groups", dtypes[d], awkward, 11, 0, 1, 0, BUFFERS_PRIVATE},
             };
             for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
                 config c = cs[k];
@@ -224,9 +234,13 @@ int main(int argc, char **argv)
                 }
                 if (c.hierarchical && c.group_size == 2 && g_size % 2 != 0) continue;
                 run_config(comm, &c, 100 + d * 16 + k);
-                /* The same with every rank's buffers shared, for the non-hierarchical cases. */
-                c.shared = true;
-                if (!c.hierarchical) run_config(comm, &c, 100 + d * 16 + k);
+                /* The same with every rank's buffers shared, and with only the outputs
+                 * shared, for the non-hierarchical cases. */
+                if (c.hierarchical) continue;
+                c.buffers = BUFFERS_SHARED;
+                run_config(comm, &c, 100 + d * 16 + k);
+                c.buffers = BUFFERS_OUTPUTS;
+                run_config(comm, &c, 100 + d * 16 + k);
             }
         }
         /* The point-to-point shape, which ranks on several nodes take: its shards travel in
@@ -236,9 +250,9 @@ int main(int argc, char **argv)
         for (size_t d = 0; d < 4; d++) {
             if (dtypes[d] == SUMO_FLOAT64) continue; /* the tree: no Gram form */
             config cs[] = {
-                {"messages, one tensor", dtypes[d], NULL, 0, 1001, 0, 0, false},
-                {"messages, awkward", dtypes[d], awkward, sizeof awkward / sizeof awkward[0], 0, 0, 0, false},
-                {"messages, chunked", dtypes[d], chunked, sizeof chunked / sizeof chunked[0], 0, 0, 0, false},
+                {"messages, one tensor", dtypes[d], NULL, 0, 1001, 0, 0, BUFFERS_PRIVATE},
+                {"messages, awkward", dtypes[d], awkward, sizeof awkward / sizeof awkward[0], 0, 0, 0, BUFFERS_PRIVATE},
+                {"messages, chunked", dtypes[d], chunked, sizeof chunked / sizeof chunked[0], 0, 0, 0, BUFFERS_PRIVATE},
             };
             for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
                 config c = cs[k];

@@ -1,7 +1,7 @@
 /*
  * sumo_mem_alloc over the MPI transport (run under mpirun -np 2, 3, 4): collectives whose
  * buffers come from it on every rank (the direct path on one node), on some ranks only (the
- * staged path), and with SUMO_MPI_SHM=0 (messages; the memory is plain) all equal a sequential
+ * staged path), for the outputs only (reduced in the outputs), and with SUMO_MPI_SHM=0 (messages; the memory is plain) all equal a sequential
  * reference; the calls are collective and agreed (zero bytes, a foreign pointer, ranks freeing
  * different allocations fail on every rank and leave the handle usable), and memory not freed
  * is released by sumo_comm_destroy.
@@ -108,6 +108,13 @@ static void test_transport(sumo_comm *comm, const char *name)
     bool mine_private = g_rank == g_size - 1;
     snprintf(what, sizeof what, "%s, rank %d's buffers private", name, g_size - 1);
     run_collectives(comm, mine_private ? priv_in : in, mine_private ? priv_out : out, what);
+
+    /* Every rank's outputs shared, inputs private (an out-of-place allreduce copies into the
+     * outputs and reduces there), then rank 0's input alone private. */
+    snprintf(what, sizeof what, "%s, every rank's inputs private", name);
+    run_collectives(comm, priv_in, out, what);
+    snprintf(what, sizeof what, "%s, rank 0's input private", name);
+    run_collectives(comm, g_rank == 0 ? priv_in : in, out, what);
     free(priv_in);
     free(priv_out);
 
