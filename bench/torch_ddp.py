@@ -41,19 +41,22 @@ from step to step, so slow phases of a noisy machine hit them alike):
   sumo avg / sumo adasum / sumo acga   the hooks themselves called on stand-in buckets
                  over the same buffers (sumo's asynchronous allreduce through the binding,
                  or ACGA's apply, on sumo's worker thread), every Future waited on
-  sumo avg/m, sumo adasum/m, sumo acga/m   (processes of one node only) the same hooks with
-                 HookState(mapped_buffers=True): each bucket copied into memory every
-                 process maps and reduced there, instead of in place (staged by sumo)
+  sumo avg/m, sumo adasum/p, sumo acga/p   (processes of one node only) the same hooks
+                 where the default HookState does not reduce: the average into mapped
+                 bucket buffers (mapped_buffers=True), Adasum and ACGA in place, staged by
+                 sumo (mapped_buffers=False)
 Per step: refill the buffers with the rank's gradients, barrier, time until every bucket is
 reduced. Median over steps; "vs gloo" divides a method's median by gloo's, from the same run.
 
---delta-interleaved [--methods ...] measures only the Adasum delta optimizers (sumo delta,
-delta/p, delta/s, hvd adasum by default), each on its own copy of a model, every step running
-each method once (order rotated, a barrier before each), so a noisy machine's phases hit them
-alike; "vs hvd adasum" divides by Horovod's median from the same run. Horovod is initialised
-only when an hvd method is listed: run "--methods 'sumo delta,sumo delta/s'" and
-"--methods 'hvd adasum'" as separate jobs for each as its users run it (no other library's
-thread beside it), the default list for both under the same conditions.
+--delta-interleaved [--methods ...] measures only the training steps of the methods listed
+(the Adasum delta optimizers sumo delta, delta/p, delta/s and hvd adasum by default; gloo and
+the hooks too, with /m or /p for mapped_buffers=True or False), each on its own copy of a
+model, every step running each method once (order rotated, a barrier before each), so a noisy
+machine's phases hit them alike; "vs hvd adasum" divides by Horovod's median from the same run
+(by the first method's when Horovod's is not measured). Horovod is initialised only when an
+hvd method is listed: run "--methods 'sumo delta,sumo delta/s'" and "--methods 'hvd adasum'"
+as separate jobs for each as its users run it (no other library's thread beside it), the
+default list for both under the same conditions.
 """
 import argparse
 import os
@@ -112,6 +115,9 @@ def gloo_timed_hook(pg, bucket):
     return fut.then(done)
 
 
+HOOKS = {"sumo avg": st.average_hook, "sumo adasum": st.adasum_hook, "sumo acga": st.acga_hook}
+
+
 def setup(method, model):
     """(module, optimizer, state to close) for a method ("+h": measured after hvd.init())."""
     if method.endswith("+h"):
@@ -123,11 +129,11 @@ def setup(method, model):
         ddp = DDP(model)
         ddp.register_comm_hook(None, gloo_timed_hook)
         return ddp, sgd, None
-    if method in ("sumo avg", "sumo adasum", "sumo acga"):
+    hook, _, where = method.partition("/")  # "/m": mapped_buffers=True, "/p": False
+    if hook in HOOKS and where in ("", "m", "p"):
         ddp = DDP(model)
-        state = st.HookState()
-        ddp.register_comm_hook(state, {"sumo avg": st.average_hook, "sumo adasum": st.adasum_hook,
-                                       "sumo acga": st.acga_hook}[method])
+        state = st.HookState(mapped_buffers={"": None, "m": True, "p": False}[where])
+        ddp.register_comm_hook(state, HOOKS[hook])
         return ddp, sgd, state
     if method == "sumo delta":
         return model, st.DistributedOptimizer(sgd, model.named_parameters(), op=sumo.Adasum), None
@@ -248,14 +254,14 @@ def comm_only(layouts, args):
     methods = list(COMM_METHODS)
     states = {m: state for m in hooks}
     others = []
-    mapped = st.HookState(mapped_buffers=True)
-    if mapped.maps_buckets:
-        others.append(mapped)
-        for m in list(hooks):
-            hooks[m + "/m"], states[m + "/m"] = hooks[m], mapped
-            methods.append(m + "/m")
-    else:
-        mapped.close()
+    if state.node_maps_memory:
+        # Each hook also where the default does not put it: mapped (/m) or in place (/p).
+        forced = {True: st.HookState(mapped_buffers=True), False: st.HookState(mapped_buffers=False)}
+        others.extend(forced.values())
+        for m, gram_form in (("sumo avg", False), ("sumo adasum", True), ("sumo acga", True)):
+            other = m + ("/p" if state.maps(gram_form) else "/m")
+            hooks[other], states[other] = hooks[m], forced[not state.maps(gram_form)]
+            methods.append(other)
     P = st.size()
     times = {m: [] for m in methods}
     for i in range(args.warmup + args.steps):
@@ -347,15 +353,15 @@ def delta_interleaved_main(args):
     res = {m: delta_interleaved(MODELS[m], args) for m in args.models.split(",")}
     if st.rank() != 0:
         return
-    print("Adasum delta optimizers on %d ranks x batch %d, interleaved step by step, Horovod %s, "
+    print("Training steps on %d ranks x batch %d, interleaved step by step, Horovod %s, "
           "%d steps after %d warm-up (medians)" % (st.size(), args.batch, "initialised" if hvd
                                                    is not None else "not initialised", args.steps,
                                                    args.warmup))
-    print("%-6s %-12s %10s %14s" % ("model", "method", "step ms", "vs hvd adasum"))
     for m, r in res.items():
+        ref = "hvd adasum" if "hvd adasum" in r else next(iter(r))
+        print("%-6s %-14s %10s %16s" % ("model", "method", "step ms", "vs " + ref))
         for method, t in r.items():
-            rel = "%13.2fx" % (t / r["hvd adasum"]) if "hvd adasum" in r else "-"
-            print("%-6s %-12s %10.2f %14s" % (m, method, 1e3 * t, rel))
+            print("%-6s %-14s %10.2f %15.2fx" % (m, method, 1e3 * t, t / r[ref]))
 
 
 def check_against_horovod(args):
@@ -409,10 +415,13 @@ def main():
                     help="also the rows sumo delta/p (one parameter per bucket) and sumo "
                          "delta/s (no overlap: everything at step())")
     ap.add_argument("--delta-interleaved", action="store_true",
-                    help="only the Adasum delta optimizers of --methods, interleaved step by "
-                         "step (Horovod initialised only if one of them is an hvd method)")
+                    help="only the training steps of --methods (by default the Adasum delta "
+                         "optimizers), interleaved step by step (Horovod initialised only if "
+                         "one of them is an hvd method)")
     ap.add_argument("--methods", default=",".join(DELTA_METHODS),
-                    help="with --delta-interleaved (default: %(default)s)")
+                    help="with --delta-interleaved (default: %(default)s); also gloo and the "
+                         "hooks, e.g. 'gloo,sumo avg,sumo adasum,sumo adasum/p' (/m, /p: "
+                         "HookState(mapped_buffers=True, False))")
     args = ap.parse_args()
     st.init()
     torch.set_num_threads(1)  # one core per rank

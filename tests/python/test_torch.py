@@ -152,7 +152,7 @@ def test_average_hook_on_mapped_buckets_equals_ddp_default(bucket_cap_mb):
     assert_identical_across_ranks(params_of(got))
 
 
-@pytest.mark.parametrize("mapped_buffers", [False, True])
+@pytest.mark.parametrize("mapped_buffers", [False, True, None])
 @pytest.mark.parametrize("bucket_cap_mb", [25, 0.001])
 def test_adasum_hook_equals_reference(bucket_cap_mb, mapped_buffers):
     steps = 3
@@ -175,18 +175,30 @@ def test_adasum_hook_equals_reference(bucket_cap_mb, mapped_buffers):
     assert_close(params_of(got), params_of(ref))
 
 
-@pytest.mark.parametrize("mapped_buffers", [False, True])
+@pytest.mark.parametrize("mapped_buffers", [False, True, None])
 def test_hooks_reduce_in_place_unless_mapped(mapped_buffers):
-    # Mapped: under MPI on one node every hook returns a mapped copy of the bucket; else
-    # (and alone, on threads) the bucket itself.
+    # Mapped (True; None: Adasum and ACGA): under MPI on one node the hook returns the
+    # bucket's mapped buffer and leaves the bucket as it was (Adasum reads it, ACGA copies
+    # it); else (and alone, on threads) the bucket itself, reduced.
     layout = [37, 5, 100, 1]
     one_node = st.transport() == "mpi" and st.size() > 1 and st.local_size() == st.size()
     state = st.HookState(mapped_buffers=mapped_buffers)
-    for hook in (st.average_hook, st.adasum_hook, st.acga_hook):
-        buf = torch.randn(sum(layout))
+    for hook, gram_form in ((st.average_hook, False), (st.adasum_hook, True),
+                            (st.acga_hook, True)):
+        buf = torch.randn(sum(layout), generator=torch.Generator().manual_seed(st.rank()))
+        before = buf.clone()
         got = hook(state, _Bucket(buf, layout)).wait()
-        assert (got.data_ptr() != buf.data_ptr()) == (mapped_buffers and one_node), hook.__name__
+        maps = one_node and (gram_form if mapped_buffers is None else mapped_buffers)
+        assert (got.data_ptr() != buf.data_ptr()) == maps, hook.__name__
+        if maps:
+            assert torch.equal(buf, before), hook.__name__
+        assert_identical_across_ranks([got])
     state.close()
+
+
+def test_hook_state_refuses_an_unknown_mapped_buffers():
+    with pytest.raises(TypeError, match="mapped_buffers"):
+        st.HookState(mapped_buffers="yes")
 
 
 def test_mapped_bucket_follows_a_rebuilt_bucket():
@@ -480,7 +492,7 @@ def test_c_driver_and_python_give_the_same_bits(method, hook):
     try:
         buf.numpy().tofile(os.path.join(folder, "in.%d" % st.rank()))
         state = st.HookState()
-        got = hook(state, _Bucket(buf, layout)).wait()
+        got = hook(state, _Bucket(buf, layout)).wait().clone()  # close() frees a mapped result
         state.close()
         got.numpy().tofile(os.path.join(folder, "py.%d" % st.rank()))
         st.barrier()

@@ -6,15 +6,18 @@ completes the Future, so the backward pass goes on computing the next buckets me
 has no asynchronous form in the C API, so the worker runs its (blocking) apply; the backward
 pass still does not wait.
 
-Each hook reduces the bucket's own buffer in place (zero copy). With processes of one node
-(MPI) that buffer is private to its process, so sumo's collectives stage it through the node's
-shared areas in cache-sized chunks (twice over for Adasum's and ACGA's Gram form, once for the
-average). HookState(mapped_buffers=True) instead copies each bucket once into memory every
-process maps (sumo_mem_alloc, one buffer per bucket, kept), reduces it there with the direct
-algorithms, and hands that buffer to DDP as the result (DDP copies a hook's result into the
-gradients either way). It is not the default: it makes the average slower, and its gain for
-Adasum and ACGA did not hold in every configuration measured (docs/torch.md, "The hooks after
-the staged Gram form").
+Where the result goes. With processes of one node (MPI) DDP's bucket is private to its
+process, so a collective on it in place is staged through the node's shared areas in
+cache-sized chunks: once for the average, twice for Adasum's and ACGA's Gram form (the Gram
+partials, then the weighted sum). A mapped bucket buffer (sumo_mem_alloc: memory every process
+of the node maps; one per bucket, kept) is the other choice: Adasum's allreduce reads the
+bucket and writes that buffer, which sumo then uses as the staging area itself (the bucket is
+streamed once, not twice, and nothing is copied out), ACGA's apply works on a copy of the
+bucket there, and the hook hands the buffer to DDP as the result (DDP copies a hook's result
+into the gradients either way). HookState(mapped_buffers=None), the default, maps for Adasum
+and ACGA, not for the average, whose staged form is as fast (docs/torch.md, "Mapped bucket
+buffers"); True or False decides for every hook. Elsewhere (threads, several nodes) every hook
+works in place, zero copy.
 
 DDP does not pre-divide the bucket when a hook is registered: the average hook divides
 (SUMO_OP_AVERAGE), Adasum and ACGA take the raw gradients, as their definitions want.
@@ -36,11 +39,16 @@ class HookState:
     (start, end, bytes) goes to sumo.torch's timeline (take_timeline) for measurements."""
 
     def __init__(self, acga_beta=0.0, acga_per_tensor=False, acga_rescale=False,
-                 mapped_buffers=False):
-        """mapped_buffers: reduce a copy of each bucket in memory every process of the node
-        maps (see the module's note); applies when every rank is an MPI process of one node."""
+                 mapped_buffers=None):
+        """mapped_buffers: whether the hooks reduce each bucket into a buffer every process of
+        the node maps (see the module's note) rather than in place: True, False, or None for
+        Adasum and ACGA only. Applies when every rank is an MPI process of one node."""
         self.comm = rt.require_init()
-        self.maps_buckets = bool(mapped_buffers) and rt.node_maps_memory()
+        if mapped_buffers not in (None, True, False):
+            raise TypeError("sumo: mapped_buffers is None, True or False, not %r"
+                            % (mapped_buffers,))
+        self.mapped_buffers = mapped_buffers
+        self.node_maps_memory = rt.node_maps_memory()
         self._mapped = {}        # bucket index -> its buffer in mapped memory
         self.acga_beta = float(acga_beta)
         self.acga_per_tensor = bool(acga_per_tensor)
@@ -109,11 +117,19 @@ class HookState:
             if blob is not None:
                 self._load_aggregator(agg, blob, key)
 
-    def mapped(self, index, buf):
-        """The buffer the bucket is reduced in: buf itself, or (maps_buckets) a copy of it in
-        memory every process of the node maps, reallocated when DDP rebuilds its buckets.
-        Collective then: DDP calls the hooks in bucket order on every rank."""
-        if not self.maps_buckets:
+    def maps(self, gram_form):
+        """Whether a hook (of the Gram form: Adasum, ACGA; or not: the average) reduces into
+        mapped buffers."""
+        if not self.node_maps_memory:
+            return False
+        return gram_form if self.mapped_buffers is None else self.mapped_buffers
+
+    def mapped(self, index, buf, gram_form, copy):
+        """The buffer the bucket is reduced into: buf itself, or (maps(gram_form)) the
+        bucket's buffer in memory every process of the node maps, reallocated when DDP
+        rebuilds its buckets, holding a copy of buf when asked (copy). Collective then: DDP
+        calls the hooks in bucket order on every rank."""
+        if not self.maps(gram_form):
             return buf
         t = self._mapped.get(index)
         if t is None or t.numel() != buf.numel() or t.dtype != buf.dtype:
@@ -122,12 +138,15 @@ class HookState:
                 rt.shared_free(t, "bucket %d's mapped buffer" % index)
             t = self._mapped[index] = rt.shared_empty(buf.numel(), buf.dtype,
                                                       "bucket %d's mapped buffer" % index)
-        t.copy_(buf)
+        if copy:
+            t.copy_(buf)
         return t
 
     def close(self):
         """Releases the ops, aggregators and mapped buffers; collective under MPI when the
-        hooks used mapped buffers (every rank closes its state)."""
+        hooks used mapped buffers (every rank closes its state). A result a hook returned in
+        a mapped buffer is gone with it: copy what is still needed first (DDP has copied its
+        results into the gradients by the end of each backward pass)."""
         rt.sync()
         for index in list(self._mapped):
             rt.shared_free(self._mapped.pop(index), "bucket %d's mapped buffer" % index)
@@ -154,31 +173,34 @@ def _bucket_layout(bucket):
     return buf, layout
 
 
-def _start(state, index, buf, op, what):
-    """Starts an in-place allreduce of the bucket (buf, or its mapped copy) and returns the
+def _start(state, index, buf, op, what, gram_form):
+    """Starts an allreduce of the bucket, in place or into its mapped buffer, and returns the
     Future the worker completes with the reduced buffer."""
-    rt.tensor_args(buf, what)  # refuses a bad bucket before anything is allocated
+    send, n, dt = rt.tensor_args(buf, what)  # refuses a bad bucket before anything is allocated
     t0 = time.perf_counter()
-    buf = state.mapped(index, buf)
-    ptr, n, dt = rt.tensor_args(buf, what)
+    out = state.mapped(index, buf, gram_form, copy=False)
+    recv = rt.tensor_args(out, what)[0]
     req = ctypes.c_void_p()
-    rt.raise_for(lib.sumo_allreduce_start(ptr, ptr, n, dt, op, state.comm, ctypes.byref(req)), what)
+    rt.raise_for(lib.sumo_allreduce_start(send, recv, n, dt, op, state.comm, ctypes.byref(req)),
+                 what)
 
     def wait():
         rt.raise_for(lib.sumo_request_wait(req), what)
-        rt.record(t0, time.perf_counter(), n * buf.element_size())
-        return buf
+        rt.record(t0, time.perf_counter(), n * out.element_size())
+        return out
 
     return rt.state.worker.submit(wait)
 
 
 def average_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The average of the ranks' gradients (sum in rank order divided by the rank count)."""
-    return _start(state, bucket.index(), bucket.buffer(), 1, "bucket %d (average)" % bucket.index())
+    return _start(state, bucket.index(), bucket.buffer(), 1,
+                  "bucket %d (average)" % bucket.index(), gram_form=False)
 
 
 def sum_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    return _start(state, bucket.index(), bucket.buffer(), 0, "bucket %d (sum)" % bucket.index())
+    return _start(state, bucket.index(), bucket.buffer(), 0,
+                  "bucket %d (sum)" % bucket.index(), gram_form=False)
 
 
 def adasum_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -186,7 +208,8 @@ def adasum_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Futu
     (an op created for the bucket's layout, once per distinct layout)."""
     buf, layout = _bucket_layout(bucket)
     op = state.adasum_op(layout)
-    return _start(state, bucket.index(), buf, op, "bucket %d (Adasum)" % bucket.index())
+    return _start(state, bucket.index(), buf, op, "bucket %d (Adasum)" % bucket.index(),
+                  gram_form=True)
 
 
 def acga_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -199,7 +222,7 @@ def acga_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
         raise TypeError("sumo: ACGA combines float32 gradients only; %s is %s" % (what, buf.dtype))
     agg = state.acga_aggregator((bucket.index(), layout), layout)
     t0 = time.perf_counter()
-    buf = state.mapped(bucket.index(), buf)
+    buf = state.mapped(bucket.index(), buf, gram_form=True, copy=True)  # apply is in place
     ptr, n, dt = rt.tensor_args(buf, what)
 
     def apply():
