@@ -232,7 +232,10 @@ sumo_result sumo_barrier(sumo_comm *comm);
  * MPI_Win_allocate_shared and ncclMemAlloc. Where the ranks are processes of one node (MPI),
  * a collective whose buffers all come from here, on every rank, reads and writes the peers'
  * buffers directly instead of copying through the staging areas: a sum then costs what it
- * costs between threads. Elsewhere it is plain memory and changes nothing.
+ * costs between threads. An allreduce whose receive buffers alone come from here (on every
+ * rank; out of place from private memory) uses them as its staging areas: each input is
+ * copied in once and nothing is copied out, and Adasum streams its input once instead of
+ * twice. Elsewhere it is plain memory and changes nothing.
  *
  * Both calls are collective: every rank calls them in the same order relative to the other
  * collectives on comm, each with its own size (> 0). sumo_mem_free takes what sumo_mem_alloc

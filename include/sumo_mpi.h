@@ -5,7 +5,8 @@
  * On one node the collectives run through an MPI-3 shared-memory window (cache-sized chunks
  * staged through it: each user buffer is read once and written once), or straight between
  * the processes' buffers when every rank's come from sumo_mem_alloc (a shared window per
- * allocation: no staging copies, the cost of threads in one process); across nodes over
+ * allocation: no staging copies, the cost of threads in one process), or, when only the
+ * receive buffers do, with those as the staging areas (an allreduce); across nodes over
  * point-to-point messages (ring and recursive doubling), or MPI_Allreduce itself for small
  * fp32/fp64 messages. Every wait is bounded by the communicator's deadline
  * (sumo_comm_set_timeout), so a process that dies or never arrives gives SUMO_ERR_TIMEOUT
