@@ -96,6 +96,32 @@ static void test_usage_errors(void **state)
     assert_int_equal(run_sumo("bench --transport threads --ops sum, --quick --skip-mem --max 4K "
                               "--iters 1 --warmup 0", &out), 2);
     free(out);
+    assert_int_equal(run_sumo("bench --shared-buffers --shared-outputs", &out), 2);
+    assert_non_null(strstr(out, "exclude"));
+    free(out);
+}
+
+/* Out of place into sumo_mem_alloc memory: every sum, average and Adasum row checked against
+ * the sequential reference; ACGA, which applies in place, says why it has no row. */
+static void test_bench_shared_outputs_checked(void **state)
+{
+    (void)state;
+    require_binary();
+    char *out;
+    int rc = run_sumo("bench --transport threads --quick --check --ranks 2,3 --max 64K --iters 3 "
+                      "--warmup 1 --skip-mem --shared-outputs --ops sum,avg,adasum,acga", &out);
+    if (rc != 0) print_message("%s", out);
+    assert_int_equal(rc, 0);
+    assert_null(strstr(out, "FAIL"));
+    assert_non_null(strstr(out, "acga applies in place"));
+    int checked = 0;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"))
+        if (line[0] != '#' && (strstr(line, " sum ") || strstr(line, " avg ") ||
+                               strstr(line, " adasum ")) &&
+            (strstr(line, "exact") || strstr(line, " ok")))
+            checked++;
+    assert_int_equal(checked, 3 * 3 * 2); /* 3 ops, 4K, 16K and 64K, on P = 2 and 3 */
+    free(out);
 }
 
 /* A few sizes on 2 and 3 ranks (3: not a power of two, uneven slices), every row checked,
@@ -279,6 +305,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_help_lists_bench),
         cmocka_unit_test(test_usage_errors),
         cmocka_unit_test(test_bench_quick_checked),
+        cmocka_unit_test(test_bench_shared_outputs_checked),
         cmocka_unit_test(test_args_refuse_with_flag_and_range),
         cmocka_unit_test(test_checkpoint_housekeeping),
         cmocka_unit_test(test_train_usage_errors),

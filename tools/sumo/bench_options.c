@@ -40,6 +40,10 @@ static void usage(FILE *out)
         "  --shared-buffers         buffers from sumo_mem_alloc: over MPI on one node, sumo's\n"
         "                           collectives then read and write the peers' buffers\n"
         "                           directly instead of staging copies\n"
+        "  --shared-outputs         out of place, from private buffers into buffers from\n"
+        "                           sumo_mem_alloc (DDP's buckets into mapped ones): over\n"
+        "                           MPI on one node the outputs are then the staging areas;\n"
+        "                           acga, which works in place, prints n/a\n"
         "  --csv FILE               also write every measurement as a CSV row: section\n"
         "                           (allreduce, memory, kernel, floor), transport, ranks (or\n"
         "                           threads), dtype, op, bytes, count, time_us, min_us, gbps,\n"
@@ -224,6 +228,7 @@ static bool parse_switch(bench_opts *o, const char *flag)
     else if (strcmp(flag, "--skip-mem") == 0) o->skip_mem = true;
     else if (strcmp(flag, "--no-pin") == 0) o->pin = false;
     else if (strcmp(flag, "--shared-buffers") == 0) o->shared_buffers = true;
+    else if (strcmp(flag, "--shared-outputs") == 0) o->shared_outputs = true;
     else return false;
     return true;
 }
@@ -305,6 +310,10 @@ bench_parse_result bench_parse_options(int argc, char **argv, bench_opts *o)
         if (r != BENCH_PARSE_RUN) return r;
     }
     if (o->quick) apply_quick(o);
+    if (o->shared_buffers && o->shared_outputs) {
+        fprintf(stderr, "sumo bench: --shared-buffers and --shared-outputs exclude each other\n");
+        return BENCH_PARSE_USAGE;
+    }
     if (o->min_bytes > o->max_bytes) {
         fprintf(stderr, "sumo bench: --min %zu is above --max %zu\n", o->min_bytes, o->max_bytes);
         return BENCH_PARSE_USAGE;
@@ -384,6 +393,7 @@ const char *bench_algo_name(sumo_algorithm algo)
 const char *bench_transport_name(const bench_opts *o)
 {
     /* Shared buffers change what the MPI transport does, so its rows carry them in the name. */
-    if (o->transport == BENCH_TRANSPORT_MPI) return o->shared_buffers ? "mpi-shared" : "mpi";
-    return o->shared_buffers ? "threads-shared" : "threads";
+    if (o->transport == BENCH_TRANSPORT_MPI)
+        return o->shared_buffers ? "mpi-shared" : o->shared_outputs ? "mpi-shared-out" : "mpi";
+    return o->shared_buffers ? "threads-shared" : o->shared_outputs ? "threads-shared-out" : "threads";
 }

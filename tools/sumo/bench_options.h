@@ -41,6 +41,7 @@ typedef struct bench_opts {
     bool iters_set, warmup_set;
     bool check, quick, skip_mem, pin;
     bool shared_buffers; /* buffers from sumo_mem_alloc */
+    bool shared_outputs; /* out of place, from private memory into sumo_mem_alloc's */
     size_t mem_bytes;
     bool mem_set;
     int mem_reps;

@@ -16,6 +16,7 @@
 
 typedef struct coll_call {
     void *buf;
+    void *out; /* the result's buffer (--shared-outputs); NULL: in place in buf */
     size_t count;
     sumo_dtype dtype;
     int op;
@@ -23,12 +24,18 @@ typedef struct coll_call {
     sumo_aggregator *acga; /* op BENCH_OP_ACGA */
 } coll_call;
 
+static void *result_of(const coll_call *c)
+{
+    return c->out ? c->out : c->buf;
+}
+
 static int call_collective(bench_group *g, void *arg)
 {
     coll_call *c = arg;
     if (c->op == BENCH_OP_ACGA) return (int)sumo_aggregator_apply(c->acga, c->buf, c->count, c->dtype);
     if (!c->peer)
-        return (int)sumo_allreduce(c->buf, c->buf, c->count, c->dtype, (sumo_op)c->op, g->comm);
+        return (int)sumo_allreduce(c->buf, result_of(c), c->count, c->dtype, (sumo_op)c->op,
+                                   g->comm);
 #ifdef SUMO_HAVE_MPI
     MPI_Datatype t = c->dtype == SUMO_FLOAT64 ? MPI_DOUBLE : MPI_FLOAT;
     int r = MPI_Allreduce(MPI_IN_PLACE, c->buf, (int)c->count, t, MPI_SUM, MPI_COMM_WORLD);
@@ -64,7 +71,8 @@ static int check_collective(bench_group *g, const bench_report *rep, coll_call *
 {
     bench_fill(call->dtype, call->buf, 0, call->count, g->rank);
     double v[3] = {(double)call_collective(g, call), 0, 0};
-    double h = bench_hash(call->buf, call->count * bench_dtype_bytes(call->dtype));
+    void *res = result_of(call);
+    double h = bench_hash(res, call->count * bench_dtype_bytes(call->dtype));
     /* max(h) == -max(-h) exactly when every rank holds the same h. */
     v[1] = h;
     v[2] = -h;
@@ -76,12 +84,12 @@ static int check_collective(bench_group *g, const bench_report *rep, coll_call *
         return BENCH_CHECK_FAIL;
     }
     if (call->op == SUMO_OP_ADASUM)
-        return bench_check_adasum(call->dtype, g->size, call->buf, call->count, why, whylen);
+        return bench_check_adasum(call->dtype, g->size, res, call->count, why, whylen);
     if (call->op == BENCH_OP_ACGA) {
         snprintf(why, whylen, "acga: ranks agree bit for bit; its values are checked by test_acga");
         return BENCH_CHECK_NA;
     }
-    return bench_check_sum(call->dtype, call->op, g->size, call->buf, call->count, why, whylen);
+    return bench_check_sum(call->dtype, call->op, g->size, res, call->count, why, whylen);
 }
 
 static bool breaks_comm(int status)
@@ -93,7 +101,7 @@ static bool breaks_comm(int status)
 
 typedef struct sweep_state {
     bench_report *rep;
-    void *buf;
+    void *buf, *out; /* out: --shared-outputs only */
     bool told[BENCH_NOPS]; /* the library's detail is printed on an op's first failure only */
 } sweep_state;
 
@@ -103,7 +111,8 @@ static void measure_peer(bench_group *g, sweep_state *s, bench_row *base)
     const bench_opts *o = s->rep->o;
     size_t count = base->bytes / bench_dtype_bytes(o->dtype);
     if (!s->rep->peer || count > (size_t)INT32_MAX) return;
-    coll_call peer = {s->buf, count, o->dtype, SUMO_OP_SUM, true, NULL};
+    coll_call peer = {.buf = s->buf, .count = count, .dtype = o->dtype, .op = SUMO_OP_SUM,
+                      .peer = true};
     bench_fill(o->dtype, s->buf, 0, count, g->rank);
     int st = measure_collective(g, o, &peer, &base->peer_med_us, &base->peer_min_us);
     base->has_peer = st == 0;
@@ -114,9 +123,14 @@ static void measure_op(bench_group *g, sweep_state *s, bench_row *r)
 {
     const bench_opts *o = s->rep->o;
     size_t count = r->bytes / bench_dtype_bytes(o->dtype);
-    coll_call call = {s->buf, count, o->dtype, r->op, false, NULL};
+    coll_call call = {.buf = s->buf, .out = s->out, .count = count, .dtype = o->dtype,
+                      .op = r->op};
     char why[256] = "";
-    if (r->op == BENCH_OP_ACGA) {
+    const char *refusal = NULL;
+    if (r->op == BENCH_OP_ACGA && s->out) {
+        refusal = "acga applies in place: it has no form with shared outputs";
+        r->status = SUMO_ERR_INVALID_USAGE;
+    } else if (r->op == BENCH_OP_ACGA) {
         sumo_aggregator_options acga_opts;
         sumo_aggregator_options_default(SUMO_AGGREGATE_ACGA, &acga_opts);
         r->status = sumo_aggregator_create(g->comm, &acga_opts, &call.acga);
@@ -125,19 +139,19 @@ static void measure_op(bench_group *g, sweep_state *s, bench_row *r)
     bench_fill(o->dtype, s->buf, 0, count, g->rank);
     if (r->status == 0) r->status = measure_collective(g, o, &call, &r->med_us, &r->min_us);
     sumo_aggregator_destroy(call.acga);
-    const char *detail = NULL;
-    if (r->status != 0 && g->comm) sumo_comm_error_message(g->comm, &detail);
+    const char *detail = refusal;
+    if (r->status != 0 && g->comm && !refusal) sumo_comm_error_message(g->comm, &detail);
     if (!s->rep->printer || g->rank != 0) return;
     bench_report_row(s->rep, r, r->status != 0 && !s->told[r->op] ? detail : NULL, why);
     if (r->status != 0) s->told[r->op] = true;
 }
 
-/* The buffer of the largest size on every member, or 1 on all when one could not. With
- * --shared-buffers it comes from sumo_mem_alloc (collective: every member calls it). */
-static int alloc_buffer(bench_group *g, const bench_opts *o, size_t max_bytes, void **buf)
+/* A buffer of the largest size on every member, or 1 on all when one could not. Shared, it
+ * comes from sumo_mem_alloc (collective: every member calls it). */
+static int alloc_buffer(bench_group *g, bool shared, size_t max_bytes, void **buf)
 {
     *buf = NULL;
-    if (o->shared_buffers && g->comm) {
+    if (shared && g->comm) {
         sumo_result r = sumo_mem_alloc(g->comm, max_bytes, buf);
         if (r != SUMO_SUCCESS) {
             const char *detail = "";
@@ -157,17 +171,36 @@ static int alloc_buffer(bench_group *g, const bench_opts *o, size_t max_bytes, v
     return 1;
 }
 
-static void free_buffer(bench_group *g, const bench_opts *o, void *buf)
+static void free_buffer(bench_group *g, bool shared, void *buf)
 {
-    if (o->shared_buffers && g->comm) sumo_mem_free(g->comm, buf);
+    if (buf == NULL) return;
+    if (shared && g->comm) sumo_mem_free(g->comm, buf);
     else free(buf);
+}
+
+/* The input buffer, and with --shared-outputs the output buffer (else NULL); 1 on failure,
+ * nothing allocated. */
+static int alloc_buffers(bench_group *g, const bench_opts *o, size_t max_bytes, void **buf,
+                         void **out)
+{
+    *out = NULL;
+    if (alloc_buffer(g, o->shared_buffers, max_bytes, buf) != 0) return 1;
+    if (!o->shared_outputs || alloc_buffer(g, true, max_bytes, out) == 0) return 0;
+    free_buffer(g, o->shared_buffers, *buf);
+    return 1;
+}
+
+static void free_buffers(bench_group *g, const bench_opts *o, void *buf, void *out)
+{
+    free_buffer(g, o->shared_buffers, buf);
+    free_buffer(g, true, out);
 }
 
 int bench_sweep_body(bench_group *g, void *report)
 {
     sweep_state s = {.rep = report};
     const bench_opts *o = s.rep->o;
-    if (alloc_buffer(g, o, s.rep->sizes[s.rep->nsizes - 1], &s.buf) != 0) return 1;
+    if (alloc_buffers(g, o, s.rep->sizes[s.rep->nsizes - 1], &s.buf, &s.out) != 0) return 1;
     if (s.rep->printer && g->rank == 0) bench_print_table_header(s.rep, g->size);
     for (int si = 0; si < s.rep->nsizes; si++) {
         bench_row base = {.ranks = g->size, .bytes = s.rep->sizes[si]};
@@ -178,7 +211,8 @@ int bench_sweep_body(bench_group *g, void *report)
             measure_op(g, &s, &r);
             if (!breaks_comm(r.status) || g->renew == NULL) continue;
             /* Shared buffers belong to the broken communicator. */
-            sumo_result rr = o->shared_buffers ? SUMO_ERR_INVALID_USAGE : g->renew(g);
+            bool any_shared = o->shared_buffers || o->shared_outputs;
+            sumo_result rr = any_shared ? SUMO_ERR_INVALID_USAGE : g->renew(g);
             if (rr != SUMO_SUCCESS) {
                 if (s.rep->printer && g->rank == 0)
                     printf("# cannot replace the broken communicator: %s\n", sumo_result_name(rr));
@@ -187,7 +221,7 @@ int bench_sweep_body(bench_group *g, void *report)
             }
         }
     }
-    free_buffer(g, o, s.buf);
+    free_buffers(g, o, s.buf, s.out);
     return 0;
 }
 
@@ -197,11 +231,12 @@ int bench_floor_body(bench_group *g, void *floor)
 {
     bench_floor *f = floor;
     const bench_opts *o = f->o;
-    void *buf;
-    if (alloc_buffer(g, o, f->bytes, &buf) != 0) return 1;
+    void *buf, *out;
+    if (alloc_buffers(g, o, f->bytes, &buf, &out) != 0) return 1;
     size_t count = f->bytes / bench_dtype_bytes(o->dtype);
     bench_fill(o->dtype, buf, 0, count, g->rank);
-    coll_call call = {buf, count, o->dtype, SUMO_OP_SUM, false, NULL};
+    coll_call call = {.buf = buf, .out = out, .count = count, .dtype = o->dtype,
+                      .op = SUMO_OP_SUM};
     bench_job add = bench_stream_add_job(f->ma, g->size);
     bench_job_fill_part(&add, g->rank, 7 * g->rank);
     bench_timed sum_run = timed_call(g, &call);
@@ -213,7 +248,7 @@ int bench_floor_body(bench_group *g, void *floor)
         f->us = t_sum / 1e3;
         f->bw = add.bytes / t_add;
     }
-    free_buffer(g, o, buf);
+    free_buffers(g, o, buf, out);
     return 0;
 }
 
