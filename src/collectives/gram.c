@@ -239,8 +239,11 @@ static sumo_result run_into_outputs(sumo_comm *c, const sumo__call_desc *all, co
     sumo__staging st = sumo__staging_of(tp, esz);
     size_t chunks = sumo__stage_chunk_count(&st, n);
     direct_inputs in = {.esz = esz, .P = P};
-    unsigned char *recv_at[SUMO__GRAM_MAX_RANKS];
-    for (int k = 0; k < P; k++) in.send_of[k] = tp->ops->peer_buffer(tp, k, all[k].recvptr);
+    unsigned char *recv_of[SUMO__GRAM_MAX_RANKS];
+    for (int k = 0; k < P; k++) {
+        recv_of[k] = tp->ops->peer_buffer(tp, k, all[k].recvptr);
+        in.send_of[k] = recv_of[k]; /* the copies in the outputs are the inputs */
+    }
     memset(g->gram, 0, call->ntensors * sumo__gram_len(P) * sizeof *g->gram);
     if (chunks > 0) sumo__copy_chunk(&st, 0, recvbuf, sendbuf, n);
     SUMO__CHECK(tp->ops->barrier(tp));
@@ -257,9 +260,9 @@ static sumo_result run_into_outputs(sumo_comm *c, const sumo__call_desc *all, co
     *applied = accept;
     if (!accept) return SUMO_SUCCESS;
     sumo__cache_slice(n, esz, P, me, &lo, &hi);
-    for (int k = 0; k < P; k++) recv_at[k] = (unsigned char *)(uintptr_t)in.send_of[k] + lo * esz;
+    for (int k = 0; k < P; k++) recv_of[k] += lo * esz;
     /* Each element of this rank's slice is read from every output before it is written. */
-    weighted(c, call, lo, hi, direct_at, &in, g->w, recv_at, P);
+    weighted(c, call, lo, hi, direct_at, &in, g->w, recv_of, P);
     /* No rank returns while a peer still writes its output. */
     return tp->ops->barrier(tp);
 }
@@ -410,7 +413,8 @@ sumo_result sumo__gram_run(sumo_comm *c, const sumo__call_desc *all, const void 
 {
     gram_space g;
     layout_space(c, call, scratch, &g);
-    /* Staged processes whose buffers all come from sumo_mem_alloc reach them directly. */
+    /* Staged processes whose buffers all come from sumo_mem_alloc reach them directly; whose
+     * outputs alone do, stage into those. */
     if (call->shape == SUMO__GRAM_STAGED && sumo__all_shared(c, all)) {
         SUMO__LOG(c->tp->log_level, SUMO__LOG_INFO,
                   "rank %d gram combine: every rank's buffers are shared, direct", c->tp->rank);

@@ -75,7 +75,8 @@ static sumo_result allgather_direct(sumo_comm *c, const sumo__call_desc *d,
 /* The entry points below (the caller has validated the arguments, d->local_error == 0) stage
  * their buffers unless every rank announced buffers its peers reach (SUMO__DESC_SHARED: any
  * buffer on a SUMO__REACH_DIRECT transport, sumo_mem_alloc's memory on a staged one), in
- * which case they run direct. */
+ * which case they run direct, or (an allreduce) receive buffers its peers reach, which then
+ * serve as the staging areas. */
 
 /* The ways a staged collective can run once every rank's announcement is in. */
 typedef enum stage_shape {

@@ -652,7 +652,8 @@ SIMD_INLINE void wsum_wide(sumo_dtype dt, void *const *outs, int nout, const voi
         for (; i + WD <= n; i += WD) {
             for (int p = 0; p < nin; p++) prefetch_ahead(ip[p], i * esz, WD * esz);
             vd v = vd_mul(wv[0], vd_loadu((const double *)ip[0] + i));
-            for (int p = 1; p < nin; p++) v = vd_fmadd(wv[p], vd_loadu((const double *)ip[p] + i), v);
+            for (int p = 1; p < nin; p++)
+                v = vd_fmadd(wv[p], vd_loadu((const double *)ip[p] + i), v);
             for (int k = 0; k < nout; k++) vd_storeu((double *)op[k] + i, v);
         }
         for (; i < n; i++) {
@@ -681,8 +682,9 @@ SIMD_INLINE void wsum_wide(sumo_dtype dt, void *const *outs, int nout, const voi
     }
 }
 
-/* The direct shape's calls (P inputs into P outputs) and the staged one's (into one) with
- * constant counts, so the loops over inputs and outputs unroll, as reduce_f_direct's do. */
+/* The one-node shapes' calls (P inputs into P outputs) and the point-to-point shape's (into
+ * one) at P = 2 and 4 with constant counts, so the loops over inputs and outputs unroll, as
+ * reduce_f_direct's do. */
 SIMD_INLINE void wsum_wide_shapes(sumo_dtype dt, void *const *outs, int nout,
                                   const void *const *ins, const double *w, int nin, size_t n)
 {

@@ -2,7 +2,8 @@
  * Adasum over the MPI transport (run under mpirun -np 2, 3, 4): the result equals an
  * independent sequential reference of the tree that src/collectives/adasum.c documents, every
  * rank holds the same bits, a repeated call gives the same bits, and failures (NaN, layouts
- * that differ) come back the same on every rank.
+ * that differ) come back the same on every rank; with private buffers, buffers from
+ * sumo_mem_alloc (the Gram form direct) and outputs alone from it (staged into the outputs).
  *
  * Every rank's input is a function of (seed, rank, index), so each rank can compute the whole
  * reference by itself. Rank 0 prints a final "N passed, M failed" line; the exit status is
@@ -220,7 +221,8 @@ int main(int argc, char **argv)
                 {"awkward", dtypes[d], awkward, sizeof awkward / sizeof awkward[0], 0, 0, 0, BUFFERS_PRIVATE},
                 {"many tiny", dtypes[d], many_tiny, 300, 0, 0, 0, BUFFERS_PRIVATE},
                 {"big", dtypes[d], big, sizeof big / sizeof big[0], 0, 0, 0, BUFFERS_PRIVATE},
-                {"chunked", dtypes[d], chunked, sizeof chunked / sizeof chunked[0], 0, 0, 0, BUFFERS_PRIVATE},
+                {"chunked", dtypes[d], chunked, sizeof chunked / sizeof chunked[0], 0, 0, 0,
+                 BUFFERS_PRIVATE},
                 {"awkward, groups of 1", dtypes[d], awkward, 11, 0, 1, 1, BUFFERS_PRIVATE},
                 {"awkward, one group", dtypes[d], awkward, 11, 0, 1, g_size, BUFFERS_PRIVATE},
                 {"awkward, groups of 2", dtypes[d], awkward, 11, 0, 1, 2, BUFFERS_PRIVATE},
