@@ -78,6 +78,14 @@ sumo_result sumo_aggregator_destroy(sumo_aggregator *aggregator);
 sumo_result sumo_aggregator_apply(sumo_aggregator *aggregator, void *buffer, size_t count,
                                   sumo_dtype dtype);
 
+/*
+ * The same out of place: every rank's sendbuf combined into its recvbuf (sendbuf is only read;
+ * sendbuf == recvbuf is in place, other overlaps are refused). Over MPI on one node, receive
+ * buffers from sumo_mem_alloc on every rank serve as the staging areas (sumo.h).
+ */
+sumo_result sumo_aggregator_apply_into(sumo_aggregator *aggregator, const void *sendbuf,
+                                       void *recvbuf, size_t count, sumo_dtype dtype);
+
 /* State carried across steps, for checkpoints (0 bytes for the stateless methods). */
 sumo_result sumo_aggregator_state_size(const sumo_aggregator *aggregator, size_t *bytes);
 sumo_result sumo_aggregator_state_save(const sumo_aggregator *aggregator, void *buffer,

@@ -117,6 +117,8 @@ _SIGS = {
     "sumo_aggregator_destroy": (_R, [ctypes.c_void_p]),
     "sumo_aggregator_apply": (_R, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
                                    ctypes.c_int]),
+    "sumo_aggregator_apply_into": (_R, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                        ctypes.c_size_t, ctypes.c_int]),
     "sumo_aggregator_state_size": (_R, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]),
     "sumo_aggregator_state_save": (_R, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]),
     "sumo_aggregator_state_load": (_R, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]),

@@ -236,11 +236,13 @@ static uint64_t options_hash(const acga *a, const sumo_acga_options *o, size_t c
 }
 
 /*
- * One Gram pass, one small sum, one weighted-sum pass (collectives/gram.h), where the group is
- * small enough; *applied false leaves the buffer untouched for the two-exchange path. Results
- * agree with it within fp32 rounding (acga_gram.h says where the inner products differ).
+ * One Gram pass, one small sum, one weighted-sum pass (collectives/gram.h), from send into g,
+ * where the group is small enough; *applied false leaves send untouched for the two-exchange
+ * path (and g holding nothing or a copy of it). Results agree with that path within fp32
+ * rounding (acga_gram.h says where the inner products differ).
  */
-static sumo_result apply_gram(sumo_aggregator *agg, acga *a, float *g, size_t count, bool *applied)
+static sumo_result apply_gram(sumo_aggregator *agg, acga *a, const float *send, float *g,
+                              size_t count, bool *applied)
 {
     *applied = false;
     if (a->nranks > SUMO__GRAM_MAX_RANKS) return SUMO_SUCCESS;
@@ -251,7 +253,7 @@ static sumo_result apply_gram(sumo_aggregator *agg, acga *a, float *g, size_t co
                             .offsets = a->group_off ? a->group_off : whole, .weigh = weigh_acga,
                             .ctx = &st, .weigh_work_bytes = gram_work_bytes(a),
                             .shape = sumo__gram_shape_for(c)};
-    SUMO__CHECK(sumo__gram_allreduce(c, g, &call, options_hash(a, st.o, count), applied));
+    SUMO__CHECK(sumo__gram_allreduce(c, send, g, &call, options_hash(a, st.o, count), applied));
     sumo__aggregator_count(agg, count, SUMO_FLOAT32);
     sumo__aggregator_count(agg, a->ngroups * sumo__gram_len(a->nranks), SUMO_FLOAT64);
     if (*applied) {
@@ -261,7 +263,8 @@ static sumo_result apply_gram(sumo_aggregator *agg, acga *a, float *g, size_t co
     return SUMO_SUCCESS;
 }
 
-static sumo_result acga_apply(sumo_aggregator *agg, void *buffer, size_t count, sumo_dtype dtype)
+static sumo_result acga_apply(sumo_aggregator *agg, const void *sendbuf, void *recvbuf,
+                              size_t count, sumo_dtype dtype)
 {
     acga *a = impl_of(agg);
     const sumo_acga_options *o = &agg->options.acga;
@@ -270,12 +273,14 @@ static sumo_result acga_apply(sumo_aggregator *agg, void *buffer, size_t count, 
         return sumo__fail_together(agg->comm, SUMO__COMM_FAIL(agg->comm, SUMO_ERR_INVALID_ARGUMENT,
                                                          "acga: dtype %s: only float32 is supported",
                                                          sumo__dtype_name(dtype)));
-    float *g = buffer;
+    float *g = recvbuf;
     const size_t K = a->ngroups;
     const int n = a->nranks;
     bool applied;
-    SUMO__CHECK(apply_gram(agg, a, g, count, &applied));
+    SUMO__CHECK(apply_gram(agg, a, sendbuf, g, count, &applied));
     if (applied) return SUMO_SUCCESS;
+    /* The two-exchange path works in place. */
+    if (sendbuf != recvbuf && count > 0) memcpy(g, sendbuf, count * sizeof *g);
     sumo_result grown = ensure_sum(a, count);
     if (grown != SUMO_SUCCESS) {
         sumo__fail_together(agg->comm, grown);

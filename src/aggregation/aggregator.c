@@ -73,11 +73,12 @@ sumo_result sumo_aggregator_destroy(sumo_aggregator *agg)
     return SUMO_SUCCESS;
 }
 
-sumo_result sumo_aggregator_apply(sumo_aggregator *agg, void *buffer, size_t count, sumo_dtype dtype)
+sumo_result sumo_aggregator_apply_into(sumo_aggregator *agg, const void *sendbuf, void *recvbuf,
+                                       size_t count, sumo_dtype dtype)
 {
     if (agg == NULL) return SUMO_ERR_INVALID_ARGUMENT;
     /* The peers are entering the exchange: tell them, rather than leave them to the deadline. */
-    if ((buffer == NULL && count > 0) || !sumo__dtype_valid(dtype))
+    if (((sendbuf == NULL || recvbuf == NULL) && count > 0) || !sumo__dtype_valid(dtype))
         return sumo__fail_together(agg->comm, SUMO__COMM_FAIL(agg->comm, SUMO_ERR_INVALID_ARGUMENT,
                                                          "aggregator: NULL buffer or unknown dtype"));
     if (agg->ntensors > 0 && count != agg->total)
@@ -85,9 +86,25 @@ sumo_result sumo_aggregator_apply(sumo_aggregator *agg, void *buffer, size_t cou
                                    SUMO__COMM_FAIL(agg->comm, SUMO_ERR_INVALID_ARGUMENT,
                                               "aggregator: count %zu does not match the layout's "
                                               "total %zu", count, agg->total));
-    if (agg->vtbl) return agg->vtbl->apply(agg, buffer, count, dtype);
+    size_t esz = sumo__dtype_bytes(dtype);
+    if (count > SIZE_MAX / esz)
+        return sumo__fail_together(agg->comm,
+                                   SUMO__COMM_FAIL(agg->comm, SUMO_ERR_INVALID_ARGUMENT,
+                                              "aggregator: count %zu overflows size_t in bytes",
+                                              count));
+    if (sendbuf != recvbuf && sumo__ranges_overlap(sendbuf, count * esz, recvbuf, count * esz))
+        return sumo__fail_together(agg->comm,
+                                   SUMO__COMM_FAIL(agg->comm, SUMO_ERR_INVALID_ARGUMENT,
+                                              "aggregator: send and receive buffers overlap "
+                                              "without being the same pointer"));
+    if (agg->vtbl) return agg->vtbl->apply(agg, sendbuf, recvbuf, count, dtype);
     sumo__aggregator_count(agg, count, dtype);
-    return sumo_allreduce(buffer, buffer, count, dtype, agg->op, agg->comm);
+    return sumo_allreduce(sendbuf, recvbuf, count, dtype, agg->op, agg->comm);
+}
+
+sumo_result sumo_aggregator_apply(sumo_aggregator *agg, void *buffer, size_t count, sumo_dtype dtype)
+{
+    return sumo_aggregator_apply_into(agg, buffer, buffer, count, dtype);
 }
 
 sumo_result sumo_aggregator_state_size(const sumo_aggregator *agg, size_t *bytes)

@@ -7,7 +7,9 @@
 #include "common/common.h"
 
 typedef struct sumo__aggregator_vtbl {
-    sumo_result (*apply)(sumo_aggregator *agg, void *buffer, size_t count, sumo_dtype dtype);
+    /* sendbuf == recvbuf: in place; else they do not overlap (checked by the caller). */
+    sumo_result (*apply)(sumo_aggregator *agg, const void *sendbuf, void *recvbuf, size_t count,
+                         sumo_dtype dtype);
     size_t (*state_size)(const sumo_aggregator *agg);
     sumo_result (*state_save)(const sumo_aggregator *agg, void *buffer);
     sumo_result (*state_load)(sumo_aggregator *agg, const void *buffer);

@@ -436,31 +436,33 @@ sumo_result sumo__gram_run(sumo_comm *c, const sumo__call_desc *all, const void 
 /* What the announcement carries in place of an op: no public op has this value. */
 #define GRAM_OP 0xfffffff0u
 
-sumo_result sumo__gram_allreduce(sumo_comm *c, void *buffer, const sumo__gram_call *call,
-                                 uint64_t layout_hash, bool *applied)
+sumo_result sumo__gram_allreduce(sumo_comm *c, const void *sendbuf, void *recvbuf,
+                                 const sumo__gram_call *call, uint64_t layout_hash, bool *applied)
 {
     *applied = false;
     sumo__comm_enter(c);
     sumo_result r = sumo__usable(c);
     if (r != SUMO_SUCCESS) goto out;
     sumo__call_desc d = {.kind = SUMO__CALL_ALLREDUCE, .dtype = (uint32_t)call->dtype,
-                         .op = GRAM_OP, .count = call->count, .sendptr = (uintptr_t)buffer,
-                         .recvptr = (uintptr_t)buffer, .aux = layout_hash};
+                         .op = GRAM_OP, .count = call->count, .sendptr = (uintptr_t)sendbuf,
+                         .recvptr = (uintptr_t)recvbuf, .aux = layout_hash};
     void *scratch = NULL;
     if (c->tp->size > SUMO__GRAM_MAX_RANKS)
         d.local_error = SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_USAGE,
                                         "gram combine: %d ranks, at most %d", c->tp->size,
                                         SUMO__GRAM_MAX_RANKS);
-    else if (!sumo__dtype_valid(call->dtype) || (buffer == NULL && call->count > 0))
+    else if (!sumo__dtype_valid(call->dtype) ||
+             ((sendbuf == NULL || recvbuf == NULL) && call->count > 0))
         d.local_error = SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_ARGUMENT,
                                         "gram combine: NULL buffer or unknown dtype");
     else
         d.local_error = sumo__comm_scratch(c, sumo__gram_scratch_bytes(c, call), &scratch);
     size_t bytes = call->count * sumo__dtype_bytes(call->dtype);
-    if (d.local_error == SUMO_SUCCESS) d.flags = sumo__shared_flag(c, buffer, bytes, buffer, bytes);
+    if (d.local_error == SUMO_SUCCESS)
+        d.flags = sumo__shared_flag(c, sendbuf, bytes, recvbuf, bytes);
     const sumo__call_desc *all;
     r = sumo__agree(c, &d, &all);
-    if (r == SUMO_SUCCESS) r = sumo__gram_run(c, all, buffer, buffer, call, scratch, applied);
+    if (r == SUMO_SUCCESS) r = sumo__gram_run(c, all, sendbuf, recvbuf, call, scratch, applied);
 out:
     sumo__comm_leave(c);
     return r;

@@ -70,9 +70,10 @@ sumo_result sumo__gram_run(sumo_comm *c, const sumo__call_desc *all, const void 
 
 /*
  * The same as a collective of its own, for a layer above (ACGA): takes the handle, checks and
- * agrees (the layout by its hash), and runs. In place only (buffer is read and written).
+ * agrees (the layout by its hash), and runs; in place when sendbuf == recvbuf. Declined, the
+ * receive buffer holds nothing or a copy of the send buffer.
  */
-sumo_result sumo__gram_allreduce(sumo_comm *c, void *buffer, const sumo__gram_call *call,
-                                 uint64_t layout_hash, bool *applied);
+sumo_result sumo__gram_allreduce(sumo_comm *c, const void *sendbuf, void *recvbuf,
+                                 const sumo__gram_call *call, uint64_t layout_hash, bool *applied);
 
 #endif

@@ -2,7 +2,9 @@
  * ACGA over the MPI transport (run under mpirun -np 2, 3, 4): every step equals an independent
  * double-precision reference of docs/design/acga.md (support/reference.c, the one
  * tests/unit/test_acga.c uses), every rank holds the same bits, a NaN step is NONFINITE on every
- * rank and leaves the momentum alone, and a checkpointed aggregator continues bit for bit.
+ * rank and leaves the momentum alone, and a checkpointed aggregator continues bit for bit; in
+ * place, and out of place from private buffers into sumo_mem_alloc's (staged into the outputs
+ * on one node) with the send buffers left as they were.
  *
  * Every rank's gradient is a function of (seed, step, rank, index), so each rank computes the
  * whole reference by itself. Rank 0 prints a final "acga mpi: N passed, M failed" line; the exit
@@ -55,7 +57,7 @@ static bool same_on_every_rank(const float *p, size_t n)
     return same;
 }
 
-static void run_config(sumo_comm *comm, const config *c, uint64_t seed)
+static void run_config(sumo_comm *comm, const config *c, uint64_t seed, bool into_shared)
 {
     char what[300];
     sumo_aggregator_options o;
@@ -76,7 +78,14 @@ static void run_config(sumo_comm *comm, const config *c, uint64_t seed)
     if (ref_acga_init(&F, g_size, &o, n) != 0) abort();
     float **all = malloc((size_t)g_size * sizeof *all);
     for (int q = 0; q < g_size; q++) all[q] = malloc((n + 1) * sizeof(float));
-    float *buf = malloc((n + 1) * sizeof(float));
+    float *buf = malloc((n + 1) * sizeof(float)), *out = buf, *sent = NULL;
+    if (into_shared) {
+        void *p = NULL;
+        snprintf(what, sizeof what, "%s: sumo_mem_alloc", c->name);
+        check(sumo_mem_alloc(comm, (n + 1) * sizeof(float), &p) == SUMO_SUCCESS, what);
+        out = p ? p : buf;
+        sent = malloc((n + 1) * sizeof(float));
+    }
     double *G = malloc((n + 1) * sizeof *G), *bound = malloc((n + 1) * sizeof *bound);
     for (int s = 0; s < c->steps; s++) {
         if (c->restore_after > 0 && s == c->restore_after) {
@@ -97,18 +106,25 @@ static void run_config(sumo_comm *comm, const config *c, uint64_t seed)
             for (size_t i = 0; i < n; i++) all[q][i] = input(seed, s, q, i);
         if (s == c->nan_step && n > 0) all[g_size - 1][n / 2] = NAN;
         memcpy(buf, all[g_rank], n * sizeof(float));
-        r = sumo_aggregator_apply(agg, buf, n, SUMO_FLOAT32);
+        if (into_shared) {
+            memcpy(sent, buf, n * sizeof(float));
+            r = sumo_aggregator_apply_into(agg, buf, out, n, SUMO_FLOAT32);
+            snprintf(what, sizeof what, "%s: step %d leaves the send buffer alone", c->name, s);
+            check(n == 0 || memcmp(sent, buf, n * sizeof(float)) == 0, what);
+        } else {
+            r = sumo_aggregator_apply(agg, buf, n, SUMO_FLOAT32);
+        }
         int bad = ref_acga_step(&F, all, G, bound);
         snprintf(what, sizeof what, "%s: step %d status %s", c->name, s, sumo_result_name(r));
         check(r == (bad ? SUMO_ERR_NONFINITE : SUMO_SUCCESS), what);
         snprintf(what, sizeof what, "%s: step %d bit-identical on every rank", c->name, s);
-        check(same_on_every_rank(buf, n), what);
+        check(same_on_every_rank(out, n), what);
         size_t wrong = 0;
         for (size_t i = 0; i < n; i++) {
-            bool ok = isnan(G[i]) ? isnan(buf[i]) : fabs(buf[i] - G[i]) <= 2e-5 * bound[i] + 1e-30;
+            bool ok = isnan(G[i]) ? isnan(out[i]) : fabs(out[i] - G[i]) <= 2e-5 * bound[i] + 1e-30;
             if (!ok && wrong++ == 0)
                 fprintf(stderr, "rank %d: %s step %d element %zu = %.9g, reference %.9g\n", g_rank,
-                        c->name, s, i, buf[i], G[i]);
+                        c->name, s, i, out[i], G[i]);
         }
         snprintf(what, sizeof what, "%s: step %d equals the reference", c->name, s);
         check(wrong == 0, what);
@@ -130,6 +146,8 @@ static void run_config(sumo_comm *comm, const config *c, uint64_t seed)
     ref_acga_free(&F);
     for (int q = 0; q < g_size; q++) free(all[q]);
     free(all);
+    if (out != buf) check(sumo_mem_free(comm, out) == SUMO_SUCCESS, "sumo_mem_free");
+    free(sent);
     free(buf);
     free(G);
     free(bound);
@@ -214,7 +232,8 @@ int main(int argc, char **argv)
         for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
             config c = cs[k];
             if (c.counts) c.count = total(c.counts, c.ntensors);
-            run_config(comm, &c, 1000 + k);
+            run_config(comm, &c, 1000 + k, false);
+            run_config(comm, &c, 1000 + k, true);
         }
         checkpoint_bits(comm);
     }

@@ -50,6 +50,8 @@ typedef struct acga_run {
     size_t counts[MAXT];
     int steps;
     int restore_after;            /* > 0: before this step save, destroy, recreate, load */
+    bool out_of_place;            /* sumo_aggregator_apply_into(in, out) */
+    bool in_changed[MAXSTEPS][MAXN];
     const unsigned char *preload; /* loaded into the fresh aggregator before step 0 */
     size_t preload_bytes;
     float *in[MAXSTEPS][MAXN];
@@ -137,8 +139,17 @@ static void rank_body(sumo_comm *comm, int rank, int size, void *arg)
             R->load_res[rank] = sumo_aggregator_state_load(agg, buf, b);
             free(buf);
         }
-        memcpy(R->out[s][rank], R->in[s][rank], bytes);
-        R->res[s][rank] = sumo_aggregator_apply(agg, R->out[s][rank], R->count, R->dtype);
+        if (R->out_of_place) {
+            unsigned char *before = malloc(bytes + 1);
+            memcpy(before, R->in[s][rank], bytes);
+            R->res[s][rank] = sumo_aggregator_apply_into(agg, R->in[s][rank], R->out[s][rank],
+                                                         R->count, R->dtype);
+            R->in_changed[s][rank] = memcmp(before, R->in[s][rank], bytes) != 0;
+            free(before);
+        } else {
+            memcpy(R->out[s][rank], R->in[s][rank], bytes);
+            R->res[s][rank] = sumo_aggregator_apply(agg, R->out[s][rank], R->count, R->dtype);
+        }
         const char *m = "";
         sumo_comm_error_message(comm, &m);
         snprintf(R->msg[s][rank], sizeof R->msg[s][rank], "%s", m);
@@ -450,6 +461,67 @@ static void test_momentum(void **state)
                 check_all_steps(&R, "momentum");
                 run_free(&R);
             }
+}
+
+/* Out of place: the reference's results in the receive buffers over several steps with
+ * momentum, whole and per tensor, and the send buffers untouched. */
+static void test_out_of_place(void **state)
+{
+    (void)state;
+    const size_t layout[] = {100, 1, 200};
+    for (int ni = 0; ni < NSIZES; ni++)
+        for (int per_tensor = 0; per_tensor <= 1; per_tensor++) {
+            acga_run R;
+            run_init(&R, SIZES[ni], 301, 4);
+            R.out_of_place = true;
+            R.opts.acga.beta = 0.9;
+            if (per_tensor) {
+                run_layout(&R, layout, 3);
+                R.opts.acga.per_tensor = 1;
+            }
+            fill_correlated(&R, 4321 + (uint64_t)per_tensor, 0.6);
+            run_go(&R);
+            check_all_steps(&R, "out of place");
+            for (int s = 0; s < R.steps; s++)
+                for (int r = 0; r < R.N; r++) assert_false(R.in_changed[s][r]);
+            run_free(&R);
+        }
+}
+
+/* Send and receive buffers that overlap without being one pointer, or a NULL one: refused on
+ * the rank that passed them and, told by it, on every other. */
+typedef struct bad_into {
+    int bad_rank;
+    bool null_recv;
+    sumo_result res[MAXN];
+} bad_into;
+
+static void bad_into_body(sumo_comm *comm, int rank, int size, void *arg)
+{
+    (void)size;
+    bad_into *B = arg;
+    sumo_comm_set_timeout(comm, 60);
+    sumo_aggregator_options o;
+    sumo_aggregator_options_default(SUMO_AGGREGATE_ACGA, &o);
+    sumo_aggregator *agg = NULL;
+    if (sumo_aggregator_create(comm, &o, &agg) != SUMO_SUCCESS) return;
+    float buf[64] = {0};
+    for (int i = 0; i < 64; i++) buf[i] = (float)(i + rank);
+    float *send = buf, *recv = buf + 32;
+    if (rank == B->bad_rank) recv = B->null_recv ? NULL : buf + 16; /* [16, 48) meets [0, 32) */
+    B->res[rank] = sumo_aggregator_apply_into(agg, send, recv, 32, SUMO_FLOAT32);
+    sumo_aggregator_destroy(agg);
+}
+
+static void test_out_of_place_refusals(void **state)
+{
+    (void)state;
+    for (int null_recv = 0; null_recv <= 1; null_recv++) {
+        bad_into B = {.bad_rank = 1, .null_recv = null_recv};
+        assert_int_equal(harness_run_threads(3, bad_into_body, &B), 0);
+        for (int r = 0; r < 3; r++) assert_int_not_equal(B.res[r], SUMO_SUCCESS);
+        assert_int_equal(B.res[1], SUMO_ERR_INVALID_ARGUMENT);
+    }
 }
 
 static void test_per_tensor(void **state)
@@ -890,6 +962,8 @@ int main(void)
         cmocka_unit_test(test_ties_by_rank),
         cmocka_unit_test(test_uniform_is_average),
         cmocka_unit_test(test_momentum),
+        cmocka_unit_test(test_out_of_place),
+        cmocka_unit_test(test_out_of_place_refusals),
         cmocka_unit_test(test_per_tensor),
         cmocka_unit_test(test_rescale),
         cmocka_unit_test(test_large),

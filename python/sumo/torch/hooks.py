@@ -12,9 +12,9 @@ cache-sized chunks: once for the average, twice for Adasum's and ACGA's Gram for
 partials, then the weighted sum). A mapped bucket buffer (sumo_mem_alloc: memory every process
 of the node maps; one per bucket, kept) is the other choice: Adasum's allreduce reads the
 bucket and writes that buffer, which sumo then uses as the staging area itself (the bucket is
-streamed once, not twice, and nothing is copied out), ACGA's apply works on a copy of the
-bucket there, and the hook hands the buffer to DDP as the result (DDP copies a hook's result
-into the gradients either way). HookState(mapped_buffers=None), the default, maps for Adasum
+streamed once, not twice, and nothing is copied out), ACGA's apply does the same
+(sumo_aggregator_apply_into), and the hook hands the buffer to DDP as the result (DDP copies a
+hook's result into the gradients either way). HookState(mapped_buffers=None), the default, maps for Adasum
 and ACGA, not for the average, whose staged form is as fast (docs/torch.md, "Mapped bucket
 buffers"); True or False decides for every hook. Elsewhere (threads, several nodes) every hook
 works in place, zero copy.
@@ -124,11 +124,11 @@ class HookState:
             return False
         return gram_form if self.mapped_buffers is None else self.mapped_buffers
 
-    def mapped(self, index, buf, gram_form, copy):
+    def mapped(self, index, buf, gram_form):
         """The buffer the bucket is reduced into: buf itself, or (maps(gram_form)) the
         bucket's buffer in memory every process of the node maps, reallocated when DDP
-        rebuilds its buckets, holding a copy of buf when asked (copy). Collective then: DDP
-        calls the hooks in bucket order on every rank."""
+        rebuilds its buckets. Collective then: DDP calls the hooks in bucket order on every
+        rank."""
         if not self.maps(gram_form):
             return buf
         t = self._mapped.get(index)
@@ -138,8 +138,6 @@ class HookState:
                 rt.shared_free(t, "bucket %d's mapped buffer" % index)
             t = self._mapped[index] = rt.shared_empty(buf.numel(), buf.dtype,
                                                       "bucket %d's mapped buffer" % index)
-        if copy:
-            t.copy_(buf)
         return t
 
     def close(self):
@@ -178,7 +176,7 @@ def _start(state, index, buf, op, what, gram_form):
     Future the worker completes with the reduced buffer."""
     send, n, dt = rt.tensor_args(buf, what)  # refuses a bad bucket before anything is allocated
     t0 = time.perf_counter()
-    out = state.mapped(index, buf, gram_form, copy=False)
+    out = state.mapped(index, buf, gram_form)
     recv = rt.tensor_args(out, what)[0]
     req = ctypes.c_void_p()
     rt.raise_for(lib.sumo_allreduce_start(send, recv, n, dt, op, state.comm, ctypes.byref(req)),
@@ -222,12 +220,12 @@ def acga_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
         raise TypeError("sumo: ACGA combines float32 gradients only; %s is %s" % (what, buf.dtype))
     agg = state.acga_aggregator((bucket.index(), layout), layout)
     t0 = time.perf_counter()
-    buf = state.mapped(bucket.index(), buf, gram_form=True, copy=True)  # apply is in place
-    ptr, n, dt = rt.tensor_args(buf, what)
+    out = state.mapped(bucket.index(), buf, gram_form=True)
+    recv = rt.tensor_args(out, what)[0]
 
     def apply():
-        rt.raise_for(lib.sumo_aggregator_apply(agg, ptr, n, dt), what)
-        rt.record(t0, time.perf_counter(), n * buf.element_size())
-        return buf
+        rt.raise_for(lib.sumo_aggregator_apply_into(agg, ptr, recv, n, dt), what)
+        rt.record(t0, time.perf_counter(), n * out.element_size())
+        return out
 
     return rt.state.worker.submit(apply)
