@@ -256,7 +256,8 @@ def comm_only(layouts, args):
     others = []
     if state.node_maps_memory:
         # Each hook also where the default does not put it: mapped (/m) or in place (/p).
-        forced = {True: st.HookState(mapped_buffers=True), False: st.HookState(mapped_buffers=False)}
+        forced = {True: st.HookState(mapped_buffers=True),
+                  False: st.HookState(mapped_buffers=False)}
         others.extend(forced.values())
         for m, gram_form in (("sumo avg", False), ("sumo adasum", True), ("sumo acga", True)):
             other = m + ("/p" if state.maps(gram_form) else "/m")

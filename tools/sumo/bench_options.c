@@ -394,5 +394,7 @@ const char *bench_transport_name(const bench_opts *o)
     /* Shared buffers change what the MPI transport does, so its rows carry them in the name. */
     if (o->transport == BENCH_TRANSPORT_MPI)
         return o->shared_buffers ? "mpi-shared" : o->shared_outputs ? "mpi-shared-out" : "mpi";
-    return o->shared_buffers ? "threads-shared" : o->shared_outputs ? "threads-shared-out" : "threads";
+    return o->shared_buffers   ? "threads-shared"
+           : o->shared_outputs ? "threads-shared-out"
+                               : "threads";
 }
