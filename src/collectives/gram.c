@@ -167,13 +167,33 @@ static void staged_chunk(staged_inputs *in, size_t n, size_t k, int me, size_t *
     in->first = k * in->st->chunk;
 }
 
+/* The Gram partials of this rank's cache slice of every chunk, streamed through st as
+ * sumo__shm_allreduce's staged algorithm streams a sum: the next chunk staged while this one
+ * is worked on, one barrier a chunk, so an area's half is rewritten only after everyone has
+ * passed the barrier that ended its reads. */
+static sumo_result stream_partials(sumo_comm *c, const sumo__gram_call *call, staged_inputs *in,
+                                   const void *sendbuf, gram_space *g)
+{
+    sumo__transport *tp = c->tp;
+    int me = tp->rank;
+    size_t n = call->count, chunks = sumo__stage_chunk_count(in->st, n);
+    memset(g->gram, 0, call->ntensors * sumo__gram_len(tp->size) * sizeof *g->gram);
+    if (chunks > 0) sumo__stage_in(in->st, me, 0, sendbuf, n);
+    SUMO__CHECK(tp->ops->barrier(tp));
+    for (size_t k = 0; k < chunks; k++) {
+        size_t lo, hi;
+        staged_chunk(in, n, k, me, &lo, &hi);
+        partials(c, call, in->first + lo, in->first + hi, staged_at, in, g->gram);
+        if (k + 1 < chunks) sumo__stage_in(in->st, me, k + 1, sendbuf, n);
+        SUMO__CHECK(tp->ops->barrier(tp));
+    }
+    return SUMO_SUCCESS;
+}
+
 /*
- * Two streams through the staging areas, as sumo__shm_allreduce's staged algorithm makes one:
- * chunk k in half k % 2, the next chunk staged while this one is worked on, one barrier a
- * chunk, so a half is rewritten only after everyone has passed the barrier that ended its
- * reads. The first stream accumulates this rank's cache slice of each chunk into the Gram
- * partials; the second writes the slice's weighted sum into every rank's area, and each rank
- * copies its own out.
+ * Two streams through the staging areas: the partials (chunk k in half k % 2), then the
+ * inputs staged again, the slice's weighted sum written into every rank's area, and each
+ * rank's own chunk copied out.
  */
 static sumo_result run_staged(sumo_comm *c, const void *sendbuf, void *recvbuf,
                               const sumo__gram_call *call, gram_space *g, bool *applied)
@@ -181,20 +201,10 @@ static sumo_result run_staged(sumo_comm *c, const void *sendbuf, void *recvbuf,
     sumo__transport *tp = c->tp;
     int P = tp->size, me = tp->rank;
     size_t n = call->count, esz = sumo__dtype_bytes(call->dtype);
-    size_t L = sumo__gram_len(P), T = call->ntensors;
     sumo__staging st = sumo__staging_of(tp, esz);
     size_t chunks = sumo__stage_chunk_count(&st, n);
     staged_inputs in = {.st = &st, .P = P};
-    memset(g->gram, 0, T * L * sizeof *g->gram);
-    if (chunks > 0) sumo__stage_in(&st, me, 0, sendbuf, n);
-    SUMO__CHECK(tp->ops->barrier(tp));
-    for (size_t k = 0; k < chunks; k++) {
-        size_t lo, hi;
-        staged_chunk(&in, n, k, me, &lo, &hi);
-        partials(c, call, in.first + lo, in.first + hi, staged_at, &in, g->gram);
-        if (k + 1 < chunks) sumo__stage_in(&st, me, k + 1, sendbuf, n);
-        SUMO__CHECK(tp->ops->barrier(tp));
-    }
+    SUMO__CHECK(stream_partials(c, call, &in, sendbuf, g));
     bool accept;
     SUMO__CHECK(weigh(c, call, g, &accept));
     *applied = accept;
@@ -236,33 +246,26 @@ static sumo_result run_into_outputs(sumo_comm *c, const sumo__call_desc *all, co
     sumo__transport *tp = c->tp;
     int P = tp->size, me = tp->rank;
     size_t n = call->count, esz = sumo__dtype_bytes(call->dtype), lo, hi;
-    sumo__staging st = sumo__staging_of(tp, esz);
-    size_t chunks = sumo__stage_chunk_count(&st, n);
-    direct_inputs in = {.esz = esz, .P = P};
     unsigned char *recv_of[SUMO__GRAM_MAX_RANKS];
-    for (int k = 0; k < P; k++) {
-        recv_of[k] = tp->ops->peer_buffer(tp, k, all[k].recvptr);
-        in.send_of[k] = recv_of[k]; /* the copies in the outputs are the inputs */
-    }
-    memset(g->gram, 0, call->ntensors * sumo__gram_len(P) * sizeof *g->gram);
-    if (chunks > 0) sumo__copy_chunk(&st, 0, recvbuf, sendbuf, n);
-    SUMO__CHECK(tp->ops->barrier(tp));
-    for (size_t k = 0; k < chunks; k++) {
-        size_t first = k * st.chunk;
-        sumo__cache_slice(sumo__stage_chunk_len(&st, n, k), esz, P, me, &lo, &hi);
-        partials(c, call, first + lo, first + hi, direct_at, &in, g->gram);
-        if (k + 1 == chunks) break;
-        sumo__copy_chunk(&st, k + 1, recvbuf, sendbuf, n);
-        SUMO__CHECK(tp->ops->barrier(tp));
-    }
+    for (int k = 0; k < P; k++)
+        recv_of[k] = k == me ? recvbuf : tp->ops->peer_buffer(tp, k, all[k].recvptr);
+    sumo__staging st = sumo__staging_into_outputs(tp, esz, recv_of);
+    staged_inputs staged = {.st = &st, .P = P};
+    SUMO__CHECK(stream_partials(c, call, &staged, sendbuf, g));
     bool accept;
     SUMO__CHECK(weigh(c, call, g, &accept));
     *applied = accept;
     if (!accept) return SUMO_SUCCESS;
+    /* The copies in the outputs are the inputs now; each element of this rank's slice is read
+     * from every output before it is written. */
+    direct_inputs in = {.esz = esz, .P = P};
+    unsigned char *slice_of[SUMO__GRAM_MAX_RANKS];
     sumo__cache_slice(n, esz, P, me, &lo, &hi);
-    for (int k = 0; k < P; k++) recv_of[k] += lo * esz;
-    /* Each element of this rank's slice is read from every output before it is written. */
-    weighted(c, call, lo, hi, direct_at, &in, g->w, recv_of, P);
+    for (int k = 0; k < P; k++) {
+        in.send_of[k] = recv_of[k];
+        slice_of[k] = recv_of[k] + lo * esz;
+    }
+    weighted(c, call, lo, hi, direct_at, &in, g->w, slice_of, P);
     /* No rank returns while a peer still writes its output. */
     return tp->ops->barrier(tp);
 }

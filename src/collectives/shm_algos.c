@@ -4,12 +4,14 @@
 #include <string.h>
 
 /* Two pointer arrays of size entries from the handle's scratch. */
-static sumo_result pointer_arrays(sumo_comm *c, void ***outs, const void ***ins)
+static sumo_result pointer_arrays(sumo_comm *c, void ***outs, const void ***ins,
+                                  unsigned char ***staged)
 {
     void *s;
-    SUMO__CHECK(sumo__comm_scratch(c, 2 * sizeof(void *) * (size_t)c->tp->size, &s));
+    SUMO__CHECK(sumo__comm_scratch(c, 3 * sizeof(void *) * (size_t)c->tp->size, &s));
     *outs = s;
     *ins = (const void **)((void **)s + c->tp->size);
+    if (staged) *staged = (unsigned char **)((void **)s + 2 * c->tp->size);
     return SUMO_SUCCESS;
 }
 
@@ -33,7 +35,7 @@ static sumo_result allreduce_direct(sumo_comm *c, const sumo__call_desc *d,
     if (hi > lo) {
         void **outs;
         const void **ins;
-        SUMO__CHECK(pointer_arrays(c, &outs, &ins));
+        SUMO__CHECK(pointer_arrays(c, &outs, &ins, NULL));
         for (int k = 0; k < tp->size; k++) {
             ins[k] = peer_buffer(c, all, k, false) + lo * esz;
             outs[k] = peer_buffer(c, all, k, true) + lo * esz;
@@ -133,8 +135,17 @@ sumo__staging sumo__staging_of(sumo__transport *tp, size_t esz)
     return s;
 }
 
+sumo__staging sumo__staging_into_outputs(sumo__transport *tp, size_t esz,
+                                         unsigned char *const *outputs)
+{
+    sumo__staging s = sumo__staging_of(tp, esz);
+    s.outputs = outputs;
+    return s;
+}
+
 unsigned char *sumo__stage_half(const sumo__staging *s, int rank, size_t k)
 {
+    if (s->outputs) return s->outputs[rank] + k * s->chunk * s->esz;
     return s->tp->ops->stage(s->tp, rank) + (k & 1) * (s->tp->stage_bytes / 2);
 }
 
@@ -150,53 +161,9 @@ size_t sumo__stage_chunk_count(const sumo__staging *s, size_t count)
 
 void sumo__stage_in(const sumo__staging *s, int rank, size_t k, const void *src, size_t count)
 {
-    memcpy(sumo__stage_half(s, rank, k), (const unsigned char *)src + k * s->chunk * s->esz,
-           sumo__stage_chunk_len(s, count, k) * s->esz);
-}
-
-void sumo__copy_chunk(const sumo__staging *s, size_t k, void *dst, const void *src, size_t count)
-{
-    size_t at = k * s->chunk * s->esz;
-    if (dst == src) return;
-    memcpy((unsigned char *)dst + at, (const unsigned char *)src + at,
-           sumo__stage_chunk_len(s, count, k) * s->esz);
-}
-
-/*
- * Every rank's output is shared but some input is not (an out-of-place call from private
- * memory into sumo_mem_alloc's): each rank copies its input into its own output a chunk
- * ahead, and once everyone's copy of a chunk is in (one barrier a chunk), reduces its cache
- * slice of the chunk across all outputs into all outputs, while the chunk is still in cache.
- * The outputs are the staging areas, so nothing is copied out. A chunk is written by its
- * owner's copy before the barrier and by the slices' owners after it, never both at once.
- */
-static sumo_result allreduce_into_outputs(sumo_comm *c, const sumo__call_desc *d,
-                                          const sumo__call_desc *all, const void *sendbuf,
-                                          void *recvbuf, const sumo__staging *s)
-{
-    sumo__transport *tp = c->tp;
-    size_t esz = sumo__dtype_bytes(d->dtype), chunks = sumo__stage_chunk_count(s, d->count);
-    int me = tp->rank, size = tp->size;
-    void **outs;
-    const void **ins;
-    SUMO__CHECK(pointer_arrays(c, &outs, &ins));
-    if (chunks > 0) sumo__copy_chunk(s, 0, recvbuf, sendbuf, d->count);
-    SUMO__CHECK(tp->ops->barrier(tp));
-    for (size_t k = 0; k < chunks; k++) {
-        size_t first = k * s->chunk, len = sumo__stage_chunk_len(s, d->count, k), lo, hi;
-        sumo__cache_slice(len, esz, size, me, &lo, &hi);
-        if (hi > lo) {
-            for (int r = 0; r < size; r++) {
-                outs[r] = peer_buffer(c, all, r, true) + (first + lo) * esz;
-                ins[r] = outs[r];
-            }
-            c->kernels->reduce_multi(d->dtype, outs, size, ins, size, hi - lo,
-                                     sumo__divisor_of(d->op, size));
-        }
-        if (k + 1 < chunks) sumo__copy_chunk(s, k + 1, recvbuf, sendbuf, d->count);
-        SUMO__CHECK(tp->ops->barrier(tp));
-    }
-    return SUMO_SUCCESS;
+    const unsigned char *from = (const unsigned char *)src + k * s->chunk * s->esz;
+    unsigned char *to = sumo__stage_half(s, rank, k);
+    if (to != from) memcpy(to, from, sumo__stage_chunk_len(s, count, k) * s->esz);
 }
 
 sumo_result sumo__shm_allreduce(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
@@ -216,14 +183,21 @@ sumo_result sumo__shm_allreduce(sumo_comm *c, sumo__call_desc *d, const void *se
                       "are shared, direct", me);
         return allreduce_direct(c, d, all);
     }
-    if (shape == STAGE_INTO_OUTPUTS) {
-        SUMO__LOG(tp->log_level, SUMO__LOG_INFO, "rank %d allreduce: every rank's output is "
-                  "shared, reduced there", me);
-        return allreduce_into_outputs(c, d, all, sendbuf, recvbuf, &s);
-    }
     void **outs;
     const void **ins;
-    SUMO__CHECK(pointer_arrays(c, &outs, &ins));
+    unsigned char **output_of;
+    SUMO__CHECK(pointer_arrays(c, &outs, &ins, &output_of));
+    if (shape == STAGE_INTO_OUTPUTS) {
+        /* The outputs are the staging areas: nothing to copy out, and a chunk is written by
+         * its owner's copy before a barrier and by the slices' owners after it. */
+        SUMO__LOG(tp->log_level, SUMO__LOG_INFO, "rank %d allreduce: every rank's output is "
+                  "shared, reduced there", me);
+        for (int r = 0; r < size; r++)
+            output_of[r] = r == me ? recvbuf : peer_buffer(c, all, r, true);
+        s = sumo__staging_into_outputs(tp, esz, output_of);
+        if (chunks > 0) sumo__stage_in(&s, me, 0, sendbuf, d->count);
+        SUMO__CHECK(tp->ops->barrier(tp));
+    }
     for (size_t k = 0; k < chunks; k++) {
         size_t len = sumo__stage_chunk_len(&s, d->count, k), lo, hi;
         sumo__cache_slice(len, esz, size, me, &lo, &hi);
@@ -237,7 +211,9 @@ sumo_result sumo__shm_allreduce(sumo_comm *c, sumo__call_desc *d, const void *se
         }
         if (k + 1 < chunks) sumo__stage_in(&s, me, k + 1, sendbuf, d->count);
         SUMO__CHECK(tp->ops->barrier(tp));
-        memcpy((unsigned char *)recvbuf + k * s.chunk * esz, sumo__stage_half(&s, me, k), len * esz);
+        if (!s.outputs)
+            memcpy((unsigned char *)recvbuf + k * s.chunk * esz, sumo__stage_half(&s, me, k),
+                   len * esz);
     }
     return SUMO_SUCCESS;
 }

@@ -13,23 +13,26 @@
 /*
  * The staging areas of a SUMO__REACH_STAGED transport, for algorithms that stream through
  * them: chunk k of a buffer lives in half k % 2 of each rank's area; chunk is a multiple of
- * P cache lines, so every rank's cache slice of a chunk is whole lines.
+ * P cache lines, so every rank's cache slice of a chunk is whole lines. Or, when every rank's
+ * output is shared (sumo_mem_alloc), those outputs: chunk k at its own place in each.
  */
 typedef struct sumo__staging {
     sumo__transport *tp;
     size_t chunk; /* elements per chunk */
     size_t esz;
+    unsigned char *const *outputs; /* NULL: the areas; else every rank's output, as reached */
 } sumo__staging;
 
 sumo__staging sumo__staging_of(sumo__transport *tp, size_t esz);
+/* The same chunks, staged into the outputs (outputs[rank] is this rank's own receive buffer,
+ * the others as it reaches them); nothing is copied out of them. */
+sumo__staging sumo__staging_into_outputs(sumo__transport *tp, size_t esz,
+                                         unsigned char *const *outputs);
 unsigned char *sumo__stage_half(const sumo__staging *s, int rank, size_t k);
 size_t sumo__stage_chunk_len(const sumo__staging *s, size_t count, size_t k);
 size_t sumo__stage_chunk_count(const sumo__staging *s, size_t count);
-/* Copies chunk k of src (count elements) into rank's area. */
+/* Copies chunk k of src (count elements) into rank's area (nothing when src is that output). */
 void sumo__stage_in(const sumo__staging *s, int rank, size_t k, const void *src, size_t count);
-/* Chunk k of a count-element buffer from src to dst (the same offsets in both; nothing when
- * they are one buffer). */
-void sumo__copy_chunk(const sumo__staging *s, size_t k, void *dst, const void *src, size_t count);
 
 sumo_result sumo__shm_allreduce(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
                                 void *recvbuf);
