@@ -27,9 +27,20 @@
 extern "C" {
 #endif
 
+/* What the shared library exports: the public functions alone (it is built with
+ * -fvisibility=hidden, so nothing with sumo__ leaves it). */
+#if defined(__GNUC__) && !defined(SUMO_STATIC)
+#define SUMO_API __attribute__((visibility("default")))
+#else
+#define SUMO_API
+#endif
+
+/* The version these headers describe. A library with another major.minor may lay out its
+ * structs or enums differently: bindings compare sumo_version() with what they were made for. */
 #define SUMO_VERSION_MAJOR 0
-#define SUMO_VERSION_MINOR 1
+#define SUMO_VERSION_MINOR 2
 #define SUMO_VERSION_PATCH 0
+#define SUMO_VERSION_NUMBER (SUMO_VERSION_MAJOR * 10000 + SUMO_VERSION_MINOR * 100 + SUMO_VERSION_PATCH)
 
 typedef enum sumo_result {
     SUMO_SUCCESS = 0,
@@ -48,9 +59,9 @@ typedef enum sumo_result {
 } sumo_result;
 
 /* A sentence describing r (never NULL, also for values out of range). */
-const char *sumo_strerror(sumo_result r);
+SUMO_API const char *sumo_strerror(sumo_result r);
 /* The enumerator's name, e.g. "SUMO_ERR_TIMEOUT" (never NULL). */
-const char *sumo_result_name(sumo_result r);
+SUMO_API const char *sumo_result_name(sumo_result r);
 
 typedef enum sumo_dtype {
     SUMO_FLOAT32 = 0,
@@ -60,8 +71,19 @@ typedef enum sumo_dtype {
     SUMO_DTYPE_COUNT
 } sumo_dtype;
 
+/* The library's version (a library loaded at run time may not be the one these headers
+ * describe: compare with SUMO_VERSION_MAJOR and SUMO_VERSION_MINOR). Any pointer may be NULL. */
+SUMO_API sumo_result sumo_version(int *major, int *minor, int *patch);
+
+/*
+ * sizeof the public struct named `name` ("sumo_adasum_options", "sumo_aggregator_options",
+ * ...) in this library, for bindings that mirror the structs by hand (ctypes) and must not
+ * pass a layout the library reads differently. SUMO_ERR_INVALID_ARGUMENT for an unknown name.
+ */
+SUMO_API sumo_result sumo_struct_size(const char *name, size_t *bytes);
+
 /* Bytes per element of dtype, or SUMO_ERR_INVALID_ARGUMENT for an unknown dtype. */
-sumo_result sumo_dtype_size(sumo_dtype dtype, size_t *size);
+SUMO_API sumo_result sumo_dtype_size(sumo_dtype dtype, size_t *size);
 
 /*
  * A reduction. An integer handle, not an enum: the three predefined ops below, or an op created
@@ -110,9 +132,9 @@ typedef struct sumo_adasum_options {
                                     shared-memory node split, or all ranks for threads */
 } sumo_adasum_options;
 
-sumo_result sumo_op_create_adasum(sumo_comm *comm, const sumo_adasum_options *options,
+SUMO_API sumo_result sumo_op_create_adasum(sumo_comm *comm, const sumo_adasum_options *options,
                                   sumo_op *op);
-sumo_result sumo_op_destroy(sumo_comm *comm, sumo_op op);
+SUMO_API sumo_result sumo_op_destroy(sumo_comm *comm, sumo_op op);
 
 /*
  * The threads transport: nranks ranks inside this process, each to be driven by its own
@@ -123,14 +145,14 @@ sumo_result sumo_op_destroy(sumo_comm *comm, sumo_op op);
  * with SUMO_ERR_PEER_FAILURE.
  */
 #define SUMO_THREADS_MAX_RANKS 1024
-sumo_result sumo_comm_create_threads(int nranks, sumo_comm **comms);
+SUMO_API sumo_result sumo_comm_create_threads(int nranks, sumo_comm **comms);
 /*
  * Frees the handle (always). Queued requests run first. Over MPI the ranks meet under the
  * deadline to free what they share; SUMO_ERR_TIMEOUT or SUMO_ERR_PEER_FAILURE says they could
  * not (a peer stopped, died or left): end the job with MPI_Abort then, not MPI_Finalize, which
  * would wait for that peer.
  */
-sumo_result sumo_comm_destroy(sumo_comm *comm);
+SUMO_API sumo_result sumo_comm_destroy(sumo_comm *comm);
 
 /*
  * The runner every threads user would otherwise write: creates a threads communicator of
@@ -142,12 +164,22 @@ sumo_result sumo_comm_destroy(sumo_comm *comm);
  * running then see that rank leave and fail with SUMO_ERR_PEER_FAILURE).
  */
 typedef sumo_result (*sumo_rank_fn)(sumo_comm *comm, int rank, void *arg);
-sumo_result sumo_threads_run(int nranks, sumo_rank_fn fn, void *arg, sumo_result *results);
+SUMO_API sumo_result sumo_threads_run(int nranks, sumo_rank_fn fn, void *arg, sumo_result *results);
 
-sumo_result sumo_comm_rank(const sumo_comm *comm, int *rank);
-sumo_result sumo_comm_size(const sumo_comm *comm, int *size);
+SUMO_API sumo_result sumo_comm_rank(const sumo_comm *comm, int *rank);
+SUMO_API sumo_result sumo_comm_size(const sumo_comm *comm, int *size);
 /* The transport's name: "threads" or "mpi". */
-sumo_result sumo_comm_transport(const sumo_comm *comm, const char **name);
+SUMO_API sumo_result sumo_comm_transport(const sumo_comm *comm, const char **name);
+
+/*
+ * The environment every communicator reads when it is created: SUMO_TIMEOUT (the deadline in
+ * seconds, a number > 0 and <= 1e8; 300 when unset) and SUMO_DEBUG (NONE, WARN or INFO, any
+ * case; NONE when unset). A malformed or out-of-range value makes every constructor fail with
+ * SUMO_ERR_INVALID_ARGUMENT, printing the reason on stderr (there is no handle yet to hold
+ * it). sumo_env_check gives the same verdict, with the sentence in message (bytes long, may be
+ * NULL), for callers that report errors their own way.
+ */
+SUMO_API sumo_result sumo_env_check(char *message, size_t bytes);
 
 /*
  * The deadline of every wait inside a collective on this handle, in seconds (> 0). A peer that
@@ -156,8 +188,8 @@ sumo_result sumo_comm_transport(const sumo_comm *comm, const char **name);
  * every later call fails until it is destroyed. Default: the environment variable
  * SUMO_TIMEOUT (seconds) when set, else 300.
  */
-sumo_result sumo_comm_set_timeout(sumo_comm *comm, double seconds);
-sumo_result sumo_comm_get_timeout(const sumo_comm *comm, double *seconds);
+SUMO_API sumo_result sumo_comm_set_timeout(sumo_comm *comm, double seconds);
+SUMO_API sumo_result sumo_comm_get_timeout(const sumo_comm *comm, double *seconds);
 
 /*
  * Settings of a communicator, zstd style: one setter for every parameter, each checked against
@@ -185,14 +217,14 @@ typedef enum sumo_algorithm {
     SUMO_ALGORITHM_COUNT
 } sumo_algorithm;
 
-sumo_result sumo_comm_set_param(sumo_comm *comm, sumo_comm_param param, int value);
-sumo_result sumo_comm_get_param(const sumo_comm *comm, sumo_comm_param param, int *value);
+SUMO_API sumo_result sumo_comm_set_param(sumo_comm *comm, sumo_comm_param param, int value);
+SUMO_API sumo_result sumo_comm_get_param(const sumo_comm *comm, sumo_comm_param param, int *value);
 
 /*
  * The detail of the last failure on this handle ("" when none). The string belongs to the
  * handle and stays valid until the next call on it from any thread.
  */
-sumo_result sumo_comm_error_message(const sumo_comm *comm, const char **message);
+SUMO_API sumo_result sumo_comm_error_message(const sumo_comm *comm, const char **message);
 
 /*
  * Collectives. Every rank of the communicator must make the same calls in the same order
@@ -213,19 +245,45 @@ sumo_result sumo_comm_error_message(const sumo_comm *comm, const char **message)
  * (its tree) at most half the buffer flat and (g-1)/g of it hierarchical with groups of g
  * ranks. Either form also keeps P(P+1)/2 + P doubles per tensor of the op's layout.
  */
-sumo_result sumo_allreduce(const void *sendbuf, void *recvbuf, size_t count, sumo_dtype dtype,
+SUMO_API sumo_result sumo_allreduce(const void *sendbuf, void *recvbuf, size_t count, sumo_dtype dtype,
                            sumo_op op, sumo_comm *comm);
 
 /* recvbuf holds size * sendcount elements: rank r's contribution at r * sendcount. In place
  * when sendbuf == recvbuf + rank * sendcount * element size. */
-sumo_result sumo_allgather(const void *sendbuf, void *recvbuf, size_t sendcount,
+SUMO_API sumo_result sumo_allgather(const void *sendbuf, void *recvbuf, size_t sendcount,
                            sumo_dtype dtype, sumo_comm *comm);
 
 /* The root's sendbuf ends in every rank's recvbuf. sendbuf is read on the root only. */
-sumo_result sumo_broadcast(const void *sendbuf, void *recvbuf, size_t count, sumo_dtype dtype,
+SUMO_API sumo_result sumo_broadcast(const void *sendbuf, void *recvbuf, size_t count, sumo_dtype dtype,
                            int root, sumo_comm *comm);
 
-sumo_result sumo_barrier(sumo_comm *comm);
+/*
+ * sendbuf holds size * recvcount elements; every rank ends with its own segment of the
+ * reduction, rank r's the elements [r * recvcount, (r + 1) * recvcount) reduced over ranks
+ * (SUMO_OP_SUM or SUMO_OP_AVERAGE: Adasum's result is not defined segment by segment). In
+ * place when recvbuf == sendbuf + rank * recvcount elements (NCCL's rule).
+ */
+SUMO_API sumo_result sumo_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                         sumo_dtype dtype, sumo_op op, sumo_comm *comm);
+
+SUMO_API sumo_result sumo_barrier(sumo_comm *comm);
+
+/*
+ * Failing together. A rank that finds it cannot go on (a check of its own failed) while its
+ * peers are heading into a collective calls sumo_comm_fail: its peers' next collective (or
+ * the one they are entering) returns `code` at once, naming this rank and `message`, instead
+ * of waiting out the deadline, and no data moves. The call itself takes part in that
+ * agreement, so it returns once every rank has arrived (code on this rank). code is an error
+ * other than SUMO_ERR_TIMEOUT and SUMO_ERR_PEER_FAILURE; the communicator stays usable.
+ */
+SUMO_API sumo_result sumo_comm_fail(sumo_comm *comm, sumo_result code, const char *message);
+
+/*
+ * Gives up: breaks the communicator and tells the peers now where the transport reaches them
+ * (they fail with SUMO_ERR_PEER_FAILURE naming this rank; elsewhere at their deadline).
+ * Every later call on the handle fails; destroy it. Returns at once; safe from any thread.
+ */
+SUMO_API sumo_result sumo_comm_abort(sumo_comm *comm, const char *message);
 
 /*
  * Memory for the buffers of collectives that every rank of comm maps, like MPI_Alloc_mem /
@@ -244,24 +302,33 @@ sumo_result sumo_barrier(sumo_comm *comm);
  * rank (SUMO_ERR_SYSTEM), leaves nothing allocated and the handle usable. Memory not freed is
  * released by sumo_comm_destroy. The memory is 4096-byte aligned and not zeroed.
  */
-sumo_result sumo_mem_alloc(sumo_comm *comm, size_t bytes, void **ptr);
-sumo_result sumo_mem_free(sumo_comm *comm, void *ptr);
+SUMO_API sumo_result sumo_mem_alloc(sumo_comm *comm, size_t bytes, void **ptr);
+SUMO_API sumo_result sumo_mem_free(sumo_comm *comm, void *ptr);
 
 /*
- * Asynchronous allreduce: returns at once with a request; the buffers must stay untouched
- * until sumo_request_wait() returns or sumo_request_test() reports completion. Requests on
- * one handle complete in the order they were started, and a blocking collective on the
- * handle waits for them first. Every request must be waited on (wait frees it), also after
- * test reported completion. Destroying the handle first completes its requests; they can
- * still be waited on afterwards (wait returns their result and frees them).
+ * Asynchronous collectives: each returns at once with a request; the buffers must stay
+ * untouched until sumo_request_wait() returns or sumo_request_test() reports completion.
+ * Requests on one handle complete in the order they were started, and a blocking collective
+ * on the handle waits for them first. Every request must be waited on (wait frees it), also
+ * after test reported completion. Destroying the handle first completes its requests; they can
+ * still be waited on afterwards (wait returns their result and frees them), from any thread.
  */
-sumo_result sumo_allreduce_start(const void *sendbuf, void *recvbuf, size_t count,
-                                 sumo_dtype dtype, sumo_op op, sumo_comm *comm,
-                                 sumo_request **request);
+SUMO_API sumo_result sumo_allreduce_start(const void *sendbuf, void *recvbuf, size_t count,
+                                          sumo_dtype dtype, sumo_op op, sumo_comm *comm,
+                                          sumo_request **request);
+SUMO_API sumo_result sumo_allgather_start(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                          sumo_dtype dtype, sumo_comm *comm,
+                                          sumo_request **request);
+SUMO_API sumo_result sumo_broadcast_start(const void *sendbuf, void *recvbuf, size_t count,
+                                          sumo_dtype dtype, int root, sumo_comm *comm,
+                                          sumo_request **request);
+SUMO_API sumo_result sumo_reduce_scatter_start(const void *sendbuf, void *recvbuf,
+                                               size_t recvcount, sumo_dtype dtype, sumo_op op,
+                                               sumo_comm *comm, sumo_request **request);
 /* *done = 1 once the request has completed (its result is then returned by wait). */
-sumo_result sumo_request_test(sumo_request *request, int *done);
+SUMO_API sumo_result sumo_request_test(sumo_request *request, int *done);
 /* Waits for completion, returns the collective's result and frees the request. */
-sumo_result sumo_request_wait(sumo_request *request);
+SUMO_API sumo_result sumo_request_wait(sumo_request *request);
 
 #ifdef __cplusplus
 }

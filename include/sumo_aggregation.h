@@ -47,6 +47,7 @@ typedef struct sumo_acga_options {
 } sumo_acga_options;
 
 typedef struct sumo_aggregator_options {
+    size_t struct_size;          /* sizeof(sumo_aggregator_options); the default sets it */
     sumo_aggregation method;
     const size_t *tensor_counts; /* layout, copied; NULL with ntensors 0: one tensor */
     size_t ntensors;
@@ -56,15 +57,17 @@ typedef struct sumo_aggregator_options {
 } sumo_aggregator_options;
 
 /* Defaults for method (ACGA's as documented above). */
-sumo_result sumo_aggregator_options_default(sumo_aggregation method, sumo_aggregator_options *options);
+SUMO_API sumo_result sumo_aggregator_options_default(sumo_aggregation method, sumo_aggregator_options *options);
 
 typedef struct sumo_aggregator sumo_aggregator;
 
-/* Collective over comm when the method needs it (Adasum creates an op on comm). The comm is
+/* Collective over comm: every rank creates its aggregator in the same order, and ranks whose
+ * method, layout or options differ all get SUMO_ERR_MISMATCH (invalid options on any rank:
+ * SUMO_ERR_INVALID_ARGUMENT on every rank), whatever the number of ranks. The comm is
  * borrowed and must outlive the aggregator. */
-sumo_result sumo_aggregator_create(sumo_comm *comm, const sumo_aggregator_options *options,
+SUMO_API sumo_result sumo_aggregator_create(sumo_comm *comm, const sumo_aggregator_options *options,
                                    sumo_aggregator **aggregator);
-sumo_result sumo_aggregator_destroy(sumo_aggregator *aggregator);
+SUMO_API sumo_result sumo_aggregator_destroy(sumo_aggregator *aggregator);
 
 /*
  * Combines every rank's buffer in place; count must equal the layout's total. fp32 for every
@@ -75,7 +78,7 @@ sumo_result sumo_aggregator_destroy(sumo_aggregator *aggregator);
  * their magnitudes) falls back to uniform weights, the average of the unit-normalised
  * gradients, and succeeds (see acga.c).
  */
-sumo_result sumo_aggregator_apply(sumo_aggregator *aggregator, void *buffer, size_t count,
+SUMO_API sumo_result sumo_aggregator_apply(sumo_aggregator *aggregator, void *buffer, size_t count,
                                   sumo_dtype dtype);
 
 /*
@@ -83,14 +86,23 @@ sumo_result sumo_aggregator_apply(sumo_aggregator *aggregator, void *buffer, siz
  * sendbuf == recvbuf is in place, other overlaps are refused). Over MPI on one node, receive
  * buffers from sumo_mem_alloc on every rank serve as the staging areas (sumo.h).
  */
-sumo_result sumo_aggregator_apply_into(sumo_aggregator *aggregator, const void *sendbuf,
+SUMO_API sumo_result sumo_aggregator_apply_into(sumo_aggregator *aggregator, const void *sendbuf,
                                        void *recvbuf, size_t count, sumo_dtype dtype);
 
+/*
+ * The same, asynchronous: queued on the communicator like sumo_allreduce_start (in order with
+ * its other requests), completed by sumo_request_wait / sumo_request_test. The buffers stay
+ * untouched until then; the aggregator is not used by anything else meanwhile.
+ */
+SUMO_API sumo_result sumo_aggregator_apply_start(sumo_aggregator *aggregator, const void *sendbuf,
+                                        void *recvbuf, size_t count, sumo_dtype dtype,
+                                        sumo_request **request);
+
 /* State carried across steps, for checkpoints (0 bytes for the stateless methods). */
-sumo_result sumo_aggregator_state_size(const sumo_aggregator *aggregator, size_t *bytes);
-sumo_result sumo_aggregator_state_save(const sumo_aggregator *aggregator, void *buffer,
+SUMO_API sumo_result sumo_aggregator_state_size(const sumo_aggregator *aggregator, size_t *bytes);
+SUMO_API sumo_result sumo_aggregator_state_save(const sumo_aggregator *aggregator, void *buffer,
                                        size_t bytes);
-sumo_result sumo_aggregator_state_load(sumo_aggregator *aggregator, const void *buffer,
+SUMO_API sumo_result sumo_aggregator_state_load(sumo_aggregator *aggregator, const void *buffer,
                                        size_t bytes);
 
 /* What apply has sent so far: collective calls and payload bytes per rank. */
@@ -98,7 +110,7 @@ typedef struct sumo_comm_stats {
     uint64_t rounds;
     uint64_t bytes;
 } sumo_comm_stats;
-sumo_result sumo_aggregator_stats(const sumo_aggregator *aggregator, sumo_comm_stats *stats);
+SUMO_API sumo_result sumo_aggregator_stats(const sumo_aggregator *aggregator, sumo_comm_stats *stats);
 
 #ifdef __cplusplus
 }

@@ -42,6 +42,7 @@ typedef enum sumo_buffer_policy {
 } sumo_buffer_policy;
 
 typedef struct sumo_slowmo_options {
+    size_t struct_size;     /* sizeof(sumo_slowmo_options); the presets set it */
     int tau;                /* local steps per outer step, >= 1 (1: AR-SGD with slow momentum) */
     int inner_period;       /* average parameters every inner_period local steps; 0: never.
                                tau must be a multiple of it */
@@ -57,12 +58,17 @@ typedef enum sumo_slowmo_preset {
     SUMO_SLOWMO_PRESET_BMUF = 2,     /* tau 12, alpha 1, beta 0.5, no inner averaging */
 } sumo_slowmo_preset;
 
-sumo_result sumo_slowmo_options_preset(sumo_slowmo_preset preset, sumo_slowmo_options *options);
+SUMO_API sumo_result sumo_slowmo_options_preset(sumo_slowmo_preset preset, sumo_slowmo_options *options);
 
 typedef struct sumo_distributed_options {
+    size_t struct_size;         /* sizeof(sumo_distributed_options); the default sets it */
     sumo_update_mode mode;
-    sumo_slowmo_options slowmo; /* SLOWMO only */
+    sumo_slowmo_options slowmo; /* SLOWMO only (the default: SlowMo's preset) */
 } sumo_distributed_options;
+
+/* mode with SlowMo's preset for slowmo. */
+SUMO_API sumo_result sumo_distributed_options_default(sumo_update_mode mode,
+                                             sumo_distributed_options *options);
 
 typedef struct sumo_distributed sumo_distributed;
 
@@ -73,11 +79,11 @@ typedef struct sumo_distributed sumo_distributed;
  * SlowMo options differ all get SUMO_ERR_MISMATCH, and invalid options on any rank give
  * SUMO_ERR_INVALID_ARGUMENT on every rank.
  */
-sumo_result sumo_distributed_create(sumo_comm *comm, sumo_optimizer *optimizer,
+SUMO_API sumo_result sumo_distributed_create(sumo_comm *comm, sumo_optimizer *optimizer,
                                     sumo_aggregator *aggregator, size_t nparams,
                                     const sumo_distributed_options *options,
                                     sumo_distributed **out);
-sumo_result sumo_distributed_destroy(sumo_distributed *dist);
+SUMO_API sumo_result sumo_distributed_destroy(sumo_distributed *dist);
 
 /*
  * One training step: params (identical on every rank before the first step) are updated from
@@ -94,23 +100,68 @@ sumo_result sumo_distributed_destroy(sumo_distributed *dist);
  * out the deadline. SlowMo refuses an outer step at lr 0 (its update divides by the rate)
  * with SUMO_ERR_INVALID_ARGUMENT.
  */
-sumo_result sumo_distributed_step(sumo_distributed *dist, float *params, float *grads, double lr,
+SUMO_API sumo_result sumo_distributed_step(sumo_distributed *dist, float *params, float *grads, double lr,
                                   int *communicated);
 
 /* True (1) when every rank holds the same parameters after the last step. */
-sumo_result sumo_distributed_synchronized(const sumo_distributed *dist, int *synchronized);
+SUMO_API sumo_result sumo_distributed_synchronized(const sumo_distributed *dist, int *synchronized);
 
 /* State across steps (SlowMo's slow buffer, anchor, step counter; nothing else), for
  * checkpoints. The optimizer and aggregator save their own. */
-sumo_result sumo_distributed_state_size(const sumo_distributed *dist, size_t *bytes);
-sumo_result sumo_distributed_state_save(const sumo_distributed *dist, void *buffer, size_t bytes);
-sumo_result sumo_distributed_state_load(sumo_distributed *dist, const void *buffer, size_t bytes);
+SUMO_API sumo_result sumo_distributed_state_size(const sumo_distributed *dist, size_t *bytes);
+SUMO_API sumo_result sumo_distributed_state_save(const sumo_distributed *dist, void *buffer, size_t bytes);
+SUMO_API sumo_result sumo_distributed_state_load(sumo_distributed *dist, const void *buffer, size_t bytes);
 
 /* Communication so far (including the aggregator's): collective calls and bytes per rank. */
-sumo_result sumo_distributed_stats(const sumo_distributed *dist, sumo_comm_stats *stats);
+SUMO_API sumo_result sumo_distributed_stats(const sumo_distributed *dist, sumo_comm_stats *stats);
 
 /* Extra memory this rank holds beyond the base optimizer, in bytes (SlowMo's buffers). */
-sumo_result sumo_distributed_extra_memory(const sumo_distributed *dist, size_t *bytes);
+SUMO_API sumo_result sumo_distributed_extra_memory(const sumo_distributed *dist, size_t *bytes);
+
+/*
+ * SlowMo's outer loop alone, for a base optimizer that is not sumo's (PyTorch's): the same
+ * object the SLOWMO mode above runs, so both give the same bits. Around each local step the
+ * caller takes itself:
+ *   sumo_slowmo_begin(s, params)       before it: takes the anchor on the first call;
+ *   (the local step with rate lr)
+ *   sumo_slowmo_end(s, params, lr, &c) after it: inner averaging or the outer step when due
+ *                                      (collective then; *communicated says so), else nothing.
+ * Every call of end counts one local step, whatever the step did (a rank that skipped its step
+ * for a non-finite gradient still counts it, so every rank stays on the schedule). params hold
+ * nparams elements of dtype (fp32 or fp64) in any memory the communicator has kernels for.
+ * Create is collective: ranks with different options or counts get SUMO_ERR_MISMATCH.
+ * An outer step at lr 0 is refused (SUMO_ERR_INVALID_ARGUMENT, nothing counted: the slow
+ * buffer divides by the rate). An outer step whose result is not finite completes and returns
+ * SUMO_ERR_NONFINITE on every rank alike.
+ */
+typedef struct sumo_slowmo sumo_slowmo;
+SUMO_API sumo_result sumo_slowmo_create(sumo_comm *comm, size_t nparams, sumo_dtype dtype,
+                               const sumo_slowmo_options *options, sumo_slowmo **out);
+SUMO_API sumo_result sumo_slowmo_destroy(sumo_slowmo *slowmo);
+SUMO_API sumo_result sumo_slowmo_begin(sumo_slowmo *slowmo, const void *params);
+SUMO_API sumo_result sumo_slowmo_end(sumo_slowmo *slowmo, void *params, double lr, int *communicated);
+/* Whether the next end is an outer step. */
+SUMO_API sumo_result sumo_slowmo_outer_due(const sumo_slowmo *slowmo, int *due);
+/* Whether every rank holds the same parameters after the last end. */
+SUMO_API sumo_result sumo_slowmo_synchronized(const sumo_slowmo *slowmo, int *synchronized);
+/* The slow buffer, anchor and step counter, for checkpoints. */
+SUMO_API sumo_result sumo_slowmo_state_size(const sumo_slowmo *slowmo, size_t *bytes);
+SUMO_API sumo_result sumo_slowmo_state_save(const sumo_slowmo *slowmo, void *buffer, size_t bytes);
+SUMO_API sumo_result sumo_slowmo_state_load(sumo_slowmo *slowmo, const void *buffer, size_t bytes);
+SUMO_API sumo_result sumo_slowmo_stats(const sumo_slowmo *slowmo, sumo_comm_stats *stats);
+SUMO_API sumo_result sumo_slowmo_extra_memory(const sumo_slowmo *slowmo, size_t *bytes);
+
+/*
+ * Horovod's delta mode for a caller that takes the local step itself: the two element-wise
+ * halves of the DELTA mode above, through the kernels of the buffers' memory.
+ * sumo_delta_compute: delta = params - start (each rounded once to dtype).
+ * sumo_delta_apply: params = start + delta; when a result is not finite, params are set back
+ * to start and SUMO_ERR_NONFINITE says which element (in comm's error message).
+ */
+SUMO_API sumo_result sumo_delta_compute(sumo_comm *comm, void *delta, const void *params,
+                               const void *start, size_t count, sumo_dtype dtype);
+SUMO_API sumo_result sumo_delta_apply(sumo_comm *comm, void *params, const void *start,
+                             const void *delta, size_t count, sumo_dtype dtype);
 
 #ifdef __cplusplus
 }

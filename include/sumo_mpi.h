@@ -35,7 +35,7 @@ extern "C" {
  * threads use sumo handles, MPI_THREAD_MULTIPLE for asynchronous requests). Destroy the
  * handle before MPI_Finalize.
  */
-sumo_result sumo_comm_create_mpi(MPI_Comm comm, sumo_comm **out);
+SUMO_API sumo_result sumo_comm_create_mpi(MPI_Comm comm, sumo_comm **out);
 
 /*
  * For bindings that cannot pass an MPI_Comm (Python's ctypes): the same over MPI_COMM_WORLD,
@@ -43,16 +43,16 @@ sumo_result sumo_comm_create_mpi(MPI_Comm comm, sumo_comm **out);
  * MPI is already finalized or gives less than MPI_THREAD_MULTIPLE. *initialized_mpi says
  * whether this call initialised MPI (pass it to sumo_mpi_world_finalize). Collective.
  */
-sumo_result sumo_mpi_world_create(int *initialized_mpi, sumo_comm **out);
+SUMO_API sumo_result sumo_mpi_world_create(int *initialized_mpi, sumo_comm **out);
 /* This process's rank and the process count on its node (MPI_COMM_TYPE_SHARED). Collective. */
-sumo_result sumo_mpi_world_local(int *local_rank, int *local_size);
+SUMO_API sumo_result sumo_mpi_world_local(int *local_rank, int *local_size);
 /* Destroys comm (NULL is fine), then finalizes MPI when finalize_mpi (what
  * sumo_mpi_world_create said it initialised). Only after a clean run: once a peer has failed,
  * end with sumo_mpi_world_abort. When the destruction finds the peers gone (sumo_comm_destroy
  * fails), it aborts the job instead of finalizing, which would wait for them. */
-sumo_result sumo_mpi_world_finalize(sumo_comm *comm, int finalize_mpi);
+SUMO_API sumo_result sumo_mpi_world_finalize(sumo_comm *comm, int finalize_mpi);
 /* Ends every process of the job (MPI_Abort on MPI_COMM_WORLD) with code (1 if 0). */
-sumo_result sumo_mpi_world_abort(int code);
+SUMO_API sumo_result sumo_mpi_world_abort(int code);
 
 #ifdef __cplusplus
 }

@@ -69,6 +69,7 @@ typedef enum sumo_optimizer_kind {
  * field the kind does not use is ignored (not validated).
  */
 typedef struct sumo_optimizer_options {
+    size_t struct_size;  /* sizeof(sumo_optimizer_options); the default sets it */
     sumo_optimizer_kind kind;
     double weight_decay; /* >= 0; all kinds (L2 for SGD and Adam, decoupled for AdamW, LAMB) */
     /* SGD only */
@@ -88,14 +89,14 @@ typedef struct sumo_optimizer_options {
  * Adam beta1 0.9, beta2 0.999, eps 1e-8, weight decay 0; AdamW the same with weight decay
  * 0.01; LAMB beta1 0.9, beta2 0.999, eps 1e-6, weight decay 0.01 (apex). check_finite 1.
  */
-sumo_result sumo_optimizer_options_default(sumo_optimizer_kind kind,
+SUMO_API sumo_result sumo_optimizer_options_default(sumo_optimizer_kind kind,
                                            sumo_optimizer_options *options);
 
 /*
  * SUMO_SUCCESS when create would accept options, else SUMO_ERR_INVALID_ARGUMENT with *why (if
  * why is not NULL) pointing at a static sentence naming the field and the rule it breaks.
  */
-sumo_result sumo_optimizer_options_check(const sumo_optimizer_options *options,
+SUMO_API sumo_result sumo_optimizer_options_check(const sumo_optimizer_options *options,
                                          const char **why);
 
 typedef struct sumo_optimizer sumo_optimizer;
@@ -106,16 +107,16 @@ typedef struct sumo_optimizer sumo_optimizer;
  * and step count 0. Bad options or layout: SUMO_ERR_INVALID_ARGUMENT (the reason is printed
  * with SUMO_DEBUG=WARN, and given by sumo_optimizer_options_check) and *optimizer untouched.
  */
-sumo_result sumo_optimizer_create(const sumo_optimizer_options *options,
+SUMO_API sumo_result sumo_optimizer_create(const sumo_optimizer_options *options,
                                   const size_t *tensor_sizes, size_t ntensors,
                                   sumo_optimizer **optimizer);
-sumo_result sumo_optimizer_destroy(sumo_optimizer *optimizer);
+SUMO_API sumo_result sumo_optimizer_destroy(sumo_optimizer *optimizer);
 
 /* The options the handle was created with. */
-sumo_result sumo_optimizer_options_get(const sumo_optimizer *optimizer,
+SUMO_API sumo_result sumo_optimizer_options_get(const sumo_optimizer *optimizer,
                                        sumo_optimizer_options *options);
 /* Number of parameters n and of tensors in the layout. */
-sumo_result sumo_optimizer_size(const sumo_optimizer *optimizer, size_t *n, size_t *ntensors);
+SUMO_API sumo_result sumo_optimizer_size(const sumo_optimizer *optimizer, size_t *n, size_t *ntensors);
 
 /*
  * One step: params[0..n) updated in place from grads[0..n) with learning rate lr (finite,
@@ -133,7 +134,7 @@ sumo_result sumo_optimizer_size(const sumo_optimizer *optimizer, size_t *n, size
  * caller applies old + combined delta. Note delta is the fp32 difference of the rounded
  * params, which is what the combined update will be added back onto.
  */
-sumo_result sumo_optimizer_step(sumo_optimizer *optimizer, float *params, const float *grads,
+SUMO_API sumo_result sumo_optimizer_step(sumo_optimizer *optimizer, float *params, const float *grads,
                                 double lr);
 
 /*
@@ -141,12 +142,12 @@ sumo_result sumo_optimizer_step(sumo_optimizer *optimizer, float *params, const 
  * is the one that sets buf = g). Setting it is for importing state from elsewhere (e.g. a
  * PyTorch checkpoint copied through sumo_optimizer_state_buffers).
  */
-sumo_result sumo_optimizer_step_count(const sumo_optimizer *optimizer, uint64_t *steps);
-sumo_result sumo_optimizer_set_step_count(sumo_optimizer *optimizer, uint64_t steps);
+SUMO_API sumo_result sumo_optimizer_step_count(const sumo_optimizer *optimizer, uint64_t *steps);
+SUMO_API sumo_result sumo_optimizer_set_step_count(sumo_optimizer *optimizer, uint64_t steps);
 
 /* Back to the state of a freshly created optimizer: buffers zero, step count 0 (SlowMo's
  * "reset" buffer policy). Hyperparameters and layout stay. */
-sumo_result sumo_optimizer_state_reset(sumo_optimizer *optimizer);
+SUMO_API sumo_result sumo_optimizer_state_reset(sumo_optimizer *optimizer);
 
 #define SUMO_OPTIMIZER_MAX_STATE_BUFFERS 2
 
@@ -160,7 +161,7 @@ sumo_result sumo_optimizer_state_reset(sumo_optimizer *optimizer);
  * write them between steps. The step count is not among them (sumo_optimizer_step_count).
  * Averaging v across ranks keeps it non-negative; writing negative v makes sqrt give NaN.
  */
-sumo_result sumo_optimizer_state_buffers(sumo_optimizer *optimizer,
+SUMO_API sumo_result sumo_optimizer_state_buffers(sumo_optimizer *optimizer,
                                          float *bufs[SUMO_OPTIMIZER_MAX_STATE_BUFFERS],
                                          size_t *count, int *nbufs);
 
@@ -175,12 +176,12 @@ sumo_result sumo_optimizer_state_buffers(sumo_optimizer *optimizer,
  * optimizer (kind, n, layout, buffer count). Any mismatch or a corrupt header:
  * SUMO_ERR_INVALID_ARGUMENT with the optimizer unchanged.
  */
-sumo_result sumo_optimizer_state_size(const sumo_optimizer *optimizer, size_t *bytes);
-sumo_result sumo_optimizer_state_save(const sumo_optimizer *optimizer, void *buf, size_t bytes);
-sumo_result sumo_optimizer_state_load(sumo_optimizer *optimizer, const void *buf, size_t bytes);
+SUMO_API sumo_result sumo_optimizer_state_size(const sumo_optimizer *optimizer, size_t *bytes);
+SUMO_API sumo_result sumo_optimizer_state_save(const sumo_optimizer *optimizer, void *buf, size_t bytes);
+SUMO_API sumo_result sumo_optimizer_state_load(sumo_optimizer *optimizer, const void *buf, size_t bytes);
 
 /* "sgd", "adam", "adamw", "lamb" (never NULL; "unknown" out of range). */
-const char *sumo_optimizer_kind_name(sumo_optimizer_kind kind);
+SUMO_API const char *sumo_optimizer_kind_name(sumo_optimizer_kind kind);
 
 /* ---------------------------------------------------------------------------------------- */
 /* Learning-rate schedules                                                                    */
@@ -209,6 +210,7 @@ typedef enum sumo_lr_kind {
  * and needs step_size >= W.
  */
 typedef struct sumo_lr_schedule {
+    size_t struct_size;         /* sizeof(sumo_lr_schedule); the default sets it */
     sumo_lr_kind kind;
     double base_lr;             /* finite, >= 0 */
     double scale;               /* finite, > 0 */
@@ -222,13 +224,13 @@ typedef struct sumo_lr_schedule {
 
 /* kind SUMO_LR_CONSTANT at base_lr: scale 1, no warm-up (start factor 0 once one is set),
  * gamma 0.1, step_size 0, total_steps 0 and min_lr 0 (set these for STEP and COSINE). */
-sumo_result sumo_lr_schedule_default(double base_lr, sumo_lr_schedule *schedule);
+SUMO_API sumo_result sumo_lr_schedule_default(double base_lr, sumo_lr_schedule *schedule);
 
 /* As sumo_optimizer_options_check, for a schedule. */
-sumo_result sumo_lr_schedule_check(const sumo_lr_schedule *schedule, const char **why);
+SUMO_API sumo_result sumo_lr_schedule_check(const sumo_lr_schedule *schedule, const char **why);
 
 /* The rate at step (0-based: the step about to be taken). */
-sumo_result sumo_lr_at(const sumo_lr_schedule *schedule, uint64_t step, double *lr);
+SUMO_API sumo_result sumo_lr_at(const sumo_lr_schedule *schedule, uint64_t step, double *lr);
 
 #ifdef __cplusplus
 }

@@ -13,9 +13,10 @@
  *      infinite norm is not that case and yields a non-finite a_r.
  *   3. ONE allgather of the K coefficients of every rank (N*K doubles), so every rank computes
  *      the weights below from the same bits and gets the same weights.
- *   4. per group: sort ascending, ties by rank (a total order: no NaN reaches it, and -0 and +0
- *      tie); m = v on the first step, beta m + (1 - beta) v after (EMA on the SORTED values);
- *      map back: a'[idx[k]] = m[k] (default, rank preserving) or a'[k] = m[idx[k]]
+ *   4. per group (sumo__acga_group_weights, acga_gram.c, which the Gram form calls too): sort
+ *      ascending, ties by rank (a total order: no NaN reaches it, and -0 and +0 tie); m = v on
+ *      the first step, beta m + (1 - beta) v after (EMA on the SORTED values); map back:
+ *      a'[idx[k]] = m[k] (default, rank preserving) or a'[k] = m[idx[k]]
  *      (reference_permutation, the sample code's m[idx], a different permutation for N >= 3);
  *      negative guard: a' -= min(a') when min(a') < 0; w = a' / sum(a').
  *   5. g_r *= w_r / (|g_r| + eps) (fp32, rounded once), then G = allreduce_sum in place.
@@ -54,9 +55,13 @@
  *     such a step at all (no group's), so one bad batch does not poison later weights.
  *   - A failed collective is returned as is and leaves the momentum unchanged; the buffer is
  *     untouched if the failure came before step 5, and meaningless after it. With a layout, s
- *     is allocated at creation, so apply never allocates; without one it is allocated at the
- *     first apply (and grown for a larger count), where SUMO_ERR_SYSTEM on one rank leaves its
- *     peers to time out in the first allreduce.
+ *     is allocated at creation (host memory), so apply never allocates for host buffers;
+ *     otherwise (no layout, or buffers in another memory) it is allocated by the kernel table
+ *     of the buffers' memory at the first apply that needs it, and an allocation that fails
+ *     on one rank is announced, so every rank fails at once.
+ *
+ * Every touch of the data (copies, dot products, scaling, the NaN fill) goes through the
+ * kernel table of the memory the buffers live in.
  *
  * STATE (checkpoints): little-endian, 24-byte header then the EMA:
  *   u32 magic "ACGA", u32 version (1), u32 N, u32 K, u32 initialised (0/1), u32 0,
@@ -67,8 +72,7 @@
 #include "aggregation/acga.h"
 #include "aggregation/acga_gram.h"
 #include "collectives/adasum_gram.h"
-#include "collectives/gram.h"
-#include "collectives/agree.h"
+#include "collectives/execute.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -77,40 +81,33 @@
 #define ACGA_MAGIC 0x41474341u /* "ACGA" read as little-endian bytes */
 #define ACGA_VERSION 1u
 #define ACGA_HEADER_BYTES 24u
-/* A coefficient sum at or below this fraction of sum|a'| makes the weights uniform. */
-#define ACGA_SUM_REL_TINY 1e-6
 
-enum group_kind { GROUP_WEIGHTED = 0, GROUP_UNIFORM = 1, GROUP_NONFINITE = 2 };
-
-typedef struct sorted_entry {
-    double v;
-    int rank;
-} sorted_entry;
-
-typedef struct acga {
+struct sumo__acga {
+    sumo_comm *comm;
+    sumo_acga_options o;
     int nranks, rank;
     size_t ngroups;       /* K */
     size_t *group_off;    /* K + 1 offsets when the groups are the layout's tensors, else NULL */
+    size_t total;         /* the layout's element count (0: no layout) */
     int initialised;
     double *m;            /* N*K committed EMA, group-major */
     double *m_next;       /* this step's EMA, committed when the step completes */
     double *gathered;     /* N*K allgathered coefficients, rank-major: a[r*K + k] */
+    double *a;            /* N: one group's coefficients, rank order */
+    double *w;            /* N: one group's weights */
     double *norm;         /* K: |g_r| per group */
     double *sum_norm;     /* K: |s| per group */
     double *coef;         /* K: this rank's multiplier */
     double *factor;       /* K: rescale factors */
-    unsigned char *kind;  /* K: enum group_kind */
-    sorted_entry *sorted; /* N */
-    double *mapped;       /* N: a' of one group */
-    float *sum;           /* s */
+    unsigned char *kind;  /* K: SUMO__ACGA_* */
+    void *work;           /* sumo__acga_group_weights' */
+    float *sum;           /* s, in the memory of sum_k */
     size_t sum_cap;       /* elements */
-} acga;
-
-static acga *impl_of(const sumo_aggregator *agg) { return agg->impl; }
-
+    const sumo_kernel_table *sum_k;
+};
 
 /* [*off, *off + *len) of group k in a buffer of count elements. */
-static void group_range(const acga *a, size_t k, size_t count, size_t *off, size_t *len)
+static void group_range(const sumo__acga *a, size_t k, size_t count, size_t *off, size_t *len)
 {
     if (a->group_off == NULL) {
         *off = 0;
@@ -121,83 +118,56 @@ static void group_range(const acga *a, size_t k, size_t count, size_t *off, size
     }
 }
 
-static int cmp_sorted(const void *pa, const void *pb)
+/* s, count floats in the memory of x's table. */
+static sumo_result ensure_sum(sumo__acga *a, const sumo__exec *x, size_t count)
 {
-    const sorted_entry *x = pa, *y = pb;
-    if (x->v < y->v) return -1;
-    if (x->v > y->v) return 1;
-    return (x->rank > y->rank) - (x->rank < y->rank);
-}
-
-static sumo_result ensure_sum(acga *a, size_t count)
-{
-    if (count <= a->sum_cap) return SUMO_SUCCESS;
+    if (count <= a->sum_cap && a->sum_k == x->k) return SUMO_SUCCESS;
     size_t bytes;
     if (sumo__mul_overflows(count, sizeof(float), &bytes)) return SUMO_ERR_INVALID_ARGUMENT;
-    float *p = realloc(a->sum, bytes);
-    if (p == NULL) return SUMO_ERR_SYSTEM;
+    if (a->sum) a->sum_k->release(a->sum_k->ctx, a->sum);
+    a->sum = NULL;
+    a->sum_cap = 0;
+    void *p = NULL;
+    sumo_result r = x->k->alloc(x->k->ctx, bytes ? bytes : 1, &p);
+    if (r != SUMO_SUCCESS || p == NULL) return r == SUMO_SUCCESS ? SUMO_ERR_SYSTEM : r;
     a->sum = p;
     a->sum_cap = count;
+    a->sum_k = x->k;
     return SUMO_SUCCESS;
+}
+
+static void count_exchange(sumo_comm_stats *stats, size_t count, sumo_dtype dtype)
+{
+    stats->rounds++;
+    stats->bytes += (uint64_t)count * sumo__dtype_bytes(dtype);
 }
 
 /*
  * Step 4 for group k from the allgathered coefficients: fills m_next's group, kind[k] and
  * coef[k]. Every rank runs this on the same bits, so kind and the weights agree everywhere.
  */
-static void group_weights(sumo_aggregator *agg, acga *a, size_t k)
+static void group_weights(sumo__acga *a, size_t k)
 {
-    const sumo_acga_options *o = &agg->options.acga;
     const int n = a->nranks;
     const size_t K = a->ngroups;
-    for (int j = 0; j < n; j++) {
-        double v = a->gathered[(size_t)j * K + k];
-        if (!isfinite(v)) {
-            a->kind[k] = GROUP_NONFINITE;
-            a->coef[k] = 0.0;
-            return;
-        }
-        a->sorted[j] = (sorted_entry){.v = v, .rank = j};
-    }
-    qsort(a->sorted, (size_t)n, sizeof *a->sorted, cmp_sorted);
-    double *mk = a->m_next + k * (size_t)n;
-    const double *mold = a->m + k * (size_t)n;
-    for (int i = 0; i < n; i++)
-        mk[i] = a->initialised ? o->beta * mold[i] + (1.0 - o->beta) * a->sorted[i].v
-                               : a->sorted[i].v;
-    for (int i = 0; i < n; i++) {
-        if (o->reference_permutation)
-            a->mapped[i] = mk[a->sorted[i].rank];
-        else
-            a->mapped[a->sorted[i].rank] = mk[i];
-    }
-    double mn = a->mapped[0];
-    for (int i = 1; i < n; i++) mn = SUMO__MIN(mn, a->mapped[i]);
-    if (o->negative_guard && mn < 0)
-        for (int i = 0; i < n; i++) a->mapped[i] -= mn;
-    double sum = 0, l1 = 0;
-    for (int i = 0; i < n; i++) {
-        sum += a->mapped[i];
-        l1 += fabs(a->mapped[i]);
-    }
-    double den = a->norm[k] + o->eps;
-    if (!(sum > ACGA_SUM_REL_TINY * l1)) {
-        a->kind[k] = GROUP_UNIFORM;
+    for (int j = 0; j < n; j++) a->a[j] = a->gathered[(size_t)j * K + k];
+    double sum, l1;
+    int kind = sumo__acga_group_weights(&a->o, n, a->a, a->m + k * (size_t)n, a->initialised,
+                                        a->m_next + k * (size_t)n, a->w, &sum, &l1, a->work);
+    a->kind[k] = (unsigned char)kind;
+    double den = a->norm[k] + a->o.eps;
+    if (kind == SUMO__ACGA_NONFINITE) {
+        a->coef[k] = 0.0;
+    } else if (kind == SUMO__ACGA_UNIFORM) {
         a->coef[k] = den == 0 ? 0.0 : 1.0 / den;
         if (a->rank == 0)
-            SUMO__LOG(agg->comm->tp->log_level, SUMO__LOG_WARN,
+            SUMO__LOG(a->comm->tp->log_level, SUMO__LOG_WARN,
                       "acga: coefficient sum %.3g (sum of |a'| %.3g) in group %zu: uniform "
                       "weights 1/%d this step",
                       sum, l1, k, n);
-        return;
+    } else {
+        a->coef[k] = den == 0 ? 0.0 : a->w[a->rank] / den;
     }
-    a->kind[k] = GROUP_WEIGHTED;
-    a->coef[k] = den == 0 ? 0.0 : (a->mapped[a->rank] / sum) / den;
-}
-
-static void fill_nan(float *p, size_t n)
-{
-    for (size_t i = 0; i < n; i++) p[i] = NAN;
 }
 
 /* ---- the one-exchange form ------------------------------------------------------------ */
@@ -205,34 +175,36 @@ static void fill_nan(float *p, size_t n)
 /* ACGA's weights from the groups' Gram matrices (aggregation/acga_gram.h): coefficient of rank
  * r in group k is w[k N + r], which is acga_gram's own layout. A non-finite group declines, and
  * the two-exchange path below reports it as it always has. */
-typedef struct gram_step {
-    acga *a;
-    const sumo_acga_options *o;
-} gram_step;
-
-static size_t gram_work_bytes(const acga *a)
+static size_t gram_work_bytes(const sumo__acga *a)
 {
     return sumo__acga_gram_work_bytes(a->nranks) + a->ngroups;
 }
 
 static bool weigh_acga(void *ctx, const double *gram, size_t ngroups, double *w, void *work)
 {
-    gram_step *st = ctx;
-    acga *a = st->a;
+    sumo__acga *a = ctx;
     unsigned char *kind = (unsigned char *)work + sumo__acga_gram_work_bytes(a->nranks);
-    size_t bad = sumo__acga_gram_weights(st->o, a->nranks, ngroups, gram, a->m, a->initialised,
+    size_t bad = sumo__acga_gram_weights(&a->o, a->nranks, ngroups, gram, a->m, a->initialised,
                                          a->m_next, w, kind, work);
     return bad == SIZE_MAX;
 }
 
-static uint64_t options_hash(const acga *a, const sumo_acga_options *o, size_t count)
+uint64_t sumo__acga_fingerprint(const sumo__acga *a)
 {
+    const sumo_acga_options *o = &a->o;
     const double f[] = {o->beta, o->eps, (double)o->per_tensor, (double)o->reference_permutation,
-                        (double)o->negative_guard, (double)o->rescale, (double)count,
+                        (double)o->negative_guard, (double)o->rescale, (double)a->total,
                         (double)a->ngroups};
     uint64_t h = sumo__fnv1a(SUMO__FNV_OFFSET, f, sizeof f);
     if (a->group_off) h = sumo__fnv1a(h, a->group_off, (a->ngroups + 1) * sizeof *a->group_off);
     return h;
+}
+
+/* The per-call hash of the Gram exchange: the options, the layout and this call's count. */
+static uint64_t call_hash(const sumo__acga *a, size_t count)
+{
+    uint64_t h = sumo__acga_fingerprint(a);
+    return sumo__fnv1a(h, &count, sizeof count);
 }
 
 /*
@@ -241,21 +213,20 @@ static uint64_t options_hash(const acga *a, const sumo_acga_options *o, size_t c
  * path (and g holding nothing or a copy of it). Results agree with that path within fp32
  * rounding (acga_gram.h says where the inner products differ).
  */
-static sumo_result apply_gram(sumo_aggregator *agg, acga *a, const float *send, float *g,
-                              size_t count, bool *applied)
+static sumo_result apply_gram(sumo__acga *a, const float *send, float *g, size_t count,
+                              sumo_comm_stats *stats, bool *applied)
 {
     *applied = false;
     if (a->nranks > SUMO__GRAM_MAX_RANKS) return SUMO_SUCCESS;
     size_t whole[2] = {0, count};
-    gram_step st = {.a = a, .o = &agg->options.acga};
-    sumo_comm *c = agg->comm;
+    sumo_comm *c = a->comm;
     sumo__gram_call call = {.dtype = SUMO_FLOAT32, .count = count, .ntensors = a->ngroups,
                             .offsets = a->group_off ? a->group_off : whole, .weigh = weigh_acga,
-                            .ctx = &st, .weigh_work_bytes = gram_work_bytes(a),
+                            .ctx = a, .weigh_work_bytes = gram_work_bytes(a),
                             .shape = sumo__gram_shape_for(c)};
-    SUMO__CHECK(sumo__gram_allreduce(c, send, g, &call, options_hash(a, st.o, count), applied));
-    sumo__aggregator_count(agg, count, SUMO_FLOAT32);
-    sumo__aggregator_count(agg, a->ngroups * sumo__gram_len(a->nranks), SUMO_FLOAT64);
+    SUMO__CHECK(sumo__gram_allreduce(c, send, g, &call, call_hash(a, count), applied));
+    count_exchange(stats, count, SUMO_FLOAT32);
+    count_exchange(stats, a->ngroups * sumo__gram_len(a->nranks), SUMO_FLOAT64);
     if (*applied) {
         memcpy(a->m, a->m_next, (size_t)a->nranks * a->ngroups * sizeof *a->m);
         a->initialised = 1;
@@ -263,33 +234,34 @@ static sumo_result apply_gram(sumo_aggregator *agg, acga *a, const float *send, 
     return SUMO_SUCCESS;
 }
 
-static sumo_result acga_apply(sumo_aggregator *agg, const void *sendbuf, void *recvbuf,
-                              size_t count, sumo_dtype dtype)
+sumo_result sumo__acga_apply_held(sumo__acga *a, const void *sendbuf, void *recvbuf,
+                                  size_t count, sumo_dtype dtype, sumo_comm_stats *stats)
 {
-    acga *a = impl_of(agg);
-    const sumo_acga_options *o = &agg->options.acga;
+    sumo_comm *comm = a->comm;
     /* Local failures are announced to the peers, which are entering the first exchange. */
     if (dtype != SUMO_FLOAT32)
-        return sumo__fail_together(agg->comm, SUMO__COMM_FAIL(agg->comm, SUMO_ERR_INVALID_ARGUMENT,
-                                                         "acga: dtype %s: only float32 is supported",
-                                                         sumo__dtype_name(dtype)));
+        return sumo__fail_held(comm, SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT,
+                                                     "acga: dtype %s: only float32 is supported",
+                                                     sumo__dtype_name(dtype)));
     float *g = recvbuf;
     const size_t K = a->ngroups;
     const int n = a->nranks;
     bool applied;
-    SUMO__CHECK(apply_gram(agg, a, sendbuf, g, count, &applied));
+    SUMO__CHECK(apply_gram(a, sendbuf, g, count, stats, &applied));
     if (applied) return SUMO_SUCCESS;
-    /* The two-exchange path works in place. */
-    if (sendbuf != recvbuf && count > 0) memcpy(g, sendbuf, count * sizeof *g);
-    sumo_result grown = ensure_sum(a, count);
-    if (grown != SUMO_SUCCESS) {
-        sumo__fail_together(agg->comm, grown);
-        return SUMO__COMM_FAIL(agg->comm, grown, "acga: no room for the sum of %zu floats", count);
-    }
+    /* The two-exchange path works in place, in the buffers' memory. */
+    const sumo__exec x = {.k = sumo__kernels_for(comm, g, count * sizeof *g), .stream = NULL};
+    if (sendbuf != recvbuf)
+        SUMO__KCHECK(comm, sumo__k_copy(&x, g, sendbuf, count * sizeof *g));
+    sumo_result grown = ensure_sum(a, &x, count);
+    if (grown != SUMO_SUCCESS)
+        return sumo__fail_held(comm, SUMO__COMM_FAIL(comm, grown,
+                                                     "acga: no room for the sum of %zu floats",
+                                                     count));
 
     /* 1. The consensus: the sum of every rank's gradient. */
-    sumo__aggregator_count(agg, count, SUMO_FLOAT32);
-    SUMO__CHECK(sumo_allreduce(g, a->sum, count, SUMO_FLOAT32, SUMO_OP_SUM, agg->comm));
+    count_exchange(stats, count, SUMO_FLOAT32);
+    SUMO__CHECK(sumo__allreduce_held(comm, g, a->sum, count, SUMO_FLOAT32, SUMO_OP_SUM));
 
     /* 2. This rank's coefficients. */
     double *mine = a->gathered + (size_t)a->rank * K;
@@ -297,85 +269,87 @@ static sumo_result acga_apply(sumo_aggregator *agg, const void *sendbuf, void *r
         size_t off, len;
         group_range(a, k, count, &off, &len);
         double dn[3];
-        agg->comm->kernels->dot_norms(SUMO_FLOAT32, g + off, a->sum + off, len, dn);
+        SUMO__KCHECK(comm, sumo__k_dot_norms(&x, SUMO_FLOAT32, g + off, a->sum + off, len, dn));
         a->norm[k] = sqrt(dn[1]);
         a->sum_norm[k] = sqrt(dn[2]);
-        double den = a->norm[k] + o->eps;
+        double den = a->norm[k] + a->o.eps;
         /* Only eps 0 with a zero gradient gives 0 here; a NaN norm must stay NaN. */
         mine[k] = den == 0 ? 0.0 : dn[0] / den / n;
     }
 
     /* 3. Everybody's, in place. */
-    sumo__aggregator_count(agg, K, SUMO_FLOAT64);
-    SUMO__CHECK(sumo_allgather(mine, a->gathered, K, SUMO_FLOAT64, agg->comm));
+    count_exchange(stats, K, SUMO_FLOAT64);
+    SUMO__CHECK(sumo__allgather_held(comm, mine, a->gathered, K, SUMO_FLOAT64));
 
     /* 4. Weights. */
     size_t nbad = 0, nuniform = 0, first_bad = 0;
     for (size_t k = 0; k < K; k++) {
-        group_weights(agg, a, k);
-        if (a->kind[k] == GROUP_NONFINITE && nbad++ == 0) first_bad = k;
-        if (a->kind[k] == GROUP_UNIFORM) nuniform++;
+        group_weights(a, k);
+        if (a->kind[k] == SUMO__ACGA_NONFINITE && nbad++ == 0) first_bad = k;
+        if (a->kind[k] == SUMO__ACGA_UNIFORM) nuniform++;
     }
     if (nbad == K) {
         /* Nothing to combine: every rank knows it, so all skip the final allreduce alike. */
-        fill_nan(g, count);
+        SUMO__KCHECK(comm, sumo__k_fill(&x, SUMO_FLOAT32, g, NAN, count));
         if (a->group_off == NULL)
-            return SUMO__COMM_FAIL(agg->comm, SUMO_ERR_NONFINITE,
-                              "acga: NaN or Inf in the gradients (one coefficient for the whole "
-                              "buffer): the result is NaN");
-        return SUMO__COMM_FAIL(agg->comm, SUMO_ERR_NONFINITE,
-                          "acga: NaN or Inf in tensor %zu (every one of the %zu tensors): the "
-                          "result is NaN",
-                          first_bad, K);
+            return SUMO__COMM_FAIL(comm, SUMO_ERR_NONFINITE,
+                                   "acga: NaN or Inf in the gradients (one coefficient for the "
+                                   "whole buffer): the result is NaN");
+        return SUMO__COMM_FAIL(comm, SUMO_ERR_NONFINITE,
+                               "acga: NaN or Inf in tensor %zu (every one of the %zu tensors): "
+                               "the result is NaN",
+                               first_bad, K);
     }
 
     /* 5. The weighted sum of unit-normalised gradients. */
     for (size_t k = 0; k < K; k++) {
-        if (a->kind[k] == GROUP_NONFINITE) continue; /* overwritten with NaN below */
+        if (a->kind[k] == SUMO__ACGA_NONFINITE) continue; /* overwritten with NaN below */
         size_t off, len;
         group_range(a, k, count, &off, &len);
-        agg->comm->kernels->scaled_add(SUMO_FLOAT32, g + off, a->coef[k], g + off, 0.0, len);
+        SUMO__KCHECK(comm, sumo__k_scaled_add(&x, SUMO_FLOAT32, g + off, a->coef[k], g + off, 0.0, len));
     }
     const bool all_uniform = nuniform == K;
-    sumo__aggregator_count(agg, count, SUMO_FLOAT32);
-    SUMO__CHECK(sumo_allreduce(g, g, count, SUMO_FLOAT32, all_uniform ? SUMO_OP_AVERAGE : SUMO_OP_SUM,
-                               agg->comm));
+    count_exchange(stats, count, SUMO_FLOAT32);
+    SUMO__CHECK(sumo__allreduce_held(comm, g, g, count, SUMO_FLOAT32,
+                                     all_uniform ? SUMO_OP_AVERAGE : SUMO_OP_SUM));
     for (size_t k = 0; k < K; k++) {
         size_t off, len;
         group_range(a, k, count, &off, &len);
-        if (a->kind[k] == GROUP_NONFINITE)
-            fill_nan(g + off, len);
-        else if (a->kind[k] == GROUP_UNIFORM && !all_uniform)
-            agg->comm->kernels->divide(SUMO_FLOAT32, g + off, g + off, len, n);
+        if (a->kind[k] == SUMO__ACGA_NONFINITE)
+            SUMO__KCHECK(comm, sumo__k_fill(&x, SUMO_FLOAT32, g + off, NAN, len));
+        else if (a->kind[k] == SUMO__ACGA_UNIFORM && !all_uniform)
+            SUMO__KCHECK(comm, sumo__k_divide(&x, SUMO_FLOAT32, g + off, g + off, len, n));
     }
 
     /* 6. Optional rescale to the mean gradient's norm, with rank 0's factors. */
-    if (o->rescale) {
+    if (a->o.rescale) {
         for (size_t k = 0; k < K; k++) {
             a->factor[k] = 1.0;
-            if (a->kind[k] == GROUP_NONFINITE) continue;
+            if (a->kind[k] == SUMO__ACGA_NONFINITE) continue;
             size_t off, len;
             group_range(a, k, count, &off, &len);
             double dn[3];
-            agg->comm->kernels->dot_norms(SUMO_FLOAT32, g + off, g + off, len, dn);
+            SUMO__KCHECK(comm, sumo__k_dot_norms(&x, SUMO_FLOAT32, g + off, g + off, len, dn));
             double gn = sqrt(dn[1]);
             if (gn > 0) a->factor[k] = (a->sum_norm[k] / n) / gn;
         }
-        sumo__aggregator_count(agg, K, SUMO_FLOAT64);
-        SUMO__CHECK(sumo_broadcast(a->factor, a->factor, K, SUMO_FLOAT64, 0, agg->comm));
+        count_exchange(stats, K, SUMO_FLOAT64);
+        SUMO__CHECK(sumo__broadcast_held(comm, a->factor, a->factor, K, SUMO_FLOAT64, 0));
         for (size_t k = 0; k < K; k++) {
-            if (a->kind[k] == GROUP_NONFINITE || a->factor[k] == 1.0) continue;
+            if (a->kind[k] == SUMO__ACGA_NONFINITE || a->factor[k] == 1.0) continue;
             size_t off, len;
             group_range(a, k, count, &off, &len);
-            agg->comm->kernels->scaled_add(SUMO_FLOAT32, g + off, a->factor[k], g + off, 0.0, len);
+            SUMO__KCHECK(comm, sumo__k_scaled_add(&x, SUMO_FLOAT32, g + off, a->factor[k], g + off,
+                                                  0.0, len));
         }
     }
 
     if (nbad > 0)
-        return SUMO__COMM_FAIL(agg->comm, SUMO_ERR_NONFINITE,
-                          "acga: NaN or Inf in tensor %zu (%zu of %zu tensors): those tensors "
-                          "are NaN, the others are exact; the momentum was not advanced",
-                          first_bad, nbad, K);
+        return SUMO__COMM_FAIL(comm, SUMO_ERR_NONFINITE,
+                               "acga: NaN or Inf in tensor %zu (%zu of %zu tensors): those "
+                               "tensors are NaN, the others are exact; the momentum was not "
+                               "advanced",
+                               first_bad, nbad, K);
     memcpy(a->m, a->m_next, (size_t)n * K * sizeof *a->m);
     a->initialised = 1;
     return SUMO_SUCCESS;
@@ -411,15 +385,13 @@ static double get_f64(const unsigned char *p)
     return d;
 }
 
-static size_t acga_state_size(const sumo_aggregator *agg)
+size_t sumo__acga_state_size(const sumo__acga *a)
 {
-    const acga *a = impl_of(agg);
     return ACGA_HEADER_BYTES + (size_t)a->nranks * a->ngroups * sizeof(double);
 }
 
-static sumo_result acga_state_save(const sumo_aggregator *agg, void *buffer)
+sumo_result sumo__acga_state_save(const sumo__acga *a, void *buffer)
 {
-    const acga *a = impl_of(agg);
     unsigned char *p = buffer;
     put_u32(p, ACGA_MAGIC);
     put_u32(p + 4, ACGA_VERSION);
@@ -432,26 +404,26 @@ static sumo_result acga_state_save(const sumo_aggregator *agg, void *buffer)
     return SUMO_SUCCESS;
 }
 
-static sumo_result acga_state_load(sumo_aggregator *agg, const void *buffer)
+sumo_result sumo__acga_state_load(sumo__acga *a, const void *buffer)
 {
-    acga *a = impl_of(agg);
     const unsigned char *p = buffer;
     uint32_t magic = get_u32(p), version = get_u32(p + 4), n = get_u32(p + 8),
              k = get_u32(p + 12), init = get_u32(p + 16), reserved = get_u32(p + 20);
     if (magic != ACGA_MAGIC || version != ACGA_VERSION || reserved != 0 || init > 1)
-        return SUMO__COMM_FAIL(agg->comm, SUMO_ERR_INVALID_ARGUMENT,
-                          "acga state: not an ACGA state of version %u (magic %08x, version %u)",
-                          ACGA_VERSION, magic, version);
+        return SUMO__COMM_FAIL(a->comm, SUMO_ERR_INVALID_ARGUMENT,
+                               "acga state: not an ACGA state of version %u (magic %08x, version "
+                               "%u)",
+                               ACGA_VERSION, magic, version);
     if (n != (uint32_t)a->nranks || k != (uint32_t)a->ngroups)
-        return SUMO__COMM_FAIL(agg->comm, SUMO_ERR_INVALID_ARGUMENT,
-                          "acga state: saved for %u ranks x %u coefficient groups, this "
-                          "aggregator has %d x %zu",
-                          n, k, a->nranks, a->ngroups);
+        return SUMO__COMM_FAIL(a->comm, SUMO_ERR_INVALID_ARGUMENT,
+                               "acga state: saved for %u ranks x %u coefficient groups, this "
+                               "aggregator has %d x %zu",
+                               n, k, a->nranks, a->ngroups);
     size_t nm = (size_t)a->nranks * a->ngroups;
     for (size_t i = 0; i < nm; i++)
         if (!isfinite(get_f64(p + ACGA_HEADER_BYTES + 8 * i)))
-            return SUMO__COMM_FAIL(agg->comm, SUMO_ERR_INVALID_ARGUMENT,
-                              "acga state: momentum value %zu is not finite", i);
+            return SUMO__COMM_FAIL(a->comm, SUMO_ERR_INVALID_ARGUMENT,
+                                   "acga state: momentum value %zu is not finite", i);
     for (size_t i = 0; i < nm; i++) a->m[i] = get_f64(p + ACGA_HEADER_BYTES + 8 * i);
     a->initialised = (int)init;
     return SUMO_SUCCESS;
@@ -459,90 +431,83 @@ static sumo_result acga_state_load(sumo_aggregator *agg, const void *buffer)
 
 /* ---- lifetime ---------------------------------------------------------------------------- */
 
-static void acga_free(acga *a)
+void sumo__acga_destroy(sumo__acga *a)
 {
     if (a == NULL) return;
     free(a->group_off);
     free(a->m);
     free(a->m_next);
     free(a->gathered);
+    free(a->a);
+    free(a->w);
     free(a->norm);
     free(a->sum_norm);
     free(a->coef);
     free(a->factor);
     free(a->kind);
-    free(a->sorted);
-    free(a->mapped);
-    free(a->sum);
+    free(a->work);
+    if (a->sum) a->sum_k->release(a->sum_k->ctx, a->sum);
     free(a);
 }
 
-static void acga_destroy(sumo_aggregator *agg)
-{
-    acga_free(agg->impl);
-    agg->impl = NULL;
-}
-
-static const sumo__aggregator_vtbl acga_vtbl = {
-    .apply = acga_apply,
-    .state_size = acga_state_size,
-    .state_save = acga_state_save,
-    .state_load = acga_state_load,
-    .destroy = acga_destroy,
-};
-
 static bool is_flag(int v) { return v == 0 || v == 1; }
 
-sumo_result sumo__acga_init(sumo_aggregator *agg)
+sumo_result sumo__acga_create(sumo_comm *comm, const sumo_acga_options *o,
+                              const size_t *tensor_counts, size_t ntensors, sumo__acga **out)
 {
-    const sumo_acga_options *o = &agg->options.acga;
     if (!(o->beta >= 0.0 && o->beta < 1.0))
-        return SUMO__COMM_FAIL(agg->comm, SUMO_ERR_INVALID_ARGUMENT, "acga: beta %g is not in [0, 1)", o->beta);
+        return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT, "acga: beta %g is not in [0, 1)",
+                               o->beta);
     if (!(o->eps >= 0.0 && isfinite(o->eps)))
-        return SUMO__COMM_FAIL(agg->comm, SUMO_ERR_INVALID_ARGUMENT, "acga: eps %g is not finite and >= 0",
-                          o->eps);
+        return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT,
+                               "acga: eps %g is not finite and >= 0", o->eps);
     if (!is_flag(o->per_tensor) || !is_flag(o->reference_permutation) ||
         !is_flag(o->negative_guard) || !is_flag(o->rescale))
-        return SUMO__COMM_FAIL(agg->comm, SUMO_ERR_INVALID_ARGUMENT,
-                          "acga: per_tensor, reference_permutation, negative_guard and rescale "
-                          "must each be 0 or 1");
+        return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT,
+                               "acga: per_tensor, reference_permutation, negative_guard and "
+                               "rescale must each be 0 or 1");
     int n = 0, rank = 0;
-    SUMO__CHECK(sumo_comm_size(agg->comm, &n));
-    SUMO__CHECK(sumo_comm_rank(agg->comm, &rank));
-    const size_t K = o->per_tensor && agg->ntensors > 0 ? agg->ntensors : 1;
+    SUMO__CHECK(sumo_comm_size(comm, &n));
+    SUMO__CHECK(sumo_comm_rank(comm, &rank));
+    const size_t K = o->per_tensor && ntensors > 0 ? ntensors : 1;
     /* The state header stores N and K in 32 bits. */
     if (K > UINT32_MAX || (uint64_t)n * K > SIZE_MAX / sizeof(double) / 4)
-        return SUMO__COMM_FAIL(agg->comm, SUMO_ERR_INVALID_ARGUMENT, "acga: %zu tensors is too many", K);
+        return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT, "acga: %zu tensors is too many", K);
 
-    acga *a = calloc(1, sizeof *a);
+    sumo__acga *a = calloc(1, sizeof *a);
     if (a == NULL) return SUMO_ERR_SYSTEM;
+    a->comm = comm;
+    a->o = *o;
     a->nranks = n;
     a->rank = rank;
     a->ngroups = K;
+    for (size_t t = 0; t < ntensors; t++) a->total += tensor_counts[t];
     const size_t nm = (size_t)n * K;
     bool ok = (a->m = calloc(nm, sizeof *a->m)) && (a->m_next = calloc(nm, sizeof *a->m_next)) &&
               (a->gathered = calloc(nm, sizeof *a->gathered)) &&
+              (a->a = calloc((size_t)n, sizeof *a->a)) && (a->w = calloc((size_t)n, sizeof *a->w)) &&
               (a->norm = calloc(K, sizeof *a->norm)) &&
               (a->sum_norm = calloc(K, sizeof *a->sum_norm)) &&
               (a->coef = calloc(K, sizeof *a->coef)) &&
               (a->factor = calloc(K, sizeof *a->factor)) &&
               (a->kind = calloc(K, sizeof *a->kind)) &&
-              (a->sorted = calloc((size_t)n, sizeof *a->sorted)) &&
-              (a->mapped = calloc((size_t)n, sizeof *a->mapped));
-    if (ok && o->per_tensor && agg->ntensors > 0) {
+              (a->work = calloc(1, sumo__acga_gram_work_bytes(n)));
+    if (ok && o->per_tensor && ntensors > 0) {
         ok = (a->group_off = malloc((K + 1) * sizeof *a->group_off)) != NULL;
         if (ok) {
             a->group_off[0] = 0;
-            for (size_t k = 0; k < K; k++) a->group_off[k + 1] = a->group_off[k] + agg->tensor_counts[k];
+            for (size_t k = 0; k < K; k++) a->group_off[k + 1] = a->group_off[k] + tensor_counts[k];
         }
     }
     /* With a layout the size is known: allocate s now, so apply never allocates. */
-    if (ok && agg->ntensors > 0) ok = ensure_sum(a, agg->total) == SUMO_SUCCESS;
-    if (!ok) {
-        acga_free(a);
-        return SUMO_ERR_SYSTEM;
+    if (ok && ntensors > 0) {
+        const sumo__exec host = sumo__host_exec();
+        ok = ensure_sum(a, &host, a->total) == SUMO_SUCCESS;
     }
-    agg->impl = a;
-    agg->vtbl = &acga_vtbl;
+    if (!ok) {
+        sumo__acga_destroy(a);
+        return SUMO__COMM_FAIL(comm, SUMO_ERR_SYSTEM, "acga: out of memory");
+    }
+    *out = a;
     return SUMO_SUCCESS;
 }

@@ -1,11 +1,13 @@
-/* ACGA's weights from Gram matrices (acga_gram.h); the steps are numbered as in acga.c. */
+/* ACGA's weights: one group's from its coefficients (both forms), and from Gram matrices
+ * (acga_gram.h); the steps are numbered as in acga.c. */
 #include "aggregation/acga_gram.h"
 #include "collectives/adasum_gram.h"
 
 #include <math.h>
 #include <stdint.h>
 
-/* acga.c's ACGA_SUM_REL_TINY. */
+/* A coefficient sum at or below this fraction of sum|a'| makes the weights uniform; both of
+ * ACGA's forms decide it in sumo__acga_group_weights alone. */
 #define SUM_REL_TINY 1e-6
 
 typedef struct entry {
@@ -13,9 +15,12 @@ typedef struct entry {
     int rank;
 } entry;
 
+/* The sort and the mapped values of sumo__acga_group_weights; one_group's den and a follow. */
+static size_t group_work_bytes(int nranks) { return (size_t)nranks * (sizeof(entry) + sizeof(double)); }
+
 size_t sumo__acga_gram_work_bytes(int nranks)
 {
-    return (size_t)nranks * (sizeof(entry) + 3 * sizeof(double));
+    return group_work_bytes(nranks) + 2 * (size_t)nranks * sizeof(double);
 }
 
 /* Ascending by value, ties by rank: acga.c's total order (no NaN reaches it). Insertion sort:
@@ -33,23 +38,16 @@ static void sort_entries(entry *e, int n)
     }
 }
 
-static int one_group(const sumo_acga_options *o, int n, const double *G, const double *mold,
-                     int initialised, double *mk, double *coef, void *work)
+int sumo__acga_group_weights(const sumo_acga_options *o, int n, const double *a,
+                             const double *mold, int initialised, double *mk, double *w,
+                             double *sum_out, double *l1_out, void *work)
 {
     entry *sorted = work;
-    double *den = (double *)(void *)(sorted + n), *a = den + n, *mapped = a + n;
-    for (size_t e = 0; e < sumo__gram_len(n); e++)
-        if (!isfinite(G[e])) return SUMO__ACGA_NONFINITE;
-    /* 2. a_r = <g_r, s> / (|g_r| + eps) / N. */
+    double *mapped = (double *)(void *)(sorted + n);
     for (int r = 0; r < n; r++) {
-        double dot = 0;
-        for (int j = 0; j < n; j++) dot += G[sumo__gram_index(n, r, j)];
-        den[r] = sqrt(G[sumo__gram_index(n, r, r)]) + o->eps;
-        a[r] = den[r] == 0 ? 0.0 : dot / den[r] / n;
         if (!isfinite(a[r])) return SUMO__ACGA_NONFINITE;
         sorted[r] = (entry){.v = a[r], .rank = r};
     }
-    /* 4. Sort, EMA on the sorted values, map back, guard, normalise. */
     sort_entries(sorted, n);
     for (int i = 0; i < n; i++)
         mk[i] = initialised ? o->beta * mold[i] + (1.0 - o->beta) * sorted[i].v : sorted[i].v;
@@ -66,10 +64,33 @@ static int one_group(const sumo_acga_options *o, int n, const double *G, const d
         sum += mapped[i];
         l1 += fabs(mapped[i]);
     }
-    int kind = sum > SUM_REL_TINY * l1 ? SUMO__ACGA_WEIGHTED : SUMO__ACGA_UNIFORM;
+    *sum_out = sum;
+    *l1_out = l1;
+    if (!(sum > SUM_REL_TINY * l1)) return SUMO__ACGA_UNIFORM;
+    for (int r = 0; r < n; r++) w[r] = mapped[r] / sum;
+    return SUMO__ACGA_WEIGHTED;
+}
+
+static int one_group(const sumo_acga_options *o, int n, const double *G, const double *mold,
+                     int initialised, double *mk, double *coef, void *work)
+{
+    double *den = (double *)((unsigned char *)work + group_work_bytes(n)), *a = den + n;
+    for (size_t e = 0; e < sumo__gram_len(n); e++)
+        if (!isfinite(G[e])) return SUMO__ACGA_NONFINITE;
+    /* 2. a_r = <g_r, s> / (|g_r| + eps) / N. */
+    for (int r = 0; r < n; r++) {
+        double dot = 0;
+        for (int j = 0; j < n; j++) dot += G[sumo__gram_index(n, r, j)];
+        den[r] = sqrt(G[sumo__gram_index(n, r, r)]) + o->eps;
+        a[r] = den[r] == 0 ? 0.0 : dot / den[r] / n;
+    }
+    /* 4. Sort, EMA, map back, guard, normalise: the weights w (in coef for now). */
+    double sum, l1;
+    int kind = sumo__acga_group_weights(o, n, a, mold, initialised, mk, coef, &sum, &l1, work);
+    if (kind == SUMO__ACGA_NONFINITE) return kind;
     /* 5. The coefficients of the unit-normalised gradients. */
     for (int r = 0; r < n; r++) {
-        double wr = kind == SUMO__ACGA_WEIGHTED ? mapped[r] / sum : 1.0 / n;
+        double wr = kind == SUMO__ACGA_WEIGHTED ? coef[r] : 1.0 / n;
         coef[r] = den[r] == 0 ? 0.0 : wr / den[r];
     }
     /* 6. Rescale: |G|^2 = c^T G c, |s|^2 = sum of all entries. */

@@ -31,6 +31,20 @@ enum { SUMO__ACGA_WEIGHTED = 0, SUMO__ACGA_UNIFORM = 1, SUMO__ACGA_NONFINITE = 2
 size_t sumo__acga_gram_work_bytes(int nranks);
 
 /*
+ * Step 4 of one group, the one place it is written (both forms call it): from the N
+ * coefficients a_r of every rank, the sort (ascending, ties by rank), the EMA of the sorted
+ * values (m_next from m, or the values themselves before the first step), the mapping back
+ * (rank preserving, or the sample code's m[idx]), the negative guard and the normalisation.
+ * Returns SUMO__ACGA_NONFINITE when an a_r is not finite (m_next untouched),
+ * SUMO__ACGA_UNIFORM when the coefficient sum is at or below 1e-6 of the sum of magnitudes
+ * (the caller then weighs every rank 1/N; *sum and *l1 say why), else SUMO__ACGA_WEIGHTED with
+ * w[r] = a'_r / sum(a'). work: sumo__acga_gram_work_bytes(N).
+ */
+int sumo__acga_group_weights(const sumo_acga_options *o, int nranks, const double *a,
+                             const double *m, int initialised, double *m_next, double *w,
+                             double *sum, double *l1, void *work);
+
+/*
  * One step for K groups of N ranks: gram holds K packed Gram matrices (adasum_gram.h's layout,
  * N(N+1)/2 doubles each); m is the committed EMA (N*K, group-major, as acga.c keeps it) and
  * initialised says whether it holds a value. Writes m_next (N*K), coef (N*K, group-major:

@@ -91,12 +91,7 @@ typedef struct adasum_op {
     uint64_t hash;    /* of the layout and the options, compared across ranks */
 } adasum_op;
 
-typedef struct op_table {
-    adasum_op **ops; /* ops[id - SUMO_OP_PREDEFINED_COUNT]; NULL once destroyed, ids are never reused */
-    size_t n, cap;
-} op_table;
-
-/* ---- the op table ------------------------------------------------------------------------ */
+/* ---- ops ---------------------------------------------------------------------------------- */
 
 static uint64_t hash_mix(uint64_t h, uint64_t v)
 {
@@ -116,28 +111,12 @@ static uint64_t layout_hash(const size_t *counts, size_t ntensors, int group_siz
     return hash_mix(h, (uint64_t)group_size);
 }
 
-static void op_free(adasum_op *op)
+static void op_free(void *p)
 {
+    adasum_op *op = p;
     if (op == NULL) return;
     free(op->offsets);
     free(op);
-}
-
-/* The communicator frees the table through this when it is destroyed. */
-static void op_table_free(void *table)
-{
-    op_table *t = table;
-    if (t == NULL) return;
-    for (size_t i = 0; i < t->n; i++) op_free(t->ops[i]);
-    free(t->ops);
-    free(t);
-}
-
-static adasum_op *op_lookup(const sumo_comm *comm, sumo_op op)
-{
-    const op_table *t = comm->op_table;
-    if (t == NULL || op < SUMO_OP_PREDEFINED_COUNT || (size_t)(op - SUMO_OP_PREDEFINED_COUNT) >= t->n) return NULL;
-    return t->ops[op - SUMO_OP_PREDEFINED_COUNT];
 }
 
 /* Local checks of the options; the group size resolved (1 when flat). */
@@ -187,75 +166,26 @@ sumo_result sumo_op_create_adasum(sumo_comm *comm, const sumo_adasum_options *op
     if (comm == NULL) return SUMO_ERR_INVALID_ARGUMENT;
     if (options == NULL || op == NULL)
         return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT,
-                          "sumo_op_create_adasum: NULL %s", options == NULL ? "options" : "op");
-    pthread_mutex_lock(&comm->exec); /* the op table is read inside collectives */
-    sumo_result r = SUMO_SUCCESS;
+                               "sumo_op_create_adasum: NULL %s", options == NULL ? "options" : "op");
     int g = 1;
     size_t total = 0;
-    adasum_op *a = NULL;
-    r = options_check(comm, options, &g, &total);
-    if (r != SUMO_SUCCESS) goto out;
-    op_table *t = comm->op_table;
-    if (t == NULL) {
-        t = calloc(1, sizeof *t);
-        if (t == NULL) goto oom;
-        comm->op_table = t;
-        comm->op_table_free = op_table_free;
-    }
-    if (t->n >= (size_t)UINT32_MAX - SUMO_OP_PREDEFINED_COUNT) {
-        r = SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_USAGE, "sumo_op_create_adasum: out of op ids");
-        goto out;
-    }
-    if (t->n == t->cap) {
-        size_t cap = t->cap ? 2 * t->cap : 8;
-        adasum_op **ops = realloc(t->ops, cap * sizeof *ops);
-        if (ops == NULL) goto oom;
-        t->ops = ops;
-        t->cap = cap;
-    }
-    a = calloc(1, sizeof *a);
-    if (a == NULL) goto oom;
+    SUMO__CHECK(options_check(comm, options, &g, &total));
+    adasum_op *a = calloc(1, sizeof *a);
+    if (a == NULL) return SUMO__COMM_FAIL(comm, SUMO_ERR_SYSTEM, "sumo_op_create_adasum: out of memory");
     a->ntensors = options->ntensors;
     a->group_size = g;
     a->hash = layout_hash(options->tensor_counts, options->ntensors, g);
     if (a->ntensors > 0) {
         a->offsets = malloc((a->ntensors + 1) * sizeof *a->offsets);
-        if (a->offsets == NULL) goto oom;
+        if (a->offsets == NULL) {
+            op_free(a);
+            return SUMO__COMM_FAIL(comm, SUMO_ERR_SYSTEM, "sumo_op_create_adasum: out of memory");
+        }
         a->offsets[0] = 0;
         for (size_t k = 0; k < a->ntensors; k++)
             a->offsets[k + 1] = a->offsets[k] + options->tensor_counts[k];
     }
-    t->ops[t->n] = a;
-    *op = (sumo_op)(SUMO_OP_PREDEFINED_COUNT + t->n);
-    t->n++;
-    a = NULL;
-    goto out;
-oom:
-    r = SUMO__COMM_FAIL(comm, SUMO_ERR_SYSTEM, "sumo_op_create_adasum: out of memory");
-out:
-    op_free(a);
-    pthread_mutex_unlock(&comm->exec);
-    return r;
-}
-
-sumo_result sumo_op_destroy(sumo_comm *comm, sumo_op op)
-{
-    if (comm == NULL) return SUMO_ERR_INVALID_ARGUMENT;
-    /* Queued requests may still use the op: they run first, as for a blocking collective. */
-    sumo__comm_enter(comm);
-    sumo_result r = SUMO_SUCCESS;
-    adasum_op *a = op_lookup(comm, op);
-    if (a == NULL) {
-        r = SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT,
-                       "sumo_op_destroy: op %u was not created on this communicator (or was "
-                       "destroyed already)",
-                       op);
-    } else {
-        ((op_table *)comm->op_table)->ops[op - SUMO_OP_PREDEFINED_COUNT] = NULL;
-        op_free(a);
-    }
-    sumo__comm_leave(comm);
-    return r;
+    return sumo__op_register(comm, SUMO__OP_ADASUM, a, op_free, op);
 }
 
 /* ---- one call ---------------------------------------------------------------------------- */
@@ -346,7 +276,9 @@ static sumo_result block_sum(run *a, const block *b, int my_group)
                             .me = (my_group - b->first) * a->g + a->mem,
                             .rank_of = block_member_rank,
                             .ctx = &m};
-    return sumo__rd_sum(a->c, &group, SUMO_FLOAT64, a->sums, a->peer, 3 * a->ntensors);
+    /* The sums are host metadata, whatever memory the data is in. */
+    const sumo__exec host = sumo__host_exec();
+    return sumo__rd_sum(a->c, &group, &host, SUMO_FLOAT64, a->sums, a->peer, 3 * a->ntensors);
 }
 
 /* False, with NaN coefficients, when the tensor's sums are not finite. */
@@ -363,29 +295,34 @@ static bool coefficients(const double s[3], double *cl, double *cr)
 
 /* Copies x[s, e) into the same place of the receive buffer of `forward` (a rank, or all
  * others). */
-static void forward_range(run *a, size_t s, size_t e, int forward)
+static sumo_result forward_range(run *a, size_t s, size_t e, int forward)
 {
     size_t esz = a->esz;
-    if (forward == FORWARD_NONE || e <= s) return;
+    if (forward == FORWARD_NONE || e <= s) return SUMO_SUCCESS;
     for (int q = 0; q < a->tp->size; q++) {
         if (q == a->tp->rank || (forward != FORWARD_ALL && q != forward)) continue;
-        memcpy(a->recv_of[q] + s * esz, a->x + s * esz, (e - s) * esz);
+        SUMO__KCHECK(a->c, sumo__k_copy(&a->c->x, a->recv_of[q] + s * esz, a->x + s * esz,
+                                        (e - s) * esz));
     }
+    return SUMO_SUCCESS;
 }
 
 /* x[s, e) = c_own * (this rank's data) + c_other * theirs, chunk by chunk so that the first
  * copy from the send buffer and the forwarding read what is still in cache. */
-static void update(run *a, size_t s, size_t e, double c_own, const unsigned char *theirs,
-                   double c_other, int forward)
+static sumo_result update(run *a, size_t s, size_t e, double c_own, const unsigned char *theirs,
+                          double c_other, int forward)
 {
     size_t esz = a->esz, chunk = UPDATE_CHUNK_BYTES / esz;
+    const sumo__exec *x = &a->c->x;
     for (size_t c0 = s; c0 < e; c0 += chunk) {
         size_t len = SUMO__MIN(chunk, e - c0);
         unsigned char *xc = a->x + c0 * esz;
-        if (a->src != a->x) memcpy(xc, a->src + c0 * esz, len * esz);
-        a->c->kernels->scaled_add(a->dtype, xc, c_own, theirs + (c0 - s) * esz, c_other, len);
-        forward_range(a, c0, c0 + len, forward);
+        if (a->src != a->x) SUMO__KCHECK(a->c, sumo__k_copy(x, xc, a->src + c0 * esz, len * esz));
+        SUMO__KCHECK(a->c, sumo__k_scaled_add(x, a->dtype, xc, c_own, theirs + (c0 - s) * esz,
+                                              c_other, len));
+        SUMO__CHECK(forward_range(a, c0, c0 + len, forward));
     }
+    return SUMO_SUCCESS;
 }
 
 /*
@@ -418,8 +355,8 @@ static sumo_result combine_level(run *a, size_t *lo, size_t *hi, int peer, bool 
         size_t s = SUMO__MAX(a->off[t], klo), e = SUMO__MIN(a->off[t + 1], khi);
         if (e <= s) continue;
         const unsigned char *mine = a->src + s * esz, *other = theirs + (s - klo) * esz;
-        a->c->kernels->dot_norms(a->dtype, left ? mine : other, left ? other : mine, e - s,
-                               &a->sums[3 * t]);
+        SUMO__KCHECK(a->c, sumo__k_dot_norms(&a->c->x, a->dtype, left ? mine : other,
+                                             left ? other : mine, e - s, &a->sums[3 * t]));
     }
     SUMO__CHECK(block_sum(a, b, my_group));
     if (last) {
@@ -436,7 +373,8 @@ static sumo_result combine_level(run *a, size_t *lo, size_t *hi, int peer, bool 
         if (e <= s) continue;
         double cl, cr;
         coefficients(&a->sums[3 * t], &cl, &cr);
-        update(a, s, e, left ? cl : cr, theirs + (s - klo) * esz, left ? cr : cl, forward);
+        SUMO__CHECK(update(a, s, e, left ? cl : cr, theirs + (s - klo) * esz, left ? cr : cl,
+                           forward));
     }
     /* Elements of no tensor cannot exist (the layout covers [0, count)), so x[klo, khi) is
      * complete. */
@@ -450,15 +388,18 @@ static sumo_result combine_level(run *a, size_t *lo, size_t *hi, int peer, bool 
 static sumo_result check_single(run *a, size_t lo, size_t hi)
 {
     size_t esz = a->esz;
+    const sumo__exec *x = &a->c->x;
     if (a->src != a->x) {
-        if (hi > lo) memcpy(a->x + lo * esz, a->src + lo * esz, (hi - lo) * esz);
+        SUMO__KCHECK(a->c, sumo__k_copy(x, a->x + lo * esz, a->src + lo * esz, (hi - lo) * esz));
         a->src = a->x;
     }
     memset(a->sums, 0, 3 * a->ntensors * sizeof(double));
     size_t t0 = first_tensor(a, lo);
     for (size_t t = t0; t < a->ntensors && a->off[t] < hi; t++) {
         size_t s = SUMO__MAX(a->off[t], lo), e = SUMO__MIN(a->off[t + 1], hi);
-        if (e > s) a->c->kernels->dot_norms(a->dtype, a->x + s * esz, a->x + s * esz, e - s, &a->sums[3 * t]);
+        if (e > s)
+            SUMO__KCHECK(a->c, sumo__k_dot_norms(x, a->dtype, a->x + s * esz, a->x + s * esz,
+                                                 e - s, &a->sums[3 * t]));
     }
     block b = {.first = a->grp, .ngroups = 1, .virtual_groups = false};
     SUMO__CHECK(block_sum(a, &b, a->grp));
@@ -467,9 +408,9 @@ static sumo_result check_single(run *a, size_t lo, size_t hi)
         if (coefficients(&a->sums[3 * t], &cl, &cr)) continue;
         if (a->bad == SIZE_MAX) a->bad = t;
         size_t s = SUMO__MAX(a->off[t], lo), e = SUMO__MIN(a->off[t + 1], hi);
-        if (e > s) a->c->kernels->scaled_add(a->dtype, a->x + s * esz, NAN, a->x + s * esz, 0.0, e - s);
+        if (e > s) SUMO__KCHECK(a->c, sumo__k_fill(x, a->dtype, a->x + s * esz, NAN, e - s));
     }
-    if (a->direct) forward_range(a, lo, hi, FORWARD_ALL); /* one group: all ranks */
+    if (a->direct) SUMO__CHECK(forward_range(a, lo, hi, FORWARD_ALL)); /* one group: all ranks */
     return SUMO_SUCCESS;
 }
 
@@ -500,7 +441,7 @@ static sumo_result group_average(run *a, size_t n)
     }
     if (len > 0) {
         void *out = a->x + lo * esz;
-        a->c->kernels->reduce_multi(a->dtype, &out, 1, a->ins, g, len, g);
+        SUMO__KCHECK(a->c, sumo__k_reduce(&a->c->x, a->dtype, &out, 1, a->ins, g, len, g));
     }
     a->src = a->x;
     return SUMO_SUCCESS;
@@ -627,45 +568,11 @@ static double dtype_epsilon(sumo_dtype dtype)
     }
 }
 
-/* Local checks, no communication; finds the op's layout. */
-static sumo_result validate(sumo_comm *c, const sumo__call_desc *d, const void *sendbuf,
-                            void *recvbuf, const adasum_op **aop)
-{
-    sumo__transport *tp = c->tp;
-    if (!sumo__dtype_valid((int)d->dtype))
-        return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT, "allreduce: unknown dtype %u", d->dtype);
-    *aop = NULL;
-    if (d->op != SUMO_OP_ADASUM) {
-        *aop = op_lookup(c, d->op);
-        if (*aop == NULL)
-            return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
-                              "allreduce: op %u was not created on this communicator (or was "
-                              "destroyed)",
-                              d->op);
-    }
-    size_t bytes;
-    if (sumo__mul_overflows(d->count, sumo__dtype_bytes(d->dtype), &bytes))
-        return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT, "allreduce: count %llu overflows size_t",
-                          (unsigned long long)d->count);
-    if (bytes && (sendbuf == NULL || recvbuf == NULL))
-        return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT, "allreduce: NULL buffer with count %llu",
-                          (unsigned long long)d->count);
-    if (sendbuf != recvbuf && sumo__ranges_overlap(sendbuf, bytes, recvbuf, bytes))
-        return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
-                          "allreduce: send and receive buffers overlap without being the same "
-                          "pointer");
-    const adasum_op *o = *aop;
-    if (o && o->ntensors > 0 && o->offsets[o->ntensors] != d->count)
-        return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
-                          "allreduce: the Adasum op's %zu tensors hold %zu elements, but count is "
-                          "%llu",
-                          o->ntensors, o->offsets[o->ntensors], (unsigned long long)d->count);
-    return SUMO_SUCCESS;
-}
-
-/* Scratch offsets of one call. */
+/* Scratch offsets of one call: host metadata (sums, pointers, the Gram form's matrices) in
+ * the handle's scratch, the receive area y in its data scratch. */
 typedef struct scratch_plan {
-    size_t y, sums, ins, ptrs, gram, total;
+    size_t sums, ins, ptrs, gram, total;
+    size_t y_bytes, data_bytes;
 } scratch_plan;
 
 static size_t align64(size_t v) { return (v + 63) / 64 * 64; }
@@ -683,39 +590,47 @@ static bool plan_scratch(const run *a, size_t n, scratch_plan *sp)
             y_elems = SUMO__MAX(y_elems, peers);
         }
     }
-    size_t y_bytes;
-    if (sumo__mul_overflows(y_elems, a->esz, &y_bytes) || y_bytes > SIZE_MAX / 2) return false;
+    if (sumo__mul_overflows(y_elems, a->esz, &sp->y_bytes) || sp->y_bytes > SIZE_MAX / 2)
+        return false;
     size_t sums_bytes = 2 * 3 * a->ntensors * sizeof(double); /* ntensors bounded at creation */
     size_t ptr_bytes = (size_t)a->tp->size * sizeof(void *);
-    sp->y = 0;
-    sp->sums = align64(y_bytes);
+    sp->sums = 0;
     sp->ins = align64(sp->sums + sums_bytes);
     sp->ptrs = align64(sp->ins + (size_t)a->g * sizeof(void *));
     sp->gram = align64(sp->ptrs + (a->direct ? 2 * ptr_bytes : 0));
     sp->total = sp->gram;
-    if (a->gram) sp->total += sumo__gram_scratch_bytes(a->c, &a->gram_call);
+    /* The Gram form runs first and the tree only when it declines: they share the data. */
+    sp->data_bytes = sp->y_bytes;
+    if (a->gram) {
+        sp->total += sumo__gram_scratch_bytes(a->c, &a->gram_call);
+        sp->data_bytes = SUMO__MAX(sp->data_bytes, sumo__gram_data_bytes(a->c, &a->gram_call));
+    }
     return true;
 }
 
-sumo_result sumo__allreduce_adasum(sumo_comm *c, const void *sendbuf, void *recvbuf,
-                                   size_t count, sumo_dtype dtype, sumo_op op)
+sumo_result sumo__allreduce_adasum(sumo_comm *c, sumo__call_desc *d, const sumo__op_entry *op,
+                                   const void *sendbuf, void *recvbuf)
 {
     sumo__transport *tp = c->tp;
-    sumo__call_desc d = {.kind = SUMO__CALL_ALLREDUCE, .dtype = (uint32_t)dtype,
-                         .op = (uint32_t)op, .count = count, .sendptr = (uintptr_t)sendbuf,
-                         .recvptr = (uintptr_t)recvbuf};
-    const adasum_op *aop = NULL;
+    const adasum_op *aop = op->impl;
+    sumo_dtype dtype = (sumo_dtype)d->dtype;
+    size_t count = d->count;
     run a = {.c = c, .tp = tp, .dtype = dtype, .x = recvbuf, .src = sendbuf, .bad = SIZE_MAX};
     scratch_plan sp = {0};
-    d.local_error = validate(c, &d, sendbuf, recvbuf, &aop);
-    if (d.local_error == SUMO_SUCCESS) {
+    void *s = NULL, *data = NULL;
+    d->aux = aop ? aop->hash : layout_hash(NULL, 0, 1);
+    if (aop && aop->ntensors > 0 && aop->offsets[aop->ntensors] != count)
+        d->local_error = SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
+                                    "allreduce: the Adasum op's %zu tensors hold %zu elements, but "
+                                    "count is %zu",
+                                    aop->ntensors, aop->offsets[aop->ntensors], count);
+    if (d->local_error == SUMO_SUCCESS) {
         a.esz = sumo__dtype_bytes(dtype);
         a.single[0] = 0;
         a.single[1] = count;
         a.ntensors = aop && aop->ntensors ? aop->ntensors : 1;
         a.off = aop && aop->ntensors ? aop->offsets : a.single;
         a.g = aop ? aop->group_size : 1;
-        d.aux = aop ? aop->hash : layout_hash(NULL, 0, 1);
         a.ngroups = tp->size / a.g;
         a.grp = tp->rank / a.g;
         a.mem = tp->rank % a.g;
@@ -736,26 +651,25 @@ sumo_result sumo__allreduce_adasum(sumo_comm *c, const void *sendbuf, void *recv
                                             .weigh_work_bytes = gram_work_bytes(tp->size, a.ntensors),
                                             .shape = sumo__gram_shape_for(c)};
         }
-        void *s;
         if (!plan_scratch(&a, count, &sp))
-            d.local_error = SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
-                                       "allreduce: adasum scratch for count %zu overflows size_t",
-                                       count);
+            d->local_error = SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
+                                        "allreduce: adasum scratch for count %zu overflows size_t",
+                                        count);
         else
-            d.local_error = sumo__comm_scratch(c, sp.total, &s);
+            d->local_error = sumo__comm_scratch(c, sp.total, &s);
+        if (d->local_error == SUMO_SUCCESS && sp.data_bytes)
+            d->local_error = sumo__comm_data_scratch(c, &c->x, sp.data_bytes, &data);
     }
-    if (d.local_error == SUMO_SUCCESS && a.gram)
-        d.flags = sumo__shared_flag(c, sendbuf, count * a.esz, recvbuf, count * a.esz);
+    if (d->local_error == SUMO_SUCCESS && a.gram)
+        d->flags = sumo__shared_flag(c, sendbuf, count * a.esz, recvbuf, count * a.esz);
     SUMO__LOG(tp->log_level, SUMO__LOG_INFO,
               "rank %d allreduce count %zu %s adasum: %zu tensors, %d groups of %d, %s", tp->rank,
               count, sumo__dtype_name(dtype), a.ntensors, a.ngroups, a.g,
               a.direct ? "direct" : "point to point");
     const sumo__call_desc *all;
-    SUMO__CHECK(sumo__agree(c, &d, &all));
-    void *s;
-    SUMO__CHECK(sumo__comm_scratch(c, sp.total, &s));
+    SUMO__CHECK(sumo__agree(c, d, &all));
     unsigned char *base = s;
-    a.y = base + sp.y;
+    a.y = data;
     a.sums = (double *)(void *)(base + sp.sums);
     a.peer = a.sums + 3 * a.ntensors;
     a.ins = (const void **)(void *)(base + sp.ins);
@@ -770,7 +684,8 @@ sumo_result sumo__allreduce_adasum(sumo_comm *c, const void *sendbuf, void *recv
     }
     if (a.gram) {
         bool applied;
-        SUMO__CHECK(sumo__gram_run(c, all, sendbuf, recvbuf, &a.gram_call, base + sp.gram, &applied));
+        SUMO__CHECK(sumo__gram_run(c, all, sendbuf, recvbuf, &a.gram_call, base + sp.gram, data,
+                                   &applied));
         if (applied) return SUMO_SUCCESS;
         SUMO__LOG(tp->log_level, SUMO__LOG_INFO, "rank %d adasum: Gram form declined, tree",
                   tp->rank);

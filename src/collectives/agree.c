@@ -14,6 +14,9 @@ static const char *kind_name(uint32_t kind)
     case SUMO__CALL_SETUP: return "set-up";
     case SUMO__CALL_MEM_ALLOC: return "mem_alloc";
     case SUMO__CALL_MEM_FREE: return "mem_free";
+    case SUMO__CALL_REDUCE_SCATTER: return "reduce_scatter";
+    case SUMO__CALL_GRAM: return "gram combine";
+    case SUMO__CALL_FAIL: return "a failure announcement";
     default: return "unknown collective";
     }
 }
@@ -68,6 +71,11 @@ static sumo_result compare(sumo_comm *c, const sumo__call_desc *all, const sumo_
                                                                        : "tensor layout or op options",
                                    tp->rank, (unsigned long long)o->aux,
                                    (unsigned long long)mine->aux);
+        if (o->memory != mine->memory)
+            return SUMO__COMM_FAIL(c, SUMO_ERR_MISMATCH,
+                                   "%s: rank %d passed buffers in another memory than rank %d "
+                                   "(%s here)",
+                                   what, r, tp->rank, c->x.k->memory);
     }
     return SUMO_SUCCESS;
 }
@@ -116,6 +124,9 @@ bool sumo__all_recv_shared(const sumo_comm *c, const sumo__call_desc *all)
 
 sumo_result sumo__usable(sumo_comm *c)
 {
+    if (atomic_load_explicit(&c->aborted, memory_order_acquire) == 2 && !c->status.broken)
+        return SUMO__COMM_FAIL(c, SUMO_ERR_PEER_FAILURE, "sumo_comm_abort on rank %d: %s",
+                               c->tp->rank, c->abort_message);
     /* The message still names the first failure. */
     return c->status.broken ? SUMO_ERR_PEER_FAILURE : SUMO_SUCCESS;
 }
@@ -132,14 +143,4 @@ sumo_result sumo__agree_setup(sumo_comm *c, sumo_result local, uint64_t fingerpr
     }
     sumo__comm_leave(c);
     return r;
-}
-
-sumo_result sumo__fail_together(sumo_comm *c, sumo_result code)
-{
-    sumo__comm_enter(c);
-    /* The peers' comparison looks at local_error before the kind, so any kind will do. */
-    sumo__call_desc d = {.kind = SUMO__CALL_BARRIER, .local_error = (uint32_t)code};
-    if (sumo__usable(c) == SUMO_SUCCESS) sumo__agree(c, &d, NULL);
-    sumo__comm_leave(c);
-    return code;
 }

@@ -21,6 +21,10 @@ enum sumo__call_kind {
     SUMO__CALL_SETUP, /* a layer above checks that every rank set up alike (sumo__agree_setup) */
     SUMO__CALL_MEM_ALLOC,
     SUMO__CALL_MEM_FREE, /* aux: the allocation's serial number, equal on every rank */
+    SUMO__CALL_REDUCE_SCATTER,
+    SUMO__CALL_GRAM, /* a combine in Gram form for a layer above (ACGA); aux: its layout hash */
+    SUMO__CALL_FAIL, /* sumo_comm_fail: only local_error matters */
+    SUMO__CALL_COMPOSITE, /* never announced: a layer above's operation made of collectives */
 };
 
 /* What every rank announces; at most SUMO__ANNOUNCE_BYTES. */
@@ -35,6 +39,7 @@ struct sumo__call_desc {
     uint64_t sendptr;
     uint64_t recvptr;
     uint64_t aux; /* collective-specific, must be equal on every rank: a layout hash */
+    uint32_t memory; /* the buffers' kernel memory (a hash of its name), equal on every rank */
 };
 
 /* This rank's send and receive buffers are reachable by every peer: any buffer on a
@@ -70,14 +75,6 @@ sumo_result sumo__agree(sumo_comm *c, sumo__call_desc *d, const sumo__call_desc 
  */
 sumo_result sumo__agree_setup(sumo_comm *c, sumo_result local, uint64_t fingerprint,
                               const char *what);
-
-/*
- * For the layers above: this rank failed (code, with the message already set) where its peers
- * are entering a collective. Announcing the failure in their agreement step makes every rank
- * return at once (with code, naming this rank) instead of waiting out the deadline; no data
- * moves. Returns code on this rank. Takes the handle (sumo__comm_enter) itself.
- */
-sumo_result sumo__fail_together(sumo_comm *c, sumo_result code);
 
 /* Whether the handle can still run collectives (not broken by an earlier failure). */
 sumo_result sumo__usable(sumo_comm *c);

@@ -7,43 +7,71 @@
 sumo_result sumo__comm_wrap(sumo__transport *tp, sumo_comm **out)
 {
     sumo_comm *c = calloc(1, sizeof *c);
-    if (c == NULL) {
-        tp->ops->destroy(tp);
-        return SUMO_ERR_SYSTEM;
-    }
+    sumo__queue *q = calloc(1, sizeof *q);
+    if (c == NULL || q == NULL) goto fail_alloc;
     c->tp = tp;
-    c->kernels = sumo__host_kernels();
+    c->x = sumo__host_exec();
+    c->queue = q;
+    q->comm = c;
+    q->refs = 1;
     c->agreed = calloc((size_t)tp->size, SUMO__ANNOUNCE_BYTES);
-    if (c->agreed == NULL) goto fail_agreed;
-    if (pthread_mutex_init(&c->lock, NULL) != 0) goto fail_lock;
+    if (c->agreed == NULL) goto fail_alloc;
+    if (pthread_mutex_init(&q->lock, NULL) != 0) goto fail_lock;
     if (pthread_mutex_init(&c->exec, NULL) != 0) goto fail_exec;
-    if (pthread_cond_init(&c->idle, NULL) != 0) goto fail_idle;
-    if (pthread_cond_init(&c->work, NULL) != 0) goto fail_work;
+    if (pthread_cond_init(&q->idle, NULL) != 0) goto fail_idle;
+    if (pthread_cond_init(&q->work, NULL) != 0) goto fail_work;
     tp->status = &c->status;
     *out = c;
     return SUMO_SUCCESS;
 fail_work:
-    pthread_cond_destroy(&c->idle);
+    pthread_cond_destroy(&q->idle);
 fail_idle:
     pthread_mutex_destroy(&c->exec);
 fail_exec:
-    pthread_mutex_destroy(&c->lock);
+    pthread_mutex_destroy(&q->lock);
 fail_lock:
-    free(c->agreed);
-fail_agreed:
+fail_alloc:
+    if (c) free(c->agreed);
+    free(q);
     free(c);
     tp->ops->destroy(tp);
     return SUMO_ERR_SYSTEM;
 }
 
+void sumo__queue_free(sumo__queue *q)
+{
+    pthread_cond_destroy(&q->work);
+    pthread_cond_destroy(&q->idle);
+    pthread_mutex_destroy(&q->lock);
+    free(q);
+}
+
 sumo_result sumo__comm_free(sumo_comm *comm)
 {
     sumo_result r = comm->tp->ops->destroy(comm->tp);
-    pthread_cond_destroy(&comm->work);
-    pthread_cond_destroy(&comm->idle);
+    sumo__queue *q = comm->queue;
+    /* Requests not yet waited on keep the queue; the last one out frees it. */
+    pthread_mutex_lock(&q->lock);
+    q->comm = NULL;
+    while (q->spare) {
+        sumo__spare *s = q->spare;
+        q->spare = s->next;
+        free(s);
+    }
+    bool last = --q->refs == 0;
+    pthread_mutex_unlock(&q->lock);
+    if (last) sumo__queue_free(q);
     pthread_mutex_destroy(&comm->exec);
-    pthread_mutex_destroy(&comm->lock);
-    if (comm->op_table_free) comm->op_table_free(comm->op_table);
+    for (size_t i = 0; i < comm->nops; i++) {
+        sumo__op_entry *e = comm->ops[i];
+        if (e && e->release) e->release(e->impl);
+        free(e);
+    }
+    free(comm->ops);
+    for (int i = 0; i <= SUMO__MAX_KERNEL_TABLES; i++) {
+        sumo__data_scratch *d = &comm->data_scratch[i];
+        if (d->p) d->k->release(d->k->ctx, d->p);
+    }
     free(comm->agreed);
     free(comm->scratch);
     free(comm);
@@ -54,9 +82,11 @@ sumo_result sumo_comm_create_threads(int nranks, sumo_comm **comms)
 {
     /* The mailboxes are nranks^2 cache lines: 1024 ranks is 128 MiB, a sane ceiling. */
     if (comms == NULL || nranks < 1 || nranks > SUMO_THREADS_MAX_RANKS) return SUMO_ERR_INVALID_ARGUMENT;
+    sumo__env env;
+    SUMO__CHECK(sumo__env_for_create(&env));
     sumo__transport **tps = calloc((size_t)nranks, sizeof *tps);
     if (tps == NULL) return SUMO_ERR_SYSTEM;
-    sumo_result r = sumo__threads_transport_create(nranks, tps);
+    sumo_result r = sumo__threads_transport_create(nranks, &env, tps);
     if (r != SUMO_SUCCESS) {
         free(tps);
         return r;
@@ -164,16 +194,158 @@ sumo_result sumo__comm_scratch(sumo_comm *comm, size_t bytes, void **out)
     return SUMO_SUCCESS;
 }
 
+sumo_result sumo__comm_data_scratch(sumo_comm *comm, const sumo__exec *x, size_t bytes, void **out)
+{
+    sumo__data_scratch *d = NULL;
+    for (int i = 0; i <= SUMO__MAX_KERNEL_TABLES && d == NULL; i++)
+        if (comm->data_scratch[i].k == x->k || comm->data_scratch[i].k == NULL)
+            d = &comm->data_scratch[i];
+    if (d == NULL) return SUMO__COMM_FAIL(comm, SUMO_ERR_INTERNAL, "data scratch: no slot");
+    if (bytes > d->bytes || d->p == NULL) {
+        if (bytes > SIZE_MAX - 4095)
+            return SUMO__COMM_FAIL(comm, SUMO_ERR_SYSTEM, "data scratch of %zu bytes", bytes);
+        size_t rounded = (SUMO__MAX(bytes, (size_t)1) + 4095) / 4096 * 4096;
+        void *p = NULL;
+        /* The old block goes first: the peak is one block, not two. */
+        if (d->p) x->k->release(x->k->ctx, d->p);
+        d->p = NULL;
+        d->bytes = 0;
+        sumo_result r = x->k->alloc(x->k->ctx, rounded, &p);
+        if (r != SUMO_SUCCESS || p == NULL)
+            return SUMO__COMM_FAIL(comm, r == SUMO_SUCCESS ? SUMO_ERR_SYSTEM : r,
+                                   "cannot allocate %zu bytes of %s scratch", rounded,
+                                   x->k->memory);
+        d->k = x->k;
+        d->p = p;
+        d->bytes = rounded;
+    }
+    *out = d->p;
+    return SUMO_SUCCESS;
+}
+
+const sumo_kernel_table *sumo__kernels_for(const sumo_comm *comm, const void *ptr, size_t bytes)
+{
+    if (ptr != NULL)
+        for (int i = 0; i < comm->ntables; i++)
+            if (comm->tables[i]->claims(comm->tables[i]->ctx, ptr, bytes)) return comm->tables[i];
+    return sumo__host_kernels();
+}
+
+sumo_result sumo_comm_add_kernels(sumo_comm *comm, const sumo_kernel_table *table)
+{
+    if (comm == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    if (table == NULL || table->struct_size != sizeof *table)
+        return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT,
+                               "sumo_comm_add_kernels: %s (struct_size %zu, this library's "
+                               "table is %zu bytes)",
+                               table ? "a table of another sumo version" : "NULL table",
+                               table ? table->struct_size : (size_t)0, sizeof *table);
+    const char *missing = sumo__kernel_table_missing(table);
+    if (missing)
+        return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT,
+                               "sumo_comm_add_kernels: the %s table has no %s", 
+                               table->memory ? table->memory : "unnamed", missing);
+    pthread_mutex_lock(&comm->exec);
+    sumo_result r = SUMO_SUCCESS;
+    if (comm->ntables == SUMO__MAX_KERNEL_TABLES)
+        r = SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_USAGE,
+                            "sumo_comm_add_kernels: at most %d tables", SUMO__MAX_KERNEL_TABLES);
+    else
+        comm->tables[comm->ntables++] = table;
+    pthread_mutex_unlock(&comm->exec);
+    return r;
+}
+
+sumo_result sumo__kernel_failed(sumo_comm *comm, sumo_result code, const char *what)
+{
+    /* Never a verdict the peers share: break the handle whatever the code says. */
+    if (code == SUMO_ERR_INVALID_ARGUMENT || code == SUMO_ERR_MISMATCH ||
+        code == SUMO_ERR_NONFINITE || code == SUMO_ERR_INVALID_USAGE)
+        code = SUMO_ERR_INTERNAL;
+    return SUMO__COMM_FAIL(comm, code, "the %s kernels failed in %s", comm->x.k->memory, what);
+}
+
+/* ---- ops ---------------------------------------------------------------------------------- */
+
+static const sumo__op_entry predefined[SUMO_OP_PREDEFINED_COUNT] = {
+    [SUMO_OP_SUM] = {.kind = SUMO__OP_SUM},
+    [SUMO_OP_AVERAGE] = {.kind = SUMO__OP_AVERAGE},
+    [SUMO_OP_ADASUM] = {.kind = SUMO__OP_ADASUM},
+};
+
+const sumo__op_entry *sumo__op_find(const sumo_comm *comm, sumo_op op)
+{
+    if (op < SUMO_OP_PREDEFINED_COUNT) return &predefined[op];
+    size_t i = op - SUMO_OP_PREDEFINED_COUNT;
+    return i < comm->nops ? comm->ops[i] : NULL;
+}
+
+sumo_result sumo__op_register(sumo_comm *comm, sumo__op_kind kind, void *impl,
+                              void (*release)(void *impl), sumo_op *op)
+{
+    /* The op table is read inside collectives. */
+    pthread_mutex_lock(&comm->exec);
+    sumo_result r = SUMO_SUCCESS;
+    sumo__op_entry *e = NULL;
+    if (comm->nops >= (size_t)UINT32_MAX - SUMO_OP_PREDEFINED_COUNT) {
+        r = SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_USAGE, "op create: out of op ids");
+        goto out;
+    }
+    if (comm->nops == comm->ops_cap) {
+        size_t cap = comm->ops_cap ? 2 * comm->ops_cap : 8;
+        sumo__op_entry **ops = realloc(comm->ops, cap * sizeof *ops);
+        if (ops == NULL) goto oom;
+        comm->ops = ops;
+        comm->ops_cap = cap;
+    }
+    e = malloc(sizeof *e);
+    if (e == NULL) goto oom;
+    *e = (sumo__op_entry){.kind = kind, .impl = impl, .release = release};
+    comm->ops[comm->nops] = e;
+    *op = (sumo_op)(SUMO_OP_PREDEFINED_COUNT + comm->nops);
+    comm->nops++;
+    goto out;
+oom:
+    r = SUMO__COMM_FAIL(comm, SUMO_ERR_SYSTEM, "op create: out of memory");
+out:
+    pthread_mutex_unlock(&comm->exec);
+    if (r != SUMO_SUCCESS && release) release(impl);
+    return r;
+}
+
+sumo_result sumo_op_destroy(sumo_comm *comm, sumo_op op)
+{
+    if (comm == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    /* Queued requests may still use the op: they run first, as for a blocking collective. */
+    sumo__comm_enter(comm);
+    sumo_result r = SUMO_SUCCESS;
+    if (op < SUMO_OP_PREDEFINED_COUNT || sumo__op_find(comm, op) == NULL) {
+        r = SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT,
+                            "sumo_op_destroy: op %u was not created on this communicator (or was "
+                            "destroyed already)",
+                            op);
+    } else {
+        sumo__op_entry *e = comm->ops[op - SUMO_OP_PREDEFINED_COUNT];
+        comm->ops[op - SUMO_OP_PREDEFINED_COUNT] = NULL;
+        if (e->release) e->release(e->impl);
+        free(e);
+    }
+    sumo__comm_leave(comm);
+    return r;
+}
+
+/* ---- holding the handle ------------------------------------------------------------------- */
+
 void sumo__comm_enter(sumo_comm *comm)
 {
-    pthread_mutex_lock(&comm->lock);
+    sumo__queue *q = comm->queue;
+    pthread_mutex_lock(&q->lock);
     /* Collectives on a handle run in the order they were issued. */
-    while (comm->queue.pending > 0) pthread_cond_wait(&comm->idle, &comm->lock);
+    while (q->pending > 0) pthread_cond_wait(&q->idle, &q->lock);
     /* Taken before the queue lock is dropped: a request started after this call was issued
      * runs after it. Nothing holds exec while waiting for lock, so this cannot deadlock. */
     pthread_mutex_lock(&comm->exec);
-    pthread_mutex_unlock(&comm->lock);
+    pthread_mutex_unlock(&q->lock);
 }
 
 void sumo__comm_leave(sumo_comm *comm) { pthread_mutex_unlock(&comm->exec); }
-

@@ -1,54 +1,95 @@
 /*
  * The communicator: a transport plus what the collectives keep between calls (its error
- * state, scratch memory, the kernels for its buffers' memory, the per-handle locks and the
- * queue of asynchronous requests, which collectives/requests.c runs).
+ * state, scratch memory, the kernel tables for the memories its buffers live in, the ops
+ * created on it, the per-handle locks and the queue of asynchronous requests, which
+ * collectives/requests.c runs).
  */
 #ifndef SUMO_COMM_H
 #define SUMO_COMM_H
 
-#include "kernels/kernels.h"
+#include "kernels/kernel_table.h"
 #include "transport/transport.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 
-typedef struct sumo__request_queue {
+/* Tables a handle holds besides the host's. */
+#define SUMO__MAX_KERNEL_TABLES 4
+
+/*
+ * The queue of asynchronous requests and the lock that guards it. It outlives the handle
+ * while requests not yet waited on point at it (refs counts the handle and each of them), so
+ * a wait racing with sumo_comm_destroy never touches freed memory.
+ */
+/* Every request starts with this link, which the queue's list of spares threads through. */
+typedef struct sumo__spare {
+    struct sumo__spare *next;
+} sumo__spare;
+
+typedef struct sumo__queue {
+    pthread_mutex_t lock;
+    pthread_cond_t idle; /* a request completed */
+    pthread_cond_t work; /* a request was queued, or the handle is stopping */
+    int refs;
+    sumo_comm *comm;     /* NULL once the handle is destroyed */
     sumo_request *head, *tail;
-    int pending;            /* queued or running */
-    sumo_request *unwaited; /* every request not yet waited on, to detach at destroy */
-    sumo_request *spare;    /* waited-on requests kept for reuse: start does not allocate */
-} sumo__request_queue;
+    int pending;         /* queued or running */
+    sumo__spare *spare;  /* waited-on requests kept for reuse: start does not allocate */
+    pthread_t progress;
+    bool progress_started;
+    bool stopping;
+} sumo__queue;
 
 /* The announcement every collective starts with (collectives/agree.h); declared here so the
  * communicator can keep the last agreed set. */
 typedef struct sumo__call_desc sumo__call_desc;
 
+/* What an op is: ops are dispatched by kind, whatever their number. */
+typedef enum sumo__op_kind { SUMO__OP_SUM = 0, SUMO__OP_AVERAGE, SUMO__OP_ADASUM } sumo__op_kind;
+
+typedef struct sumo__op_entry {
+    sumo__op_kind kind;
+    void *impl; /* the layer's own description (Adasum's layout); NULL for the predefined ops */
+    void (*release)(void *impl);
+} sumo__op_entry;
+
+/* Data scratch of one memory, kept between calls. */
+typedef struct sumo__data_scratch {
+    const sumo_kernel_table *k;
+    void *p;
+    size_t bytes;
+} sumo__data_scratch;
+
 struct sumo_comm {
     sumo__transport *tp;
     sumo__status status;
-    const sumo__kernel_table *kernels; /* for the memory the buffers live in (host today) */
-    /* Two locks, so that queueing never waits for a collective: `lock` guards the queue and
-     * the settings and is only held for a few instructions; `exec` is held while a collective
-     * runs. Order: lock, then exec (never the reverse). */
-    pthread_mutex_t lock;
+    /* Tables added with sumo_comm_add_kernels; host memory is every buffer none claims. */
+    const sumo_kernel_table *tables[SUMO__MAX_KERNEL_TABLES];
+    int ntables;
+    /* The table and stream of the collective running now, for its data (sumo__execute sets
+     * it; host metadata always goes through the host table). */
+    sumo__exec x;
+    /* Held while a collective runs. Order: the queue's lock, then exec (never the reverse). */
     pthread_mutex_t exec;
-    pthread_cond_t idle; /* signalled when an asynchronous request completes */
-    sumo__request_queue queue;
-    pthread_cond_t work;
-    pthread_t progress;
-    bool progress_started;
-    bool stopping;
+    sumo__queue *queue;
     sumo_algorithm algo;
+    /* sumo_comm_abort: 0, 1 while its message is written, 2 once it can be read. */
+    _Atomic int aborted;
+    char abort_message[160];
     /* Every rank's announcement of the collective in progress (size entries). */
     sumo__call_desc *agreed;
-    /* Scratch kept between calls so the hot path does not allocate. */
+    /* Scratch kept between calls so the hot path does not allocate: host metadata (pointer
+     * arrays, per-tensor sums, Gram matrices), and data in the memory of the call's buffers. */
     void *scratch;
     size_t scratch_bytes;
+    sumo__data_scratch data_scratch[SUMO__MAX_KERNEL_TABLES + 1];
     /* What sumo_mem_alloc gave, newest first; serials count allocations alike on every rank. */
     struct sumo__mem_block *mem_blocks;
     uint64_t mem_serial;
-    /* Ops created on this handle (Adasum with a layout), owned by the layer that made them. */
-    void *op_table;
-    void (*op_table_free)(void *op_table);
+    /* Ops created on this handle: ops[id - SUMO_OP_PREDEFINED_COUNT]; NULL once destroyed, ids
+     * are never reused. */
+    sumo__op_entry **ops;
+    size_t nops, ops_cap;
 };
 
 /* Wraps a transport (taking ownership, and taking it back on failure) into a communicator. */
@@ -56,11 +97,36 @@ sumo_result sumo__comm_wrap(sumo__transport *tp, sumo_comm **out);
 /* Frees what sumo__comm_wrap made, destroying the transport (the caller has stopped the
  * progress thread); returns the transport's verdict on leaving its peers. */
 sumo_result sumo__comm_free(sumo_comm *comm);
-/* Grows the handle's scratch to at least bytes. */
+/* Frees a queue (the caller dropped its last reference). */
+void sumo__queue_free(sumo__queue *q);
+
+/* Grows the handle's metadata scratch (host memory) to at least bytes. */
 sumo_result sumo__comm_scratch(sumo_comm *comm, size_t bytes, void **out);
+/* Grows the handle's data scratch in the memory of x's table to at least bytes. Independent
+ * of the metadata scratch: a call may hold both. */
+sumo_result sumo__comm_data_scratch(sumo_comm *comm, const sumo__exec *x, size_t bytes,
+                                    void **out);
+
+/* The table for [ptr, ptr + bytes): the first added table that claims it, else the host's. */
+const sumo_kernel_table *sumo__kernels_for(const sumo_comm *comm, const void *ptr, size_t bytes);
+
+/* The entry of op on this handle, or NULL when the handle does not know it. */
+const sumo__op_entry *sumo__op_find(const sumo_comm *comm, sumo_op op);
+/* Registers an op of kind (taking impl, released with release when the op is destroyed). */
+sumo_result sumo__op_register(sumo_comm *comm, sumo__op_kind kind, void *impl,
+                              void (*release)(void *impl), sumo_op *op);
 
 /* Records a failure in the communicator's status (see sumo__transport_fail). */
 #define SUMO__COMM_FAIL(comm, code, ...) SUMO__FAIL((comm)->tp, (code), __VA_ARGS__)
+
+/* A kernel failed mid-collective: the peers go on without this rank, so the communicator is
+ * broken (a failed kernel is never a verdict every rank shares). Returns code. */
+sumo_result sumo__kernel_failed(sumo_comm *comm, sumo_result code, const char *what);
+#define SUMO__KCHECK(comm, call)                                                   \
+    do {                                                                           \
+        sumo_result sumo__k_ = (call);                                             \
+        if (sumo__k_ != SUMO_SUCCESS) return sumo__kernel_failed((comm), sumo__k_, #call); \
+    } while (0)
 
 /* Holds the handle for a blocking collective: waits for queued asynchronous requests. */
 void sumo__comm_enter(sumo_comm *comm);

@@ -10,12 +10,14 @@ sumo_result sumo_comm_create_mpi(MPI_Comm comm, sumo_comm **out)
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) return SUMO_ERR_INVALID_USAGE;
+    sumo__env env;
+    SUMO__CHECK(sumo__env_for_create(&env));
     sumo__transport *tp = NULL;
     char err[256] = "";
-    sumo_result r = sumo__mpi_transport_create(comm, &tp, err, sizeof err);
+    sumo_result r = sumo__mpi_transport_create(comm, &env, &tp, err, sizeof err);
     if (r != SUMO_SUCCESS) {
         /* No handle exists to carry the message: this is the one place that prints. */
-        if (sumo__log_level_from_env() >= SUMO__LOG_WARN) fprintf(stderr, "sumo: %s\n", err);
+        if (env.log_level >= SUMO__LOG_WARN) fprintf(stderr, "sumo: %s\n", err);
         return r;
     }
     return sumo__comm_wrap(tp, out);

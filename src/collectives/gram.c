@@ -10,7 +10,8 @@ _Static_assert(SUMO__GRAM_MAX_RANKS <= SUMO__GRAM_MAX_IN, "the partials kernel t
 
 static size_t align64(size_t v) { return (v + 63) / 64 * 64; }
 
-/* Where each part of the scratch starts. */
+/* Where each part of the scratch starts: host metadata, and the received shards (data, in
+ * the memory of the call's buffers). */
 typedef struct gram_space {
     double *gram, *incoming, *w;
     void *weigh_work;
@@ -18,77 +19,71 @@ typedef struct gram_space {
     size_t shard_bytes;
 } gram_space;
 
+static size_t shard_bytes_of(const sumo_comm *c, const sumo__gram_call *call)
+{
+    size_t esz = sumo__dtype_bytes(call->dtype);
+    return call->shape == SUMO__GRAM_MESSAGES ? align64((call->count / (size_t)c->tp->size + 1) * esz)
+                                              : 0;
+}
+
 static size_t layout_space(const sumo_comm *c, const sumo__gram_call *call, unsigned char *base,
-                           gram_space *gs)
+                           unsigned char *data, gram_space *gs)
 {
     int P = c->tp->size;
-    size_t L = sumo__gram_len(P), T = call->ntensors, esz = sumo__dtype_bytes(call->dtype);
+    size_t L = sumo__gram_len(P), T = call->ntensors;
     size_t gram = 0, incoming = align64(gram + T * L * sizeof(double));
     size_t w = align64(incoming + T * L * sizeof(double));
     size_t work = align64(w + T * (size_t)P * sizeof(double));
-    size_t shards = align64(work + call->weigh_work_bytes);
-    size_t shard_bytes =
-        call->shape == SUMO__GRAM_MESSAGES ? align64((call->count / (size_t)P + 1) * esz) : 0;
+    size_t end = align64(work + call->weigh_work_bytes);
     if (gs) {
         *gs = (gram_space){.gram = (double *)(void *)(base + gram),
                            .incoming = (double *)(void *)(base + incoming),
                            .w = (double *)(void *)(base + w),
                            .weigh_work = base + work,
-                           .shards = base + shards,
-                           .shard_bytes = shard_bytes};
+                           .shards = data,
+                           .shard_bytes = shard_bytes_of(c, call)};
     }
-    return shards + (size_t)(P - 1) * shard_bytes;
+    return end;
 }
 
 size_t sumo__gram_scratch_bytes(const sumo_comm *c, const sumo__gram_call *call)
 {
-    return layout_space(c, call, NULL, NULL);
+    return layout_space(c, call, NULL, NULL, NULL);
 }
 
-static size_t first_tensor(const sumo__gram_call *call, size_t pos)
+size_t sumo__gram_data_bytes(const sumo_comm *c, const sumo__gram_call *call)
 {
-    return sumo__first_tensor(call->offsets, call->ntensors, pos);
+    return (size_t)(c->tp->size - 1) * shard_bytes_of(c, call);
 }
 
 /* in_at[k] for elements [s, e) of the buffer: rank k's input there. */
 typedef void (*inputs_fn)(const void *ctx, size_t s, const void **in_at);
 
-/* Adds the partials of every tensor piece in [lo, hi) to gram (which the caller zeroed). */
-static void partials(sumo_comm *c, const sumo__gram_call *call, size_t lo, size_t hi,
-                     inputs_fn inputs, const void *ctx, double *gram)
+/* Adds the partials of every tensor piece in [lo, hi) to gram (which the caller zeroed), one
+ * kernel call for the whole range. */
+static sumo_result partials(sumo_comm *c, const sumo__exec *x, const sumo__gram_call *call,
+                            size_t lo, size_t hi, inputs_fn inputs, const void *ctx, double *gram)
 {
-    int P = c->tp->size;
-    size_t L = sumo__gram_len(P);
     const void *in_at[SUMO__GRAM_MAX_RANKS];
-    double piece[SUMO__GRAM_MAX_RANKS * (SUMO__GRAM_MAX_RANKS + 1) / 2];
-    for (size_t t = hi > lo ? first_tensor(call, lo) : call->ntensors;
-         t < call->ntensors && call->offsets[t] < hi; t++) {
-        size_t s = SUMO__MAX(lo, call->offsets[t]), e = SUMO__MIN(hi, call->offsets[t + 1]);
-        if (e <= s) continue;
-        inputs(ctx, s, in_at);
-        c->kernels->gram_partials(call->dtype, in_at, P, e - s, piece);
-        for (size_t q = 0; q < L; q++) gram[t * L + q] += piece[q];
-    }
+    if (hi <= lo) return SUMO_SUCCESS;
+    inputs(ctx, lo, in_at);
+    SUMO__KCHECK(c, sumo__k_gram_partials(x, call->dtype, in_at, c->tp->size, call->offsets,
+                                          call->ntensors, lo, hi, gram));
+    return SUMO_SUCCESS;
 }
 
 /* outs[k][s - lo] = sum_r w[t][r] in_r[s] for every element s of [lo, hi) (tensor t's), for
- * each of the nout outputs, which start at element lo. */
-static void weighted(sumo_comm *c, const sumo__gram_call *call, size_t lo, size_t hi,
-                     inputs_fn inputs, const void *ctx, const double *w,
-                     unsigned char *const *outs, int nout)
+ * each of the nout outputs, which start at element lo; one kernel call. */
+static sumo_result weighted(sumo_comm *c, const sumo__exec *x, const sumo__gram_call *call,
+                            size_t lo, size_t hi, inputs_fn inputs, const void *ctx,
+                            const double *w, unsigned char *const *outs, int nout)
 {
-    int P = c->tp->size;
-    size_t esz = sumo__dtype_bytes(call->dtype);
     const void *in_at[SUMO__GRAM_MAX_RANKS];
-    void *out_at[SUMO__GRAM_MAX_RANKS];
-    for (size_t t = hi > lo ? first_tensor(call, lo) : call->ntensors;
-         t < call->ntensors && call->offsets[t] < hi; t++) {
-        size_t s = SUMO__MAX(lo, call->offsets[t]), e = SUMO__MIN(hi, call->offsets[t + 1]);
-        if (e <= s) continue;
-        inputs(ctx, s, in_at);
-        for (int k = 0; k < nout; k++) out_at[k] = outs[k] + (s - lo) * esz;
-        c->kernels->weighted_sum(call->dtype, out_at, nout, in_at, w + t * (size_t)P, P, e - s);
-    }
+    if (hi <= lo) return SUMO_SUCCESS;
+    inputs(ctx, lo, in_at);
+    SUMO__KCHECK(c, sumo__k_weighted_sum(x, call->dtype, (void *const *)outs, nout, in_at,
+                                         c->tp->size, call->offsets, call->ntensors, lo, hi, w));
+    return SUMO_SUCCESS;
 }
 
 /* Every rank's partials summed, the weights; false when the weigh function declined. */
@@ -96,7 +91,8 @@ static sumo_result weigh(sumo_comm *c, const sumo__gram_call *call, gram_space *
 {
     size_t L = sumo__gram_len(c->tp->size);
     sumo__rd_group everyone = {.members = c->tp->size, .me = c->tp->rank};
-    SUMO__CHECK(sumo__rd_sum(c, &everyone, SUMO_FLOAT64, g->gram, g->incoming,
+    const sumo__exec host = sumo__host_exec();
+    SUMO__CHECK(sumo__rd_sum(c, &everyone, &host, SUMO_FLOAT64, g->gram, g->incoming,
                              call->ntensors * L));
     *accept = call->weigh(call->ctx, g->gram, call->ntensors, g->w, g->weigh_work);
     return SUMO_SUCCESS;
@@ -131,12 +127,12 @@ static sumo_result run_direct(sumo_comm *c, const sumo__call_desc *all, const su
     sumo__cache_slice(call->count, esz, P, tp->rank, &lo, &hi);
     for (int k = 0; k < P; k++) recv_at[k] = recv_of[k] + lo * esz;
     memset(g->gram, 0, call->ntensors * sumo__gram_len(P) * sizeof *g->gram);
-    partials(c, call, lo, hi, direct_at, &in, g->gram);
+    SUMO__CHECK(partials(c, &c->x, call, lo, hi, direct_at, &in, g->gram));
     bool accept;
     SUMO__CHECK(weigh(c, call, g, &accept));
     /* An output may be its rank's input (in place): this rank alone reads this slice, and the
      * kernel reads each element of every input before writing it to every output. */
-    if (accept) weighted(c, call, lo, hi, direct_at, &in, g->w, recv_at, P);
+    if (accept) SUMO__CHECK(weighted(c, &c->x, call, lo, hi, direct_at, &in, g->w, recv_at, P));
     *applied = accept;
     /* No rank returns while a peer still reads or writes its buffers. */
     return tp->ops->barrier(tp);
@@ -177,14 +173,16 @@ static sumo_result stream_partials(sumo_comm *c, const sumo__gram_call *call, st
     sumo__transport *tp = c->tp;
     int me = tp->rank;
     size_t n = call->count, chunks = sumo__stage_chunk_count(in->st, n);
+    /* The staged chunks are host memory. */
+    const sumo__exec host = sumo__host_exec();
     memset(g->gram, 0, call->ntensors * sumo__gram_len(tp->size) * sizeof *g->gram);
-    if (chunks > 0) sumo__stage_in(in->st, me, 0, sendbuf, n);
+    if (chunks > 0) SUMO__KCHECK(c, sumo__stage_in(in->st, me, 0, sendbuf, n));
     SUMO__CHECK(tp->ops->barrier(tp));
     for (size_t k = 0; k < chunks; k++) {
         size_t lo, hi;
         staged_chunk(in, n, k, me, &lo, &hi);
-        partials(c, call, in->first + lo, in->first + hi, staged_at, in, g->gram);
-        if (k + 1 < chunks) sumo__stage_in(in->st, me, k + 1, sendbuf, n);
+        SUMO__CHECK(partials(c, &host, call, in->first + lo, in->first + hi, staged_at, in, g->gram));
+        if (k + 1 < chunks) SUMO__KCHECK(c, sumo__stage_in(in->st, me, k + 1, sendbuf, n));
         SUMO__CHECK(tp->ops->barrier(tp));
     }
     return SUMO_SUCCESS;
@@ -201,15 +199,16 @@ static sumo_result run_staged(sumo_comm *c, const void *sendbuf, void *recvbuf,
     sumo__transport *tp = c->tp;
     int P = tp->size, me = tp->rank;
     size_t n = call->count, esz = sumo__dtype_bytes(call->dtype);
-    sumo__staging st = sumo__staging_of(tp, esz);
+    sumo__staging st = sumo__staging_of(tp, &c->x, esz);
     size_t chunks = sumo__stage_chunk_count(&st, n);
     staged_inputs in = {.st = &st, .P = P};
+    const sumo__exec host = sumo__host_exec();
     SUMO__CHECK(stream_partials(c, call, &in, sendbuf, g));
     bool accept;
     SUMO__CHECK(weigh(c, call, g, &accept));
     *applied = accept;
     if (!accept || chunks == 0) return SUMO_SUCCESS;
-    sumo__stage_in(&st, me, 0, sendbuf, n);
+    SUMO__KCHECK(c, sumo__stage_in(&st, me, 0, sendbuf, n));
     SUMO__CHECK(tp->ops->barrier(tp));
     for (size_t k = 0; k < chunks; k++) {
         size_t lo, hi;
@@ -218,12 +217,14 @@ static sumo_result run_staged(sumo_comm *c, const void *sendbuf, void *recvbuf,
             /* Into every rank's area, where the inputs are (each read before written). */
             unsigned char *outs[SUMO__GRAM_MAX_RANKS];
             for (int r = 0; r < P; r++) outs[r] = sumo__stage_half(&st, r, k) + lo * esz;
-            weighted(c, call, in.first + lo, in.first + hi, staged_at, &in, g->w, outs, P);
+            SUMO__CHECK(weighted(c, &host, call, in.first + lo, in.first + hi, staged_at, &in,
+                                 g->w, outs, P));
         }
-        if (k + 1 < chunks) sumo__stage_in(&st, me, k + 1, sendbuf, n);
+        if (k + 1 < chunks) SUMO__KCHECK(c, sumo__stage_in(&st, me, k + 1, sendbuf, n));
         SUMO__CHECK(tp->ops->barrier(tp));
-        memcpy((unsigned char *)recvbuf + in.first * esz, sumo__stage_half(&st, me, k),
-               sumo__stage_chunk_len(&st, n, k) * esz);
+        SUMO__KCHECK(c, sumo__k_copy(&c->x, (unsigned char *)recvbuf + in.first * esz,
+                                     sumo__stage_half(&st, me, k),
+                                     sumo__stage_chunk_len(&st, n, k) * esz));
     }
     return SUMO_SUCCESS;
 }
@@ -249,7 +250,7 @@ static sumo_result run_into_outputs(sumo_comm *c, const sumo__call_desc *all, co
     unsigned char *recv_of[SUMO__GRAM_MAX_RANKS];
     for (int k = 0; k < P; k++)
         recv_of[k] = k == me ? recvbuf : tp->ops->peer_buffer(tp, k, all[k].recvptr);
-    sumo__staging st = sumo__staging_into_outputs(tp, esz, recv_of);
+    sumo__staging st = sumo__staging_into_outputs(tp, &c->x, esz, recv_of);
     staged_inputs staged = {.st = &st, .P = P};
     SUMO__CHECK(stream_partials(c, call, &staged, sendbuf, g));
     bool accept;
@@ -265,7 +266,8 @@ static sumo_result run_into_outputs(sumo_comm *c, const sumo__call_desc *all, co
         in.send_of[k] = recv_of[k];
         slice_of[k] = recv_of[k] + lo * esz;
     }
-    weighted(c, call, lo, hi, direct_at, &in, g->w, slice_of, P);
+    const sumo__exec host = sumo__host_exec();
+    SUMO__CHECK(weighted(c, &host, call, lo, hi, direct_at, &in, g->w, slice_of, P));
     /* No rank returns while a peer still writes its output. */
     return tp->ops->barrier(tp);
 }
@@ -313,6 +315,7 @@ static size_t wire_chunk(size_t seg_lo, size_t seg_hi, size_t j, size_t chunk)
  * or (weighted) the weighted sum into out. */
 typedef struct shard_work {
     sumo_comm *c;
+    sumo_result failed; /* a kernel's failure, returned after the exchange */
     const sumo__gram_call *call;
     const shard_inputs *sh;
     gram_space *g;
@@ -324,16 +327,16 @@ typedef struct shard_work {
 static bool shard_work_slice(void *ctx)
 {
     shard_work *w = ctx;
-    if (w->pos >= w->end) return false;
+    if (w->pos >= w->end || w->failed != SUMO_SUCCESS) return false;
     size_t e = SUMO__MIN(w->end, w->pos + GRAM_WORK_SLICE);
     if (w->weighted) {
         unsigned char *at = w->out + w->pos * w->esz;
-        weighted(w->c, w->call, w->pos, e, shard_at, w->sh, w->g->w, &at, 1);
+        w->failed = weighted(w->c, &w->c->x, w->call, w->pos, e, shard_at, w->sh, w->g->w, &at, 1);
     } else {
-        partials(w->c, w->call, w->pos, e, shard_at, w->sh, w->g->gram);
+        w->failed = partials(w->c, &w->c->x, w->call, w->pos, e, shard_at, w->sh, w->g->gram);
     }
     w->pos = e;
-    return w->pos < w->end;
+    return w->pos < w->end && w->failed == SUMO_SUCCESS;
 }
 
 static sumo_result run_messages(sumo_comm *c, const void *sendbuf, void *recvbuf,
@@ -371,6 +374,7 @@ static sumo_result run_messages(sumo_comm *c, const void *sendbuf, void *recvbuf
                 k == 1 ? shard_work_slice : NULL, &work));
         }
         while (shard_work_slice(&work)) {}
+        SUMO__CHECK(work.failed);
     }
     bool accept;
     SUMO__CHECK(weigh(c, call, g, &accept));
@@ -388,6 +392,7 @@ static sumo_result run_messages(sumo_comm *c, const void *sendbuf, void *recvbuf
         work.end = wire_chunk(lo, hi, j + 1, chunk);
         if (j == 0 || P == 1) {
             while (shard_work_slice(&work)) {}
+            SUMO__CHECK(work.failed);
             continue;
         }
         size_t s0 = wire_chunk(lo, hi, j - 1, chunk), s1 = wire_chunk(lo, hi, j, chunk);
@@ -395,6 +400,7 @@ static sumo_result run_messages(sumo_comm *c, const void *sendbuf, void *recvbuf
         SUMO__CHECK(sumo__sendrecv_working(tp, out + s0 * esz, (s1 - s0) * esz, next,
                                            out + r0 * esz, (r1 - r0) * esz, prev,
                                            shard_work_slice, &work));
+        SUMO__CHECK(work.failed);
     }
     return sumo__ring_pass_segments_from(tp, recvbuf, esz, n, me, 1);
 }
@@ -411,11 +417,11 @@ sumo__gram_shape sumo__gram_shape_for(const sumo_comm *c)
 }
 
 sumo_result sumo__gram_run(sumo_comm *c, const sumo__call_desc *all, const void *sendbuf,
-                           void *recvbuf, const sumo__gram_call *call, void *scratch,
+                           void *recvbuf, const sumo__gram_call *call, void *scratch, void *data,
                            bool *applied)
 {
     gram_space g;
-    layout_space(c, call, scratch, &g);
+    layout_space(c, call, scratch, data, &g);
     /* Staged processes whose buffers all come from sumo_mem_alloc reach them directly; whose
      * outputs alone do, stage into those. */
     if (call->shape == SUMO__GRAM_STAGED && sumo__all_shared(c, all)) {
@@ -436,37 +442,18 @@ sumo_result sumo__gram_run(sumo_comm *c, const sumo__call_desc *all, const void 
 
 /* ---- as a collective of its own ----------------------------------------------------------- */
 
-/* What the announcement carries in place of an op: no public op has this value. */
-#define GRAM_OP 0xfffffff0u
-
-sumo_result sumo__gram_allreduce(sumo_comm *c, const void *sendbuf, void *recvbuf,
-                                 const sumo__gram_call *call, uint64_t layout_hash, bool *applied)
+sumo_result sumo__gram_collective(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
+                                  void *recvbuf, const sumo__gram_call *call, bool *applied)
 {
     *applied = false;
-    sumo__comm_enter(c);
-    sumo_result r = sumo__usable(c);
-    if (r != SUMO_SUCCESS) goto out;
-    sumo__call_desc d = {.kind = SUMO__CALL_ALLREDUCE, .dtype = (uint32_t)call->dtype,
-                         .op = GRAM_OP, .count = call->count, .sendptr = (uintptr_t)sendbuf,
-                         .recvptr = (uintptr_t)recvbuf, .aux = layout_hash};
-    void *scratch = NULL;
-    if (c->tp->size > SUMO__GRAM_MAX_RANKS)
-        d.local_error = SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_USAGE,
-                                        "gram combine: %d ranks, at most %d", c->tp->size,
-                                        SUMO__GRAM_MAX_RANKS);
-    else if (!sumo__dtype_valid(call->dtype) ||
-             ((sendbuf == NULL || recvbuf == NULL) && call->count > 0))
-        d.local_error = SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_ARGUMENT,
-                                        "gram combine: NULL buffer or unknown dtype");
-    else
-        d.local_error = sumo__comm_scratch(c, sumo__gram_scratch_bytes(c, call), &scratch);
+    void *scratch = NULL, *data = NULL;
+    d->local_error = sumo__comm_scratch(c, sumo__gram_scratch_bytes(c, call), &scratch);
+    if (d->local_error == SUMO_SUCCESS)
+        d->local_error = sumo__comm_data_scratch(c, &c->x, sumo__gram_data_bytes(c, call), &data);
     size_t bytes = call->count * sumo__dtype_bytes(call->dtype);
-    if (d.local_error == SUMO_SUCCESS)
-        d.flags = sumo__shared_flag(c, sendbuf, bytes, recvbuf, bytes);
+    if (d->local_error == SUMO_SUCCESS)
+        d->flags = sumo__shared_flag(c, sendbuf, bytes, recvbuf, bytes);
     const sumo__call_desc *all;
-    r = sumo__agree(c, &d, &all);
-    if (r == SUMO_SUCCESS) r = sumo__gram_run(c, all, sendbuf, recvbuf, call, scratch, applied);
-out:
-    sumo__comm_leave(c);
-    return r;
+    SUMO__CHECK(sumo__agree(c, d, &all));
+    return sumo__gram_run(c, all, sendbuf, recvbuf, call, scratch, data, applied);
 }

@@ -55,25 +55,24 @@ typedef struct sumo__gram_call {
     sumo__gram_shape shape;
 } sumo__gram_call;
 
-/* Scratch bytes sumo__gram_run needs (at its scratch argument, 64-byte aligned). */
+/* Scratch bytes sumo__gram_run needs: host metadata (at its scratch argument, 64-byte
+ * aligned), and data in the memory of the call's buffers (its data argument). */
 size_t sumo__gram_scratch_bytes(const sumo_comm *c, const sumo__gram_call *call);
+size_t sumo__gram_data_bytes(const sumo_comm *c, const sumo__gram_call *call);
 
 /*
  * Runs the combine after an agreement whose announcements (all) carry every rank's send and
  * receive buffers; *applied says whether the weights were applied (false: declined, and the
  * receive buffer holds nothing or a copy of the send buffer). P must be <=
- * SUMO__GRAM_MAX_RANKS.
+ * SUMO__GRAM_MAX_RANKS. Data goes through the handle's current kernels (comm->x).
  */
 sumo_result sumo__gram_run(sumo_comm *c, const sumo__call_desc *all, const void *sendbuf,
-                           void *recvbuf, const sumo__gram_call *call, void *scratch,
+                           void *recvbuf, const sumo__gram_call *call, void *scratch, void *data,
                            bool *applied);
 
-/*
- * The same as a collective of its own, for a layer above (ACGA): takes the handle, checks and
- * agrees (the layout by its hash), and runs; in place when sendbuf == recvbuf. Declined, the
- * receive buffer holds nothing or a copy of the send buffer.
- */
-sumo_result sumo__gram_allreduce(sumo_comm *c, const void *sendbuf, void *recvbuf,
-                                 const sumo__gram_call *call, uint64_t layout_hash, bool *applied);
+/* The combine as a collective of its own (SUMO__CALL_GRAM), after sumo__execute's validation:
+ * scratch, the agreement (d carries the layout hash), the run. */
+sumo_result sumo__gram_collective(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
+                                  void *recvbuf, const sumo__gram_call *call, bool *applied);
 
 #endif

@@ -12,8 +12,8 @@ static sumo_result work_buffers(sumo_comm *c, const sumo__call_desc *d, const vo
                                 void *recvbuf, size_t tmp_elems, void **tmp)
 {
     size_t esz = sumo__dtype_bytes(d->dtype);
-    SUMO__CHECK(sumo__comm_scratch(c, tmp_elems * esz + 64, tmp));
-    if (sendbuf != recvbuf) memcpy(recvbuf, sendbuf, d->count * esz);
+    SUMO__CHECK(sumo__comm_data_scratch(c, &c->x, tmp_elems * esz + 64, tmp));
+    SUMO__KCHECK(c, sumo__k_copy(&c->x, recvbuf, sendbuf, d->count * esz));
     return SUMO_SUCCESS;
 }
 
@@ -61,7 +61,7 @@ static sumo_result ring_allreduce_widened(sumo_comm *c, sumo__call_desc *d, cons
                                           void *recvbuf)
 {
     sumo__transport *tp = c->tp;
-    const sumo__kernel_table *kt = c->kernels;
+    const sumo__exec *kt = &c->x;
     int size = tp->size, me = tp->rank;
     int next = (me + 1) % size, prev = (me + size - 1) % size;
     size_t n = d->count;
@@ -73,24 +73,25 @@ static sumo_result ring_allreduce_widened(sumo_comm *c, sumo__call_desc *d, cons
     size_t seg_max = n / (size_t)size + 1, chunk = SUMO__MIN(seg_max, RING_WIDEN_CHUNK_ELEMS);
     size_t nchunks = (seg_max + chunk - 1) / chunk;
     void *s;
-    SUMO__CHECK(sumo__comm_scratch(c, 2 * (chunk * aesz + 64), &s));
+    SUMO__CHECK(sumo__comm_data_scratch(c, kt, 2 * (chunk * aesz + 64), &s));
     unsigned char *partial = s, *incoming = partial + (chunk * aesz + 63) / 64 * 64;
     int own = (me + 1) % size;
     for (size_t k = 0; k < nchunks; k++) {
         size_t lo, len = ring_chunk(n, size, me, k, chunk, &lo);
-        kt->convert(acc, partial, dt, in + lo * esz, len);
+        SUMO__KCHECK(c, sumo__k_convert(kt, acc, partial, dt, in + lo * esz, len));
         for (int step = 0; step < size - 1; step++) {
             int ss = (me - step + size) % size, rs = (me - step - 1 + 2 * size) % size;
             size_t slo, slen = ring_chunk(n, size, ss, k, chunk, &slo);
             len = ring_chunk(n, size, rs, k, chunk, &lo);
             SUMO__CHECK(tp->ops->sendrecv(tp, partial, slen * aesz, next, incoming, len * aesz, prev));
-            kt->convert(acc, partial, dt, in + lo * esz, len);
-            kt->add(acc, partial, incoming, partial, len);
+            SUMO__KCHECK(c, sumo__k_convert(kt, acc, partial, dt, in + lo * esz, len));
+            SUMO__KCHECK(c, sumo__k_add(kt, acc, partial, incoming, partial, len));
         }
         /* Chunk k of every input segment has been read: its output may overwrite it. */
         len = ring_chunk(n, size, own, k, chunk, &lo);
-        if (d->op == SUMO_OP_AVERAGE) kt->divide(acc, partial, partial, len, size);
-        kt->convert(dt, out + lo * esz, acc, partial, len);
+        if (d->op == SUMO_OP_AVERAGE)
+            SUMO__KCHECK(c, sumo__k_divide(kt, acc, partial, partial, len, size));
+        SUMO__KCHECK(c, sumo__k_convert(kt, dt, out + lo * esz, acc, partial, len));
     }
     return sumo__ring_pass_segments(tp, out, esz, n, own);
 }
@@ -115,12 +116,12 @@ sumo_result sumo__ring_allreduce(sumo_comm *c, sumo__call_desc *d, const void *s
                                       seg_len(n, size, ss) * esz, next, tmp,
                                       seg_len(n, size, rs) * esz, prev));
         unsigned char *mine = work + seg_off(n, size, rs) * esz;
-        c->kernels->add(dt, mine, tmp, mine, seg_len(n, size, rs));
+        SUMO__KCHECK(c, sumo__k_add(&c->x, dt, mine, tmp, mine, seg_len(n, size, rs)));
     }
     int own = (me + 1) % size;
     if (d->op == SUMO_OP_AVERAGE) {
         unsigned char *seg = work + seg_off(n, size, own) * esz;
-        c->kernels->divide(dt, seg, seg, seg_len(n, size, own), size);
+        SUMO__KCHECK(c, sumo__k_divide(&c->x, dt, seg, seg, seg_len(n, size, own), size));
     }
     return sumo__ring_pass_segments(tp, work, esz, n, own);
 }
@@ -132,8 +133,8 @@ static int member_rank(const sumo__rd_group *g, int member)
     return g->rank_of ? g->rank_of(g->ctx, member) : member;
 }
 
-sumo_result sumo__rd_sum(sumo_comm *c, const sumo__rd_group *g, sumo_dtype acc, void *work,
-                         void *tmp, size_t n)
+sumo_result sumo__rd_sum(sumo_comm *c, const sumo__rd_group *g, const sumo__exec *x,
+                         sumo_dtype acc, void *work, void *tmp, size_t n)
 {
     sumo__transport *tp = c->tp;
     size_t bytes = n * sumo__dtype_bytes(acc);
@@ -146,7 +147,7 @@ sumo_result sumo__rd_sum(sumo_comm *c, const sumo__rd_group *g, sumo_dtype acc, 
             vme = -1;
         } else {
             SUMO__CHECK(tp->ops->sendrecv(tp, NULL, 0, -1, tmp, bytes, member_rank(g, me + 1)));
-            c->kernels->add(acc, work, work, tmp, n);
+            SUMO__KCHECK(c, sumo__k_add(x, acc, work, work, tmp, n));
             vme = me / 2;
         }
     } else {
@@ -157,8 +158,8 @@ sumo_result sumo__rd_sum(sumo_comm *c, const sumo__rd_group *g, sumo_dtype acc, 
             int vpeer = vme ^ mask;
             int peer = member_rank(g, vpeer < rem ? vpeer * 2 : vpeer + rem);
             SUMO__CHECK(tp->ops->sendrecv(tp, work, bytes, peer, tmp, bytes, peer));
-            if (vme < vpeer) c->kernels->add(acc, work, work, tmp, n);
-            else c->kernels->add(acc, work, tmp, work, n);
+            if (vme < vpeer) SUMO__KCHECK(c, sumo__k_add(x, acc, work, work, tmp, n));
+            else SUMO__KCHECK(c, sumo__k_add(x, acc, work, tmp, work, n));
         }
     }
     if (me < 2 * rem) {
@@ -181,13 +182,13 @@ static sumo_result rd_allreduce_widened(sumo_comm *c, sumo__call_desc *d, const 
                                         void *recvbuf)
 {
     sumo__transport *tp = c->tp;
-    const sumo__kernel_table *kt = c->kernels;
+    const sumo__exec *kt = &c->x;
     sumo_dtype dt = (sumo_dtype)d->dtype, acc = sumo__accumulator_of(dt);
     size_t n = d->count, esz = sumo__dtype_bytes(dt), aesz = sumo__dtype_bytes(acc);
     size_t chunk = SUMO__MIN(SUMO__MAX(n, (size_t)1), RD_WIDEN_CHUNK_ELEMS);
     size_t chunk_bytes = (chunk * aesz + 63) / 64 * 64;
     void *s;
-    SUMO__CHECK(sumo__comm_scratch(c, 2 * chunk_bytes, &s));
+    SUMO__CHECK(sumo__comm_data_scratch(c, kt, 2 * chunk_bytes, &s));
     unsigned char *work = s, *tmp = work + chunk_bytes;
     sumo__rd_group everyone = {.members = tp->size, .me = tp->rank};
     /* Every rank walks the same chunks, so the messages pair up; an empty buffer still takes
@@ -197,10 +198,10 @@ static sumo_result rd_allreduce_widened(sumo_comm *c, sumo__call_desc *d, const 
         size_t len = SUMO__MIN(chunk, n - k);
         /* In place, chunk k of the output overwrites chunk k of the input only after it was
          * read. */
-        if (len) kt->convert(acc, work, dt, (const unsigned char *)sendbuf + k * esz, len);
-        SUMO__CHECK(sumo__rd_sum(c, &everyone, acc, work, tmp, len));
-        if (d->op == SUMO_OP_AVERAGE) kt->divide(acc, work, work, len, tp->size);
-        if (len) kt->convert(dt, (unsigned char *)recvbuf + k * esz, acc, work, len);
+        SUMO__KCHECK(c, sumo__k_convert(kt, acc, work, dt, (const unsigned char *)sendbuf + k * esz, len));
+        SUMO__CHECK(sumo__rd_sum(c, &everyone, kt, acc, work, tmp, len));
+        if (d->op == SUMO_OP_AVERAGE) SUMO__KCHECK(c, sumo__k_divide(kt, acc, work, work, len, tp->size));
+        SUMO__KCHECK(c, sumo__k_convert(kt, dt, (unsigned char *)recvbuf + k * esz, acc, work, len));
         k += len;
     } while (k < n);
     return SUMO_SUCCESS;
@@ -217,9 +218,10 @@ sumo_result sumo__rd_allreduce(sumo_comm *c, sumo__call_desc *d, const void *sen
     void *tmp;
     SUMO__CHECK(work_buffers(c, d, sendbuf, recvbuf, n, &tmp));
     sumo__rd_group everyone = {.members = tp->size, .me = tp->rank};
-    SUMO__CHECK(sumo__rd_sum(c, &everyone, acc, recvbuf, tmp, n));
+    SUMO__CHECK(sumo__rd_sum(c, &everyone, &c->x, acc, recvbuf, tmp, n));
     /* Every rank divides the same sum alike: the same bits everywhere. */
-    if (d->op == SUMO_OP_AVERAGE) c->kernels->divide(acc, recvbuf, recvbuf, n, tp->size);
+    if (d->op == SUMO_OP_AVERAGE)
+        SUMO__KCHECK(c, sumo__k_divide(&c->x, acc, recvbuf, recvbuf, n, tp->size));
     return SUMO_SUCCESS;
 }
 
@@ -232,7 +234,7 @@ sumo_result sumo__tree_broadcast(sumo_comm *c, sumo__call_desc *d, const void *s
     SUMO__CHECK(sumo__agree(c, d, NULL));
     int size = tp->size, vrank = (tp->rank - d->root + size) % size;
     size_t bytes = d->count * sumo__dtype_bytes(d->dtype);
-    if (vrank == 0 && sendbuf != recvbuf && bytes) memcpy(recvbuf, sendbuf, bytes);
+    if (vrank == 0) SUMO__KCHECK(c, sumo__k_copy(&c->x, recvbuf, sendbuf, bytes));
     /* Binomial tree: in round `mask`, ranks below mask send to rank + mask. */
     for (int mask = 1; mask < size; mask <<= 1) {
         if (vrank < mask && vrank + mask < size) {
@@ -254,12 +256,53 @@ sumo_result sumo__ring_allgather(sumo_comm *c, sumo__call_desc *d, const void *s
     int size = tp->size, me = tp->rank;
     size_t bytes = d->count * sumo__dtype_bytes(d->dtype);
     unsigned char *out = recvbuf;
-    if (out + (size_t)me * bytes != (const unsigned char *)sendbuf && bytes)
-        memcpy(out + (size_t)me * bytes, sendbuf, bytes);
+    SUMO__KCHECK(c, sumo__k_copy(&c->x, out + (size_t)me * bytes, sendbuf, bytes));
     for (int step = 0; step < size - 1; step++) {
         int ss = (me - step + size) % size, rs = (me - step - 1 + size) % size;
         SUMO__CHECK(tp->ops->sendrecv(tp, out + (size_t)ss * bytes, bytes, (me + 1) % size,
                                       out + (size_t)rs * bytes, bytes, (me + size - 1) % size));
+    }
+    return SUMO_SUCCESS;
+}
+
+/*
+ * Reduce-scatter around the ring: the allreduce's first half with the segments relabelled so
+ * that rank r finishes segment r (segments are the recvcount-element blocks of the input).
+ * Partial sums travel in the accumulator type, chunk by chunk, as in ring_allreduce_widened,
+ * so any dtype takes the same path; the owner divides (average) and rounds once.
+ */
+sumo_result sumo__ring_reduce_scatter(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
+                                      void *recvbuf)
+{
+    sumo__transport *tp = c->tp;
+    SUMO__CHECK(sumo__agree(c, d, NULL));
+    const sumo__exec *kt = &c->x;
+    int size = tp->size, me = tp->rank;
+    int next = (me + 1) % size, prev = (me + size - 1) % size;
+    size_t n = d->count;
+    sumo_dtype dt = (sumo_dtype)d->dtype, acc = sumo__accumulator_of(dt);
+    size_t esz = sumo__dtype_bytes(dt), aesz = sumo__dtype_bytes(acc);
+    const unsigned char *in = sendbuf;
+    if (n == 0) return SUMO_SUCCESS;
+    size_t chunk = SUMO__MIN(n, RING_WIDEN_CHUNK_ELEMS);
+    void *s;
+    SUMO__CHECK(sumo__comm_data_scratch(c, kt, 2 * (chunk * aesz + 64), &s));
+    unsigned char *partial = s, *incoming = partial + (chunk * aesz + 63) / 64 * 64;
+    for (size_t lo = 0; lo < n; lo += chunk) {
+        size_t len = SUMO__MIN(chunk, n - lo);
+        int first = (me - 1 + size) % size;
+        SUMO__KCHECK(c, sumo__k_convert(kt, acc, partial, dt, in + ((size_t)first * n + lo) * esz, len));
+        for (int step = 0; step < size - 1; step++) {
+            int rs = (me - step - 2 + 2 * size) % size;
+            SUMO__CHECK(tp->ops->sendrecv(tp, partial, len * aesz, next, incoming, len * aesz, prev));
+            SUMO__KCHECK(c, sumo__k_convert(kt, acc, partial, dt, in + ((size_t)rs * n + lo) * esz, len));
+            SUMO__KCHECK(c, sumo__k_add(kt, acc, partial, incoming, partial, len));
+        }
+        /* This chunk of every segment has been read: in place, the output may overwrite its
+         * own segment's chunk now. */
+        if (d->op == SUMO_OP_AVERAGE)
+            SUMO__KCHECK(c, sumo__k_divide(kt, acc, partial, partial, len, size));
+        SUMO__KCHECK(c, sumo__k_convert(kt, dt, (unsigned char *)recvbuf + lo * esz, acc, partial, len));
     }
     return SUMO_SUCCESS;
 }

@@ -18,6 +18,8 @@ sumo_result sumo__tree_broadcast(sumo_comm *c, sumo__call_desc *d, const void *s
                                  void *recvbuf);
 sumo_result sumo__ring_allgather(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
                                  void *recvbuf);
+sumo_result sumo__ring_reduce_scatter(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
+                                      void *recvbuf);
 
 /* The ring's allgather: each rank starts with its finished segment `own` of buf (elements of
  * esz bytes; segment s is sumo__seg_off(n, P, s) ..) and passes segments on until every rank
@@ -44,9 +46,11 @@ typedef struct sumo__rd_group {
  * Recursive doubling over the group: work (n elements of acc, a type that accumulates itself)
  * ends holding the sum over all members, with the same bits on every member; tmp holds n
  * elements. Members beyond the largest power of two first fold into a partner and get the
- * result back at the end; partners add the lower member's partial first.
+ * result back at the end; partners add the lower member's partial first. x: the kernels of
+ * the memory work and tmp live in (the host's for the small sums of the Gram form and the
+ * Adasum tree, the call's for a recursive-doubling allreduce).
  */
-sumo_result sumo__rd_sum(sumo_comm *c, const sumo__rd_group *g, sumo_dtype acc, void *work,
-                         void *tmp, size_t n);
+sumo_result sumo__rd_sum(sumo_comm *c, const sumo__rd_group *g, const sumo__exec *x,
+                         sumo_dtype acc, void *work, void *tmp, size_t n);
 
 #endif

@@ -40,8 +40,8 @@ static sumo_result allreduce_direct(sumo_comm *c, const sumo__call_desc *d,
             ins[k] = peer_buffer(c, all, k, false) + lo * esz;
             outs[k] = peer_buffer(c, all, k, true) + lo * esz;
         }
-        c->kernels->reduce_multi(d->dtype, outs, tp->size, ins, tp->size, hi - lo,
-                                 sumo__divisor_of(d->op, tp->size));
+        SUMO__KCHECK(c, sumo__k_reduce(&c->x, d->dtype, outs, tp->size, ins, tp->size, hi - lo,
+                                       sumo__divisor_of(d->op, tp->size)));
     }
     return tp->ops->barrier(tp);
 }
@@ -55,7 +55,7 @@ static sumo_result broadcast_direct(sumo_comm *c, const sumo__call_desc *d,
     const unsigned char *src = peer_buffer(c, all, d->root, false) + lo * esz;
     for (int k = 0; k < tp->size && hi > lo; k++) {
         unsigned char *dst = peer_buffer(c, all, k, true) + lo * esz;
-        if (dst != src) memcpy(dst, src, (hi - lo) * esz);
+        SUMO__KCHECK(c, sumo__k_copy(&c->x, dst, src, (hi - lo) * esz));
     }
     return tp->ops->barrier(tp);
 }
@@ -67,7 +67,7 @@ static sumo_result allgather_direct(sumo_comm *c, const sumo__call_desc *d,
     size_t bytes = d->count * sumo__dtype_bytes(d->dtype);
     for (int k = 0; k < tp->size && bytes; k++) {
         unsigned char *dst = peer_buffer(c, all, k, true) + (size_t)tp->rank * bytes;
-        if (dst != (const unsigned char *)sendbuf) memcpy(dst, sendbuf, bytes);
+        SUMO__KCHECK(c, sumo__k_copy(&c->x, dst, sendbuf, bytes));
     }
     return tp->ops->barrier(tp);
 }
@@ -103,7 +103,13 @@ static sumo_result stage_start(sumo_comm *c, sumo__call_desc *d, int root, const
     uint32_t skips = SUMO__DESC_SHARED | (into_outputs_ok ? SUMO__DESC_RECV_SHARED : 0);
     bool sends = d->count > 0 && (root < 0 || root == tp->rank);
     bool precopied = sends && !(d->flags & skips);
-    if (precopied) sumo__stage_in(s, tp->rank, 0, sendbuf, d->count);
+    /* A failed copy is announced: the peers must not reduce an area this rank left stale. */
+    if (precopied && d->local_error == SUMO_SUCCESS) {
+        sumo_result copied = sumo__stage_in(s, tp->rank, 0, sendbuf, d->count);
+        if (copied != SUMO_SUCCESS)
+            d->local_error = SUMO__FAIL_TOGETHER(tp, copied, "staging: the %s kernels' copy failed",
+                                                 s->x->k->memory);
+    }
     SUMO__CHECK(sumo__agree(c, d, all));
     *shape = sumo__all_shared(c, *all) ? STAGE_DIRECT
              : into_outputs_ok && sumo__all_recv_shared(c, *all) ? STAGE_INTO_OUTPUTS
@@ -113,7 +119,7 @@ static sumo_result stage_start(sumo_comm *c, sumo__call_desc *d, int root, const
     for (int r = 0; r < tp->size; r++)
         late = late || ((root < 0 || r == root) && ((*all)[r].flags & skips));
     if (!late) return SUMO_SUCCESS;
-    if (sends && !precopied) sumo__stage_in(s, tp->rank, 0, sendbuf, d->count);
+    if (sends && !precopied) SUMO__KCHECK(c, sumo__stage_in(s, tp->rank, 0, sendbuf, d->count));
     return tp->ops->barrier(tp);
 }
 
@@ -126,19 +132,19 @@ static sumo_result stage_start(sumo_comm *c, sumo__call_desc *d, int root, const
  * read once and written once. After the last barrier a rank touches only its own area, so the
  * next collective's first copy may ride ahead of its agreement.
  */
-sumo__staging sumo__staging_of(sumo__transport *tp, size_t esz)
+sumo__staging sumo__staging_of(sumo__transport *tp, const sumo__exec *x, size_t esz)
 {
-    sumo__staging s = {.tp = tp, .esz = esz};
+    sumo__staging s = {.tp = tp, .x = x, .esz = esz};
     size_t line = SUMO__CACHELINE / esz, unit = line * (size_t)tp->size;
     s.chunk = (tp->stage_bytes / 2 / esz) / unit * unit;
     if (s.chunk == 0) s.chunk = line;
     return s;
 }
 
-sumo__staging sumo__staging_into_outputs(sumo__transport *tp, size_t esz,
+sumo__staging sumo__staging_into_outputs(sumo__transport *tp, const sumo__exec *x, size_t esz,
                                          unsigned char *const *outputs)
 {
-    sumo__staging s = sumo__staging_of(tp, esz);
+    sumo__staging s = sumo__staging_of(tp, x, esz);
     s.outputs = outputs;
     return s;
 }
@@ -159,11 +165,12 @@ size_t sumo__stage_chunk_count(const sumo__staging *s, size_t count)
     return (count + s->chunk - 1) / s->chunk;
 }
 
-void sumo__stage_in(const sumo__staging *s, int rank, size_t k, const void *src, size_t count)
+sumo_result sumo__stage_in(const sumo__staging *s, int rank, size_t k, const void *src,
+                           size_t count)
 {
     const unsigned char *from = (const unsigned char *)src + k * s->chunk * s->esz;
     unsigned char *to = sumo__stage_half(s, rank, k);
-    if (to != from) memcpy(to, from, sumo__stage_chunk_len(s, count, k) * s->esz);
+    return sumo__k_copy(s->x, to, from, sumo__stage_chunk_len(s, count, k) * s->esz);
 }
 
 sumo_result sumo__shm_allreduce(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
@@ -171,9 +178,11 @@ sumo_result sumo__shm_allreduce(sumo_comm *c, sumo__call_desc *d, const void *se
 {
     sumo__transport *tp = c->tp;
     size_t esz = sumo__dtype_bytes(d->dtype);
-    sumo__staging s = sumo__staging_of(tp, esz);
+    sumo__staging s = sumo__staging_of(tp, &c->x, esz);
     size_t chunks = sumo__stage_chunk_count(&s, d->count);
     int me = tp->rank, size = tp->size;
+    /* The areas and the shared outputs are host memory: reductions there run on the host. */
+    const sumo__exec host = sumo__host_exec();
     const sumo__call_desc *all;
     stage_shape shape;
     SUMO__CHECK(stage_start(c, d, -1, sendbuf, &s, true, &all, &shape));
@@ -194,8 +203,8 @@ sumo_result sumo__shm_allreduce(sumo_comm *c, sumo__call_desc *d, const void *se
                   "shared, reduced there", me);
         for (int r = 0; r < size; r++)
             output_of[r] = r == me ? recvbuf : peer_buffer(c, all, r, true);
-        s = sumo__staging_into_outputs(tp, esz, output_of);
-        if (chunks > 0) sumo__stage_in(&s, me, 0, sendbuf, d->count);
+        s = sumo__staging_into_outputs(tp, &c->x, esz, output_of);
+        if (chunks > 0) SUMO__KCHECK(c, sumo__stage_in(&s, me, 0, sendbuf, d->count));
         SUMO__CHECK(tp->ops->barrier(tp));
     }
     for (size_t k = 0; k < chunks; k++) {
@@ -206,14 +215,14 @@ sumo_result sumo__shm_allreduce(sumo_comm *c, sumo__call_desc *d, const void *se
                 ins[r] = sumo__stage_half(&s, r, k) + lo * esz;
                 outs[r] = sumo__stage_half(&s, r, k) + lo * esz;
             }
-            c->kernels->reduce_multi(d->dtype, outs, size, ins, size, hi - lo,
-                                     sumo__divisor_of(d->op, size));
+            SUMO__KCHECK(c, sumo__k_reduce(&host, d->dtype, outs, size, ins, size, hi - lo,
+                                           sumo__divisor_of(d->op, size)));
         }
-        if (k + 1 < chunks) sumo__stage_in(&s, me, k + 1, sendbuf, d->count);
+        if (k + 1 < chunks) SUMO__KCHECK(c, sumo__stage_in(&s, me, k + 1, sendbuf, d->count));
         SUMO__CHECK(tp->ops->barrier(tp));
         if (!s.outputs)
-            memcpy((unsigned char *)recvbuf + k * s.chunk * esz, sumo__stage_half(&s, me, k),
-                   len * esz);
+            SUMO__KCHECK(c, sumo__k_copy(&c->x, (unsigned char *)recvbuf + k * s.chunk * esz,
+                                         sumo__stage_half(&s, me, k), len * esz));
     }
     return SUMO_SUCCESS;
 }
@@ -223,7 +232,7 @@ sumo_result sumo__shm_broadcast(sumo_comm *c, sumo__call_desc *d, const void *se
 {
     sumo__transport *tp = c->tp;
     size_t esz = sumo__dtype_bytes(d->dtype);
-    sumo__staging s = sumo__staging_of(tp, esz);
+    sumo__staging s = sumo__staging_of(tp, &c->x, esz);
     size_t chunks = sumo__stage_chunk_count(&s, d->count);
     bool root = tp->rank == d->root;
     const sumo__call_desc *all;
@@ -233,10 +242,13 @@ sumo_result sumo__shm_broadcast(sumo_comm *c, sumo__call_desc *d, const void *se
     for (size_t k = 0; k < chunks; k++) {
         size_t len = sumo__stage_chunk_len(&s, d->count, k);
         unsigned char *dst = (unsigned char *)recvbuf + k * s.chunk * esz;
-        if (!root) memcpy(dst, sumo__stage_half(&s, d->root, k), len * esz);
-        else {
-            if (sendbuf != recvbuf) memcpy(dst, (const unsigned char *)sendbuf + k * s.chunk * esz, len * esz);
-            if (k + 1 < chunks) sumo__stage_in(&s, tp->rank, k + 1, sendbuf, d->count);
+        if (!root) {
+            SUMO__KCHECK(c, sumo__k_copy(&c->x, dst, sumo__stage_half(&s, d->root, k), len * esz));
+        } else {
+            SUMO__KCHECK(c, sumo__k_copy(&c->x, dst,
+                                         (const unsigned char *)sendbuf + k * s.chunk * esz,
+                                         len * esz));
+            if (k + 1 < chunks) SUMO__KCHECK(c, sumo__stage_in(&s, tp->rank, k + 1, sendbuf, d->count));
         }
         SUMO__CHECK(tp->ops->barrier(tp));
     }
@@ -248,7 +260,7 @@ sumo_result sumo__shm_allgather(sumo_comm *c, sumo__call_desc *d, const void *se
 {
     sumo__transport *tp = c->tp;
     size_t esz = sumo__dtype_bytes(d->dtype);
-    sumo__staging s = sumo__staging_of(tp, esz);
+    sumo__staging s = sumo__staging_of(tp, &c->x, esz);
     size_t chunks = sumo__stage_chunk_count(&s, d->count);
     const sumo__call_desc *all;
     stage_shape shape;
@@ -258,10 +270,82 @@ sumo_result sumo__shm_allgather(sumo_comm *c, sumo__call_desc *d, const void *se
         size_t len = sumo__stage_chunk_len(&s, d->count, k);
         for (int r = 0; r < tp->size; r++) {
             unsigned char *dst = (unsigned char *)recvbuf + ((size_t)r * d->count + k * s.chunk) * esz;
-            memcpy(dst, sumo__stage_half(&s, r, k), len * esz);
+            SUMO__KCHECK(c, sumo__k_copy(&c->x, dst, sumo__stage_half(&s, r, k), len * esz));
         }
-        if (k + 1 < chunks) sumo__stage_in(&s, tp->rank, k + 1, sendbuf, d->count);
+        if (k + 1 < chunks) SUMO__KCHECK(c, sumo__stage_in(&s, tp->rank, k + 1, sendbuf, d->count));
         SUMO__CHECK(tp->ops->barrier(tp));
     }
+    return SUMO_SUCCESS;
+}
+
+/*
+ * Reduce-scatter. Direct: rank r reduces its own segment straight from every rank's input
+ * into its output (every input byte read once, in rank order). Staged: the areas hold, per
+ * round, a sub-chunk of every segment of each rank's input; rank r reduces sub-chunk r of
+ * every area into its output, while the next round is staged into the other half (a half is
+ * rewritten only two barriers after anyone last read it, as in the allreduce).
+ */
+static sumo_result reduce_scatter_direct(sumo_comm *c, const sumo__call_desc *d,
+                                         const sumo__call_desc *all, void *recvbuf)
+{
+    sumo__transport *tp = c->tp;
+    size_t esz = sumo__dtype_bytes(d->dtype);
+    if (d->count > 0) {
+        void **outs;
+        const void **ins;
+        SUMO__CHECK(pointer_arrays(c, &outs, &ins, NULL));
+        for (int k = 0; k < tp->size; k++)
+            ins[k] = peer_buffer(c, all, k, false) + (size_t)tp->rank * d->count * esz;
+        outs[0] = recvbuf;
+        SUMO__KCHECK(c, sumo__k_reduce(&c->x, d->dtype, outs, 1, ins, tp->size, d->count,
+                                       sumo__divisor_of(d->op, tp->size)));
+    }
+    /* No rank returns while a peer still reads its input. */
+    return tp->ops->barrier(tp);
+}
+
+sumo_result sumo__shm_reduce_scatter(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
+                                     void *recvbuf)
+{
+    sumo__transport *tp = c->tp;
+    const sumo__call_desc *all;
+    SUMO__CHECK(sumo__agree(c, d, &all));
+    if (sumo__all_shared(c, all)) return reduce_scatter_direct(c, d, all, recvbuf);
+    int size = tp->size, me = tp->rank;
+    size_t esz = sumo__dtype_bytes(d->dtype), n = d->count;
+    /* A round stages `sub` elements of each of the size segments into one half. */
+    size_t line = SUMO__CACHELINE / esz;
+    size_t sub = (tp->stage_bytes / 2 / esz / (size_t)size) / line * line;
+    if (sub == 0) sub = line;
+    size_t rounds = (n + sub - 1) / sub;
+    const sumo__exec host = sumo__host_exec();
+    void **outs;
+    const void **ins;
+    SUMO__CHECK(pointer_arrays(c, &outs, &ins, NULL));
+    const unsigned char *in = sendbuf;
+#define HALF(rank, j) (tp->ops->stage(tp, (rank)) + ((j) & 1) * (tp->stage_bytes / 2))
+    for (size_t j = 0; j <= rounds; j++) {
+        if (j >= 1) {
+            size_t prev = j - 1, off = prev * sub, len = SUMO__MIN(sub, n - off);
+            for (int k = 0; k < size; k++) ins[k] = HALF(k, prev) + (size_t)me * sub * esz;
+            /* The areas are host memory, so the sum runs on the host: straight into a host
+             * output, else into this rank's own sub-chunk (which only this rank reads) and
+             * copied out. In place, the output is this rank's own input segment, whose part
+             * here was staged a round ago and whose later parts are staged after this. */
+            unsigned char *out = (unsigned char *)recvbuf + off * esz;
+            outs[0] = c->x.k == host.k ? (void *)out : HALF(me, prev) + (size_t)me * sub * esz;
+            SUMO__KCHECK(c, sumo__k_reduce(&host, d->dtype, outs, 1, ins, size, len,
+                                           sumo__divisor_of(d->op, size)));
+            SUMO__KCHECK(c, sumo__k_copy(&c->x, out, outs[0], len * esz));
+        }
+        if (j < rounds) {
+            size_t off = j * sub, len = SUMO__MIN(sub, n - off);
+            for (int s = 0; s < size; s++)
+                SUMO__KCHECK(c, sumo__k_copy(&c->x, HALF(me, j) + (size_t)s * sub * esz,
+                                             in + ((size_t)s * n + off) * esz, len * esz));
+        }
+        SUMO__CHECK(tp->ops->barrier(tp));
+    }
+#undef HALF
     return SUMO_SUCCESS;
 }

@@ -18,21 +18,23 @@
  */
 typedef struct sumo__staging {
     sumo__transport *tp;
+    const sumo__exec *x; /* copies between the caller's buffers and the areas */
     size_t chunk; /* elements per chunk */
     size_t esz;
     unsigned char *const *outputs; /* NULL: the areas; else every rank's output, as reached */
 } sumo__staging;
 
-sumo__staging sumo__staging_of(sumo__transport *tp, size_t esz);
+sumo__staging sumo__staging_of(sumo__transport *tp, const sumo__exec *x, size_t esz);
 /* The same chunks, staged into the outputs (outputs[rank] is this rank's own receive buffer,
  * the others as it reaches them); nothing is copied out of them. */
-sumo__staging sumo__staging_into_outputs(sumo__transport *tp, size_t esz,
+sumo__staging sumo__staging_into_outputs(sumo__transport *tp, const sumo__exec *x, size_t esz,
                                          unsigned char *const *outputs);
 unsigned char *sumo__stage_half(const sumo__staging *s, int rank, size_t k);
 size_t sumo__stage_chunk_len(const sumo__staging *s, size_t count, size_t k);
 size_t sumo__stage_chunk_count(const sumo__staging *s, size_t count);
 /* Copies chunk k of src (count elements) into rank's area (nothing when src is that output). */
-void sumo__stage_in(const sumo__staging *s, int rank, size_t k, const void *src, size_t count);
+sumo_result sumo__stage_in(const sumo__staging *s, int rank, size_t k, const void *src,
+                           size_t count);
 
 sumo_result sumo__shm_allreduce(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
                                 void *recvbuf);
@@ -40,5 +42,7 @@ sumo_result sumo__shm_broadcast(sumo_comm *c, sumo__call_desc *d, const void *se
                                 void *recvbuf);
 sumo_result sumo__shm_allgather(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
                                 void *recvbuf);
+sumo_result sumo__shm_reduce_scatter(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
+                                     void *recvbuf);
 
 #endif

@@ -3,7 +3,7 @@
  * initialise MPI if the caller has not, make a communicator over MPI_COMM_WORLD, find this
  * process's place on its node, and end the job either cleanly or by aborting it.
  */
-#include "common/common.h"
+#include "collectives/requests.h"
 #include "sumo_mpi.h"
 
 #include <stdio.h>
@@ -25,13 +25,23 @@ sumo_result sumo_mpi_world_create(int *initialized_mpi, sumo_comm **out)
     }
     /* Asynchronous requests complete on sumo's progress thread while the caller's threads
      * go on: anything less than MPI_THREAD_MULTIPLE is unsafe for them. */
+    sumo_result r = SUMO_SUCCESS;
     if (provided < MPI_THREAD_MULTIPLE) {
-        if (sumo__log_level_from_env() >= SUMO__LOG_WARN)
-            fprintf(stderr, "sumo: MPI provides thread level %d, MPI_THREAD_MULTIPLE (%d) is needed\n",
-                    provided, MPI_THREAD_MULTIPLE);
-        return SUMO_ERR_INVALID_USAGE;
+        fprintf(stderr, "sumo: MPI provides thread level %d, MPI_THREAD_MULTIPLE (%d) is needed\n",
+                provided, MPI_THREAD_MULTIPLE);
+        r = SUMO_ERR_INVALID_USAGE;
+    } else {
+        r = sumo_comm_create_mpi(MPI_COMM_WORLD, out);
     }
-    return sumo_comm_create_mpi(MPI_COMM_WORLD, out);
+    /* What failed before the communicator existed leaves nothing initialised: MPI is
+     * finalized again when this call started it, unless a peer may be missing (a timeout),
+     * where MPI_Finalize could wait for it for ever. Every rank fails the same way for the
+     * thread level and a malformed environment. */
+    if (r != SUMO_SUCCESS && *initialized_mpi && r != SUMO_ERR_TIMEOUT) {
+        MPI_Finalize();
+        *initialized_mpi = 0;
+    }
+    return r;
 }
 
 sumo_result sumo_mpi_world_local(int *local_rank, int *local_size)
@@ -54,7 +64,10 @@ sumo_result sumo_mpi_world_local(int *local_rank, int *local_size)
 
 sumo_result sumo_mpi_world_finalize(sumo_comm *comm, int finalize_mpi)
 {
-    sumo_result r = sumo_comm_destroy(comm);
+    /* The process is ending: leave without meeting the peers (a peer still busy after its
+     * last collective must not be taken for a dead one); MPI_Finalize releases what they
+     * share once every rank is there. */
+    sumo_result r = sumo__comm_leave_process(comm);
     if (r != SUMO_SUCCESS) sumo_mpi_world_abort(1);
     int finalized = 0;
     MPI_Finalized(&finalized);

@@ -1,4 +1,7 @@
 #include "common/common.h"
+#include "sumo_aggregation.h"
+#include "sumo_distributed.h"
+#include "sumo_optim.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -75,13 +78,76 @@ const char *sumo__op_name(sumo_op op)
     }
 }
 
+/* SUMO_DEBUG's value as a level, or -1 when it names none. */
+static int parse_level(const char *v)
+{
+    static const char *const names[] = {"NONE", "WARN", "INFO"};
+    for (int level = 0; level < 3; level++) {
+        const char *n = names[level];
+        size_t i = 0;
+        while (v[i] && n[i] && (v[i] == n[i] || v[i] == n[i] + ('a' - 'A'))) i++;
+        if (v[i] == '\0' && n[i] == '\0') return level;
+    }
+    return -1;
+}
+
 int sumo__log_level_from_env(void)
 {
     const char *v = getenv("SUMO_DEBUG");
     if (v == NULL || *v == '\0') return SUMO__LOG_NONE;
-    if (strcmp(v, "INFO") == 0 || strcmp(v, "info") == 0) return SUMO__LOG_INFO;
-    if (strcmp(v, "WARN") == 0 || strcmp(v, "warn") == 0) return SUMO__LOG_WARN;
-    return SUMO__LOG_NONE;
+    int level = parse_level(v);
+    return level < 0 ? SUMO__LOG_NONE : level;
+}
+
+sumo_result sumo__env_read(sumo__env *env, char *why, size_t why_bytes)
+{
+    env->timeout_s = 300.0;
+    env->log_level = SUMO__LOG_NONE;
+    const char *v = getenv("SUMO_DEBUG");
+    if (v != NULL && *v != '\0') {
+        int level = parse_level(v);
+        if (level < 0) {
+            if (why)
+                snprintf(why, why_bytes,
+                         "SUMO_DEBUG='%.64s' is not a log level: use NONE, WARN or INFO (or "
+                         "leave it unset)", v);
+            return SUMO_ERR_INVALID_ARGUMENT;
+        }
+        env->log_level = level;
+    }
+    v = getenv("SUMO_TIMEOUT");
+    if (v != NULL && *v != '\0') {
+        char *end = NULL;
+        errno = 0;
+        double s = strtod(v, &end);
+        /* The bound keeps deadlines (now + timeout in int64 nanoseconds) from overflowing. */
+        if (errno != 0 || end == v || *end != '\0' || !(s > 0) || s > 1e8) {
+            if (why)
+                snprintf(why, why_bytes,
+                         "SUMO_TIMEOUT='%.64s' is not a deadline: give seconds as a number > 0 "
+                         "and <= 1e8 (e.g. 300), or leave it unset for 300", v);
+            return SUMO_ERR_INVALID_ARGUMENT;
+        }
+        env->timeout_s = s;
+    }
+    return SUMO_SUCCESS;
+}
+
+sumo_result sumo__env_for_create(sumo__env *env)
+{
+    char why[256];
+    sumo_result r = sumo__env_read(env, why, sizeof why);
+    if (r != SUMO_SUCCESS) fprintf(stderr, "sumo: %s\n", why);
+    return r;
+}
+
+sumo_result sumo_env_check(char *message, size_t bytes)
+{
+    sumo__env env;
+    char why[256] = "";
+    sumo_result r = sumo__env_read(&env, why, sizeof why);
+    if (message && bytes) snprintf(message, bytes, "%s", why);
+    return r;
 }
 
 void sumo__log(int threshold, int level, const char *file, int line, const char *fmt, ...)
@@ -104,14 +170,33 @@ int64_t sumo__now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-double sumo__timeout_from_env(double fallback)
+sumo_result sumo_version(int *major, int *minor, int *patch)
 {
-    const char *v = getenv("SUMO_TIMEOUT");
-    if (v == NULL || *v == '\0') return fallback;
-    char *end = NULL;
-    errno = 0;
-    double s = strtod(v, &end);
-    /* The bound keeps deadlines (now + timeout in int64 nanoseconds) from overflowing. */
-    if (errno != 0 || end == v || *end != '\0' || !(s > 0) || s > 1e8) return fallback;
-    return s;
+    if (major) *major = SUMO_VERSION_MAJOR;
+    if (minor) *minor = SUMO_VERSION_MINOR;
+    if (patch) *patch = SUMO_VERSION_PATCH;
+    return SUMO_SUCCESS;
+}
+
+sumo_result sumo_struct_size(const char *name, size_t *bytes)
+{
+#define SIZE_OF(type) {#type, sizeof(type)}
+    static const struct {
+        const char *name;
+        size_t bytes;
+    } sizes[] = {
+        SIZE_OF(sumo_adasum_options), SIZE_OF(sumo_acga_options), SIZE_OF(sumo_aggregator_options),
+        SIZE_OF(sumo_comm_stats), SIZE_OF(sumo_optimizer_options), SIZE_OF(sumo_lr_schedule),
+        SIZE_OF(sumo_slowmo_options), SIZE_OF(sumo_distributed_options),
+        SIZE_OF(sumo_kernel_table), SIZE_OF(sumo_collective), SIZE_OF(sumo_transport_ops),
+        SIZE_OF(sumo_transport_desc),
+    };
+#undef SIZE_OF
+    if (name == NULL || bytes == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        if (strcmp(sizes[i].name, name) == 0) {
+            *bytes = sizes[i].bytes;
+            return SUMO_SUCCESS;
+        }
+    return SUMO_ERR_INVALID_ARGUMENT;
 }

@@ -5,7 +5,12 @@
 #ifndef SUMO_COMMON_H
 #define SUMO_COMMON_H
 
+/* Inside sumo the experimental seams are ordinary internal API. */
+#ifndef SUMO_EXPERIMENTAL_API
+#define SUMO_EXPERIMENTAL_API 1
+#endif
 #include "sumo.h"
+#include "sumo_ext.h"
 
 #include <stdarg.h>
 #include <stdbool.h>
@@ -36,8 +41,19 @@ static inline void *sumo__aligned_alloc(size_t align, size_t bytes)
 /* Monotonic clock in nanoseconds. */
 int64_t sumo__now_ns(void);
 
-/* Seconds from SUMO_TIMEOUT, or fallback when unset or malformed. */
-double sumo__timeout_from_env(double fallback);
+/* The settings a communicator takes from the environment when it is created. */
+typedef struct sumo__env {
+    double timeout_s; /* SUMO_TIMEOUT: seconds, > 0 and <= 1e8; 300 when unset or empty */
+    int log_level;    /* SUMO_DEBUG: NONE, WARN or INFO (any case); NONE when unset or empty */
+} sumo__env;
+
+/* Reads both; a malformed or out-of-range value is SUMO_ERR_INVALID_ARGUMENT with a sentence
+ * in why naming the variable, its value and what is accepted (why may be NULL). */
+sumo_result sumo__env_read(sumo__env *env, char *why, size_t why_bytes);
+
+/* sumo__env_read for constructors that have no handle to carry the message yet: prints the
+ * sentence on stderr (one line) when the environment is malformed. */
+sumo_result sumo__env_for_create(sumo__env *env);
 
 static inline size_t sumo__dtype_bytes(sumo_dtype dtype)
 {

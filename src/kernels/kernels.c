@@ -618,17 +618,3 @@ void sumo__kernel_weighted_sum(sumo_dtype dtype, void *const *outs, int nout,
 {
     sumo__kernel_weighted_sum_isa(sumo__kernel_isa_best(), dtype, outs, nout, ins, w, nin, n);
 }
-
-static const sumo__kernel_table host_kernels = {
-    .memory = "host",
-    .reduce_multi = sumo__reduce_multi,
-    .add = sumo__kernel_add,
-    .divide = sumo__kernel_divide,
-    .convert = sumo__kernel_convert,
-    .dot_norms = sumo__kernel_dot_norms,
-    .scaled_add = sumo__kernel_scaled_add,
-    .gram_partials = sumo__kernel_gram_partials,
-    .weighted_sum = sumo__kernel_weighted_sum,
-};
-
-const sumo__kernel_table *sumo__host_kernels(void) { return &host_kernels; }

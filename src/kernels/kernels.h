@@ -69,30 +69,6 @@ void sumo__kernel_gram_partials(sumo_dtype dtype, const void *const *ins, int ni
 void sumo__kernel_weighted_sum(sumo_dtype dtype, void *const *outs, int nout,
                                const void *const *ins, const double *w, int nin, size_t n);
 
-/*
- * The kernels above for buffers in one kind of memory. The collectives reach kernels only
- * through the table their communicator holds, so buffers in another memory (a device's) get
- * that memory's kernels with the same meaning, never a host loop over a device pointer.
- */
-typedef struct sumo__kernel_table {
-    const char *memory; /* "host" */
-    void (*reduce_multi)(sumo_dtype dtype, void *const *outs, int nout, const void *const *ins,
-                         int nin, size_t n, int divisor);
-    void (*add)(sumo_dtype dtype, void *dst, const void *a, const void *b, size_t n);
-    void (*divide)(sumo_dtype dtype, void *dst, const void *src, size_t n, int divisor);
-    void (*convert)(sumo_dtype dst_dtype, void *dst, sumo_dtype src_dtype, const void *src,
-                    size_t n);
-    void (*dot_norms)(sumo_dtype dtype, const void *a, const void *b, size_t n, double out[3]);
-    void (*scaled_add)(sumo_dtype dtype, void *a, double ca, const void *b, double cb, size_t n);
-    void (*gram_partials)(sumo_dtype dtype, const void *const *ins, int nin, size_t n,
-                          double *out);
-    void (*weighted_sum)(sumo_dtype dtype, void *const *outs, int nout, const void *const *ins,
-                         const double *w, int nin, size_t n);
-} sumo__kernel_table;
-
-/* The kernels for host memory (run-time dispatched to the best instruction set). */
-const sumo__kernel_table *sumo__host_kernels(void);
-
 /* The instruction set the dispatched kernels use on this machine: "avx512", "avx2" or
  * "portable". */
 const char *sumo__kernel_isa(void);

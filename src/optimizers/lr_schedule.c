@@ -16,6 +16,7 @@ sumo_result sumo_lr_schedule_default(double base_lr, sumo_lr_schedule *schedule)
         return SUMO_ERR_INVALID_ARGUMENT;
     sumo_lr_schedule s;
     memset(&s, 0, sizeof s);
+    s.struct_size = sizeof s;
     s.kind = SUMO_LR_CONSTANT;
     s.base_lr = base_lr;
     s.scale = 1.0;
@@ -27,6 +28,9 @@ sumo_result sumo_lr_schedule_default(double base_lr, sumo_lr_schedule *schedule)
 /* Rules written as "in range" and negated so that NaN fails them. */
 static const char *schedule_problem(const sumo_lr_schedule *s)
 {
+    if (s->struct_size != sizeof *s)
+        return "struct_size is not sizeof(sumo_lr_schedule) of this library (fill the schedule "
+               "with sumo_lr_schedule_default)";
     if ((unsigned)s->kind >= SUMO_LR_KIND_COUNT) return "kind is not a sumo_lr_kind";
     if (!(s->base_lr >= 0 && isfinite(s->base_lr))) return "base_lr must be finite and >= 0";
     if (!(s->scale > 0 && isfinite(s->scale))) return "scale must be finite and > 0";

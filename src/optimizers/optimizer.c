@@ -45,6 +45,7 @@ sumo_result sumo_optimizer_options_default(sumo_optimizer_kind kind,
         return SUMO_ERR_INVALID_ARGUMENT;
     sumo_optimizer_options o;
     memset(&o, 0, sizeof o);
+    o.struct_size = sizeof o;
     o.kind = kind;
     o.check_finite = 1;
     switch (kind) {
@@ -66,6 +67,9 @@ sumo_result sumo_optimizer_options_default(sumo_optimizer_kind kind,
 /* NaN fails every comparison, so each rule is written as "in range" and negated. */
 static const char *options_problem(const sumo_optimizer_options *o)
 {
+    if (o->struct_size != sizeof *o)
+        return "struct_size is not sizeof(sumo_optimizer_options) of this library (fill the "
+               "options with sumo_optimizer_options_default)";
     if ((unsigned)o->kind >= SUMO_OPTIM_KIND_COUNT) return "kind is not a sumo_optimizer_kind";
     if (!(o->weight_decay >= 0 && isfinite(o->weight_decay)))
         return "weight_decay must be finite and >= 0";

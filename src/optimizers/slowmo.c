@@ -1,47 +1,43 @@
 /*
- * SlowMo (Wang et al., ICLR 2020, Algorithm 1) over the public collectives of the
- * distributed optimizer's communicator. See docs/design/slowmo.md.
+ * SlowMo (Wang et al., ICLR 2020, Algorithm 1) over the public collectives of its
+ * communicator: the outer loop alone (sumo_slowmo_*), which the distributed optimizer's SLOWMO
+ * mode (distributed.c) and sumo.torch's SlowMo both run. See docs/design/slowmo.md.
  *
- * Every call of sumo__slowmo_step is one local step of the base optimizer. Counting local
- * steps k = 1 .. tau within an outer iteration:
+ * Every end counts one local step. Counting local steps k = 1 .. tau within an outer
+ * iteration:
  *   - k == tau (outer step): parameters averaged exactly (allreduce, SUMO_OP_AVERAGE), then
  *       u  = beta u + (x0 - x) / gamma,   x = x0 - alpha gamma u,   x0 = x
- *     with gamma the rate passed on that step, then the buffer policy on the base optimizer;
+ *     with gamma the rate passed on that step (the kernel table's slow_update);
  *   - else, when inner_period > 0 and k is a multiple of it: parameters averaged exactly
  *     (the Local SGD base);
  *   - else nothing is communicated.
- * The anchor x0 is copied from the parameters on the first call, before its local step
+ * The anchor x0 is copied from the parameters on the first begin, before its local step
  * (fairscale takes it after the first step: one step of the first outer iteration is then
- * missing from x0 - x).
+ * missing from x0 - x). What happens to the base optimizer's buffers at an outer step (keep,
+ * reset, average) is the caller's: the distributed optimizer applies its policy.
  *
- * Arithmetic: per element in double from the fp32 inputs, rounded once to fp32. x is formed
- * from the unrounded u, so that with alpha 1 and beta 0 (Local SGD) the new parameters are the
- * plain average up to one rounding of (x0 - x) / gamma * gamma in double, i.e. bit-exact in
- * practice, instead of carrying the fp32 rounding of u.
+ * Arithmetic: per element in double from the stored values, rounded once (kernels_host.c's
+ * slow_update, which says why x is formed from the unrounded u).
  *
  * Memory-efficient mode: with n parameters over N ranks, rank r owns the elements
  * [r s, (r + 1) s) with s = floor(n / N), and every rank also keeps the t = n mod N trailing
- * elements [N s, n). u and x0 hold s + t floats instead of n. The outer step averages the
+ * elements [N s, n). u and x0 hold s + t elements instead of n. The outer step averages the
  * whole parameter vector (the same allreduce as the plain mode, so both modes see identical
- * inputs), updates the owned slice and the tail with the same per-element code as the plain
- * mode, and rebuilds the vector with one in-place allgather of equal slices of s floats. The
- * tail, computed identically on every rank, needs no communication, so nothing is padded and
- * no scratch buffer exists: extra memory is exactly 2 (s + t) floats, against 2 n plain.
- * The result is bit-identical to the plain mode.
+ * inputs), updates the owned slice and the tail with the same kernel as the plain mode, and
+ * rebuilds the vector with one in-place allgather of equal slices of s elements. The tail,
+ * computed identically on every rank, needs no communication, so nothing is padded and no
+ * scratch buffer exists: extra memory is exactly 2 (s + t) elements, against 2 n plain. The
+ * result is bit-identical to the plain mode.
  *
- * Create exchanges the options of every rank (one allgather of a few doubles) so that ranks
- * configured differently fail at create with SUMO_ERR_MISMATCH instead of running collectives
- * out of step or silently diverging; an invalid option on any rank fails create on all of them
- * with SUMO_ERR_INVALID_ARGUMENT (the reason is logged at WARN on the rank that has it), and
- * a rank that cannot allocate its buffers fails it on all of them with SUMO_ERR_SYSTEM.
+ * Create agrees on the options and the parameter count of every rank (one set-up agreement)
+ * so that ranks configured differently fail at create with SUMO_ERR_MISMATCH instead of
+ * running collectives out of step; an invalid option on any rank fails create on all of them
+ * with SUMO_ERR_INVALID_ARGUMENT, and a rank that cannot allocate its buffers fails it on all
+ * of them with SUMO_ERR_SYSTEM.
  *
  * Non-finite values: an outer step whose result holds NaN or Inf (diverged local steps, or a
- * slow buffer that overflows fp32 for a tiny gamma) completes, then returns SUMO_ERR_NONFINITE
- * on every rank (the check runs on the rebuilt parameters, identical everywhere), with a WARN.
- *
- * A local step the base optimizer refuses (check_finite on a NaN gradient) changes nothing and
- * does not count; if only some ranks refuse, the ranks are out of step and the next average
- * fails or times out, so such a batch must be skipped on every rank (agree first).
+ * slow buffer that overflows for a tiny gamma) completes, then returns SUMO_ERR_NONFINITE on
+ * every rank (the scan runs on the rebuilt parameters, identical everywhere).
  */
 #include "optimizers/slowmo.h"
 #include "collectives/agree.h"
@@ -50,23 +46,34 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct sumo__slowmo {
+struct sumo_slowmo {
+    sumo_comm *comm;
+    sumo_slowmo_options o;
+    sumo_dtype dtype;
+    size_t esz;
+    size_t n;
     int rank, nranks;
     int log_level;
     size_t offset;   /* first parameter of the owned slice (0 in the plain mode) */
     size_t shard;    /* elements of the owned slice (n in the plain mode) */
     size_t tail;     /* trailing elements every rank keeps (0 in the plain mode) */
-    size_t local;    /* shard + tail: floats in each of u and x0 */
-    float *u;        /* slow momentum buffer, local elements */
-    float *x0;       /* anchor x_{t,0}, local elements; follows u in the same allocation */
-    uint64_t k;      /* local steps taken in the current outer iteration, < tau */
-    bool anchored;   /* x0 holds the anchor (false until the first step) */
-} sumo__slowmo;
+    size_t local;    /* shard + tail: elements in each of u and x0 */
+    unsigned char *u;  /* slow momentum buffer, local elements; x0 follows it */
+    unsigned char *x0; /* anchor x_{t,0}, local elements */
+    const sumo_kernel_table *k; /* the memory u and x0 live in */
+    uint64_t steps;  /* local steps taken in the current outer iteration, < tau */
+    bool anchored;   /* x0 holds the anchor (false until the first begin) */
+    bool synchronized;
+    sumo_comm_stats stats;
+};
 
 /* ---- options --------------------------------------------------------------------------- */
 
 static const char *check_options(const sumo_slowmo_options *o)
 {
+    if (o->struct_size != sizeof *o)
+        return "struct_size is not sizeof(sumo_slowmo_options) of this library (fill the "
+               "options with sumo_slowmo_options_preset)";
     if (o->tau < 1) return "tau must be >= 1 (local steps per outer step)";
     if (o->inner_period < 0) return "inner_period must be >= 0 (0: no inner averaging)";
     if (o->inner_period > 0 && o->tau % o->inner_period != 0)
@@ -81,13 +88,13 @@ static const char *check_options(const sumo_slowmo_options *o)
     return NULL;
 }
 
-enum { FP_TAU, FP_INNER, FP_ALPHA, FP_BETA, FP_BUFFERS, FP_EFFICIENT, FP_N, FP_COUNT };
+enum { FP_TAU, FP_INNER, FP_ALPHA, FP_BETA, FP_BUFFERS, FP_EFFICIENT, FP_N, FP_DTYPE, FP_COUNT };
 
 /* One agreement: every rank learns whether all ranks have valid and identical options and
  * their buffers, and the communicator's message names the first rank at fault. */
-static sumo_result agree_options(sumo_distributed *dist, sumo_result local)
+static sumo_result agree_options(sumo_comm *comm, const sumo_slowmo_options *o, size_t n,
+                                 sumo_dtype dtype, sumo_result local)
 {
-    const sumo_slowmo_options *o = &dist->options.slowmo;
     double mine[FP_COUNT] = {0};
     if (local == SUMO_SUCCESS) {
         mine[FP_TAU] = o->tau;
@@ -96,205 +103,220 @@ static sumo_result agree_options(sumo_distributed *dist, sumo_result local)
         mine[FP_BETA] = o->beta;
         mine[FP_BUFFERS] = o->buffers;
         mine[FP_EFFICIENT] = o->memory_efficient;
-        mine[FP_N] = (double)dist->nparams; /* exact below 2^53 elements */
+        mine[FP_N] = (double)n; /* exact below 2^53 elements */
+        mine[FP_DTYPE] = dtype;
     }
     /* Set-up, not training: not counted in the communication statistics. */
-    return sumo__agree_setup(dist->comm, local, sumo__fnv1a(SUMO__FNV_OFFSET, mine, sizeof mine),
+    return sumo__agree_setup(comm, local, sumo__fnv1a(SUMO__FNV_OFFSET, mine, sizeof mine),
                              "slowmo create (SlowMo options and parameter count)");
 }
 
-sumo_result sumo__slowmo_init(sumo_distributed *dist)
+/* u and x0 (local elements each, u zeroed: u_0 = 0) in the memory of table k. */
+static sumo_result alloc_state(sumo_slowmo *s, const sumo_kernel_table *k)
 {
-    if (dist == NULL || dist->comm == NULL || dist->nparams == 0)
-        return SUMO_ERR_INVALID_ARGUMENT;
-    sumo__slowmo *s = calloc(1, sizeof *s);
-    if (s == NULL) return SUMO_ERR_SYSTEM;
-    s->log_level = sumo__log_level_from_env();
-    sumo_result r = sumo_comm_rank(dist->comm, &s->rank);
-    if (r == SUMO_SUCCESS) r = sumo_comm_size(dist->comm, &s->nranks);
+    const sumo__exec x = {.k = k};
+    void *p = NULL;
+    SUMO__CHECK(k->alloc(k->ctx, 2 * s->local * s->esz, &p));
+    sumo_result r = sumo__k_fill(&x, s->dtype, p, 0.0, 2 * s->local);
     if (r != SUMO_SUCCESS) {
-        free(s);
+        k->release(k->ctx, p);
         return r;
     }
-    const char *why = check_options(&dist->options.slowmo);
-    /* This rank's outcome of the local part, agreed on so that every rank fails the same way. */
-    sumo_result local = SUMO_ERR_INVALID_ARGUMENT;
-    if (why != NULL) {
-        SUMO__COMM_FAIL(dist->comm, SUMO_ERR_INVALID_ARGUMENT, "slowmo create: %s", why);
-    } else {
-        size_t n = dist->nparams;
-        if (dist->options.slowmo.memory_efficient) {
-            size_t N = (size_t)s->nranks;
-            s->shard = n / N;
-            s->tail = n % N;
-            s->offset = (size_t)s->rank * s->shard;
-        } else {
-            s->shard = n;
-            s->tail = 0;
-            s->offset = 0;
-        }
-        s->local = s->shard + s->tail; /* >= 1 since n >= 1 */
-        /* u starts at zero (u_0 = 0); x0 is written by the first step. */
-        s->u = calloc(2 * s->local, sizeof(float));
-        local = s->u != NULL ? SUMO_SUCCESS : SUMO_ERR_SYSTEM;
-        if (s->u == NULL)
-            SUMO__COMM_FAIL(dist->comm, SUMO_ERR_SYSTEM, "slowmo create: no memory for %zu floats",
-                            2 * s->local);
-    }
-    r = agree_options(dist, local);
-    if (r != SUMO_SUCCESS) {
-        free(s->u);
-        free(s);
-        return r;
-    }
-    s->x0 = s->u + s->local;
-    dist->slowmo = s;
-    dist->synchronized = true;
+    s->u = p;
+    s->x0 = s->u + s->local * s->esz;
+    s->k = k;
     return SUMO_SUCCESS;
 }
 
-void sumo__slowmo_free(sumo_distributed *dist)
+sumo_result sumo_slowmo_create(sumo_comm *comm, size_t nparams, sumo_dtype dtype,
+                               const sumo_slowmo_options *options, sumo_slowmo **out)
 {
-    if (dist == NULL || dist->slowmo == NULL) return;
-    sumo__slowmo *s = dist->slowmo;
-    free(s->u);
+    if (comm == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    sumo_slowmo *s = calloc(1, sizeof *s);
+    sumo_result local = SUMO_ERR_INVALID_ARGUMENT;
+    const char *why = NULL;
+    if (s == NULL) why = "out of memory";
+    else if (options == NULL || out == NULL) why = "NULL options or out";
+    else if (nparams == 0) why = "no parameters";
+    else if (dtype != SUMO_FLOAT32 && dtype != SUMO_FLOAT64) why = "parameters must be fp32 or fp64";
+    else why = check_options(options);
+    if (why != NULL) {
+        if (s == NULL) local = SUMO_ERR_SYSTEM;
+        SUMO__COMM_FAIL(comm, local, "slowmo create: %s", why);
+    } else {
+        s->comm = comm;
+        s->o = *options;
+        s->dtype = dtype;
+        s->esz = sumo__dtype_bytes(dtype);
+        s->n = nparams;
+        s->log_level = comm->tp->log_level;
+        s->rank = comm->tp->rank;
+        s->nranks = comm->tp->size;
+        if (options->memory_efficient) {
+            size_t N = (size_t)s->nranks;
+            s->shard = nparams / N;
+            s->tail = nparams % N;
+            s->offset = (size_t)s->rank * s->shard;
+        } else {
+            s->shard = nparams;
+        }
+        s->local = s->shard + s->tail; /* >= 1 since n >= 1 */
+        s->synchronized = true;
+        /* Host memory until the parameters say where they live (the first begin). */
+        local = alloc_state(s, sumo__host_kernels());
+        if (local != SUMO_SUCCESS)
+            SUMO__COMM_FAIL(comm, local, "slowmo create: no memory for %zu elements", 2 * s->local);
+    }
+    sumo_result r = agree_options(comm, options, nparams, dtype, local);
+    if (r != SUMO_SUCCESS) {
+        sumo_slowmo_destroy(s);
+        return r;
+    }
+    *out = s;
+    return SUMO_SUCCESS;
+}
+
+sumo_result sumo_slowmo_destroy(sumo_slowmo *s)
+{
+    if (s == NULL) return SUMO_SUCCESS;
+    if (s->u) s->k->release(s->k->ctx, s->u);
     free(s);
-    dist->slowmo = NULL;
+    return SUMO_SUCCESS;
 }
 
 /* ---- the step -------------------------------------------------------------------------- */
 
-/* The local elements in parameter order: the owned slice, then the tail. */
-static void copy_local(const sumo__slowmo *s, float *dst, const float *params, size_t n)
+/* The local elements of params in parameter order (the owned slice, then the tail) into
+ * state. */
+static sumo_result copy_local(sumo_slowmo *s, const sumo__exec *x, unsigned char *state,
+                              const unsigned char *params)
 {
-    memcpy(dst, params + s->offset, s->shard * sizeof *dst);
-    memcpy(dst + s->shard, params + (n - s->tail), s->tail * sizeof *dst);
+    SUMO__CHECK(sumo__k_copy(x, state, params + s->offset * s->esz, s->shard * s->esz));
+    return sumo__k_copy(x, state + s->shard * s->esz, params + (s->n - s->tail) * s->esz,
+                        s->tail * s->esz);
 }
 
-/* The slow update on count elements. The same function serves the plain mode, the owned
- * slice and the tail, which is what makes the two modes bit-identical. */
-static void slow_update(float *x, float *u, float *x0, size_t count, double alpha, double beta,
-                        double gamma)
+/* The kernels of the parameters' memory; the state moves there the first time. */
+static sumo_result params_exec(sumo_slowmo *s, const void *params, sumo__exec *x)
 {
-    double step = alpha * gamma;
-    for (size_t i = 0; i < count; i++) {
-        double x0d = x0[i];
-        double ud = beta * (double)u[i] + (x0d - (double)x[i]) / gamma;
-        float uf = (float)ud;
-        double xd = x0d - step * ud;
-        /* u overflowed fp32: poison the parameter so the overflow, which in the sharded mode
-         * only this slice's owner holds, reaches every rank's finiteness check. */
-        if (!isfinite(uf)) xd = NAN;
-        u[i] = uf;
-        x[i] = (float)xd;
-        x0[i] = x[i];
-    }
+    x->k = sumo__kernels_for(s->comm, params, s->n * s->esz);
+    x->stream = NULL;
+    if (x->k == s->k) return SUMO_SUCCESS;
+    unsigned char *old = s->u;
+    const sumo_kernel_table *oldk = s->k;
+    SUMO__CHECK(alloc_state(s, x->k));
+    /* The state so far (a loaded checkpoint) comes along: host to the new memory. */
+    sumo_result r = sumo__k_copy(x, s->u, old, 2 * s->local * s->esz);
+    oldk->release(oldk->ctx, old);
+    return r;
 }
 
-static sumo_result average_params(sumo_distributed *dist, float *params)
+sumo_result sumo_slowmo_begin(sumo_slowmo *s, const void *params)
 {
-    sumo__distributed_count(dist, dist->nparams, SUMO_FLOAT32);
-    return sumo_allreduce(params, params, dist->nparams, SUMO_FLOAT32, SUMO_OP_AVERAGE,
-                          dist->comm);
+    if (s == NULL || params == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    if (s->anchored) return SUMO_SUCCESS;
+    sumo__exec x;
+    SUMO__CHECK(params_exec(s, params, &x));
+    SUMO__CHECK(copy_local(s, &x, s->x0, params));
+    s->anchored = true;
+    return SUMO_SUCCESS;
 }
 
-static sumo_result apply_buffer_policy(sumo_distributed *dist)
+sumo_result sumo__slowmo_unanchor(sumo_slowmo *s)
 {
-    switch (dist->options.slowmo.buffers) {
-    case SUMO_BUFFERS_RESET: return sumo_optimizer_state_reset(dist->optimizer);
-    case SUMO_BUFFERS_AVERAGE: {
-        float *bufs[SUMO_OPTIMIZER_MAX_STATE_BUFFERS] = {0};
-        size_t count = 0;
-        int nbufs = 0;
-        SUMO__CHECK(sumo_optimizer_state_buffers(dist->optimizer, bufs, &count, &nbufs));
-        if (nbufs == 0 || count == 0) return SUMO_SUCCESS; /* same on every rank: same kind */
-        /* The buffers are contiguous: one allreduce covers them all. */
-        size_t total = (size_t)nbufs * count;
-        sumo__distributed_count(dist, total, SUMO_FLOAT32);
-        return sumo_allreduce(bufs[0], bufs[0], total, SUMO_FLOAT32, SUMO_OP_AVERAGE,
-                              dist->comm);
-    }
-    default: return SUMO_SUCCESS;
-    }
+    s->anchored = false;
+    return SUMO_SUCCESS;
 }
 
-static sumo_result outer_step(sumo_distributed *dist, sumo__slowmo *s, float *params,
+bool sumo__slowmo_anchored(const sumo_slowmo *s) { return s->anchored; }
+
+static sumo_result average_params(sumo_slowmo *s, void *params)
+{
+    s->stats.rounds++;
+    s->stats.bytes += (uint64_t)s->n * s->esz;
+    return sumo_allreduce(params, params, s->n, s->dtype, SUMO_OP_AVERAGE, s->comm);
+}
+
+static sumo_result outer_step(sumo_slowmo *s, const sumo__exec *x, unsigned char *params,
                               double gamma)
 {
-    const sumo_slowmo_options *o = &dist->options.slowmo;
-    size_t n = dist->nparams;
-    SUMO__CHECK(average_params(dist, params));
-    slow_update(params + s->offset, s->u, s->x0, s->shard, o->alpha, o->beta, gamma);
-    slow_update(params + (n - s->tail), s->u + s->shard, s->x0 + s->shard, s->tail, o->alpha,
-                o->beta, gamma);
+    const sumo_slowmo_options *o = &s->o;
+    size_t esz = s->esz;
+    SUMO__CHECK(average_params(s, params));
+    SUMO__CHECK(sumo__k_slow_update(x, s->dtype, params + s->offset * esz, s->u, s->x0, s->shard,
+                                    o->alpha, o->beta, gamma));
+    SUMO__CHECK(sumo__k_slow_update(x, s->dtype, params + (s->n - s->tail) * esz,
+                                    s->u + s->shard * esz, s->x0 + s->shard * esz, s->tail,
+                                    o->alpha, o->beta, gamma));
     if (o->memory_efficient && s->shard > 0) {
-        size_t total = (size_t)s->nranks * s->shard;
-        sumo__distributed_count(dist, total, SUMO_FLOAT32);
-        SUMO__CHECK(sumo_allgather(params + s->offset, params, s->shard, SUMO_FLOAT32,
-                                   dist->comm));
+        s->stats.rounds++;
+        s->stats.bytes += (uint64_t)s->nranks * s->shard * esz;
+        SUMO__CHECK(sumo_allgather(params + s->offset * esz, params, s->shard, s->dtype, s->comm));
     }
-    SUMO__CHECK(apply_buffer_policy(dist));
     /* params are identical on every rank here, so every rank reaches the same verdict. */
-    for (size_t i = 0; i < n; i++) {
-        if (!isfinite(params[i])) {
-            SUMO__LOG(s->log_level, SUMO__LOG_WARN,
-                      "slowmo outer step: parameter %zu is %g after the slow update (diverged "
-                      "local steps, or a slow buffer beyond fp32 for lr %g)",
-                      i, (double)params[i], gamma);
-            return SUMO_ERR_NONFINITE;
-        }
+    size_t bad;
+    SUMO__CHECK(sumo__k_first_nonfinite(x, s->dtype, params, s->n, &bad));
+    if (bad != SIZE_MAX) {
+        SUMO__LOG(s->log_level, SUMO__LOG_WARN,
+                  "slowmo outer step: parameter %zu is not finite after the slow update "
+                  "(diverged local steps, or a slow buffer beyond its type for lr %g)",
+                  bad, gamma);
+        return SUMO_ERR_NONFINITE;
     }
     return SUMO_SUCCESS;
 }
 
-sumo_result sumo__slowmo_step(sumo_distributed *dist, float *params, float *grads, double lr,
-                              int *communicated)
+sumo_result sumo_slowmo_outer_due(const sumo_slowmo *s, int *due)
+{
+    if (s == NULL || due == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    *due = s->steps + 1 == (uint64_t)s->o.tau;
+    return SUMO_SUCCESS;
+}
+
+sumo_result sumo_slowmo_end(sumo_slowmo *s, void *params, double lr, int *communicated)
 {
     if (communicated) *communicated = 0;
-    if (dist == NULL || params == NULL || grads == NULL) return SUMO_ERR_INVALID_ARGUMENT;
-    sumo__slowmo *s = dist->slowmo;
-    if (s == NULL) return SUMO_ERR_INVALID_USAGE;
-    const sumo_slowmo_options *o = &dist->options.slowmo;
+    if (s == NULL || params == NULL) return SUMO_ERR_INVALID_ARGUMENT;
     if (!(lr >= 0) || !isfinite(lr)) {
         SUMO__LOG(s->log_level, SUMO__LOG_WARN, "slowmo step: lr %g must be finite and >= 0", lr);
         return SUMO_ERR_INVALID_ARGUMENT;
     }
-    bool outer = s->k + 1 == (uint64_t)o->tau;
+    bool outer = s->steps + 1 == (uint64_t)s->o.tau;
     if (outer && lr == 0) {
         SUMO__LOG(s->log_level, SUMO__LOG_WARN,
                   "slowmo step: lr 0 on an outer step (local step %d of %d): the slow buffer "
-                  "is (x0 - x) / lr", o->tau, o->tau);
+                  "is (x0 - x) / lr", s->o.tau, s->o.tau);
         return SUMO_ERR_INVALID_ARGUMENT;
     }
-
-    bool took_anchor = false;
-    if (!s->anchored) {
-        copy_local(s, s->x0, params, dist->nparams);
-        s->anchored = took_anchor = true;
-    }
-    sumo_result r = sumo_optimizer_step(dist->optimizer, params, grads, lr);
-    if (r != SUMO_SUCCESS) {
-        /* The step changed nothing (the optimizer's contract), so neither do we. */
-        if (took_anchor) s->anchored = false;
-        return r;
-    }
-    s->k++;
-    bool inner = !outer && o->inner_period > 0 && s->k % (uint64_t)o->inner_period == 0;
+    if (!s->anchored) return SUMO_ERR_INVALID_USAGE; /* begin takes the anchor first */
+    sumo__exec x;
+    SUMO__CHECK(params_exec(s, params, &x));
+    s->steps++;
+    bool inner = !outer && s->o.inner_period > 0 && s->steps % (uint64_t)s->o.inner_period == 0;
+    sumo_result r = SUMO_SUCCESS;
     if (outer) {
-        s->k = 0;
-        r = outer_step(dist, s, params, lr);
+        s->steps = 0;
+        r = outer_step(s, &x, params, lr);
     } else if (inner) {
-        r = average_params(dist, params);
+        r = average_params(s, params);
     }
     if (communicated) *communicated = outer || inner;
     /* One rank always agrees with itself. */
-    dist->synchronized = outer || inner || s->nranks == 1;
+    s->synchronized = outer || inner || s->nranks == 1;
     return r;
+}
+
+sumo_result sumo_slowmo_synchronized(const sumo_slowmo *s, int *synchronized)
+{
+    if (s == NULL || synchronized == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    *synchronized = s->synchronized;
+    return SUMO_SUCCESS;
 }
 
 /* ---- checkpoints ----------------------------------------------------------------------- */
 
-/* The header: fixed-width words in this machine's byte order, then u and x0 (local). */
+/* The header: fixed-width words in this machine's byte order, then u and x0 (local elements
+ * of the parameters' type, which the size tells apart). */
 #define SLOWMO_MAGIC 0x534c4f574d4f3031ull /* "SLOWMO01" */
 #define SLOWMO_VERSION 1u
 enum {
@@ -302,94 +324,103 @@ enum {
     H_COUNT
 };
 
-size_t sumo__slowmo_state_size(const sumo_distributed *dist)
+sumo_result sumo_slowmo_state_size(const sumo_slowmo *s, size_t *bytes)
 {
-    if (dist == NULL || dist->slowmo == NULL) return 0;
-    const sumo__slowmo *s = dist->slowmo;
-    return H_COUNT * sizeof(uint64_t) + 2 * s->local * sizeof(float);
+    if (s == NULL || bytes == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    *bytes = H_COUNT * sizeof(uint64_t) + 2 * s->local * s->esz;
+    return SUMO_SUCCESS;
 }
 
-sumo_result sumo__slowmo_state_save(const sumo_distributed *dist, void *buffer)
+/* The state through host memory (it may live in another). */
+static sumo_result state_copy(const sumo_slowmo *s, void *dst, const void *src)
 {
-    if (dist == NULL || buffer == NULL) return SUMO_ERR_INVALID_ARGUMENT;
-    const sumo__slowmo *s = dist->slowmo;
-    if (s == NULL) return SUMO_ERR_INVALID_USAGE;
+    const sumo__exec x = {.k = s->k};
+    return sumo__k_copy(&x, dst, src, 2 * s->local * s->esz);
+}
+
+sumo_result sumo_slowmo_state_save(const sumo_slowmo *s, void *buffer, size_t bytes)
+{
+    size_t need;
+    SUMO__CHECK(sumo_slowmo_state_size(s, &need));
+    if (buffer == NULL || bytes != need) return SUMO_ERR_INVALID_ARGUMENT;
     uint64_t h[H_COUNT] = {
         [H_MAGIC] = SLOWMO_MAGIC,
         [H_VERSION] = SLOWMO_VERSION,
-        [H_N] = dist->nparams,
+        [H_N] = s->n,
         [H_NRANKS] = (uint64_t)s->nranks,
         [H_RANK] = (uint64_t)s->rank,
-        [H_TAU] = (uint64_t)dist->options.slowmo.tau,
-        [H_EFFICIENT] = (uint64_t)dist->options.slowmo.memory_efficient,
+        [H_TAU] = (uint64_t)s->o.tau,
+        [H_EFFICIENT] = (uint64_t)s->o.memory_efficient,
         [H_LOCAL] = s->local,
-        [H_K] = s->k,
+        [H_K] = s->steps,
         [H_ANCHORED] = s->anchored,
     };
     unsigned char *p = buffer;
     memcpy(p, h, sizeof h);
-    p += sizeof h;
-    memcpy(p, s->u, 2 * s->local * sizeof(float)); /* u then x0: one allocation */
-    return SUMO_SUCCESS;
+    return state_copy(s, p + sizeof h, s->u); /* u then x0: one allocation */
 }
 
-static const char *check_header(const sumo_distributed *dist, const sumo__slowmo *s,
-                                const uint64_t *h)
+static const char *check_header(const sumo_slowmo *s, const uint64_t *h)
 {
     if (h[H_MAGIC] != SLOWMO_MAGIC) return "not a SlowMo state (bad magic)";
     if (h[H_VERSION] != SLOWMO_VERSION) return "unsupported SlowMo state version";
-    if (h[H_N] != dist->nparams) return "parameter count differs";
-    if (h[H_TAU] != (uint64_t)dist->options.slowmo.tau)
-        return "tau differs (the step counter would mean something else)";
-    if (h[H_EFFICIENT] != (uint64_t)dist->options.slowmo.memory_efficient)
+    if (h[H_N] != s->n) return "parameter count differs";
+    if (h[H_TAU] != (uint64_t)s->o.tau) return "tau differs (the step counter would mean something else)";
+    if (h[H_EFFICIENT] != (uint64_t)s->o.memory_efficient)
         return "memory_efficient differs (a shard cannot stand for the whole buffer)";
     /* The plain state is identical on every rank, so it may be loaded with another number
      * of ranks; a shard belongs to one rank of one layout. */
-    if (dist->options.slowmo.memory_efficient &&
+    if (s->o.memory_efficient &&
         (h[H_NRANKS] != (uint64_t)s->nranks || h[H_RANK] != (uint64_t)s->rank))
         return "memory-efficient state of another rank or number of ranks";
     if (h[H_LOCAL] != s->local) return "buffer size differs";
     if (h[H_ANCHORED] > 1) return "corrupt anchor flag";
-    if (h[H_K] >= (uint64_t)dist->options.slowmo.tau) return "step counter >= tau";
+    if (h[H_K] >= (uint64_t)s->o.tau) return "step counter >= tau";
     if (h[H_ANCHORED] == 0 && h[H_K] != 0) return "steps counted before the anchor was taken";
     return NULL;
 }
 
-sumo_result sumo__slowmo_state_load(sumo_distributed *dist, const void *buffer)
+sumo_result sumo_slowmo_state_load(sumo_slowmo *s, const void *buffer, size_t bytes)
 {
-    if (dist == NULL || buffer == NULL) return SUMO_ERR_INVALID_ARGUMENT;
-    sumo__slowmo *s = dist->slowmo;
-    if (s == NULL) return SUMO_ERR_INVALID_USAGE;
+    size_t need;
+    SUMO__CHECK(sumo_slowmo_state_size(s, &need));
+    if (buffer == NULL || bytes != need) return SUMO_ERR_INVALID_ARGUMENT;
     uint64_t h[H_COUNT];
     memcpy(h, buffer, sizeof h);
     const unsigned char *body = (const unsigned char *)buffer + sizeof h;
-    const char *why = check_header(dist, s, h);
+    const char *why = check_header(s, h);
     if (why == NULL) {
         /* A NaN in a loaded buffer would surface only as NaN parameters an outer step later. */
-        for (size_t i = 0; i < 2 * s->local && why == NULL; i++) {
-            float v;
-            memcpy(&v, body + i * sizeof v, sizeof v);
-            if (!isfinite(v)) why = "non-finite value in the slow buffer or anchor";
-        }
+        size_t bad;
+        const sumo__exec host = sumo__host_exec();
+        SUMO__CHECK(sumo__k_first_nonfinite(&host, s->dtype, body, 2 * s->local, &bad));
+        if (bad != SIZE_MAX) why = "non-finite value in the slow buffer or anchor";
     }
     if (why != NULL) {
         SUMO__LOG(s->log_level, SUMO__LOG_WARN, "slowmo state load: %s", why);
         return SUMO_ERR_INVALID_ARGUMENT;
     }
-    memcpy(s->u, body, 2 * s->local * sizeof(float));
-    s->k = h[H_K];
+    SUMO__CHECK(state_copy(s, s->u, body));
+    s->steps = h[H_K];
     s->anchored = h[H_ANCHORED] != 0;
     /* The parameters saved with this state were common if the last step communicated. */
-    int ip = dist->options.slowmo.inner_period;
-    dist->synchronized = s->k == 0 || (ip > 0 && s->k % (uint64_t)ip == 0) || s->nranks == 1;
+    int ip = s->o.inner_period;
+    s->synchronized = s->steps == 0 || (ip > 0 && s->steps % (uint64_t)ip == 0) || s->nranks == 1;
     return SUMO_SUCCESS;
 }
 
-/* u and x0 only: 2 (s + t) floats sharded, 2 n plain (the small struct is not counted, and
- * there is no scratch). */
-size_t sumo__slowmo_extra_memory(const sumo_distributed *dist)
+sumo_result sumo_slowmo_stats(const sumo_slowmo *s, sumo_comm_stats *stats)
 {
-    if (dist == NULL || dist->slowmo == NULL) return 0;
-    const sumo__slowmo *s = dist->slowmo;
-    return 2 * s->local * sizeof(float);
+    if (s == NULL || stats == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    *stats = s->stats;
+    return SUMO_SUCCESS;
+}
+
+/* u and x0 only: 2 (s + t) elements sharded, 2 n plain (the small struct is not counted, and
+ * there is no scratch). */
+sumo_result sumo_slowmo_extra_memory(const sumo_slowmo *s, size_t *bytes)
+{
+    if (s == NULL || bytes == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    *bytes = 2 * s->local * s->esz;
+    return SUMO_SUCCESS;
 }

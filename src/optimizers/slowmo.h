@@ -1,17 +1,15 @@
-/* The SlowMo mode of the distributed optimizer (optimizers/slowmo.c; docs/design/slowmo.md). */
+/* SlowMo's outer loop (optimizers/slowmo.c; docs/design/slowmo.md): the public sumo_slowmo
+ * object of sumo_distributed.h, plus what the distributed optimizer needs of it. */
 #ifndef SUMO_SLOWMO_H
 #define SUMO_SLOWMO_H
 
-#include "optimizers/distributed_impl.h"
+#include "sumo_distributed.h"
+#include "common/common.h"
 
-/* SlowMo: validate options, allocate state (collective when memory_efficient needs it). */
-sumo_result sumo__slowmo_init(sumo_distributed *dist);
-void sumo__slowmo_free(sumo_distributed *dist);
-sumo_result sumo__slowmo_step(sumo_distributed *dist, float *params, float *grads, double lr,
-                              int *communicated);
-size_t sumo__slowmo_state_size(const sumo_distributed *dist);
-sumo_result sumo__slowmo_state_save(const sumo_distributed *dist, void *buffer);
-sumo_result sumo__slowmo_state_load(sumo_distributed *dist, const void *buffer);
-size_t sumo__slowmo_extra_memory(const sumo_distributed *dist);
+/* Forgets the anchor that the last begin took: the caller's local step changed nothing (the
+ * base optimizer refused it), so the next begin takes it again. */
+sumo_result sumo__slowmo_unanchor(sumo_slowmo *slowmo);
+/* Whether the anchor is taken (begin was called in this outer iteration's first step). */
+bool sumo__slowmo_anchored(const sumo_slowmo *slowmo);
 
 #endif

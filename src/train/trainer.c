@@ -169,7 +169,8 @@ static sumo_result build(rank_state *s)
     r = sumo_optimizer_create(&c->optim, layout, ntensors, &s->opt);
     if (r != SUMO_SUCCESS) return fail(s, r, "optimizer options");
 
-    sumo_distributed_options dopt = {.mode = SUMO_UPDATE_GRADIENT, .slowmo = c->slowmo};
+    sumo_distributed_options dopt = {.struct_size = sizeof dopt, .mode = SUMO_UPDATE_GRADIENT,
+                                     .slowmo = c->slowmo};
     sumo_aggregator_options aopt;
     bool needs_agg = true;
     switch (c->method) {

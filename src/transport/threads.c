@@ -156,7 +156,8 @@ static void *aligned_zalloc(size_t bytes)
     return p;
 }
 
-sumo_result sumo__threads_transport_create(int nranks, sumo__transport **tps)
+sumo_result sumo__threads_transport_create(int nranks, const sumo__env *env,
+                                           sumo__transport **tps)
 {
     threads_group *g = calloc(1, sizeof *g);
     if (g == NULL) return SUMO_ERR_SYSTEM;
@@ -171,8 +172,8 @@ sumo_result sumo__threads_transport_create(int nranks, sumo__transport **tps)
     }
     sumo__shm_ctl_init(g->ctl, nranks);
     uint32_t spin_limit = sumo__shm_default_spin_limit(nranks);
-    int log_level = sumo__log_level_from_env();
-    int64_t timeout_ns = (int64_t)(sumo__timeout_from_env(300.0) * 1e9);
+    int log_level = env->log_level;
+    int64_t timeout_ns = (int64_t)(env->timeout_s * 1e9);
     for (int r = 0; r < nranks; r++) {
         threads_transport *t = aligned_zalloc(sizeof *t);
         if (t == NULL) {

@@ -96,6 +96,9 @@ typedef struct sumo__transport_ops {
      * Returns SUMO_SUCCESS, or why the peers could not be met to free what they share (which
      * is then left allocated: the caller should end the job). */
     sumo_result (*destroy)(sumo__transport *tp);
+    /* Optional: whether sendrecv moves buffers of the named kernel memory besides the host's
+     * (a transport over NCCL moves "cuda"). */
+    bool (*carries)(sumo__transport *tp, const char *memory);
 } sumo__transport_ops;
 
 /* A peer library's own reduction, for the sizes where it beats sumo's point-to-point ones. */
@@ -123,6 +126,10 @@ struct sumo__transport {
     /* Where failures are recorded: the communicator's (NULL before one wraps the transport:
      * failures are then only logged). */
     sumo__status *status;
+    /* Set before destroy at the end of the process: leave without meeting the peers (a peer
+     * may still be busy, saving a checkpoint; what the ranks share is released when the
+     * process ends, e.g. by MPI_Finalize, which waits for every rank however long it takes). */
+    bool leaving_process;
 };
 
 /*

@@ -447,6 +447,14 @@ static sumo_result mpi_destroy(sumo__transport *tp)
     /* Peers on this node still waiting on this rank learn at once that it left, as on the
      * threads transport (a peer finishing a collective this rank finished is not affected). */
     if (t->have_win) sumo__shm_depart(&t->shm, tp->rank);
+    /* At the end of the process the windows and the communicator are left to MPI_Finalize:
+     * meeting the peers here, under the deadline, would fail (and end the job) when a peer is
+     * still busy after its last collective, as rank 0 saving a checkpoint is. */
+    if (tp->leaving_process) {
+        free(t->stage);
+        free(t);
+        return SUMO_SUCCESS;
+    }
     /* The frees below are collective and blocking: meet the peers first under the deadline,
      * so a peer that is gone makes destroy leak instead of hang. */
     sumo_result r = sumo__transport_broken(tp) ? SUMO_ERR_PEER_FAILURE : SUMO_SUCCESS;
@@ -626,8 +634,8 @@ static sumo_result setup(mpi_transport *t, char *err, size_t errlen)
     return want_shm ? map_window(t, stage, err, errlen) : SUMO_SUCCESS;
 }
 
-sumo_result sumo__mpi_transport_create(MPI_Comm comm, sumo__transport **out, char *err,
-                                       size_t errlen)
+sumo_result sumo__mpi_transport_create(MPI_Comm comm, const sumo__env *env,
+                                       sumo__transport **out, char *err, size_t errlen)
 {
     mpi_transport *t = calloc(1, sizeof *t);
     unsigned char *gather_buf = NULL;
@@ -649,8 +657,8 @@ sumo_result sumo__mpi_transport_create(MPI_Comm comm, sumo__transport **out, cha
     t->gather_buf = gather_buf;
     t->base = (sumo__transport){.ops = &mpi_ops,
                                 .offload = &mpi_offload,
-                                .timeout_ns = (int64_t)(sumo__timeout_from_env(300.0) * 1e9),
-                                .log_level = sumo__log_level_from_env()};
+                                .timeout_ns = (int64_t)(env->timeout_s * 1e9),
+                                .log_level = env->log_level};
     /* The nonblocking duplication makes a rank that never calls create a timeout here. The
      * calls after it are blocking (MPI has no nonblocking split or window allocation), but
      * they only run once every rank has arrived. */

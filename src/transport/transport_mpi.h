@@ -8,7 +8,7 @@
 
 /* Collective over comm: duplicates it and, when every rank shares one node, maps the shared
  * window the collectives stage through. */
-sumo_result sumo__mpi_transport_create(MPI_Comm comm, sumo__transport **out, char *err,
-                                       size_t errlen);
+sumo_result sumo__mpi_transport_create(MPI_Comm comm, const sumo__env *env,
+                                       sumo__transport **out, char *err, size_t errlen);
 
 #endif

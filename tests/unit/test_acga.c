@@ -25,6 +25,7 @@
 #include "support/reference.h"
 
 #include <float.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -782,9 +783,9 @@ static void test_bad_dtype_and_options(void **state)
         }
         run_free(&R);
     }
-    /* Creation does not communicate: the main thread may create on a rank's handle. */
-    sumo_comm *comms[2];
-    assert_int_equal(sumo_comm_create_threads(2, comms), SUMO_SUCCESS);
+    /* Creation is collective: a one-rank handle lets the main thread create alone. */
+    sumo_comm *comms[1];
+    assert_int_equal(sumo_comm_create_threads(1, comms), SUMO_SUCCESS);
     sumo_aggregator_options o;
     assert_int_equal(sumo_aggregator_options_default(SUMO_AGGREGATE_ACGA, &o), SUMO_SUCCESS);
     assert_true(o.acga.beta == 0 && o.acga.negative_guard == 1 && o.acga.eps == 1e-8 &&
@@ -810,7 +811,37 @@ static void test_bad_dtype_and_options(void **state)
         assert_null(agg);
     }
     sumo_comm_destroy(comms[0]);
-    sumo_comm_destroy(comms[1]);
+}
+
+/* Creates an aggregator on every rank of comms at once (creation is collective). */
+typedef struct create_job {
+    sumo_comm *comm;
+    const sumo_aggregator_options *opts;
+    sumo_aggregator *agg;
+    sumo_result r;
+} create_job;
+
+static void *create_main(void *p)
+{
+    create_job *j = p;
+    j->r = sumo_aggregator_create(j->comm, j->opts, &j->agg);
+    return NULL;
+}
+
+static void create_on_all(sumo_comm **comms, int n, const sumo_aggregator_options *o,
+                          sumo_aggregator **aggs)
+{
+    create_job jobs[MAXN];
+    pthread_t ids[MAXN];
+    for (int r = 0; r < n; r++) {
+        jobs[r] = (create_job){.comm = comms[r], .opts = o};
+        assert_int_equal(pthread_create(&ids[r], NULL, create_main, &jobs[r]), 0);
+    }
+    for (int r = 0; r < n; r++) pthread_join(ids[r], NULL);
+    for (int r = 0; r < n; r++) {
+        assert_int_equal(jobs[r].r, SUMO_SUCCESS);
+        aggs[r] = jobs[r].agg;
+    }
 }
 
 /* ---- state -------------------------------------------------------------------------------- */
@@ -910,9 +941,10 @@ static void test_state_format(void **state)
     o2.acga.per_tensor = o3.acga.per_tensor = 1;
     o2.tensor_counts = l3, o2.ntensors = 3; /* on 2 ranks */
     o3.tensor_counts = l2, o3.ntensors = 2; /* on 3 ranks */
-    sumo_aggregator *a2 = NULL, *a3 = NULL;
-    assert_int_equal(sumo_aggregator_create(c2[0], &o2, &a2), SUMO_SUCCESS);
-    assert_int_equal(sumo_aggregator_create(c3[0], &o3, &a3), SUMO_SUCCESS);
+    sumo_aggregator *all2[2], *all3[3];
+    create_on_all(c2, 2, &o2, all2);
+    create_on_all(c3, 3, &o3, all3);
+    sumo_aggregator *a2 = all2[0], *a3 = all3[0];
     size_t b2 = 0, b3 = 0;
     assert_int_equal(sumo_aggregator_state_size(a2, &b2), SUMO_SUCCESS);
     assert_int_equal(sumo_aggregator_state_size(a3, &b3), SUMO_SUCCESS);
@@ -947,8 +979,8 @@ static void test_state_format(void **state)
     make_state(want, MAGIC, 1, 3, 2, 0, ok6);
     assert_int_equal(sumo_aggregator_state_save(a3, after, 72), SUMO_SUCCESS);
     assert_memory_equal(after, want, 72);
-    sumo_aggregator_destroy(a2);
-    sumo_aggregator_destroy(a3);
+    for (int r = 0; r < 2; r++) sumo_aggregator_destroy(all2[r]);
+    for (int r = 0; r < 3; r++) sumo_aggregator_destroy(all3[r]);
     for (int r = 0; r < 2; r++) sumo_comm_destroy(c2[r]);
     for (int r = 0; r < 3; r++) sumo_comm_destroy(c3[r]);
 }

@@ -78,7 +78,7 @@ static void run_rank(sumo_comm *comm, int rank, int size, void *arg)
     ao.tensor_counts = layout;
     ao.ntensors = NT;
     if (r == SUMO_SUCCESS) r = sumo_aggregator_create(comm, &ao, &agg);
-    sumo_distributed_options dopt = {.mode = sc->mode};
+    sumo_distributed_options dopt = {.struct_size = sizeof dopt, .mode = sc->mode};
     if (r == SUMO_SUCCESS) r = sumo_distributed_create(comm, opt, agg, N, &dopt, &dist);
     sc->setup[rank] = r;
     float x[N], g[N];

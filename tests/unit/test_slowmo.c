@@ -83,7 +83,7 @@ static scenario *new_scenario(int nranks, size_t n, int steps, int tau, int inne
     sc->nranks = nranks;
     sc->n = n;
     sc->steps = steps;
-    sc->slow = (sumo_slowmo_options){.tau = tau, .inner_period = inner, .alpha = alpha,
+    sc->slow = (sumo_slowmo_options){.struct_size = sizeof(sumo_slowmo_options), .tau = tau, .inner_period = inner, .alpha = alpha,
                                      .beta = beta, .buffers = SUMO_BUFFERS_KEEP};
     for (int t = 0; t < MAXT; t++) sc->lr[t] = 1.0;
     return sc;
@@ -112,7 +112,8 @@ static void run_rank(sumo_comm *comm, int rank, int size, void *arg)
     sc->failed_step[rank] = -1;
     sumo_optimizer *opt = make_sgd(sc->n, sc->momentum);
     sumo_distributed *dist = NULL;
-    sumo_distributed_options o = {.mode = SUMO_UPDATE_SLOWMO, .slowmo = sc->slow};
+    sumo_distributed_options o = {.struct_size = sizeof o, .mode = SUMO_UPDATE_SLOWMO,
+                                  .slowmo = sc->slow};
     sumo_result r = opt ? sumo_distributed_create(comm, opt, NULL, sc->n, &o, &dist)
                         : SUMO_ERR_SYSTEM;
     float x[MAXN], g[MAXN];
@@ -413,7 +414,7 @@ typedef struct bad_run {
 static sumo_result try_create(sumo_comm *comm, sumo_optimizer *opt, size_t n,
                               const sumo_slowmo_options *s, sumo_distributed **out)
 {
-    sumo_distributed_options o = {.mode = SUMO_UPDATE_SLOWMO, .slowmo = *s};
+    sumo_distributed_options o = {.struct_size = sizeof o, .mode = SUMO_UPDATE_SLOWMO, .slowmo = *s};
     return sumo_distributed_create(comm, opt, NULL, n, &o, out);
 }
 
@@ -431,7 +432,7 @@ static void bad_rank(sumo_comm *comm, int rank, int size, void *arg)
         b->untouched[rank][i] = d == sentinel;
         if (d != sentinel) sumo_distributed_destroy(d);
     }
-    sumo_slowmo_options good = {.tau = 2, .alpha = 1.0, .beta = 0.5};
+    sumo_slowmo_options good = {.struct_size = sizeof good, .tau = 2, .alpha = 1.0, .beta = 0.5};
     /* Ranks that disagree on alpha: refused everywhere. */
     sumo_slowmo_options mine = good;
     mine.alpha = rank == 0 ? 1.0 : 0.9;
@@ -499,7 +500,8 @@ static void test_bad_options_and_lr0(void **state)
     (void)state;
     bad_run *b = calloc(1, sizeof *b);
     assert_non_null(b);
-    const sumo_slowmo_options good = {.tau = 4, .inner_period = 2, .alpha = 1.0, .beta = 0.5};
+    const sumo_slowmo_options good = {.struct_size = sizeof good, .tau = 4, .inner_period = 2,
+                                      .alpha = 1.0, .beta = 0.5};
     for (int i = 0; i < NBAD; i++) b->bad[i] = good;
     b->bad[0].tau = 0;
     b->bad[1].tau = -3;
@@ -563,7 +565,7 @@ typedef struct ckpt_run {
 static sumo_result make_pair(sumo_comm *comm, const ckpt_run *c, sumo_optimizer **opt,
                              sumo_distributed **dist)
 {
-    sumo_slowmo_options s = {.tau = 4, .inner_period = 2, .alpha = 0.9, .beta = 0.6,
+    sumo_slowmo_options s = {.struct_size = sizeof s, .tau = 4, .inner_period = 2, .alpha = 0.9, .beta = 0.6,
                              .buffers = SUMO_BUFFERS_KEEP, .memory_efficient = c->efficient};
     *opt = make_sgd(c->n, 0.7);
     *dist = NULL;

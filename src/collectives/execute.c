@@ -1,0 +1,296 @@
+/*
+ * The one path of every collective: a public function (collectives.c) fills a sumo__call and
+ * submits it (requests.c); sumo__execute validates it once (this file's validate: buffers, counts, dtype, root, the
+ * op's kind, the memory the buffers live in), picks the algorithm, and the algorithm agrees
+ * (agree.c) before any data moves. The algorithms live in shm_algos.c (ranks that reach each
+ * other's memory), p2p_algos.c (messages only), adasum.c and gram.c.
+ *
+ * One allreduce, from the call down to the bytes: sumo_allreduce -> sumo__submit (the handle,
+ * after the queued requests) -> sumo__execute (validate, the kernel table, pick) -> an
+ * algorithm -> sumo__agree (transport announce, compare) -> the data phase over the
+ * transport's sendrecv / peer buffers / staging areas / offload, data through the call's
+ * kernel table -> the status (the handle's message on failure).
+ */
+#include "collectives/execute.h"
+#include "collectives/adasum.h"
+#include "collectives/p2p_algos.h"
+#include "collectives/shm_algos.h"
+#include "collectives/slices.h"
+
+#include <string.h>
+
+#define SMALL_MESSAGE_BYTES (64 * 1024)
+
+static const char *kind_name(uint32_t kind)
+{
+    switch (kind) {
+    case SUMO__CALL_ALLREDUCE: return "allreduce";
+    case SUMO__CALL_BROADCAST: return "broadcast";
+    case SUMO__CALL_ALLGATHER: return "allgather";
+    case SUMO__CALL_REDUCE_SCATTER: return "reduce_scatter";
+    case SUMO__CALL_GRAM: return "gram combine";
+    default: return "barrier";
+    }
+}
+
+static size_t bytes_of(size_t count, sumo_dtype dtype)
+{
+    size_t b;
+    if (!sumo__dtype_valid(dtype) || sumo__mul_overflows(count, sumo__dtype_bytes(dtype), &b))
+        return SIZE_MAX;
+    return b;
+}
+
+/* The memory's name as the ranks compare it. */
+static uint32_t memory_id(const sumo_kernel_table *k)
+{
+    return (uint32_t)sumo__fnv1a(SUMO__FNV_OFFSET, k->memory, strlen(k->memory));
+}
+
+/*
+ * Local checks, no communication: the arguments, the op's kind, and the kernel table of the
+ * buffers' memory (into *x). Returns the code and records why. send_bytes and recv_bytes are
+ * what the call reads and writes on this rank.
+ */
+static sumo_result validate(sumo_comm *c, const sumo__call *call, sumo__call_desc *d,
+                            const sumo__op_entry **op, sumo__exec *x)
+{
+    sumo__transport *tp = c->tp;
+    const char *what = kind_name(call->kind);
+    *op = NULL;
+    *x = sumo__host_exec();
+    if (call->kind == SUMO__CALL_BARRIER) return SUMO_SUCCESS;
+    if (!sumo__dtype_valid((int)call->dtype))
+        return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_ARGUMENT, "%s: unknown dtype %d", what,
+                               (int)call->dtype);
+    if (call->kind == SUMO__CALL_ALLREDUCE || call->kind == SUMO__CALL_REDUCE_SCATTER) {
+        *op = sumo__op_find(c, call->op);
+        if (*op == NULL)
+            return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_ARGUMENT,
+                                   "%s: op %u was not created on this communicator (or was "
+                                   "destroyed)",
+                                   what, call->op);
+        if (call->kind == SUMO__CALL_REDUCE_SCATTER && (*op)->kind == SUMO__OP_ADASUM)
+            return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_ARGUMENT,
+                                   "reduce_scatter: Adasum's result is not defined segment by "
+                                   "segment; use SUMO_OP_SUM or SUMO_OP_AVERAGE");
+    }
+    if (call->kind == SUMO__CALL_BROADCAST && (call->root < 0 || call->root >= tp->size))
+        return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_ARGUMENT, "%s: root %d out of range [0, %d)",
+                               what, call->root, tp->size);
+    if (call->kind == SUMO__CALL_GRAM && tp->size > SUMO__GRAM_MAX_RANKS)
+        return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_USAGE, "%s: %d ranks, at most %d", what,
+                               tp->size, SUMO__GRAM_MAX_RANKS);
+    /* What this rank reads and writes. */
+    size_t bytes = bytes_of(call->count, call->dtype), send_bytes = bytes, recv_bytes = bytes;
+    if (bytes != SIZE_MAX && call->kind == SUMO__CALL_ALLGATHER &&
+        sumo__mul_overflows(bytes, (size_t)tp->size, &recv_bytes))
+        recv_bytes = SIZE_MAX;
+    if (bytes != SIZE_MAX && call->kind == SUMO__CALL_REDUCE_SCATTER &&
+        sumo__mul_overflows(bytes, (size_t)tp->size, &send_bytes))
+        send_bytes = SIZE_MAX;
+    if (send_bytes == SIZE_MAX || recv_bytes == SIZE_MAX)
+        return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_ARGUMENT, "%s: count %zu overflows size_t",
+                               what, call->count);
+    bool needs_send = !(call->kind == SUMO__CALL_BROADCAST && call->root != tp->rank);
+    if ((needs_send && send_bytes && call->sendbuf == NULL) || (recv_bytes && call->recvbuf == NULL))
+        return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_ARGUMENT, "%s: NULL buffer with count %zu",
+                               what, call->count);
+    if (needs_send && call->sendbuf != call->recvbuf) {
+        /* NCCL's in-place forms: this rank's block of the larger buffer is the smaller one. */
+        const unsigned char *s = call->sendbuf, *r = call->recvbuf;
+        size_t mine = (size_t)tp->rank * bytes;
+        bool in_place = (call->kind == SUMO__CALL_ALLGATHER && s == r + mine) ||
+                        (call->kind == SUMO__CALL_REDUCE_SCATTER && r == s + mine);
+        if (!in_place && sumo__ranges_overlap(s, send_bytes, r, recv_bytes))
+            return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_ARGUMENT,
+                                   "%s: send and receive buffers overlap without being the same "
+                                   "pointer (or, for %s, this rank's block of the other)",
+                                   what, what);
+    }
+    /* The memory the buffers live in picks the kernels. */
+    const sumo_kernel_table *ks = needs_send && send_bytes
+                                      ? sumo__kernels_for(c, call->sendbuf, send_bytes)
+                                      : NULL;
+    const sumo_kernel_table *kr = recv_bytes ? sumo__kernels_for(c, call->recvbuf, recv_bytes) : NULL;
+    if (ks && kr && ks != kr)
+        return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_ARGUMENT,
+                               "%s: the send buffer is %s memory and the receive buffer %s "
+                               "memory; pass buffers of one memory",
+                               what, ks->memory, kr->memory);
+    x->k = kr ? kr : ks ? ks : sumo__host_kernels();
+    x->stream = call->stream;
+    d->memory = memory_id(x->k);
+    if (x->k != sumo__host_kernels() && tp->reach != SUMO__REACH_DIRECT &&
+        !(tp->ops->carries && tp->ops->carries(tp, x->k->memory)))
+        return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_USAGE,
+                               "%s: the %s transport cannot move %s memory (its ranks do not "
+                               "share an address space, and it does not carry that memory)",
+                               what, tp->ops->name, x->k->memory);
+    return SUMO_SUCCESS;
+}
+
+/* Messages through the peer library's own allreduce: a sum it supports, divided here. */
+static sumo_result offload_allreduce(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
+                                     void *recvbuf)
+{
+    sumo__transport *tp = c->tp;
+    SUMO__CHECK(sumo__agree(c, d, NULL));
+    SUMO__CHECK(tp->offload->allreduce(tp, sendbuf, recvbuf, d->count, d->dtype, SUMO_OP_SUM));
+    /* Divide (not multiply by 1/P), as every other path does. */
+    if (d->op == SUMO_OP_AVERAGE)
+        SUMO__KCHECK(c, sumo__k_divide(&c->x, d->dtype, recvbuf, recvbuf, d->count, tp->size));
+    return SUMO_SUCCESS;
+}
+
+static bool offload_supports(const sumo_comm *c, const sumo__call_desc *d)
+{
+    /* The peer library reads host memory only. */
+    return c->tp->offload != NULL && c->x.k == sumo__host_kernels() &&
+           c->tp->offload->reduce_support(c->tp, d->dtype, SUMO_OP_SUM);
+}
+
+static sumo_algorithm pick_allreduce(sumo_comm *c, const sumo__call_desc *d)
+{
+    if (c->algo != SUMO_ALGORITHM_AUTO) return c->algo;
+    if (c->tp->reach != SUMO__REACH_NONE) return SUMO_ALGORITHM_SHARED_MEMORY;
+    size_t bytes = d->count * sumo__dtype_bytes(d->dtype);
+    if (bytes <= SMALL_MESSAGE_BYTES)
+        return offload_supports(c, d) ? SUMO_ALGORITHM_PEER : SUMO_ALGORITHM_RECURSIVE_DOUBLING;
+    return SUMO_ALGORITHM_RING;
+}
+
+static bool use_shared_memory(const sumo_comm *c)
+{
+    return c->tp->reach != SUMO__REACH_NONE &&
+           (c->algo == SUMO_ALGORITHM_AUTO || c->algo == SUMO_ALGORITHM_SHARED_MEMORY);
+}
+
+static sumo_result allreduce(sumo_comm *c, sumo__call_desc *d, const sumo__op_entry *op,
+                             const sumo__call *call)
+{
+    if (op->kind == SUMO__OP_ADASUM)
+        return sumo__allreduce_adasum(c, d, op, call->sendbuf, call->recvbuf);
+    /* The announced op is the kind: sum and average are the same whatever their number. */
+    d->op = op->kind == SUMO__OP_AVERAGE ? SUMO_OP_AVERAGE : SUMO_OP_SUM;
+    size_t bytes = call->count * sumo__dtype_bytes(call->dtype);
+    d->flags = sumo__shared_flag(c, call->sendbuf, bytes, call->recvbuf, bytes);
+    sumo_algorithm algo = pick_allreduce(c, d);
+    if (algo == SUMO_ALGORITHM_PEER && !offload_supports(c, d)) {
+        d->local_error = SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_USAGE, "allreduce: %s has no %s %s",
+                                         c->tp->offload->name, sumo__dtype_name(call->dtype),
+                                         sumo__op_name(d->op));
+        return sumo__agree(c, d, NULL);
+    }
+    SUMO__LOG(c->tp->log_level, SUMO__LOG_INFO, "rank %d allreduce count %zu %s %s algo %d",
+              c->tp->rank, call->count, sumo__dtype_name(call->dtype), sumo__op_name(d->op),
+              (int)algo);
+    switch (algo) {
+    case SUMO_ALGORITHM_SHARED_MEMORY: return sumo__shm_allreduce(c, d, call->sendbuf, call->recvbuf);
+    case SUMO_ALGORITHM_RING: return sumo__ring_allreduce(c, d, call->sendbuf, call->recvbuf);
+    case SUMO_ALGORITHM_RECURSIVE_DOUBLING: return sumo__rd_allreduce(c, d, call->sendbuf, call->recvbuf);
+    case SUMO_ALGORITHM_PEER: return offload_allreduce(c, d, call->sendbuf, call->recvbuf);
+    default: return SUMO__COMM_FAIL(c, SUMO_ERR_INTERNAL, "allreduce: unknown algorithm %d", (int)algo);
+    }
+}
+
+sumo_result sumo__execute(sumo_comm *c, const sumo__call *call)
+{
+    SUMO__CHECK(sumo__usable(c));
+    if (call->kind == SUMO__CALL_COMPOSITE) return call->run(c, (void *)call->args);
+    sumo__call_desc d = {.kind = call->kind, .dtype = (uint32_t)call->dtype, .op = call->op,
+                         .root = call->root, .count = call->count,
+                         .sendptr = (uintptr_t)call->sendbuf, .recvptr = (uintptr_t)call->recvbuf,
+                         .aux = call->hash};
+    if (call->kind == SUMO__CALL_FAIL) {
+        d.local_error = (uint32_t)call->fail;
+        return sumo__agree(c, &d, NULL);
+    }
+    const sumo__op_entry *op;
+    sumo__exec x;
+    d.local_error = validate(c, call, &d, &op, &x);
+    c->x = x;
+    if (call->kind != SUMO__CALL_ALLREDUCE && call->kind != SUMO__CALL_REDUCE_SCATTER) d.op = 0;
+    if (call->kind != SUMO__CALL_BROADCAST) d.root = 0;
+    if (d.local_error != SUMO_SUCCESS) return sumo__agree(c, &d, NULL);
+    size_t bytes = call->count * sumo__dtype_bytes(call->dtype);
+    switch (call->kind) {
+    case SUMO__CALL_ALLREDUCE: return allreduce(c, &d, op, call);
+    case SUMO__CALL_BROADCAST:
+        /* Only the root's send buffer is read. */
+        d.flags = sumo__shared_flag(c, call->root == c->tp->rank ? call->sendbuf : NULL, bytes,
+                                    call->recvbuf, bytes);
+        if (use_shared_memory(c)) return sumo__shm_broadcast(c, &d, call->sendbuf, call->recvbuf);
+        return sumo__tree_broadcast(c, &d, call->sendbuf, call->recvbuf);
+    case SUMO__CALL_ALLGATHER:
+        d.flags = sumo__shared_flag(c, call->sendbuf, bytes, call->recvbuf,
+                                    bytes * (size_t)c->tp->size);
+        if (use_shared_memory(c)) return sumo__shm_allgather(c, &d, call->sendbuf, call->recvbuf);
+        return sumo__ring_allgather(c, &d, call->sendbuf, call->recvbuf);
+    case SUMO__CALL_REDUCE_SCATTER:
+        d.op = op->kind == SUMO__OP_AVERAGE ? SUMO_OP_AVERAGE : SUMO_OP_SUM;
+        d.flags = sumo__shared_flag(c, call->sendbuf, bytes * (size_t)c->tp->size, call->recvbuf,
+                                    bytes);
+        if (use_shared_memory(c))
+            return sumo__shm_reduce_scatter(c, &d, call->sendbuf, call->recvbuf);
+        return sumo__ring_reduce_scatter(c, &d, call->sendbuf, call->recvbuf);
+    case SUMO__CALL_GRAM:
+        return sumo__gram_collective(c, &d, call->sendbuf, call->recvbuf, call->gram,
+                                     call->applied);
+    case SUMO__CALL_BARRIER:
+        /* The agreement synchronises: no rank returns before every rank has announced. */
+        return sumo__agree(c, &d, NULL);
+    default:
+        return SUMO__COMM_FAIL(c, SUMO_ERR_INTERNAL, "unknown collective kind %u", call->kind);
+    }
+}
+
+sumo__call sumo__composite(sumo_result (*run)(sumo_comm *comm, void *args), const void *args,
+                           size_t args_bytes)
+{
+    sumo__call call = {.kind = SUMO__CALL_COMPOSITE, .run = run};
+    memcpy(call.args, args, SUMO__MIN(args_bytes, sizeof call.args));
+    return call;
+}
+
+/* ---- for the layers above, holding the handle ---------------------------------------------- */
+
+sumo_result sumo__allreduce_held(sumo_comm *comm, const void *sendbuf, void *recvbuf,
+                                 size_t count, sumo_dtype dtype, sumo_op op)
+{
+    sumo__call call = sumo__allreduce_call(sendbuf, recvbuf, count, dtype, op);
+    return sumo__execute(comm, &call);
+}
+
+sumo_result sumo__allgather_held(sumo_comm *comm, const void *sendbuf, void *recvbuf,
+                                 size_t count, sumo_dtype dtype)
+{
+    sumo__call call = sumo__allgather_call(sendbuf, recvbuf, count, dtype);
+    return sumo__execute(comm, &call);
+}
+
+sumo_result sumo__broadcast_held(sumo_comm *comm, const void *sendbuf, void *recvbuf,
+                                 size_t count, sumo_dtype dtype, int root)
+{
+    sumo__call call = sumo__broadcast_call(sendbuf, recvbuf, count, dtype, root);
+    return sumo__execute(comm, &call);
+}
+
+sumo_result sumo__fail_held(sumo_comm *comm, sumo_result code)
+{
+    sumo__call call = {.kind = SUMO__CALL_FAIL, .fail = code};
+    sumo_result r = sumo__execute(comm, &call);
+    /* This rank's own code, whatever the others had. */
+    return r == SUMO_ERR_TIMEOUT || r == SUMO_ERR_PEER_FAILURE ? r : code;
+}
+
+sumo_result sumo__gram_allreduce(sumo_comm *comm, const void *sendbuf, void *recvbuf,
+                                 const sumo__gram_call *gram, uint64_t layout_hash, bool *applied)
+{
+    *applied = false;
+    sumo__call call = {.kind = SUMO__CALL_GRAM, .sendbuf = sendbuf, .recvbuf = recvbuf,
+                       .count = gram->count, .dtype = gram->dtype, .gram = gram,
+                       .hash = layout_hash, .applied = applied};
+    return sumo__execute(comm, &call);
+}
+

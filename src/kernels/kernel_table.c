@@ -1,0 +1,363 @@
+/*
+ * The host memory's kernel table: the vectorised kernels of kernels.c behind sumo_ext.h's
+ * calling convention, the layout-aware loops over tensor pieces, and the element-wise updates
+ * of the layers above (copies, fills, the finiteness scan, the delta step, SlowMo's update),
+ * which live here so that a table for another memory can replace every one of them.
+ */
+#include "kernels/kernel_table.h"
+#include "kernels/kernels_isa.h"
+
+#include <math.h>
+#include <string.h>
+
+static sumo_result host_alloc(void *ctx, size_t bytes, void **ptr)
+{
+    (void)ctx;
+    *ptr = sumo__aligned_alloc(64, bytes ? bytes : 1);
+    return *ptr ? SUMO_SUCCESS : SUMO_ERR_SYSTEM;
+}
+
+static void host_release(void *ctx, void *ptr)
+{
+    (void)ctx;
+    free(ptr);
+}
+
+static sumo_result host_synchronize(void *ctx, void *exec)
+{
+    (void)ctx;
+    (void)exec;
+    return SUMO_SUCCESS;
+}
+
+static sumo_result host_copy(void *ctx, void *exec, void *dst, const void *src, size_t bytes)
+{
+    (void)ctx;
+    (void)exec;
+    if (dst != src && bytes) memcpy(dst, src, bytes);
+    return SUMO_SUCCESS;
+}
+
+/* Element access in the accumulator's terms, for the narrow dtypes' scalar loops. */
+static float load_narrow(sumo_dtype dtype, const void *p, size_t i)
+{
+    uint16_t h = ((const uint16_t *)p)[i];
+    return dtype == SUMO_FLOAT16 ? sumo__half_to_float(h) : sumo__bf16_to_float(h);
+}
+
+static void store_narrow(sumo_dtype dtype, void *p, size_t i, float v)
+{
+    ((uint16_t *)p)[i] = dtype == SUMO_FLOAT16 ? sumo__float_to_half(v) : sumo__float_to_bf16(v);
+}
+
+static sumo_result host_fill(void *ctx, void *exec, sumo_dtype dtype, void *dst, double value,
+                             size_t n)
+{
+    (void)ctx;
+    (void)exec;
+    switch (dtype) {
+    case SUMO_FLOAT32: {
+        float v = (float)value, *d = dst;
+        for (size_t i = 0; i < n; i++) d[i] = v;
+        return SUMO_SUCCESS;
+    }
+    case SUMO_FLOAT64: {
+        double *d = dst;
+        for (size_t i = 0; i < n; i++) d[i] = value;
+        return SUMO_SUCCESS;
+    }
+    case SUMO_FLOAT16:
+    case SUMO_BFLOAT16: {
+        uint16_t v = dtype == SUMO_FLOAT16 ? sumo__double_to_half(value) : sumo__double_to_bf16(value);
+        uint16_t *d = dst;
+        for (size_t i = 0; i < n; i++) d[i] = v;
+        return SUMO_SUCCESS;
+    }
+    default: return SUMO_ERR_INVALID_ARGUMENT;
+    }
+}
+
+/* Non-finite means an all-ones exponent; blocks are scanned with a branch-free OR (which the
+ * compiler vectorises) and only a block that has one is searched element by element. */
+#define SCAN_BLOCK 1024
+
+#define FIRST_NONFINITE(T, bits_t, exp_mask)                                                   \
+    do {                                                                                       \
+        const bits_t *b = src;                                                                 \
+        for (size_t s = 0; s < n; s += SCAN_BLOCK) {                                           \
+            size_t e = SUMO__MIN(n, s + SCAN_BLOCK);                                           \
+            bits_t any = 0;                                                                    \
+            for (size_t i = s; i < e; i++) any |= (bits_t)((b[i] & (exp_mask)) == (exp_mask)); \
+            if (!any) continue;                                                                \
+            for (size_t i = s; i < e; i++)                                                     \
+                if ((b[i] & (exp_mask)) == (exp_mask)) {                                       \
+                    *first = i;                                                                \
+                    return SUMO_SUCCESS;                                                       \
+                }                                                                              \
+        }                                                                                      \
+    } while (0)
+
+static sumo_result host_first_nonfinite(void *ctx, void *exec, sumo_dtype dtype, const void *src,
+                                        size_t n, size_t *first)
+{
+    (void)ctx;
+    (void)exec;
+    *first = SIZE_MAX;
+    switch (dtype) {
+    case SUMO_FLOAT32: FIRST_NONFINITE(float, uint32_t, 0x7f800000u); break;
+    case SUMO_FLOAT64: FIRST_NONFINITE(double, uint64_t, 0x7ff0000000000000ull); break;
+    case SUMO_FLOAT16: FIRST_NONFINITE(uint16_t, uint16_t, 0x7c00u); break;
+    case SUMO_BFLOAT16: FIRST_NONFINITE(uint16_t, uint16_t, 0x7f80u); break;
+    default: return SUMO_ERR_INVALID_ARGUMENT;
+    }
+    return SUMO_SUCCESS;
+}
+
+static sumo_result host_reduce(void *ctx, void *exec, sumo_dtype dtype, void *const *outs,
+                               int nout, const void *const *ins, int nin, size_t n, int divisor)
+{
+    (void)ctx;
+    (void)exec;
+    sumo__reduce_multi(dtype, outs, nout, ins, nin, n, divisor);
+    return SUMO_SUCCESS;
+}
+
+static sumo_result host_convert(void *ctx, void *exec, sumo_dtype dst_dtype, void *dst,
+                                sumo_dtype src_dtype, const void *src, size_t n)
+{
+    (void)ctx;
+    (void)exec;
+    sumo__kernel_convert(dst_dtype, dst, src_dtype, src, n);
+    return SUMO_SUCCESS;
+}
+
+static sumo_result host_dot_norms(void *ctx, void *exec, sumo_dtype dtype, const void *a,
+                                  const void *b, size_t n, double *out)
+{
+    (void)ctx;
+    (void)exec;
+    sumo__kernel_dot_norms(dtype, a, b, n, out);
+    return SUMO_SUCCESS;
+}
+
+static sumo_result host_scaled_add(void *ctx, void *exec, sumo_dtype dtype, void *a, double ca,
+                                   const void *b, double cb, size_t n)
+{
+    (void)ctx;
+    (void)exec;
+    sumo__kernel_scaled_add(dtype, a, ca, b, cb, n);
+    return SUMO_SUCCESS;
+}
+
+/* The first tensor that ends after pos (zero-length tensors at pos are skipped). */
+static size_t first_tensor(const size_t *offsets, size_t ntensors, size_t pos)
+{
+    size_t lo = 0, hi = ntensors;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (offsets[mid + 1] > pos) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
+static sumo_result host_gram_partials(void *ctx, void *exec, sumo_dtype dtype,
+                                      const void *const *ins, int nin, const size_t *offsets,
+                                      size_t ntensors, size_t lo, size_t hi, double *gram)
+{
+    (void)ctx;
+    (void)exec;
+    if (nin < 1 || nin > SUMO__GRAM_MAX_IN) return SUMO_ERR_INVALID_ARGUMENT;
+    size_t esz = sumo__dtype_bytes(dtype), L = (size_t)nin * (size_t)(nin + 1) / 2;
+    const void *in_at[SUMO__GRAM_MAX_IN];
+    double piece[SUMO__GRAM_MAX_IN * (SUMO__GRAM_MAX_IN + 1) / 2];
+    for (size_t t = hi > lo ? first_tensor(offsets, ntensors, lo) : ntensors;
+         t < ntensors && offsets[t] < hi; t++) {
+        size_t s = SUMO__MAX(lo, offsets[t]), e = SUMO__MIN(hi, offsets[t + 1]);
+        if (e <= s) continue;
+        for (int k = 0; k < nin; k++) in_at[k] = (const unsigned char *)ins[k] + (s - lo) * esz;
+        sumo__kernel_gram_partials(dtype, in_at, nin, e - s, piece);
+        for (size_t q = 0; q < L; q++) gram[t * L + q] += piece[q];
+    }
+    return SUMO_SUCCESS;
+}
+
+static sumo_result host_weighted_sum(void *ctx, void *exec, sumo_dtype dtype, void *const *outs,
+                                     int nout, const void *const *ins, int nin,
+                                     const size_t *offsets, size_t ntensors, size_t lo,
+                                     size_t hi, const double *w)
+{
+    (void)ctx;
+    (void)exec;
+    if (nin < 1 || nin > SUMO__GRAM_MAX_IN || nout < 1 || nout > SUMO__GRAM_MAX_IN)
+        return SUMO_ERR_INVALID_ARGUMENT;
+    size_t esz = sumo__dtype_bytes(dtype);
+    const void *in_at[SUMO__GRAM_MAX_IN];
+    void *out_at[SUMO__GRAM_MAX_IN];
+    for (size_t t = hi > lo ? first_tensor(offsets, ntensors, lo) : ntensors;
+         t < ntensors && offsets[t] < hi; t++) {
+        size_t s = SUMO__MAX(lo, offsets[t]), e = SUMO__MIN(hi, offsets[t + 1]);
+        if (e <= s) continue;
+        for (int k = 0; k < nin; k++) in_at[k] = (const unsigned char *)ins[k] + (s - lo) * esz;
+        for (int k = 0; k < nout; k++) out_at[k] = (unsigned char *)outs[k] + (s - lo) * esz;
+        sumo__kernel_weighted_sum(dtype, out_at, nout, in_at, w + t * (size_t)nin, nin, e - s);
+    }
+    return SUMO_SUCCESS;
+}
+
+static sumo_result host_delta(void *ctx, void *exec, sumo_dtype dtype, void *delta,
+                              const void *now, const void *start, size_t n)
+{
+    (void)ctx;
+    (void)exec;
+    switch (dtype) {
+    case SUMO_FLOAT32: {
+        float *d = delta;
+        const float *a = now, *b = start;
+        for (size_t i = 0; i < n; i++) d[i] = a[i] - b[i];
+        return SUMO_SUCCESS;
+    }
+    case SUMO_FLOAT64: {
+        double *d = delta;
+        const double *a = now, *b = start;
+        for (size_t i = 0; i < n; i++) d[i] = a[i] - b[i];
+        return SUMO_SUCCESS;
+    }
+    case SUMO_FLOAT16:
+    case SUMO_BFLOAT16:
+        for (size_t i = 0; i < n; i++)
+            store_narrow(dtype, delta, i, load_narrow(dtype, now, i) - load_narrow(dtype, start, i));
+        return SUMO_SUCCESS;
+    default: return SUMO_ERR_INVALID_ARGUMENT;
+    }
+}
+
+/* params = start + delta; the finiteness of the results is tracked per block, branch-free, and
+ * a block that has a non-finite result is searched for the first one. */
+#define APPLY_DELTA(T)                                                                   \
+    do {                                                                                 \
+        T *p = params;                                                                   \
+        const T *s0 = start, *d = delta;                                                 \
+        for (size_t s = 0; s < n; s += SCAN_BLOCK) {                                     \
+            size_t e = SUMO__MIN(n, s + SCAN_BLOCK);                                     \
+            int bad = 0;                                                                 \
+            for (size_t i = s; i < e; i++) {                                             \
+                T v = s0[i] + d[i];                                                      \
+                bad |= !(v - v == 0);                                                    \
+                p[i] = v;                                                                \
+            }                                                                            \
+            if (bad && *first == SIZE_MAX)                                               \
+                for (size_t i = s; i < e && *first == SIZE_MAX; i++)                     \
+                    if (!isfinite(p[i])) *first = i;                                     \
+        }                                                                                \
+    } while (0)
+
+static sumo_result host_apply_delta(void *ctx, void *exec, sumo_dtype dtype, void *params,
+                                    const void *start, const void *delta, size_t n,
+                                    size_t *first)
+{
+    (void)ctx;
+    (void)exec;
+    *first = SIZE_MAX;
+    switch (dtype) {
+    case SUMO_FLOAT32: APPLY_DELTA(float); return SUMO_SUCCESS;
+    case SUMO_FLOAT64: APPLY_DELTA(double); return SUMO_SUCCESS;
+    case SUMO_FLOAT16:
+    case SUMO_BFLOAT16:
+        for (size_t i = 0; i < n; i++) {
+            store_narrow(dtype, params, i,
+                         load_narrow(dtype, start, i) + load_narrow(dtype, delta, i));
+            if (*first == SIZE_MAX && !isfinite(load_narrow(dtype, params, i))) *first = i;
+        }
+        return SUMO_SUCCESS;
+    default: return SUMO_ERR_INVALID_ARGUMENT;
+    }
+}
+
+/* x is formed from the unrounded u, so that with alpha 1 and beta 0 (Local SGD) the new
+ * parameters are the plain average up to one rounding of (x0 - x) / gamma * gamma in double,
+ * instead of carrying the rounding of the stored u. A u that overflows the stored type poisons
+ * the parameter, so the overflow reaches every rank's finiteness check (in SlowMo's sharded
+ * mode only the slice's owner holds it). */
+#define SLOW_UPDATE(T)                                                 \
+    do {                                                               \
+        T *xs = x, *us = u, *x0s = x0;                                 \
+        double step = alpha * gamma;                                   \
+        for (size_t i = 0; i < n; i++) {                               \
+            double x0d = x0s[i];                                       \
+            double ud = beta * (double)us[i] + (x0d - (double)xs[i]) / gamma; \
+            T uf = (T)ud;                                              \
+            double xd = x0d - step * ud;                               \
+            if (!isfinite(uf)) xd = NAN;                               \
+            us[i] = uf;                                                \
+            xs[i] = (T)xd;                                             \
+            x0s[i] = xs[i];                                            \
+        }                                                              \
+    } while (0)
+
+static sumo_result host_slow_update(void *ctx, void *exec, sumo_dtype dtype, void *x, void *u,
+                                    void *x0, size_t n, double alpha, double beta, double gamma)
+{
+    (void)ctx;
+    (void)exec;
+    switch (dtype) {
+    case SUMO_FLOAT32: SLOW_UPDATE(float); return SUMO_SUCCESS;
+    case SUMO_FLOAT64: SLOW_UPDATE(double); return SUMO_SUCCESS;
+    default: return SUMO_ERR_INVALID_ARGUMENT;
+    }
+}
+
+static const sumo_kernel_table host_table = {
+    .struct_size = sizeof(sumo_kernel_table),
+    .memory = "host",
+    .claims = NULL,
+    .alloc = host_alloc,
+    .release = host_release,
+    .synchronize = host_synchronize,
+    .copy = host_copy,
+    .fill = host_fill,
+    .first_nonfinite = host_first_nonfinite,
+    .reduce = host_reduce,
+    .convert = host_convert,
+    .dot_norms = host_dot_norms,
+    .scaled_add = host_scaled_add,
+    .gram_partials = host_gram_partials,
+    .weighted_sum = host_weighted_sum,
+    .delta = host_delta,
+    .apply_delta = host_apply_delta,
+    .slow_update = host_slow_update,
+};
+
+const sumo_kernel_table *sumo__host_kernels(void) { return &host_table; }
+
+sumo_result sumo_host_kernels(const sumo_kernel_table **table)
+{
+    if (table == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    *table = &host_table;
+    return SUMO_SUCCESS;
+}
+
+const char *sumo__kernel_table_missing(const sumo_kernel_table *t)
+{
+#define NEED(f) \
+    if (t->f == NULL) return #f
+    NEED(memory);
+    NEED(claims);
+    NEED(alloc);
+    NEED(release);
+    NEED(synchronize);
+    NEED(copy);
+    NEED(fill);
+    NEED(first_nonfinite);
+    NEED(reduce);
+    NEED(convert);
+    NEED(dot_norms);
+    NEED(scaled_add);
+    NEED(gram_partials);
+    NEED(weighted_sum);
+    NEED(delta);
+    NEED(apply_delta);
+    NEED(slow_update);
+#undef NEED
+    return NULL;
+}
