@@ -48,7 +48,8 @@ class AcgaOptions(ctypes.Structure):
 
 
 class AggregatorOptions(ctypes.Structure):
-    _fields_ = [("method", ctypes.c_int),
+    _fields_ = [("struct_size", ctypes.c_size_t),
+                ("method", ctypes.c_int),
                 ("tensor_counts", ctypes.POINTER(ctypes.c_size_t)),
                 ("ntensors", ctypes.c_size_t),
                 ("adasum_hierarchical", ctypes.c_int),
@@ -84,6 +85,8 @@ lib = _load()
 
 _R = ctypes.c_int  # sumo_result
 _SIGS = {
+    "sumo_version": (_R, [ctypes.POINTER(ctypes.c_int)] * 3),
+    "sumo_struct_size": (_R, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)]),
     "sumo_strerror": (ctypes.c_char_p, [_R]),
     "sumo_result_name": (ctypes.c_char_p, [_R]),
     "sumo_comm_create_threads": (_R, [ctypes.c_int, ctypes.POINTER(_c_comm_p)]),
@@ -136,6 +139,34 @@ for _name, (_res, _args) in _SIGS.items():
         _fn.argtypes = _args
 
 HAVE_MPI = hasattr(lib, "sumo_mpi_world_create")
+
+# The library's version this binding was written for: its structs and enums are mirrored by
+# hand above, so a library of another major.minor may read them differently.
+ABI = (0, 2)
+
+
+def _check_abi():
+    if not hasattr(lib, "sumo_version"):
+        raise ImportError("sumo: %s predates sumo_version(); this binding needs libsumo %d.%d "
+                          "(rebuild with `make`)" % (lib._name, ABI[0], ABI[1]))
+    v = [ctypes.c_int() for _ in range(3)]
+    lib.sumo_version(*[ctypes.byref(x) for x in v])
+    have = tuple(x.value for x in v)
+    if have[:2] != ABI:
+        raise ImportError("sumo: %s is libsumo %d.%d.%d, this binding was made for %d.%d "
+                          "(rebuild with `make`, or point SUMO_LIBRARY at a matching build)"
+                          % ((lib._name,) + have + ABI))
+    for struct in (AdasumOptions, AcgaOptions, AggregatorOptions):
+        name = "sumo_" + {"AdasumOptions": "adasum_options", "AcgaOptions": "acga_options",
+                          "AggregatorOptions": "aggregator_options"}[struct.__name__]
+        n = ctypes.c_size_t()
+        if lib.sumo_struct_size(name.encode(), ctypes.byref(n)) != SUCCESS \
+                or n.value != ctypes.sizeof(struct):
+            raise ImportError("sumo: %s lays out %s in %d bytes, this binding in %d"
+                              % (lib._name, name, n.value, ctypes.sizeof(struct)))
+
+
+_check_abi()
 
 
 def result_name(code):

@@ -121,12 +121,22 @@ static sumo_result validate(sumo_comm *c, const sumo__call *call, sumo__call_des
     x->k = kr ? kr : ks ? ks : sumo__host_kernels();
     x->stream = call->stream;
     d->memory = memory_id(x->k);
-    if (x->k != sumo__host_kernels() && tp->reach != SUMO__REACH_DIRECT &&
-        !(tp->ops->carries && tp->ops->carries(tp, x->k->memory)))
-        return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_USAGE,
-                               "%s: the %s transport cannot move %s memory (its ranks do not "
-                               "share an address space, and it does not carry that memory)",
-                               what, tp->ops->name, x->k->memory);
+    /* Another memory runs where no byte of it crosses the transport (ranks that share an
+     * address space, with the shared-memory algorithms: the kernels read the peers' buffers),
+     * or over a transport that carries it. */
+    if (x->k != sumo__host_kernels() && !(tp->ops->carries && tp->ops->carries(tp, x->k->memory))) {
+        bool direct = tp->reach == SUMO__REACH_DIRECT &&
+                      (c->algo == SUMO_ALGORITHM_AUTO || c->algo == SUMO_ALGORITHM_SHARED_MEMORY);
+        if (!direct)
+            return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_USAGE,
+                                   "%s: the %s transport cannot move %s memory (%s)", what,
+                                   tp->ops->name, x->k->memory,
+                                   tp->reach == SUMO__REACH_DIRECT
+                                       ? "a point-to-point algorithm was forced with "
+                                         "sumo_comm_set_param"
+                                       : "its ranks do not share an address space, and it does "
+                                         "not carry that memory");
+    }
     return SUMO_SUCCESS;
 }
 

@@ -11,9 +11,18 @@ for f in include/sumo.h lib/libsumo.a lib/libsumo.so lib/pkgconfig/sumo.pc; do
   [ -e "$prefix/$f" ] || { echo "install: $f missing"; exit 1; }
 done
 soname=$(objdump -p "$prefix/lib/libsumo.so" | awk '/SONAME/ {print $2}')
+# The shared library exports the public functions alone: sumo_ names, none of sumo__.
+exported=$(nm -D --defined-only "$prefix/lib/libsumo.so" | awk '$2 ~ /^[TDBRVWi]$/ {print $3}')
+stray=$(grep -v '^sumo_[a-z]' <<< "$exported" || true)
+[ -z "$stray" ] || { echo "install: libsumo.so exports symbols outside sumo_:"; head -20 <<< "$stray"; exit 1; }
+echo "install: libsumo.so exports $(wc -l <<< "$exported") symbols, all sumo_"
 [ -e "$prefix/lib/$soname" ] || { echo "install: soname $soname missing"; exit 1; }
 cat > "$prefix/check.c" <<'C'
+#define SUMO_EXPERIMENTAL_API
 #include <sumo.h>
+#include <sumo_aggregation.h>
+#include <sumo_distributed.h>
+#include <sumo_ext.h>
 #include <stdio.h>
 static sumo_result rank_fn(sumo_comm *comm, int rank, void *arg)
 {
@@ -23,8 +32,11 @@ static sumo_result rank_fn(sumo_comm *comm, int rank, void *arg)
 }
 int main(void)
 {
+    int major = 0, minor = 0;
+    sumo_version(&major, &minor, NULL);
+    if (major != SUMO_VERSION_MAJOR || minor != SUMO_VERSION_MINOR) return 2;
     sumo_result r = sumo_threads_run(2, rank_fn, NULL, NULL);
-    printf("installed sumo: %s\n", sumo_result_name(r));
+    printf("installed sumo %d.%d: %s\n", major, minor, sumo_result_name(r));
     return r == SUMO_SUCCESS ? 0 : 1;
 }
 C

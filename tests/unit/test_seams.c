@@ -1,0 +1,834 @@
+/*
+ * The seams of sumo_ext.h, used from outside as a GPU table or a process-group transport
+ * would use them.
+ *
+ * Remote memory: a kernel table for "device" buffers the host cannot touch. Their addresses
+ * lie in a range reserved with PROT_NONE, so any host load or store on them (a memcpy or a
+ * loop that bypassed the table) kills the test with SIGSEGV; the table's kernels translate
+ * each address into a backing store and run the host's kernels there. Every collective, the
+ * aggregators and the optimizers' element-wise steps are run on such buffers and compared bit
+ * for bit with the same calls on host buffers: the same kernels in the same order give the
+ * same bits, and a data touch outside the table cannot pass.
+ *
+ * Caller-supplied transport: an in-process transport written here (mailboxes with copies,
+ * a generation barrier), run under sumo_comm_create_transport. The collectives over it are
+ * the point-to-point algorithms, so their results are compared bit for bit with the threads
+ * transport forced to the same algorithms; its failures must surface with its own detail.
+ */
+#define SUMO_EXPERIMENTAL_API 1
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "sumo_aggregation.h"
+#include "sumo_distributed.h"
+#include "sumo_ext.h"
+#include "support/harness.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#define MAXP 8
+#define MAXPTR 64
+
+/* ---- remote memory ------------------------------------------------------------------------- */
+
+enum { K_COPY, K_FILL, K_SCAN, K_REDUCE, K_CONVERT, K_DOT, K_SCALED, K_GRAM, K_WEIGHTED,
+       K_DELTA, K_APPLY, K_SLOW, K_ALLOC, K_COUNT };
+
+typedef struct remote {
+    unsigned char *fake; /* PROT_NONE: what sumo sees */
+    unsigned char *real; /* the same offsets, readable */
+    size_t size, used;
+    pthread_mutex_t lock;
+    _Atomic long calls[K_COUNT];
+    const sumo_kernel_table *host;
+    sumo_kernel_table table;
+} remote;
+
+static remote R; /* one per test binary: tables are borrowed for the handle's life */
+
+static bool in_remote(const void *p, size_t bytes)
+{
+    const unsigned char *c = p;
+    return c >= R.fake && c < R.fake + R.size && bytes <= (size_t)(R.fake + R.size - c);
+}
+
+/* Where the kernels really read and write: remote addresses moved into the backing store,
+ * host addresses (staging areas, metadata) left alone. */
+static void *real_of(const void *p)
+{
+    if (p && in_remote(p, 0)) return R.real + ((const unsigned char *)p - R.fake);
+    return (void *)(uintptr_t)p;
+}
+
+static void count(int k) { atomic_fetch_add(&R.calls[k], 1); }
+
+static bool r_claims(void *ctx, const void *ptr, size_t bytes)
+{
+    (void)ctx;
+    return in_remote(ptr, bytes);
+}
+
+static sumo_result r_alloc(void *ctx, size_t bytes, void **ptr)
+{
+    (void)ctx;
+    count(K_ALLOC);
+    pthread_mutex_lock(&R.lock);
+    size_t at = (R.used + 63) / 64 * 64;
+    sumo_result r = SUMO_ERR_SYSTEM;
+    if (at + bytes <= R.size) {
+        *ptr = R.fake + at;
+        R.used = at + bytes;
+        r = SUMO_SUCCESS;
+    }
+    pthread_mutex_unlock(&R.lock);
+    return r;
+}
+
+static void r_release(void *ctx, void *ptr)
+{
+    (void)ctx;
+    (void)ptr; /* a bump allocator: the test's memory is reset between tests */
+}
+
+static sumo_result r_sync(void *ctx, void *exec)
+{
+    (void)ctx;
+    return R.host->synchronize(R.host->ctx, exec);
+}
+
+static sumo_result r_copy(void *ctx, void *exec, void *dst, const void *src, size_t bytes)
+{
+    (void)ctx;
+    count(K_COPY);
+    return R.host->copy(R.host->ctx, exec, real_of(dst), real_of(src), bytes);
+}
+
+static sumo_result r_fill(void *ctx, void *exec, sumo_dtype t, void *dst, double v, size_t n)
+{
+    (void)ctx;
+    count(K_FILL);
+    return R.host->fill(R.host->ctx, exec, t, real_of(dst), v, n);
+}
+
+static sumo_result r_scan(void *ctx, void *exec, sumo_dtype t, const void *src, size_t n,
+                          size_t *first)
+{
+    (void)ctx;
+    count(K_SCAN);
+    return R.host->first_nonfinite(R.host->ctx, exec, t, real_of(src), n, first);
+}
+
+static sumo_result real_ptrs(const void *const *in, int n, const void **out)
+{
+    if (n > MAXPTR) return SUMO_ERR_INVALID_ARGUMENT;
+    for (int i = 0; i < n; i++) out[i] = real_of(in[i]);
+    return SUMO_SUCCESS;
+}
+
+static sumo_result r_reduce(void *ctx, void *exec, sumo_dtype t, void *const *outs, int nout,
+                            const void *const *ins, int nin, size_t n, int divisor)
+{
+    (void)ctx;
+    count(K_REDUCE);
+    const void *ri[MAXPTR], *ro[MAXPTR];
+    if (real_ptrs(ins, nin, ri) || real_ptrs((const void *const *)outs, nout, ro))
+        return SUMO_ERR_INVALID_ARGUMENT;
+    return R.host->reduce(R.host->ctx, exec, t, (void *const *)ro, nout, ri, nin, n, divisor);
+}
+
+static sumo_result r_convert(void *ctx, void *exec, sumo_dtype dt, void *dst, sumo_dtype st,
+                             const void *src, size_t n)
+{
+    (void)ctx;
+    count(K_CONVERT);
+    return R.host->convert(R.host->ctx, exec, dt, real_of(dst), st, real_of(src), n);
+}
+
+static sumo_result r_dot(void *ctx, void *exec, sumo_dtype t, const void *a, const void *b,
+                         size_t n, double *out)
+{
+    (void)ctx;
+    count(K_DOT);
+    return R.host->dot_norms(R.host->ctx, exec, t, real_of(a), real_of(b), n, out);
+}
+
+static sumo_result r_scaled(void *ctx, void *exec, sumo_dtype t, void *a, double ca,
+                            const void *b, double cb, size_t n)
+{
+    (void)ctx;
+    count(K_SCALED);
+    return R.host->scaled_add(R.host->ctx, exec, t, real_of(a), ca, real_of(b), cb, n);
+}
+
+static sumo_result r_gram(void *ctx, void *exec, sumo_dtype t, const void *const *ins, int nin,
+                          const size_t *off, size_t nt, size_t lo, size_t hi, double *gram)
+{
+    (void)ctx;
+    count(K_GRAM);
+    const void *ri[MAXPTR];
+    if (real_ptrs(ins, nin, ri)) return SUMO_ERR_INVALID_ARGUMENT;
+    return R.host->gram_partials(R.host->ctx, exec, t, ri, nin, off, nt, lo, hi, gram);
+}
+
+static sumo_result r_weighted(void *ctx, void *exec, sumo_dtype t, void *const *outs, int nout,
+                              const void *const *ins, int nin, const size_t *off, size_t nt,
+                              size_t lo, size_t hi, const double *w)
+{
+    (void)ctx;
+    count(K_WEIGHTED);
+    const void *ri[MAXPTR], *ro[MAXPTR];
+    if (real_ptrs(ins, nin, ri) || real_ptrs((const void *const *)outs, nout, ro))
+        return SUMO_ERR_INVALID_ARGUMENT;
+    return R.host->weighted_sum(R.host->ctx, exec, t, (void *const *)ro, nout, ri, nin, off, nt,
+                                lo, hi, w);
+}
+
+static sumo_result r_delta(void *ctx, void *exec, sumo_dtype t, void *d, const void *now,
+                           const void *start, size_t n)
+{
+    (void)ctx;
+    count(K_DELTA);
+    return R.host->delta(R.host->ctx, exec, t, real_of(d), real_of(now), real_of(start), n);
+}
+
+static sumo_result r_apply(void *ctx, void *exec, sumo_dtype t, void *p, const void *start,
+                           const void *d, size_t n, size_t *first)
+{
+    (void)ctx;
+    count(K_APPLY);
+    return R.host->apply_delta(R.host->ctx, exec, t, real_of(p), real_of(start), real_of(d), n,
+                               first);
+}
+
+static sumo_result r_slow(void *ctx, void *exec, sumo_dtype t, void *x, void *u, void *x0,
+                          size_t n, double alpha, double beta, double gamma)
+{
+    (void)ctx;
+    count(K_SLOW);
+    return R.host->slow_update(R.host->ctx, exec, t, real_of(x), real_of(u), real_of(x0), n,
+                               alpha, beta, gamma);
+}
+
+static void remote_reset(void)
+{
+    R.used = 0;
+    for (int k = 0; k < K_COUNT; k++) atomic_store(&R.calls[k], 0);
+}
+
+static int remote_setup(void **state)
+{
+    (void)state;
+    R.size = (size_t)64 << 20;
+    R.fake = mmap(NULL, R.size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    R.real = mmap(NULL, R.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (R.fake == MAP_FAILED || R.real == MAP_FAILED) return -1;
+    pthread_mutex_init(&R.lock, NULL);
+    if (sumo_host_kernels(&R.host) != SUMO_SUCCESS) return -1;
+    R.table = (sumo_kernel_table){
+        .struct_size = sizeof R.table, .memory = "remote", .claims = r_claims,
+        .alloc = r_alloc, .release = r_release, .synchronize = r_sync, .copy = r_copy,
+        .fill = r_fill, .first_nonfinite = r_scan, .reduce = r_reduce, .convert = r_convert,
+        .dot_norms = r_dot, .scaled_add = r_scaled, .gram_partials = r_gram,
+        .weighted_sum = r_weighted, .delta = r_delta, .apply_delta = r_apply,
+        .slow_update = r_slow};
+    return 0;
+}
+
+static int remote_teardown(void **state)
+{
+    (void)state;
+    munmap(R.fake, R.size);
+    munmap(R.real, R.size);
+    pthread_mutex_destroy(&R.lock);
+    return 0;
+}
+
+/* ---- one job, on host buffers and on remote ones ------------------------------------------- */
+
+typedef enum job_kind { J_ALLREDUCE, J_BROADCAST, J_ALLGATHER, J_REDUCE_SCATTER, J_ACGA,
+                        J_DELTA, J_SLOWMO } job_kind;
+
+typedef struct job {
+    job_kind kind;
+    int P;
+    sumo_dtype dtype;
+    sumo_op op;           /* allreduce, reduce-scatter; SUMO_OP_PREDEFINED_COUNT: a layout op */
+    size_t count;         /* per rank (the recvcount of a reduce-scatter) */
+    bool remote;
+    bool in_place;
+    /* per rank: what it produced, copied to host memory, and the calls' results */
+    unsigned char *out[MAXP];
+    size_t out_bytes;
+    sumo_result res[MAXP];
+} job;
+
+static const size_t LAYOUT[] = {7, 0, 130, 1, 500, 33};
+#define NLAYOUT (sizeof LAYOUT / sizeof LAYOUT[0])
+
+static size_t layout_total(void)
+{
+    size_t t = 0;
+    for (size_t i = 0; i < NLAYOUT; i++) t += LAYOUT[i];
+    return t;
+}
+
+static void *buffer(const job *j, size_t bytes)
+{
+    void *p = NULL;
+    if (j->remote) assert_int_equal(r_alloc(NULL, bytes, &p), SUMO_SUCCESS);
+    else p = calloc(1, bytes ? bytes : 1);
+    return p;
+}
+
+/* Host view of a buffer for the test's own reads and writes. */
+static unsigned char *view(void *p) { return real_of(p); }
+
+static void fill_input(const job *j, int rank, void *buf, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        harness_set(j->dtype, view(buf), i,
+                    j->kind == J_ALLREDUCE && j->op != SUMO_OP_SUM && j->op != SUMO_OP_AVERAGE
+                        ? harness_uniform_at(17, (uint64_t)rank, i)
+                        : harness_collective_value(rank, i, false));
+}
+
+static void run_job(sumo_comm *comm, int rank, int size, void *arg)
+{
+    job *j = arg;
+    size_t esz = harness_dtype_size(j->dtype);
+    sumo_result r = SUMO_SUCCESS;
+    if (j->remote) r = sumo_comm_add_kernels(comm, &R.table);
+    size_t n = j->count, in_n = n, out_n = n;
+    if (j->kind == J_ALLGATHER) out_n = n * (size_t)size;
+    if (j->kind == J_REDUCE_SCATTER) in_n = n * (size_t)size;
+    unsigned char *in = buffer(j, in_n * esz), *out = buffer(j, out_n * esz);
+    fill_input(j, rank, in, in_n);
+    const void *send = in;
+    void *recv = out;
+    if (j->in_place) {
+        if (j->kind == J_ALLGATHER) {
+            memcpy(view(out) + (size_t)rank * n * esz, view(in), n * esz);
+            send = out + (size_t)rank * n * esz;
+        } else if (j->kind == J_REDUCE_SCATTER) {
+            recv = in + (size_t)rank * n * esz;
+        } else {
+            recv = in;
+        }
+    }
+    sumo_op op = j->op;
+    if (r == SUMO_SUCCESS && op == SUMO_OP_PREDEFINED_COUNT) {
+        sumo_adasum_options o = {.struct_size = sizeof o, .tensor_counts = LAYOUT, .ntensors = NLAYOUT};
+        r = sumo_op_create_adasum(comm, &o, &op);
+    }
+    if (r == SUMO_SUCCESS) {
+        switch (j->kind) {
+        case J_ALLREDUCE: r = sumo_allreduce(send, recv, n, j->dtype, op, comm); break;
+        case J_BROADCAST: r = sumo_broadcast(send, recv, n, j->dtype, size - 1, comm); break;
+        case J_ALLGATHER: r = sumo_allgather(send, recv, n, j->dtype, comm); break;
+        case J_REDUCE_SCATTER: r = sumo_reduce_scatter(send, recv, n, j->dtype, op, comm); break;
+        case J_ACGA: {
+            sumo_aggregator_options o;
+            sumo_aggregator_options_default(SUMO_AGGREGATE_ACGA, &o);
+            o.tensor_counts = LAYOUT;
+            o.ntensors = NLAYOUT;
+            o.acga.per_tensor = 1;
+            o.acga.rescale = 1;
+            sumo_aggregator *agg = NULL;
+            r = sumo_aggregator_create(comm, &o, &agg);
+            for (int step = 0; step < 2 && r == SUMO_SUCCESS; step++)
+                r = sumo_aggregator_apply_into(agg, send, recv, n, j->dtype);
+            sumo_aggregator_destroy(agg);
+            break;
+        }
+        case J_DELTA: {
+            /* start = in, the "stepped" parameters = in + rank-dependent change. */
+            unsigned char *now = buffer(j, n * esz), *delta = buffer(j, n * esz);
+            for (size_t i = 0; i < n; i++)
+                harness_set(j->dtype, view(now), i,
+                            harness_get(j->dtype, view(in), i) + 0.25 * (rank + 1));
+            r = sumo_delta_compute(comm, delta, now, in, n, j->dtype);
+            if (r == SUMO_SUCCESS) r = sumo_allreduce(delta, delta, n, j->dtype, SUMO_OP_AVERAGE, comm);
+            if (r == SUMO_SUCCESS) r = sumo_delta_apply(comm, out, in, delta, n, j->dtype);
+            if (!j->remote) {
+                free(now);
+                free(delta);
+            }
+            break;
+        }
+        case J_SLOWMO: {
+            sumo_slowmo_options o;
+            sumo_slowmo_options_preset(SUMO_SLOWMO_PRESET_SLOWMO, &o);
+            o.tau = 2;
+            o.memory_efficient = 1;
+            sumo_slowmo *s = NULL;
+            r = sumo_slowmo_create(comm, n, j->dtype, &o, &s);
+            memcpy(view(out), view(in), n * esz);
+            for (int step = 0; step < 4 && r == SUMO_SUCCESS; step++) {
+                r = sumo_slowmo_begin(s, out);
+                /* The local step: a rank-dependent move, made by the test as a user's
+                 * optimizer would (through its own view). */
+                for (size_t i = 0; i < n && r == SUMO_SUCCESS; i++)
+                    harness_set(j->dtype, view(out), i,
+                                harness_get(j->dtype, view(out), i) - 0.01 * (rank + 1 + step));
+                if (r == SUMO_SUCCESS) r = sumo_slowmo_end(s, out, 0.1, NULL);
+            }
+            sumo_slowmo_destroy(s);
+            break;
+        }
+        }
+    }
+    j->res[rank] = r;
+    const unsigned char *result = j->kind == J_DELTA || j->kind == J_SLOWMO ? out : recv;
+    j->out[rank] = malloc(out_n * esz + 1);
+    memcpy(j->out[rank], view((void *)result), out_n * esz);
+    j->out_bytes = out_n * esz;
+    if (!j->remote) {
+        free(in);
+        free(out);
+    }
+}
+
+static void job_free(job *j)
+{
+    for (int r = 0; r < j->P; r++) free(j->out[r]);
+}
+
+/* The same job on host and remote buffers gives the same bits on every rank. */
+static void check_same(job_kind kind, int P, sumo_dtype dtype, sumo_op op, size_t count,
+                       bool in_place)
+{
+    job host = {.kind = kind, .P = P, .dtype = dtype, .op = op, .count = count, .in_place = in_place};
+    job rem = host;
+    rem.remote = true;
+    remote_reset();
+    assert_int_equal(harness_run_threads(P, run_job, &host), 0);
+    assert_int_equal(harness_run_threads(P, run_job, &rem), 0);
+    for (int r = 0; r < P; r++) {
+        if (host.res[r] != SUMO_SUCCESS || rem.res[r] != SUMO_SUCCESS)
+            fail_msg("job %d P %d dtype %d op %u: rank %d %s / %s", kind, P, dtype, op, r,
+                     sumo_result_name(host.res[r]), sumo_result_name(rem.res[r]));
+        if (memcmp(host.out[r], rem.out[r], host.out_bytes) != 0)
+            fail_msg("job %d P %d dtype %d op %u in place %d: rank %d differs between host and "
+                     "remote memory",
+                     kind, P, dtype, op, in_place, r);
+    }
+    job_free(&host);
+    job_free(&rem);
+}
+
+static void test_remote_collectives(void **state)
+{
+    (void)state;
+    const sumo_dtype dts[] = {SUMO_FLOAT32, SUMO_FLOAT64, SUMO_FLOAT16, SUMO_BFLOAT16};
+    for (int P = 1; P <= 5; P++)
+        for (int d = 0; d < 4; d++)
+            for (int ip = 0; ip <= 1; ip++) {
+                check_same(J_ALLREDUCE, P, dts[d], SUMO_OP_SUM, 1000, ip);
+                check_same(J_ALLREDUCE, P, dts[d], SUMO_OP_AVERAGE, 333, ip);
+                check_same(J_ALLREDUCE, P, dts[d], SUMO_OP_ADASUM, 777, ip);
+                check_same(J_ALLREDUCE, P, dts[d], SUMO_OP_PREDEFINED_COUNT, layout_total(), ip);
+                check_same(J_BROADCAST, P, dts[d], 0, 517, ip);
+                check_same(J_ALLGATHER, P, dts[d], 0, 129, ip);
+                check_same(J_REDUCE_SCATTER, P, dts[d], SUMO_OP_SUM, 257, ip);
+                check_same(J_REDUCE_SCATTER, P, dts[d], SUMO_OP_AVERAGE, 31, ip);
+            }
+    /* Every kind of kernel the collectives use ran on the remote table. */
+    remote_reset();
+    check_same(J_ALLREDUCE, 4, SUMO_FLOAT32, SUMO_OP_ADASUM, 4096, false);
+    assert_true(atomic_load(&R.calls[K_GRAM]) > 0 && atomic_load(&R.calls[K_WEIGHTED]) > 0);
+    remote_reset();
+    check_same(J_ALLREDUCE, 3, SUMO_FLOAT64, SUMO_OP_ADASUM, 4096, false); /* fp64: the tree */
+    assert_true(atomic_load(&R.calls[K_DOT]) > 0 && atomic_load(&R.calls[K_SCALED]) > 0 &&
+                atomic_load(&R.calls[K_COPY]) > 0);
+}
+
+static void test_remote_layers(void **state)
+{
+    (void)state;
+    for (int P = 1; P <= 4; P++) {
+        check_same(J_ACGA, P, SUMO_FLOAT32, 0, layout_total(), false);
+        check_same(J_ACGA, P, SUMO_FLOAT32, 0, layout_total(), true);
+        check_same(J_DELTA, P, SUMO_FLOAT32, 0, 1000, false);
+        check_same(J_DELTA, P, SUMO_FLOAT64, 0, 1000, false);
+        check_same(J_SLOWMO, P, SUMO_FLOAT32, 0, 1001, false);
+        check_same(J_SLOWMO, P, SUMO_FLOAT64, 0, 1001, false);
+    }
+    remote_reset();
+    check_same(J_SLOWMO, 2, SUMO_FLOAT32, 0, 1001, false);
+    assert_true(atomic_load(&R.calls[K_SLOW]) > 0 && atomic_load(&R.calls[K_SCAN]) > 0);
+    remote_reset();
+    check_same(J_DELTA, 2, SUMO_FLOAT32, 0, 100, false);
+    assert_true(atomic_load(&R.calls[K_DELTA]) > 0 && atomic_load(&R.calls[K_APPLY]) > 0);
+}
+
+/* Where remote bytes would have to cross the transport, or one call mixes memories, or the
+ * ranks pass different memories: refused on every rank, no hang. */
+typedef struct refusal {
+    int which;
+    sumo_result res[MAXP];
+    char msg[MAXP][256];
+} refusal;
+
+static void refuse_rank(sumo_comm *comm, int rank, int size, void *arg)
+{
+    (void)size;
+    refusal *f = arg;
+    sumo_comm_add_kernels(comm, &R.table);
+    float host[64] = {0};
+    void *rem = NULL;
+    r_alloc(NULL, sizeof host, &rem);
+    sumo_result r;
+    switch (f->which) {
+    case 0: /* a point-to-point algorithm forced: bytes would cross the transport */
+        sumo_comm_set_param(comm, SUMO_PARAM_ALGORITHM, SUMO_ALGORITHM_RING);
+        r = sumo_allreduce(rem, rem, 64, SUMO_FLOAT32, SUMO_OP_SUM, comm);
+        break;
+    case 1: /* one call, two memories */
+        r = sumo_allreduce(rem, host, 64, SUMO_FLOAT32, SUMO_OP_SUM, comm);
+        break;
+    default: /* rank 0 passes host memory, the others remote */
+        r = sumo_allreduce(rank == 0 ? (void *)host : rem, rank == 0 ? (void *)host : rem, 64,
+                           SUMO_FLOAT32, SUMO_OP_SUM, comm);
+        break;
+    }
+    f->res[rank] = r;
+    const char *m = "";
+    sumo_comm_error_message(comm, &m);
+    snprintf(f->msg[rank], sizeof f->msg[rank], "%s", m);
+}
+
+static void test_remote_refused(void **state)
+{
+    (void)state;
+    const sumo_result want[] = {SUMO_ERR_INVALID_USAGE, SUMO_ERR_INVALID_ARGUMENT,
+                                SUMO_ERR_MISMATCH};
+    for (int which = 0; which < 3; which++) {
+        remote_reset();
+        refusal f = {.which = which};
+        assert_int_equal(harness_run_threads(3, refuse_rank, &f), 0);
+        for (int r = 0; r < 3; r++) {
+            /* The rank at fault reports its own reason; the others name it. */
+            if (which < 2) assert_int_equal(f.res[r], want[which]);
+            else assert_int_equal(f.res[r], SUMO_ERR_MISMATCH);
+            assert_true(strlen(f.msg[r]) > 0);
+        }
+        assert_non_null(strstr(f.msg[0], which == 1 ? "remote memory" : which == 0 ? "cannot move remote"
+                                                                                   : "memory"));
+    }
+}
+
+/* A table that lacks an entry, or comes from another version, is refused with its name. */
+static void test_table_checked(void **state)
+{
+    (void)state;
+    sumo_comm *c;
+    assert_int_equal(sumo_comm_create_threads(1, &c), SUMO_SUCCESS);
+    sumo_kernel_table t = R.table;
+    t.weighted_sum = NULL;
+    assert_int_equal(sumo_comm_add_kernels(c, &t), SUMO_ERR_INVALID_ARGUMENT);
+    const char *m;
+    sumo_comm_error_message(c, &m);
+    assert_non_null(strstr(m, "weighted_sum"));
+    t = R.table;
+    t.struct_size = 8;
+    assert_int_equal(sumo_comm_add_kernels(c, &t), SUMO_ERR_INVALID_ARGUMENT);
+    sumo_comm_error_message(c, &m);
+    assert_non_null(strstr(m, "struct_size"));
+    sumo_comm_destroy(c);
+}
+
+/* ---- a transport from outside --------------------------------------------------------------- */
+
+typedef struct message {
+    struct message *next;
+    size_t bytes;
+    unsigned char data[];
+} message;
+
+typedef struct mbox_group {
+    int size;
+    pthread_mutex_t lock;
+    pthread_cond_t changed;
+    message *head[MAXP][MAXP], *tail[MAXP][MAXP]; /* [src][dst] */
+    unsigned char records[2][MAXP][64];
+    int arrived, generation;
+    int fail_rank; /* this rank's sendrecv fails (for the error test), -1 none */
+    bool aborted;
+} mbox_group;
+
+typedef struct mbox {
+    mbox_group *g;
+    struct xjob *owner;
+    int rank;
+    int gathers;
+    char error[128];
+} mbox;
+
+static int wait_until(mbox_group *g, int64_t deadline_ns)
+{
+    struct timespec ts = {.tv_sec = deadline_ns / 1000000000, .tv_nsec = deadline_ns % 1000000000};
+    return pthread_cond_timedwait(&g->changed, &g->lock, &ts);
+}
+
+static sumo_result mb_sendrecv(void *ctx, const void *sbuf, size_t sbytes, int dst, void *rbuf,
+                               size_t rbytes, int src, int64_t deadline_ns)
+{
+    mbox *m = ctx;
+    mbox_group *g = m->g;
+    if (g->fail_rank == m->rank) {
+        snprintf(m->error, sizeof m->error, "the link of rank %d is down", m->rank);
+        return SUMO_ERR_PEER_FAILURE;
+    }
+    pthread_mutex_lock(&g->lock);
+    if (dst >= 0) {
+        message *msg = malloc(sizeof *msg + sbytes);
+        msg->next = NULL;
+        msg->bytes = sbytes;
+        if (sbytes) memcpy(msg->data, sbuf, sbytes);
+        if (g->tail[m->rank][dst]) g->tail[m->rank][dst]->next = msg;
+        else g->head[m->rank][dst] = msg;
+        g->tail[m->rank][dst] = msg;
+        pthread_cond_broadcast(&g->changed);
+    }
+    sumo_result r = SUMO_SUCCESS;
+    if (src >= 0) {
+        while (g->head[src][m->rank] == NULL && !g->aborted && r == SUMO_SUCCESS)
+            if (wait_until(g, deadline_ns) == ETIMEDOUT) r = SUMO_ERR_TIMEOUT;
+        if (g->aborted) r = SUMO_ERR_PEER_FAILURE;
+        if (r == SUMO_SUCCESS) {
+            message *msg = g->head[src][m->rank];
+            g->head[src][m->rank] = msg->next;
+            if (msg->next == NULL) g->tail[src][m->rank] = NULL;
+            if (msg->bytes != rbytes) r = SUMO_ERR_INTERNAL;
+            else if (rbytes) memcpy(rbuf, msg->data, rbytes);
+            free(msg);
+        } else {
+            snprintf(m->error, sizeof m->error, "no message from rank %d", src);
+        }
+    }
+    pthread_mutex_unlock(&g->lock);
+    return r;
+}
+
+static sumo_result mb_barrier(void *ctx, int64_t deadline_ns)
+{
+    mbox *m = ctx;
+    mbox_group *g = m->g;
+    pthread_mutex_lock(&g->lock);
+    int gen = g->generation;
+    sumo_result r = SUMO_SUCCESS;
+    if (++g->arrived == g->size) {
+        g->arrived = 0;
+        g->generation++;
+        pthread_cond_broadcast(&g->changed);
+    } else {
+        while (g->generation == gen && !g->aborted && r == SUMO_SUCCESS)
+            if (wait_until(g, deadline_ns) == ETIMEDOUT) r = SUMO_ERR_TIMEOUT;
+        if (g->aborted) r = SUMO_ERR_PEER_FAILURE;
+    }
+    pthread_mutex_unlock(&g->lock);
+    return r;
+}
+
+static sumo_result mb_allgather(void *ctx, const void *record, void *all, size_t bytes,
+                                int64_t deadline_ns)
+{
+    mbox *m = ctx;
+    mbox_group *g = m->g;
+    /* Two slots: a rank can only write gather k + 2 after everyone passed gather k + 1. */
+    int slot = m->gathers++ & 1;
+    pthread_mutex_lock(&g->lock);
+    memcpy(g->records[slot][m->rank], record, bytes);
+    pthread_mutex_unlock(&g->lock);
+    sumo_result r = mb_barrier(ctx, deadline_ns);
+    if (r != SUMO_SUCCESS) return r;
+    pthread_mutex_lock(&g->lock);
+    for (int k = 0; k < g->size; k++) memcpy((unsigned char *)all + (size_t)k * bytes, g->records[slot][k], bytes);
+    pthread_mutex_unlock(&g->lock);
+    return SUMO_SUCCESS;
+}
+
+static void mb_abort(void *ctx)
+{
+    mbox *m = ctx;
+    pthread_mutex_lock(&m->g->lock);
+    m->g->aborted = true;
+    pthread_cond_broadcast(&m->g->changed);
+    pthread_mutex_unlock(&m->g->lock);
+}
+
+static sumo_result mb_destroy(void *ctx)
+{
+    (void)ctx;
+    return SUMO_SUCCESS;
+}
+
+static const char *mb_error(void *ctx) { return ((mbox *)ctx)->error; }
+
+static const sumo_transport_ops MB_OPS = {
+    .struct_size = sizeof(sumo_transport_ops), .name = "mailboxes", .sendrecv = mb_sendrecv,
+    .allgather = mb_allgather, .barrier = mb_barrier, .abort = mb_abort, .destroy = mb_destroy,
+    .error_message = mb_error};
+
+/* The test's operations on a communicator; the same on both transports. */
+typedef struct xjob xjob;
+struct xjob {
+    int P;
+    int fail_rank;
+    mbox_group g;
+    mbox boxes[MAXP];
+    float out[MAXP][2][1200];
+    sumo_result res[MAXP];
+    char msg[MAXP][256];
+};
+
+static const size_t XCOUNTS[] = {300, 1, 599, 0, 300};
+
+static void ops_on(sumo_comm *comm, int rank, int size, xjob *x)
+{
+    float buf[1200], gath[MAXP * 16];
+    /* The same point-to-point algorithms on both transports, so the same bits. */
+    sumo_comm_set_param(comm, SUMO_PARAM_ALGORITHM, SUMO_ALGORITHM_RING);
+    sumo_op op;
+    sumo_adasum_options o = {.struct_size = sizeof o, .tensor_counts = XCOUNTS, .ntensors = 5};
+    sumo_result r = sumo_op_create_adasum(comm, &o, &op);
+    for (int i = 0; i < 1200; i++) buf[i] = (float)harness_uniform_at(3, (uint64_t)rank, (size_t)i);
+    if (r == SUMO_SUCCESS) r = sumo_allreduce(buf, buf, 1200, SUMO_FLOAT32, op, comm);
+    memcpy(x->out[rank][0], buf, sizeof buf);
+    for (int i = 0; i < 1200; i++) buf[i] = (float)harness_collective_value(rank, (size_t)i, false);
+    if (r == SUMO_SUCCESS) r = sumo_allreduce(buf, buf, 1200, SUMO_FLOAT32, SUMO_OP_AVERAGE, comm);
+    if (r == SUMO_SUCCESS) r = sumo_broadcast(buf, buf, 1200, SUMO_FLOAT32, 0, comm);
+    float mine[16];
+    for (int i = 0; i < 16; i++) mine[i] = (float)(rank * 100 + i);
+    if (r == SUMO_SUCCESS) r = sumo_allgather(mine, gath, 16, SUMO_FLOAT32, comm);
+    if (r == SUMO_SUCCESS)
+        r = sumo_reduce_scatter(buf, buf + (size_t)rank * (1200 / size), 1200 / size, SUMO_FLOAT32,
+                                SUMO_OP_SUM, comm);
+    memcpy(x->out[rank][1], buf, sizeof buf);
+    if (r == SUMO_SUCCESS) memcpy(x->out[rank][1] + 1200 - 16 * size, gath, sizeof(float) * 16 * (size_t)size);
+    x->res[rank] = r;
+    const char *m = "";
+    sumo_comm_error_message(comm, &m);
+    snprintf(x->msg[rank], sizeof x->msg[rank], "%s", m);
+}
+
+static void on_threads(sumo_comm *comm, int rank, int size, void *arg)
+{
+    ops_on(comm, rank, size, arg);
+}
+
+static void *on_mailboxes(void *arg)
+{
+    mbox *m = arg;
+    xjob *x = m->owner;
+    sumo_transport_desc d = {.struct_size = sizeof d, .rank = m->rank, .size = x->P,
+                             .ops = &MB_OPS, .ctx = m};
+    sumo_comm *comm = NULL;
+    sumo_result r = sumo_comm_create_transport(&d, &comm);
+    if (r != SUMO_SUCCESS) {
+        x->res[m->rank] = r;
+        return NULL;
+    }
+    const char *name = NULL;
+    sumo_comm_transport(comm, &name);
+    if (strcmp(name, "mailboxes") != 0) x->res[m->rank] = SUMO_ERR_INTERNAL;
+    else ops_on(comm, m->rank, x->P, x);
+    sumo_comm_destroy(comm);
+    return NULL;
+}
+
+static void run_mailboxes(xjob *x)
+{
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    x->g = (mbox_group){.size = x->P, .fail_rank = x->fail_rank};
+    pthread_mutex_init(&x->g.lock, NULL);
+    pthread_cond_init(&x->g.changed, &attr);
+    pthread_t ids[MAXP];
+    for (int r = 0; r < x->P; r++) {
+        x->boxes[r] = (mbox){.g = &x->g, .owner = x, .rank = r};
+        assert_int_equal(pthread_create(&ids[r], NULL, on_mailboxes, &x->boxes[r]), 0);
+    }
+    for (int r = 0; r < x->P; r++) pthread_join(ids[r], NULL);
+    for (int s = 0; s < MAXP; s++)
+        for (int d = 0; d < MAXP; d++)
+            while (x->g.head[s][d]) {
+                message *m = x->g.head[s][d];
+                x->g.head[s][d] = m->next;
+                free(m);
+            }
+    pthread_cond_destroy(&x->g.changed);
+    pthread_mutex_destroy(&x->g.lock);
+    pthread_condattr_destroy(&attr);
+}
+
+static void test_caller_transport(void **state)
+{
+    (void)state;
+    for (int P = 1; P <= 5; P++) {
+        xjob *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
+        a->P = b->P = P;
+        a->fail_rank = b->fail_rank = -1;
+        assert_int_equal(harness_run_threads(P, on_threads, a), 0);
+        run_mailboxes(b);
+        for (int r = 0; r < P; r++) {
+            if (a->res[r] != SUMO_SUCCESS || b->res[r] != SUMO_SUCCESS)
+                fail_msg("P %d rank %d: %s (%s) / %s (%s)", P, r, sumo_result_name(a->res[r]),
+                         a->msg[r], sumo_result_name(b->res[r]), b->msg[r]);
+            assert_memory_equal(a->out[r], b->out[r], sizeof a->out[r]);
+        }
+        free(a);
+        free(b);
+    }
+}
+
+/* A failing operation surfaces with the transport's own detail, and breaks the handle. */
+static void test_caller_transport_failure(void **state)
+{
+    (void)state;
+    setenv("SUMO_TIMEOUT", "20", 1);
+    xjob *x = calloc(1, sizeof *x);
+    x->P = 3;
+    x->fail_rank = 1;
+    run_mailboxes(x);
+    assert_int_equal(x->res[1], SUMO_ERR_PEER_FAILURE);
+    assert_non_null(strstr(x->msg[1], "the link of rank 1 is down"));
+    assert_non_null(strstr(x->msg[1], "mailboxes"));
+    for (int r = 0; r < 3; r++) assert_true(x->res[r] == SUMO_ERR_PEER_FAILURE || x->res[r] == SUMO_ERR_TIMEOUT);
+    free(x);
+    unsetenv("SUMO_TIMEOUT");
+
+    sumo_comm *c = NULL;
+    sumo_transport_desc d = {.struct_size = sizeof d, .rank = 2, .size = 2, .ops = &MB_OPS};
+    assert_int_equal(sumo_comm_create_transport(&d, &c), SUMO_ERR_INVALID_ARGUMENT);
+    sumo_transport_ops partial = MB_OPS;
+    partial.allgather = NULL;
+    d = (sumo_transport_desc){.struct_size = sizeof d, .rank = 0, .size = 1, .ops = &partial};
+    assert_int_equal(sumo_comm_create_transport(&d, &c), SUMO_ERR_INVALID_ARGUMENT);
+    assert_null(c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_remote_collectives),
+        cmocka_unit_test(test_remote_layers),
+        cmocka_unit_test(test_remote_refused),
+        cmocka_unit_test(test_table_checked),
+        cmocka_unit_test(test_caller_transport),
+        cmocka_unit_test(test_caller_transport_failure),
+    };
+    return cmocka_run_group_tests(tests, remote_setup, remote_teardown);
+}
