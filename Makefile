@@ -89,7 +89,8 @@ TOOL_LIBS := $(LIBSUMO_TRAIN) $(LIBSUMO)
 endif
 # Sanitizer builds are for the tests; the shared library is built from the normal build only.
 ifeq ($(SAN),)
-TARGETS += $(LIBSUMO_SO) $(BUILD)/libsumo.so $(BUILD)/sumo.pc $(BUILD)/tests/combine_driver
+TARGETS += $(LIBSUMO_SO) $(BUILD)/libsumo.so $(BUILD)/sumo.pc $(BUILD)/tests/combine_driver \
+           $(BUILD)/tests/slowmo_driver
 endif
 
 .PHONY: all test test-unit test-threads test-mpi test-cli clean
@@ -175,8 +176,8 @@ $(BUILD)/tests/mpi/%: tests/mpi/%.c tests/mpi/check.h $(TEST_SUPPORT) $(LIBSUMO_
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CPPFLAGS) -Itests $(CFLAGS) $< $(TEST_SUPPORT) $(LIBSUMO_TRAIN) $(LIBSUMO_MPI) $(LIBSUMO) $(LDFLAGS) $(TRAIN_LIBS) $(LDLIBS) -o $@
 
-# The C side of the Python binding's parity test (tests/python).
-$(BUILD)/tests/combine_driver: tests/python/combine_driver.c $(LIBSUMO)
+# The C sides of the Python binding's parity tests (tests/python).
+$(BUILD)/tests/%_driver: tests/python/%_driver.c $(LIBSUMO)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $< $(LIBSUMO) $(LDFLAGS) $(LDLIBS) -o $@
 

@@ -140,8 +140,11 @@ SUMO_API sumo_result sumo_slowmo_create(sumo_comm *comm, size_t nparams, sumo_dt
 SUMO_API sumo_result sumo_slowmo_destroy(sumo_slowmo *slowmo);
 SUMO_API sumo_result sumo_slowmo_begin(sumo_slowmo *slowmo, const void *params);
 SUMO_API sumo_result sumo_slowmo_end(sumo_slowmo *slowmo, void *params, double lr, int *communicated);
-/* Whether the next end is an outer step. */
-SUMO_API sumo_result sumo_slowmo_outer_due(const sumo_slowmo *slowmo, int *due);
+/* What the next end does: SUMO_SLOWMO_LOCAL (nothing: params are not read),
+ * SUMO_SLOWMO_INNER (an exact average) or SUMO_SLOWMO_OUTER (the outer step). A caller that
+ * keeps its parameters elsewhere (a binding) gathers them into params only when they are read. */
+enum { SUMO_SLOWMO_LOCAL = 0, SUMO_SLOWMO_INNER = 1, SUMO_SLOWMO_OUTER = 2 };
+SUMO_API sumo_result sumo_slowmo_due(const sumo_slowmo *slowmo, int *what);
 /* Whether every rank holds the same parameters after the last end. */
 SUMO_API sumo_result sumo_slowmo_synchronized(const sumo_slowmo *slowmo, int *synchronized);
 /* The slow buffer, anchor and step counter, for checkpoints. */

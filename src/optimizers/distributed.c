@@ -167,8 +167,9 @@ static sumo_result apply_buffer_policy(sumo_distributed *dist)
 static sumo_result slowmo_step(sumo_distributed *d, float *params, float *grads, double lr,
                                int *communicated)
 {
-    int outer;
-    SUMO__CHECK(sumo_slowmo_outer_due(d->slowmo, &outer));
+    int due;
+    SUMO__CHECK(sumo_slowmo_due(d->slowmo, &due));
+    bool outer = due == SUMO_SLOWMO_OUTER;
     if (outer && !(lr > 0)) return SUMO_ERR_INVALID_ARGUMENT; /* nothing may change before */
     bool anchored = sumo__slowmo_anchored(d->slowmo);
     SUMO__CHECK(sumo_slowmo_begin(d->slowmo, params));

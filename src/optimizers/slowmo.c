@@ -266,10 +266,13 @@ static sumo_result outer_step(sumo_slowmo *s, const sumo__exec *x, unsigned char
     return SUMO_SUCCESS;
 }
 
-sumo_result sumo_slowmo_outer_due(const sumo_slowmo *s, int *due)
+sumo_result sumo_slowmo_due(const sumo_slowmo *s, int *what)
 {
-    if (s == NULL || due == NULL) return SUMO_ERR_INVALID_ARGUMENT;
-    *due = s->steps + 1 == (uint64_t)s->o.tau;
+    if (s == NULL || what == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    uint64_t next = s->steps + 1;
+    if (next == (uint64_t)s->o.tau) *what = SUMO_SLOWMO_OUTER;
+    else if (s->o.inner_period > 0 && next % (uint64_t)s->o.inner_period == 0) *what = SUMO_SLOWMO_INNER;
+    else *what = SUMO_SLOWMO_LOCAL;
     return SUMO_SUCCESS;
 }
 

@@ -8,18 +8,78 @@ average exactly and take the slow momentum step, per parameter group with its lr
 slowmo_momentum 0 and slowmo_lr 1 is Local SGD (x = x_avg). Unlike fairscale's wrapper this
 needs no DDP and no CUDA, and state_dict holds the slow buffers.
 
-A step whose gradients hold inf or NaN on any rank (a GradScaler-style skip) is skipped by
-every rank: the ranks agree with one small allreduce per step, so replicas never drift apart
-(PyTorch issue 76282).
+The outer loop is sumo's own (sumo_slowmo in C, the object the C training driver runs), one
+per parameter group: the schedule, the averages, the slow update and the memory-efficient
+sharding are that code's, so both give the same bits. Between synchronisations nothing is
+communicated: a step whose gradients hold inf or NaN on this rank (skip_nonfinite) is skipped
+here alone and still counted, so every rank stays on the schedule; if the non-finite values
+reach the outer average, every rank raises alike.
 """
+import ctypes
 
 import torch
 
-from .. import Average
+from .. import _lib
+from .._lib import lib
 from . import _runtime as rt
 from ._wrapped import WrappedOptimizer
 
 _POLICIES = ("keep", "reset", "average")
+
+_BUFFERS = {"keep": 0, "reset": 1, "average": 2}
+
+
+class _SlowMoOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t),
+                ("tau", ctypes.c_int),
+                ("inner_period", ctypes.c_int),
+                ("alpha", ctypes.c_double),
+                ("beta", ctypes.c_double),
+                ("buffers", ctypes.c_int),
+                ("memory_efficient", ctypes.c_int)]
+
+
+class _Group:
+    """One parameter group's sumo_slowmo and the flat buffer its parameters are gathered
+    into when sumo reads them."""
+
+    def __init__(self, index, params, options):
+        self.index = index
+        self.params = params
+        self.dtype = params[0].dtype
+        self.numel = sum(p.numel() for p in params)
+        self.what = "param_groups[%d]" % index
+        if any(p.dtype != self.dtype for p in params):
+            raise TypeError("sumo.SlowMo: %s mixes dtypes; give each dtype its own group"
+                            % self.what)
+        self.flat = torch.empty(self.numel, dtype=self.dtype)
+        self.handle = ctypes.c_void_p()
+        dt = rt.tensor_args(self.flat, self.what)[2]
+        rt.raise_for(lib.sumo_slowmo_create(rt.state.comm, self.numel, dt, ctypes.byref(options),
+                                            ctypes.byref(self.handle)),
+                     "sumo_slowmo_create for " + self.what)
+
+    def gather(self):
+        off = 0
+        for p in self.params:
+            n = p.numel()
+            self.flat[off:off + n].copy_(p.detach().reshape(-1))
+            off += n
+
+    def scatter(self):
+        off = 0
+        for p in self.params:
+            n = p.numel()
+            p.detach().copy_(self.flat[off:off + n].view_as(p))
+            off += n
+
+    def ptr(self):
+        return ctypes.c_void_p(self.flat.data_ptr())
+
+    def close(self):
+        if self.handle:
+            lib.sumo_slowmo_destroy(self.handle)
+            self.handle = ctypes.c_void_p()
 
 
 class SlowMo(WrappedOptimizer):
@@ -47,79 +107,72 @@ class SlowMo(WrappedOptimizer):
         self.skip_nonfinite = bool(skip_nonfinite)
         self.steps = 0          # local steps taken (skipped ones not counted)
         self.skipped = 0
+        inner = self.localsgd_frequency
+        if inner and self.slowmo_frequency % inner:
+            # fairscale's rule, and sumo's (the outer average falls on an inner boundary).
+            raise ValueError("slowmo_frequency must be a multiple of localsgd_frequency")
+        options = _SlowMoOptions(ctypes.sizeof(_SlowMoOptions), self.slowmo_frequency, inner,
+                                 self.slowmo_lr, self.slowmo_momentum, _BUFFERS[buffers],
+                                 int(self.slowmo_memory_efficient))
+        self._groups = []
         for gi, g in enumerate(optimizer.param_groups):
             for pi, p in enumerate(g["params"]):
                 rt.tensor_args(p.detach(), "param_groups[%d].params[%d]" % (gi, pi))
                 if p.dtype not in (torch.float32, torch.float64):
                     raise TypeError("sumo.SlowMo: parameter groups must be float32 or float64 "
                                     "(param_groups[%d].params[%d] is %s)" % (gi, pi, p.dtype))
-        # Slow buffer u and anchor per group, over the whole flat group or, memory efficient,
-        # over this rank's shard only. Created lazily at the first outer step from the
-        # averaged parameters (the anchor is where the ranks started the outer iteration).
-        self._slow = [None] * len(optimizer.param_groups)
-        self._anchor_ready = False
+            self._groups.append(_Group(gi, list(g["params"]), options))
+        self._anchored = False
 
+    def __del__(self):
+        for g in getattr(self, "_groups", ()):
+            g.close()
 
-    # -- helpers -----------------------------------------------------------------------------
-    def _group_flat(self, g):
-        return torch.cat([p.detach().reshape(-1) for p in g["params"]])
+    # -- the step ----------------------------------------------------------------------------
+    def _finite_locally(self):
+        """Whether this rank's gradients are finite: no collective (the schedule, not an
+        agreement, keeps the ranks together)."""
+        for g in self._opt.param_groups:
+            for p in g["params"]:
+                if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
+                    return False
+        return True
 
-    def _set_group(self, g, flat):
-        off = 0
-        for p in g["params"]:
-            n = p.numel()
-            p.detach().copy_(flat[off:off + n].view_as(p))
-            off += n
-
-    def _shard(self, n):
-        size, rank = rt.state.size, rt.state.rank
-        per = -(-n // size)
-        lo = min(rank * per, n)
-        return per, lo, min(lo + per, n)
-
-    def _average_params(self):
-        for gi, g in enumerate(self._opt.param_groups):
-            flat = self._group_flat(g)
-            rt.allreduce_tensor(flat, Average, "param_groups[%d] (parameter average)" % gi)
-            self._set_group(g, flat)
-        return
-
-    def _init_anchor(self):
-        # The anchor is x at the start of the outer iteration: identical on all ranks since
-        # the parameters are (broadcast them before training).
-        for gi, g in enumerate(self._opt.param_groups):
-            flat = self._group_flat(g)
-            if self.slowmo_memory_efficient:
-                per, lo, hi = self._shard(flat.numel())
-                flat = flat[lo:hi].clone()
-            self._slow[gi] = {"anchor": flat.clone(), "u": torch.zeros_like(flat)}
-        self._anchor_ready = True
-
-    def _outer_step(self):
-        for gi, g in enumerate(self._opt.param_groups):
-            lr = float(g["lr"])
-            if not lr > 0:
-                raise ValueError("sumo.SlowMo: an outer step at lr %r; it divides by the rate" % lr)
-            flat = self._group_flat(g)
-            rt.allreduce_tensor(flat, Average, "param_groups[%d] (parameter average)" % gi)
-            s = self._slow[gi]
-            if self.slowmo_memory_efficient:
-                # Each rank updates its shard; an allgather rebuilds the whole vector.
-                per, lo, hi = self._shard(flat.numel())
-                mine = flat[lo:hi]
-                s["u"].mul_(self.slowmo_momentum).add_((s["anchor"] - mine) / lr)
-                s["anchor"].add_(s["u"], alpha=-self.slowmo_lr * lr)
-                padded = torch.zeros(per, dtype=flat.dtype)
-                padded[:hi - lo] = s["anchor"]
-                gathered = torch.zeros(per * rt.state.size, dtype=flat.dtype)
-                _allgather(padded, gathered, "param_groups[%d] (SlowMo shards)" % gi)
-                new = gathered[:flat.numel()]
-            else:
-                s["u"].mul_(self.slowmo_momentum).add_((s["anchor"] - flat) / lr)
-                s["anchor"].add_(s["u"], alpha=-self.slowmo_lr * lr)
-                new = s["anchor"]
-            self._set_group(g, new)
-        self._apply_buffer_policy()
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One local step, then inner averaging or the outer step when due. Returns the
+        closure's loss; a step skipped for non-finite gradients sets self.last_skipped."""
+        due = ctypes.c_int()
+        rt.raise_for(lib.sumo_slowmo_due(self._groups[0].handle, ctypes.byref(due)))
+        for g, pg in zip(self._groups, self._opt.param_groups):
+            if due.value == 2 and not float(pg["lr"]) > 0:
+                raise ValueError("sumo.SlowMo: an outer step at lr %r; it divides by the rate"
+                                 % pg["lr"])
+        if not self._anchored:
+            for g in self._groups:
+                g.gather()
+                rt.raise_for(lib.sumo_slowmo_begin(g.handle, g.ptr()), "SlowMo anchor of " + g.what)
+            self._anchored = True
+        self.last_skipped = self.skip_nonfinite and not self._finite_locally()
+        loss = None
+        if self.last_skipped:
+            self.skipped += 1
+        else:
+            loss = self._opt.step(closure)
+            self.steps += 1
+        rt.sync()
+        for g, pg in zip(self._groups, self._opt.param_groups):
+            if due.value:
+                g.gather()
+            rt.raise_for(lib.sumo_slowmo_end(g.handle, g.ptr(), ctypes.c_double(float(pg["lr"])),
+                                             None),
+                         "SlowMo %s step of %s" % ("outer" if due.value == 2 else "inner"
+                                                   if due.value else "local", g.what))
+            if due.value:
+                g.scatter()
+        if due.value == 2:
+            self._apply_buffer_policy()
+        return loss
 
     def _apply_buffer_policy(self):
         if self.buffers == "reset":
@@ -128,59 +181,36 @@ class SlowMo(WrappedOptimizer):
             for p, st in self._opt.state.items():
                 for k, v in st.items():
                     if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() > 0:
-                        rt.allreduce_tensor(v, Average, "optimizer state %s" % k)
+                        rt.allreduce_tensor(v, 1, "optimizer state %s" % k)
 
-    def _all_finite(self):
-        bad = torch.zeros(1, dtype=torch.float64)
-        for g in self._opt.param_groups:
-            for p in g["params"]:
-                if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
-                    bad[0] = 1
-        rt.allreduce_tensor(bad, 0, "the non-finite gradient flag")
-        return bad[0] == 0
-
-    # -- the step ----------------------------------------------------------------------------
-    @torch.no_grad()
-    def step(self, closure=None):
-        """One local step, then inner averaging and the outer step when due. Returns the
-        closure's loss; a step skipped for non-finite gradients sets self.last_skipped."""
-        if not self._anchor_ready:
-            self._init_anchor()
-        self.last_skipped = False
-        if self.skip_nonfinite and not self._all_finite():
-            self.skipped += 1
-            self.last_skipped = True
-            return None
-        loss = self._opt.step(closure)
-        self.steps += 1
-        if self.steps % self.slowmo_frequency == 0:
-            self._outer_step()
-        elif self.localsgd_frequency and self.steps % self.localsgd_frequency == 0:
-            self._average_params()
-        return loss
-
+    # -- state ---------------------------------------------------------------------------------
     def state_dict(self):
+        blobs = []
+        for g in self._groups:
+            n = ctypes.c_size_t()
+            rt.raise_for(lib.sumo_slowmo_state_size(g.handle, ctypes.byref(n)))
+            buf = ctypes.create_string_buffer(n.value)
+            rt.raise_for(lib.sumo_slowmo_state_save(g.handle, buf, n.value),
+                         "SlowMo state of " + g.what)
+            blobs.append(buf.raw)
         return {"optimizer": self._opt.state_dict(),
                 "slowmo": {"steps": self.steps, "skipped": self.skipped,
-                           "anchor_ready": self._anchor_ready,
-                           "slow": [None if s is None else {k: v.clone() for k, v in s.items()}
-                                    for s in self._slow]}}
+                           "anchored": self._anchored, "groups": blobs}}
 
     def load_state_dict(self, state_dict):
-        self._opt.load_state_dict(state_dict["optimizer"])
         s = state_dict["slowmo"]
+        if "groups" not in s or len(s["groups"]) != len(self._groups):
+            raise ValueError("sumo.SlowMo: the state has %s parameter groups, this optimizer %d "
+                             "(or it was saved by an older sumo)"
+                             % (len(s.get("groups", ())) or "no", len(self._groups)))
+        self._opt.load_state_dict(state_dict["optimizer"])
+        for g, blob in zip(self._groups, s["groups"]):
+            buf = ctypes.create_string_buffer(blob, len(blob))
+            rt.raise_for(lib.sumo_slowmo_state_load(g.handle, buf, len(blob)),
+                         "SlowMo state of %s (saved with other options, ranks or parameters?)"
+                         % g.what)
         self.steps, self.skipped = int(s["steps"]), int(s["skipped"])
-        self._anchor_ready = bool(s["anchor_ready"])
-        self._slow = [None if v is None else {k: t.clone() for k, t in v.items()} for v in s["slow"]]
-
-
-def _allgather(send, recv, name):
-    import ctypes
-    from .._lib import lib
-    sp, n, dt = rt.tensor_args(send, name)
-    rp, _, _ = rt.tensor_args(recv, name)
-    rt.sync()
-    rt.raise_for(lib.sumo_allgather(sp, rp, n, dt, rt.state.comm), "allgather of %s" % name)
+        self._anchored = bool(s["anchored"])
 
 
 def LocalSGD(optimizer, period=12, **kw):
