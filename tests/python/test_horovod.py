@@ -5,6 +5,8 @@ the same tests in the same order.
 Each rank's data is a function of its rank, so every rank can compute what every other
 rank contributed and build the expected result without sumo."""
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -551,3 +553,33 @@ def test_compressors_send_integers_as_they_are():
     t, ctx = hvd.Compression.bf16.compress(torch.ones(2, dtype=torch.float64))
     assert t.dtype == torch.bfloat16
     assert hvd.Compression.bf16.decompress(t, ctx).dtype == torch.float64
+
+
+# ---- a Horovod script, unchanged but for its import ----------------------------------------
+
+FASHION = "/usr/share/datasets/fashion-mnist"
+
+
+@pytest.mark.skipif(LAUNCHED, reason="starts its own mpirun; runs without mpirun")
+@pytest.mark.parametrize("mode", ["gradients", "adasum", "fp16"])
+def test_horovod_style_example_trains_under_mpirun(mode):
+    if not shutil.which("mpirun") or not hvd.mpi_built():
+        pytest.skip("no mpirun, or libsumo built without MPI")
+    if not os.path.isdir(FASHION):
+        pytest.skip("no %s (apt-get install dataset-fashion-mnist)" % FASHION)
+    flags = {"gradients": [], "adasum": ["--use-adasum"], "fp16": ["--fp16-allreduce"]}[mode]
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    out = subprocess.run(["mpirun", "--oversubscribe", "-np", "2", sys.executable,
+                          os.path.join(ROOT, "examples", "horovod_style.py"), "--epochs", "1",
+                          "--train-limit", "6000", "--test-limit", "1000", "--lr", "0.05",
+                          "--momentum", "0.9", "--check-replicas"] + flags,
+                         env=env, capture_output=True, text=True, timeout=300)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    assert text.count("replicas identical: True") == 2, text[-3000:]
+    first = float(re.search(r"Train Epoch: 1 \[0/\d+ .*Loss: ([0-9.]+)", text).group(1))
+    accuracy = float(re.search(r"Accuracy: ([0-9.]+)%", text).group(1))
+    loss = float(re.search(r"Test set: Average loss: ([0-9.]+)", text).group(1))
+    # Ten classes: chance is 10%; one epoch over 6000 images reaches about 60%.
+    assert accuracy > 45 and loss < first, text[-3000:]
