@@ -68,16 +68,29 @@ def resolve_op(op, average, where):
     return op
 
 
+_msg = (ctypes.c_double * _MSG)()  # the announcement's buffer: ctypes, no tensor to make
+
+
+def _exchange(values, what):
+    """The announcement's allreduce (sum) of eight doubles: values in, the sums out."""
+    _msg[:] = values
+    rt.sync()
+    t0 = time.perf_counter()
+    rt.raise_for(lib.sumo_allreduce(_msg, _msg, _MSG, _lib.FLOAT64, Sum, rt.state.comm), what)
+    rt.record(t0, time.perf_counter(), 8 * _MSG)
+    _join.rounds += 1
+    return list(_msg)
+
+
 def announce(kind, what, count=0, dtype=0, op=0):
     """The announcement before a collective (see the module's note). Raises, on the active
     ranks, for a collective that cannot run while ranks have joined."""
     rt.require_init()
     if rt.state.size == 1:
         return
-    msg = torch.tensor([1.0, kind, count, dtype, op, 0, 0, 0], dtype=torch.float64)
-    rt.allreduce_tensor(msg, Sum, "the join announcement before %s" % what)
-    _join.rounds += 1
-    active = int(round(msg[0].item()))
+    got = _exchange((1.0, kind, count, dtype, op, 0.0, 0.0, 0.0),
+                    "the join announcement before " + what)
+    active = int(round(got[0]))
     if active < rt.state.size and kind not in (ALLREDUCE, _BARRIER):
         raise RuntimeError("sumo.torch: %s: %d of %d ranks have called join(); while ranks "
                            "have joined only allreduce and barrier run (as in Horovod)"
@@ -96,13 +109,11 @@ def join(device=-1):
     joined_at = _join.rounds
     try:
         while True:
-            msg = torch.zeros(_MSG, dtype=torch.float64)
-            rt.allreduce_tensor(msg, Sum, "join (the announcement of the active ranks)")
-            _join.rounds += 1
-            active = int(round(msg[0].item()))
+            got = _exchange((0.0,) * _MSG, "join (the announcement of the active ranks)")
+            active = int(round(got[0]))
             if active == 0:
                 break
-            kind, count, dtype, op = (int(round(v / active)) for v in msg[1:5].tolist())
+            kind, count, dtype, op = (int(round(v / active)) for v in got[1:5])
             if kind == ALLREDUCE:
                 zeros = torch.zeros(max(count, 0), dtype=_FROM_SUMO.get(dtype, torch.float64))
                 rt.allreduce_tensor(zeros, op, "join (a joined rank's zeros in an allreduce)")
