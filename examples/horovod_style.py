@@ -4,9 +4,12 @@ Horovod user writes it, with `import horovod.torch as hvd` replaced by
 `import sumo.torch as hvd` and nothing else changed.
 
     make
-    PYTHONPATH=python mpirun -np 2 --oversubscribe python3 examples/horovod_style.py
-    PYTHONPATH=python mpirun -np 2 --oversubscribe python3 examples/horovod_style.py --use-adasum
-    PYTHONPATH=python mpirun -np 2 --oversubscribe python3 examples/horovod_style.py --fp16-allreduce
+    export PYTHONPATH=$PWD/python
+    mpirun -np 2 --oversubscribe /usr/bin/python3 examples/horovod_style.py
+    mpirun -np 2 --oversubscribe /usr/bin/python3 examples/horovod_style.py --use-adasum
+    mpirun -np 2 --oversubscribe /usr/bin/python3 examples/horovod_style.py --fp16-allreduce
+
+(as root, with OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 exported).
 
 The data: Debian's dataset-fashion-mnist (the IDX files; torchvision reads the same ones).
 """

@@ -210,7 +210,7 @@ def test_grouped_and_async_allreduce_equal_one_by_one():
         hvd.synchronize(h)
 
 
-# ---- allgather, broadcast --------------------------------------------------------------------------
+# ---- allgather, broadcast ---------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.float16])
 def test_allgather_concatenates_differing_first_dimensions(dtype):

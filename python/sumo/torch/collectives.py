@@ -168,7 +168,8 @@ def _allreduce_inplace(t, op, name, prescale, postscale):
         raise TypeError("sumo: allreduce of %s: an integer tensor takes Sum or Average without "
                         "scale factors" % name)
     if not t.is_contiguous():
-        raise ValueError("sumo: tensor %s is not contiguous (strides %s)" % (name, tuple(t.stride())))
+        raise ValueError("sumo: tensor %s is not contiguous (strides %s)"
+                         % (name, tuple(t.stride())))
     staged = t.to(torch.float64)
     announce(ALLREDUCE, "allreduce of %s" % name, staged.numel(), _lib.FLOAT64, Sum)
     rt.allreduce_tensor(staged, Sum, name)
