@@ -15,8 +15,8 @@ packages=(
   iproute2             # ip/tc for the shaped-network benchmark
   clang                # libFuzzer (-fsanitize=fuzzer) for `make fuzz`
   python3-torch        # the PyTorch binding (python/sumo) and its tests, under /usr/bin/python3
-  python3-numpy        # torch's tensor <-> file conversions in the binding's tests
   python3-pytest       # the binding's tests
+  python3-venv         # scripts/torch-venv.sh: the torch 2.x environment the tests also run under
 )
 
 missing=()

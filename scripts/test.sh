@@ -23,8 +23,10 @@ step ./scripts/check-layers
 step make test
 # make install into a scratch prefix; a program built with pkg-config against it.
 step make test-install
-# The PyTorch binding (python/sumo): pytest alone and under mpirun -np 2 and 3, and a rank
-# killed mid-training; skipped, saying so, when /usr/bin/python3 has no torch.
+# The PyTorch binding (python/sumo) under Debian's torch 1.13 and under torch 2.x from PyPI
+# (build/torch-venv, made by scripts/torch-venv.sh on the first run): pytest alone and under
+# mpirun -np 2 and 3, and a rank killed mid-training. SUMO_SKIP_TORCH=1 (or venv, debian)
+# skips, saying so; otherwise a missing torch or pytest fails the step.
 step tests/python/run.sh
 # A rank stopped, killed or leaving early under mpirun ends the job within the deadline.
 step make test-faults

@@ -21,5 +21,7 @@ class WrappedOptimizer(torch.optim.Optimizer):
     def defaults(self):
         return self._opt.defaults
 
-    def zero_grad(self, set_to_none=False):
-        return self._opt.zero_grad(set_to_none=set_to_none)
+    # The wrapped optimizer's own signature and default: set_to_none is False in torch 1.13
+    # and True from 2.0, and a wrapper must not change what zero_grad() leaves behind.
+    def zero_grad(self, *args, **kwargs):
+        return self._opt.zero_grad(*args, **kwargs)

@@ -34,8 +34,10 @@ parameter may receive a gradient at most backward_passes_per_step times per step
 collective of your own between backward() and step() is matched against the buckets
 already started, which is only safe when every rank's parameters got gradients alike.
 """
+import contextlib
 import ctypes
 import time
+import warnings
 import weakref
 
 import torch
@@ -43,6 +45,8 @@ import torch
 from .. import Sum, Average, Adasum
 from .._lib import lib
 from . import _runtime as rt
+from .collectives import announce, ALLREDUCE
+from .compression import Compression, check as check_compression
 from ._wrapped import WrappedOptimizer
 
 
@@ -82,29 +86,49 @@ class _Bucket:
 
 
 class DistributedOptimizer(WrappedOptimizer):
+    """Horovod's DistributedOptimizer: the same arguments with the same meaning
+    (docs/torch.md lists what differs), plus sumo's overlap and bucket_cap_mb for op=Adasum.
+
+    compression: how gradients (Average, Sum) or deltas (Adasum) travel: Compression.none,
+    .fp16 or .bf16 (accumulated in fp32), or any Horovod-style compressor for Average and
+    Sum. gradient_predivide_factor f (Average only): gradients are divided by f before the
+    sum and multiplied by f / size() after it. groups: how parameters are cut into
+    collectives for Average and Sum (a count of nearly equal parts, or lists of parameters,
+    each other parameter alone); the result is the same either way."""
+
     # Not calling Optimizer.__init__: param_groups, state and defaults are the wrapped
     # optimizer's own (properties below), so LR schedulers and checkpoints see one optimizer.
-    def __init__(self, optimizer, named_parameters=None, op=Average, backward_passes_per_step=1,
-                 overlap=True, bucket_cap_mb=1.0):
+    def __init__(self, optimizer, named_parameters=None, compression=Compression.none,
+                 backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                 num_groups=0, groups=None, sparse_as_dense=False, *, overlap=True,
+                 bucket_cap_mb=1.0):
         comm = rt.require_init()
-        if op not in (Sum, Average, Adasum):
-            raise ValueError("sumo.torch.DistributedOptimizer: op must be sumo.Sum, "
-                             "sumo.Average or sumo.Adasum")
+        if op not in (Sum, Average, Adasum) or isinstance(op, bool):
+            raise ValueError("sumo.torch.DistributedOptimizer: op must be sumo.torch.Sum, "
+                             "Average or Adasum, not %r" % (op,))
+        self.compression = check_compression(compression, "DistributedOptimizer")
         if int(backward_passes_per_step) < 1:
             raise ValueError("backward_passes_per_step must be >= 1")
         if float(bucket_cap_mb) < 0:
             raise ValueError("bucket_cap_mb must be >= 0")
+        if float(gradient_predivide_factor) != 1.0 and op != Average:
+            raise ValueError("gradient_predivide_factor not supported with op != Average (as in "
+                             "Horovod)")
+        if not float(gradient_predivide_factor) > 0:
+            raise ValueError("gradient_predivide_factor must be > 0")
+        if num_groups:
+            warnings.warn("num_groups is deprecated, as in Horovod; pass groups=",
+                          DeprecationWarning, stacklevel=2)
+            groups = num_groups if groups is None else groups
         self._opt = optimizer
         self.op = op
         self.backward_passes_per_step = int(backward_passes_per_step)
+        self.gradient_predivide_factor = float(gradient_predivide_factor)
+        self.sparse_as_dense = bool(sparse_as_dense)
+        self._synchronized = False
+        self._should_synchronize = True
         params = [p for g in optimizer.param_groups for p in g["params"]]
-        names = {}
-        if named_parameters is not None:
-            named = list(named_parameters)
-            if any(not isinstance(t, tuple) or len(t) != 2 for t in named):
-                raise ValueError("named_parameters must be (name, tensor) pairs, as "
-                                 "model.named_parameters() gives")
-            names = {id(p): n for n, p in named}
+        names = _names_of(params, named_parameters)
         self._groups = {}
         self._names = []
         for i, p in enumerate(params):
@@ -114,6 +138,13 @@ class DistributedOptimizer(WrappedOptimizer):
             g.params.append(p)
             g.names.append(name)
             self._names.append(name)
+        self._all_params = params
+        self._sync_groups = _partition(params, groups)
+        if op == Adasum:
+            # The delta travels in the compressor's dtype, so the buffers are made in it.
+            if self.compression not in (Compression.none, Compression.fp16, Compression.bf16):
+                raise ValueError("sumo.torch.DistributedOptimizer: op=Adasum takes "
+                                 "Compression.none, .fp16 or .bf16, not %r" % (compression,))
         self.overlap = bool(overlap) and op == Adasum
         if self.overlap:
             self._build_buckets(comm, params, float(bucket_cap_mb) * 1e6)
@@ -121,6 +152,10 @@ class DistributedOptimizer(WrappedOptimizer):
             # The tensor sizes are the Adasum layout.
             for g in self._groups.values():
                 g.op = _adasum_op(comm, g.layout())
+
+    def _wire(self, dtype):
+        """What a delta of this dtype travels as (Adasum)."""
+        return self.compression.dtype or dtype
 
     def __repr__(self):
         return "sumo.DistributedOptimizer(op=%s, %r)" % (
@@ -137,7 +172,16 @@ class DistributedOptimizer(WrappedOptimizer):
         return self._opt.state_dict()
 
     def load_state_dict(self, state_dict):
+        self._synchronized = False
         self._opt.load_state_dict(state_dict)
+
+    def set_backward_passes_per_step(self, passes):
+        """As Horovod's; between step() and the next backward pass."""
+        if int(passes) < 1:
+            raise ValueError("backward_passes_per_step must be >= 1")
+        self.backward_passes_per_step = int(passes)
+        if self.overlap:
+            self._reset()
 
     # -- the overlapped delta optimizer --------------------------------------------------------
     def _build_buckets(self, comm, params, cap_bytes):
@@ -163,8 +207,9 @@ class DistributedOptimizer(WrappedOptimizer):
             # so that its Adasum reads the peers' deltas directly instead of streaming them
             # twice through the staging areas. Elsewhere a bucket of one parameter combines
             # the delta in the parameter's own storage, as Horovod does (no third buffer).
-            single = len(b.slots) == 1 and not rt.node_maps_memory()
-            b.delta = None if single else rt.shared_empty(b.numel, b.dtype, b.what)
+            wire = self._wire(b.dtype)
+            single = len(b.slots) == 1 and not rt.node_maps_memory() and wire == b.dtype
+            b.delta = None if single else rt.shared_empty(b.numel, wire, b.what)
             b.op = _adasum_op(comm, tuple(params[i].numel() for i in b.slots))
         self._reset()
         # The hook on a parameter's gradient accumulator (Horovod's way: torch 1.13 has no
@@ -306,7 +351,39 @@ class DistributedOptimizer(WrappedOptimizer):
         with torch.no_grad():
             if self.op == Adasum:
                 return self._step_delta(closure)
-            return self._step_combined(closure)
+            if self._should_synchronize:
+                if self._synchronized:
+                    # Horovod combines a second time here; combining an already combined
+                    # Sum again would multiply it by size(), so sumo does not.
+                    warnings.warn("sumo.DistributedOptimizer: step() after synchronize() "
+                                  "without skip_synchronize(); the gradients were combined "
+                                  "once and are not combined again", stacklevel=2)
+                else:
+                    self._combine_grads()
+            self._synchronized = False
+            return self._opt.step(closure)
+
+    def synchronize(self):
+        """Average and Sum: combine the gradients now, so that they can be read or changed
+        (clipped, unscaled) before step() runs under skip_synchronize(). Adasum: nothing
+        (it combines the update, at step())."""
+        if self.op == Adasum:
+            return
+        with torch.no_grad():
+            self._combine_grads()
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """step() inside it does not combine: for after synchronize()."""
+        if self.op == Adasum:
+            raise RuntimeError("sumo.DistributedOptimizer: skip_synchronize() is not supported "
+                               "with op=Adasum (as in Horovod): its step() combines the update")
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
 
     def _flat(self, group, tensors):
         return torch.cat([t.reshape(-1) for t in tensors]) if len(tensors) > 1 else \
@@ -323,21 +400,57 @@ class DistributedOptimizer(WrappedOptimizer):
                          len(group.params), ", ".join(group.names[:3])))
         rt.record(t0, time.perf_counter(), n * flat.element_size())
 
-    def _step_combined(self, closure):
-        for g in self._groups.values():
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in g.params]
-            for t, name in zip(grads, g.names):
-                rt.tensor_args(t, name + ".grad")
-            flat = self._flat(g, grads)
-            self._allreduce(g, flat, self.op)
-            off = 0
-            for p in g.params:
-                n = p.numel()
+    def _combine_grads(self):
+        """Average / Sum of every trainable parameter's gradient (zeros where a rank has
+        none), one collective per group and dtype as sent. Everything is checked before the
+        first collective, so a bad gradient raises on its rank without leaving the others
+        waiting in a collective it never joins."""
+        prescale = postscale = 1.0
+        if self.op == Average:
+            prescale = 1.0 / self.gradient_predivide_factor
+            postscale = self.gradient_predivide_factor
+        batches = []  # (flat, [(param, numel, shape, ctx, sparse)], description)
+        for idx in self._sync_groups:
+            by_dtype = {}
+            for i in idx:
+                p, name = self._all_params[i], self._names[i]
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-                p.grad.copy_(flat[off:off + n].view_as(p))
-                off += n
-        return self._opt.step(closure)
+                g, sparse = p.grad, p.grad.is_sparse
+                if sparse:
+                    if not self.sparse_as_dense:
+                        raise ValueError("sumo.DistributedOptimizer: %s has a sparse gradient; "
+                                         "pass sparse_as_dense=True" % name)
+                    g = g.to_dense()
+                sent, ctx = self.compression.compress(g)
+                rt.tensor_args(sent, name + ".grad")
+                by_dtype.setdefault(sent.dtype, []).append((p, sent, ctx, sparse, name))
+            for dtype, entries in by_dtype.items():
+                flat = torch.cat([e[1].reshape(-1) for e in entries])
+                what = "DistributedOptimizer: the %s gradients of %d parameters (%s%s)" % (
+                    str(dtype).replace("torch.", ""), len(entries),
+                    ", ".join(e[4] for e in entries[:3]), ", ..." if len(entries) > 3 else "")
+                batches.append((flat, entries, what))
+        for flat, entries, what in batches:
+            ptr, n, dt = rt.tensor_args(flat, what)
+            announce(ALLREDUCE, what, n, dt, self.op)
+            if prescale != 1.0:
+                flat.mul_(prescale)
+            rt.sync()
+            t0 = time.perf_counter()
+            rt.raise_for(lib.sumo_allreduce(ptr, ptr, n, dt, self.op, rt.state.comm), what)
+            rt.record(t0, time.perf_counter(), n * flat.element_size())
+            if postscale != 1.0:
+                flat.mul_(postscale)
+            off = 0
+            for p, sent, ctx, sparse, _ in entries:
+                k = sent.numel()
+                got = self.compression.decompress(flat[off:off + k].view_as(sent), ctx)
+                off += k
+                if sparse:
+                    p.grad = got.to_sparse()
+                else:
+                    p.grad.copy_(got)
 
     def _step_delta(self, closure):
         # start: the parameters before the local step, identical on every rank (a user who
@@ -347,6 +460,7 @@ class DistributedOptimizer(WrappedOptimizer):
         for g in self._groups.values():
             starts_g = [starts[id(p)] for p in g.params]
             delta = self._flat(g, [p.detach() - s for p, s in zip(g.params, starts_g)])
+            delta = delta.to(self._wire(delta.dtype))
             try:
                 self._allreduce(g, delta, g.op)
             except Exception:
@@ -381,3 +495,60 @@ def _adasum_op(comm, layout):
     rt.raise_for(lib.sumo_op_create_adasum(comm, ctypes.byref(opts), ctypes.byref(out)),
                  "sumo_op_create_adasum (%d tensors)" % len(layout))
     return out.value
+
+
+def _names_of(params, named_parameters):
+    """id(param) -> name, checked as Horovod checks it: (name, tensor) pairs, unique names,
+    and every parameter of the optimizer named when names are given."""
+    if named_parameters is None:
+        return {}
+    named = list(named_parameters)
+    if any(not isinstance(t, tuple) or len(t) != 2 for t in named):
+        raise ValueError("named_parameters must be (name, tensor) pairs, as "
+                         "model.named_parameters() gives")
+    seen, dups = set(), set()
+    for n, _ in named:
+        (dups if n in seen else seen).add(n)
+    if dups:
+        raise ValueError("named_parameters: names must be unique; found %s more than once"
+                         % ", ".join(sorted(map(str, dups))))
+    names = {id(p): n for n, p in named}
+    unnamed = [i for i, p in enumerate(params) if id(p) not in names]
+    if unnamed:
+        raise ValueError("named_parameters was given, but %d of the optimizer's parameters "
+                         "are not in it (positions %s in its parameter groups)"
+                         % (len(unnamed), ", ".join(map(str, unnamed[:10]))))
+    return names
+
+
+def _partition(params, groups):
+    """Indices of the trainable parameters, cut into the collectives of Average and Sum:
+    one part (groups=None), `groups` nearly equal consecutive parts, or the given lists of
+    parameters with every other parameter alone, as Horovod's groups."""
+    trainable = [i for i, p in enumerate(params) if p.requires_grad]
+    if groups is None:
+        return [trainable] if trainable else []
+    if isinstance(groups, list):
+        where = {id(params[i]): i for i in trainable}
+        seen, parts = set(), []
+        for group in groups:
+            part = []
+            for t in group:
+                if not isinstance(t, torch.Tensor):
+                    raise ValueError("groups must consist of torch.Tensor")
+                if id(t) in seen:
+                    raise ValueError("a parameter can only appear once in groups")
+                seen.add(id(t))
+                if id(t) in where:
+                    part.append(where[id(t)])
+            if part:
+                parts.append(part)
+        parts += [[i] for i in trainable if id(params[i]) not in seen]
+        return parts
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups <= 0:
+        raise ValueError("groups should be a positive integer or a list of lists of "
+                         "torch.Tensor, not %r" % (groups,))
+    k, extra = divmod(len(trainable), groups)
+    parts = [trainable[i * k + min(i, extra):(i + 1) * k + min(i + 1, extra)]
+             for i in range(groups)]
+    return [part for part in parts if part]

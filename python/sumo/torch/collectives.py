@@ -1,0 +1,621 @@
+"""Horovod's collectives on sumo's communicator: allreduce (in and out of place, grouped,
+asynchronous), allgather, broadcast, barrier, objects, parameters and optimizer state, and
+join for uneven inputs.
+
+join. sumo matches collectives by their order on every rank, so a rank that has run out of
+data can only take part in the collectives of the others if it learns what they are. Every
+collective of this module (and DistributedOptimizer's with Average or Sum) therefore starts
+with an announcement: one allreduce (sum) of eight doubles in which each rank that has not
+joined puts 1 and what it is about to run (kind, count, dtype, op); a rank inside join()
+puts zeros. A joined rank then runs the same allreduce with zeros as its contribution, as
+Horovod's joined ranks do (so Average still divides by every rank: the sum of the active
+ranks' tensors over size()), or the same barrier; a broadcast or allgather while ranks have
+joined raises on the active ranks, as Horovod's does, and the joined ones go on waiting.
+join() returns once every rank is in it. Collectives outside this module (the DDP hooks,
+SlowMo, the Adasum delta optimizer) make no announcement: run with a joined rank they meet
+its announcement and every rank gets SUMO_ERR_MISMATCH, which join() explains.
+"""
+import ctypes
+import itertools
+import pickle
+import time
+import warnings
+
+import torch
+
+from .. import Sum, Average, Adasum
+from .. import _lib
+from .._lib import lib, SumoError
+from . import _runtime as rt
+from .compression import Compression, check as check_compression
+
+_OP_NAMES = {Sum: "Sum", Average: "Average", Adasum: "Adasum"}
+_FROM_SUMO = {v: k for k, v in rt._DTYPES.items()}
+
+# What the announcement says is coming.
+ALLREDUCE, _BROADCAST, _ALLGATHER, _BARRIER = 1, 2, 3, 4
+_KIND_NAMES = {ALLREDUCE: "allreduce", _BROADCAST: "broadcast", _ALLGATHER: "allgather",
+               _BARRIER: "barrier"}
+_MSG = 8
+
+
+class _JoinState:
+    # Announcements this process took part in: the same count on every rank, since each is
+    # a collective; the round a rank joined at tells which rank joined last.
+    rounds = 0
+
+
+_join = _JoinState()
+
+
+def resolve_op(op, average, where):
+    """Horovod's op / deprecated average pair -> a sumo op (Average when neither is given)."""
+    if op is not None and average is not None:
+        raise ValueError("%s: the op parameter supersedes average; give only one of them" % where)
+    if average is not None:
+        # average=True/False only: sumo's op numbers are not Horovod's, and a positional op
+        # in average's place (allreduce(t, hvd.Adasum)) must not pass for True.
+        if not isinstance(average, bool):
+            raise TypeError("%s: average is True or False (deprecated; pass op=sumo.torch.Sum, "
+                            "Average or Adasum), not %r" % (where, average))
+        warnings.warn("%s: average is deprecated, as in Horovod; pass op=" % where,
+                      DeprecationWarning, stacklevel=3)
+        return Average if average else Sum
+    if op is None:
+        return Average
+    if op not in _OP_NAMES or isinstance(op, bool):
+        raise ValueError("%s: op must be sumo.torch.Sum, Average or Adasum, not %r" % (where, op))
+    return op
+
+
+_msg = (ctypes.c_double * _MSG)()  # the announcement's buffer: ctypes, no tensor to make
+
+
+def _exchange(values, what):
+    """The announcement's allreduce (sum) of eight doubles: values in, the sums out."""
+    _msg[:] = values
+    rt.sync()
+    t0 = time.perf_counter()
+    rt.raise_for(lib.sumo_allreduce(_msg, _msg, _MSG, _lib.FLOAT64, Sum, rt.state.comm), what)
+    rt.record(t0, time.perf_counter(), 8 * _MSG)
+    _join.rounds += 1
+    return list(_msg)
+
+
+def announce(kind, what, count=0, dtype=0, op=0):
+    """The announcement before a collective (see the module's note). Raises, on the active
+    ranks, for a collective that cannot run while ranks have joined."""
+    rt.require_init()
+    if rt.state.size == 1:
+        return
+    got = _exchange((1.0, kind, count, dtype, op, 0.0, 0.0, 0.0),
+                    "the join announcement before " + what)
+    active = int(round(got[0]))
+    if active < rt.state.size and kind not in (ALLREDUCE, _BARRIER):
+        raise RuntimeError("sumo.torch: %s: %d of %d ranks have called join(); while ranks "
+                           "have joined only allreduce and barrier run (as in Horovod)"
+                           % (what, rt.state.size - active, rt.state.size))
+
+
+def join(device=-1):
+    """Horovod's join: this rank has no more data. It takes part in the other ranks'
+    allreduces with zeros and in their barriers until every rank has called join(), and
+    returns the rank that joined last (of several that joined in the same round, the
+    highest). `device` is accepted for Horovod's signature; sumo's tensors are on the CPU."""
+    rt.require_init()
+    size = rt.state.size
+    if size == 1:
+        return 0
+    joined_at = _join.rounds
+    try:
+        while True:
+            got = _exchange((0.0,) * _MSG, "join (the announcement of the active ranks)")
+            active = int(round(got[0]))
+            if active == 0:
+                break
+            kind, count, dtype, op = (int(round(v / active)) for v in got[1:5])
+            if kind == ALLREDUCE:
+                zeros = torch.zeros(max(count, 0), dtype=_FROM_SUMO.get(dtype, torch.float64))
+                rt.allreduce_tensor(zeros, op, "join (a joined rank's zeros in an allreduce)")
+            elif kind == _BARRIER:
+                rt.sync()
+                rt.raise_for(lib.sumo_barrier(rt.state.comm), "join (a barrier)")
+        at = torch.tensor([float(joined_at)], dtype=torch.float64)
+        everyone = torch.empty(size, dtype=torch.float64)
+        _allgather_tensor(at, everyone, "join (the round each rank joined at)")
+    except SumoError as e:
+        if e.name != "SUMO_ERR_MISMATCH":
+            raise
+        raise SumoError(e.code, e.name, "sumo.torch.join: the other ranks ran a collective a "
+                        "joined rank cannot take part in (join covers sumo.torch's allreduce, "
+                        "grouped_allreduce and barrier and DistributedOptimizer with Average or "
+                        "Sum; not the DDP hooks, SlowMo or op=Adasum): %s" % e) from e
+    rounds = everyone.tolist()
+    return max(range(size), key=lambda r: (rounds[r], r))
+
+
+# -- allreduce ---------------------------------------------------------------------------------
+
+def _check_cpu(t, name):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError("sumo: %s is a %s, not a torch.Tensor" % (name, type(t).__name__))
+    if t.device.type != "cpu":
+        raise ValueError("sumo: tensor %s is on %s; this build of sumo reduces CPU tensors only"
+                         % (name, t.device))
+
+
+def _scale(t, factor):
+    if factor != 1.0:
+        t.mul_(factor)
+
+
+def _allreduce_inplace(t, op, name, prescale, postscale):
+    """t reduced in place on every rank. Floating tensors go to sumo as they are; integer
+    ones through float64 (exact below 2^53), summed, and for Average divided with
+    truncation, as Horovod scales integer tensors."""
+    _check_cpu(t, name)
+    if t.dtype in rt._DTYPES:
+        ptr, n, dt = rt.tensor_args(t, name)  # refuses a bad tensor before the announcement
+        announce(ALLREDUCE, "allreduce of %s" % name, n, dt, op)
+        _scale(t, prescale)
+        rt.allreduce_tensor(t, op, name)
+        _scale(t, postscale)
+        return t
+    if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
+        raise TypeError("sumo: allreduce of %s: dtype %s is not reduced (float32, float64, "
+                        "float16, bfloat16 and integer tensors are)" % (name, t.dtype))
+    if op == Adasum or prescale != 1.0 or postscale != 1.0:
+        raise TypeError("sumo: allreduce of %s: an integer tensor takes Sum or Average without "
+                        "scale factors" % name)
+    if not t.is_contiguous():
+        raise ValueError("sumo: tensor %s is not contiguous (strides %s)"
+                         % (name, tuple(t.stride())))
+    staged = t.to(torch.float64)
+    announce(ALLREDUCE, "allreduce of %s" % name, staged.numel(), _lib.FLOAT64, Sum)
+    rt.allreduce_tensor(staged, Sum, name)
+    if op == Average:
+        staged = torch.div(staged, rt.state.size, rounding_mode="trunc")
+    t.copy_(staged)
+    return t
+
+
+class _Allreduce(torch.autograd.Function):
+    """Differentiable, as Horovod's: the gradient of an allreduce is the allreduce (same op
+    and factors) of the gradients."""
+
+    @staticmethod
+    def forward(ctx, tensor, op, name, prescale, postscale):
+        ctx.args = (op, name, prescale, postscale)
+        out = tensor.detach().clone(memory_format=torch.contiguous_format)
+        return _allreduce_inplace(out, op, name, prescale, postscale)
+
+    @staticmethod
+    def backward(ctx, grad):
+        op, name, prescale, postscale = ctx.args
+        out = grad.detach().clone(memory_format=torch.contiguous_format)
+        _allreduce_inplace(out, op, name + " (gradient)", prescale, postscale)
+        return out, None, None, None, None
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0):
+    """A new tensor: op over the ranks' tensors of postscale * op(prescale * tensor); the
+    input is not modified. Differentiable."""
+    rt.require_init()
+    op = resolve_op(op, average, "allreduce")
+    check_compression(compression, "allreduce")
+    name = name or "tensor"
+    _check_cpu(tensor, name)
+    sent, ctx = compression.compress(tensor)
+    out = _Allreduce.apply(sent, op, name, float(prescale_factor), float(postscale_factor))
+    return compression.decompress(out, ctx)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0):
+    """In place: every rank ends with the combined tensor (Adasum: the tensor as one)."""
+    rt.require_init()
+    op = resolve_op(op, average, "allreduce_")
+    return _allreduce_inplace(tensor, op, name or "tensor", float(prescale_factor),
+                              float(postscale_factor))
+
+
+def _grouped(tensors, op, name, prescale, postscale):
+    """Each tensor reduced in place; tensors of one floating dtype travel in one buffer for
+    Sum and Average (elementwise, so the same bits as one by one), Adasum one by one (per
+    tensor, as Horovod's grouped Adasum)."""
+    by_dtype = {}
+    for i, t in enumerate(tensors):
+        _check_cpu(t, "%s[%d]" % (name, i))
+        if op != Adasum and t.dtype in rt._DTYPES:
+            by_dtype.setdefault(t.dtype, []).append(i)
+        else:
+            _allreduce_inplace(t, op, "%s[%d]" % (name, i), prescale, postscale)
+    for dtype, idx in by_dtype.items():
+        flat = torch.cat([tensors[i].detach().reshape(-1) for i in idx])
+        _allreduce_inplace(flat, op, "%s (%d %s tensors)" % (name, len(idx), dtype), prescale,
+                           postscale)
+        off = 0
+        for i in idx:
+            n = tensors[i].numel()
+            tensors[i].detach().copy_(flat[off:off + n].view_as(tensors[i]))
+            off += n
+    return tensors
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0):
+    """New tensors, each the allreduce of the corresponding input."""
+    rt.require_init()
+    op = resolve_op(op, average, "grouped_allreduce")
+    check_compression(compression, "grouped_allreduce")
+    sent = [compression.compress(t) for t in tensors]
+    outs = [s.detach().clone(memory_format=torch.contiguous_format) for s, _ in sent]
+    _grouped(outs, op, name or "tensors", float(prescale_factor), float(postscale_factor))
+    return [compression.decompress(o, c) for o, (_, c) in zip(outs, sent)]
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0):
+    rt.require_init()
+    op = resolve_op(op, average, "grouped_allreduce_")
+    return _grouped(list(tensors), op, name or "tensors", float(prescale_factor),
+                    float(postscale_factor))
+
+
+# -- asynchronous allreduce ---------------------------------------------------------------------
+
+class _Pending:
+    def __init__(self, req, tensor, postscale, name, t0):
+        self.req, self.tensor, self.postscale, self.name, self.t0 = req, tensor, postscale, name, t0
+
+
+_pending = {}
+_handle_ids = itertools.count(1)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0):
+    """Starts an in-place allreduce and returns a handle for poll() and synchronize(). The
+    tensor must stay untouched until synchronize() returns it."""
+    rt.require_init()
+    op = resolve_op(op, average, "allreduce_async_")
+    name = name or "tensor"
+    _check_cpu(tensor, name)
+    handle = next(_handle_ids)
+    if tensor.dtype not in rt._DTYPES:  # integers: through float64, at once
+        _allreduce_inplace(tensor, op, name, float(prescale_factor), float(postscale_factor))
+        _pending[handle] = _Pending(None, tensor, 1.0, name, 0.0)
+        return handle
+    ptr, n, dt = rt.tensor_args(tensor, name)
+    announce(ALLREDUCE, "allreduce of %s" % name, n, dt, op)
+    _scale(tensor, float(prescale_factor))
+    rt.sync()
+    req = ctypes.c_void_p()
+    t0 = time.perf_counter()
+    rt.raise_for(lib.sumo_allreduce_start(ptr, ptr, n, dt, op, rt.state.comm, ctypes.byref(req)),
+                 "allreduce of %s" % name)
+    _pending[handle] = _Pending(req, tensor, float(postscale_factor), name, t0)
+    return handle
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0):
+    """As allreduce_async_, on a copy: synchronize() returns the new tensor."""
+    _check_cpu(tensor, name or "tensor")
+    return allreduce_async_(tensor.detach().clone(memory_format=torch.contiguous_format),
+                            average, name, op, prescale_factor, postscale_factor)
+
+
+def poll(handle):
+    """True once the allreduce of the handle has completed (synchronize() will not wait)."""
+    p = _pending.get(handle)
+    if p is None:
+        raise ValueError("sumo.torch.poll: unknown handle %r" % (handle,))
+    if p.req is None:
+        return True
+    done = ctypes.c_int(0)
+    rt.raise_for(lib.sumo_request_test(p.req, ctypes.byref(done)), "allreduce of %s" % p.name)
+    return bool(done.value)
+
+
+def synchronize(handle):
+    """Waits for the allreduce of the handle and returns its tensor."""
+    p = _pending.pop(handle, None)
+    if p is None:
+        raise ValueError("sumo.torch.synchronize: unknown handle %r" % (handle,))
+    if p.req is not None:
+        code = lib.sumo_request_wait(p.req)
+        rt.record(p.t0, time.perf_counter(), p.tensor.numel() * p.tensor.element_size())
+        rt.raise_for(code, "allreduce of %s" % p.name)
+        _scale(p.tensor, p.postscale)
+    return p.tensor
+
+
+# -- bytes: broadcast and allgather of any dtype --------------------------------------------------
+
+def _to_words(t):
+    """t's bytes (C order) in a float64 tensor padded with zeros to whole words: a
+    broadcast or an allgather copies them bit for bit, whatever t's dtype."""
+    flat = t.detach().contiguous().view(-1)
+    u8 = flat.view(torch.uint8)
+    words = torch.zeros((u8.numel() + 7) // 8, dtype=torch.float64)
+    words.view(torch.uint8)[:u8.numel()] = u8
+    return words, u8.numel()
+
+
+def _from_bytes(u8, dtype, shape):
+    return u8.clone().view(dtype).view(shape)
+
+
+def _broadcast_raw(t, root, name):
+    """t (any dtype) replaced by the root's, in place, with no announcement."""
+    _check_cpu(t, name)
+    if t.dtype in rt._DTYPES and t.is_contiguous():
+        rt.broadcast_tensor(t, root, name)
+        return t
+    words, nbytes = _to_words(t)
+    rt.broadcast_tensor(words, root, name)
+    with torch.no_grad():
+        t.copy_(_from_bytes(words.view(torch.uint8)[:nbytes], t.dtype, t.shape))
+    return t
+
+
+def _check_root(root_rank, where):
+    if isinstance(root_rank, bool) or not isinstance(root_rank, int) or \
+            not 0 <= root_rank < rt.state.size:
+        raise ValueError("%s: root_rank %r is not a rank of %d" % (where, root_rank, rt.state.size))
+
+
+def broadcast_(tensor, root_rank=0, name=None):
+    """In place: the root's tensor on every rank (any dtype, bit for bit)."""
+    rt.require_init()
+    name = name or "tensor"
+    _check_root(root_rank, "broadcast_ of %s" % name)
+    _check_cpu(tensor, name)
+    announce(_BROADCAST, "broadcast of %s" % name)
+    return _broadcast_raw(tensor, root_rank, name)
+
+
+class _Broadcast(torch.autograd.Function):
+    """Differentiable, as Horovod's: the root's gradient is the sum of every rank's, the
+    others' zero."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name):
+        ctx.root_rank, ctx.name = root_rank, name
+        out = tensor.detach().clone(memory_format=torch.contiguous_format)
+        announce(_BROADCAST, "broadcast of %s" % name)
+        return _broadcast_raw(out, root_rank, name)
+
+    @staticmethod
+    def backward(ctx, grad):
+        out = grad.detach().clone(memory_format=torch.contiguous_format)
+        _allreduce_inplace(out, Sum, ctx.name + " (gradient)", 1.0, 1.0)
+        if rt.state.rank != ctx.root_rank:
+            out.zero_()
+        return out, None, None
+
+
+def broadcast(tensor, root_rank=0, name=None):
+    """A new tensor holding the root's; the input is not modified. Differentiable."""
+    rt.require_init()
+    name = name or "tensor"
+    _check_root(root_rank, "broadcast of %s" % name)
+    _check_cpu(tensor, name)
+    return _Broadcast.apply(tensor, root_rank, name)
+
+
+def _allgather_tensor(send, recv, name):
+    sp, n, dt = rt.tensor_args(send, name)
+    rp = rt.tensor_args(recv, name)[0]
+    rt.sync()
+    t0 = time.perf_counter()
+    rt.raise_for(lib.sumo_allgather(sp, rp, n, dt, rt.state.comm), "allgather of %s" % name)
+    rt.record(t0, time.perf_counter(), recv.numel() * recv.element_size())
+
+
+_CODES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8,
+          torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128]
+_META = 12  # rows, bytes, dims, dtype code, then up to 8 trailing dimensions
+
+
+def _allgather_raw(t, name):
+    """Every rank's t concatenated along dim 0 (first dimensions may differ) and the
+    ranks' first dimensions, with no announcement. Two allgathers: the shapes, then the
+    bytes, each rank's padded to the longest."""
+    t = t.detach()
+    if t.dim() == 0:
+        t = t.view(1)
+    if t.dim() > _META - 3 or t.dtype not in _CODES:
+        raise ValueError("sumo: allgather of %s: %d dimensions of %s; at most %d dimensions of "
+                         "%s" % (name, t.dim(), t.dtype, _META - 3,
+                                 ", ".join(str(d).replace("torch.", "") for d in _CODES)))
+    size = rt.state.size
+    words, nbytes = _to_words(t)
+    meta = torch.zeros(_META, dtype=torch.float64)
+    meta[:4] = torch.tensor([t.shape[0], nbytes, t.dim(), _CODES.index(t.dtype)],
+                            dtype=torch.float64)
+    meta[4:4 + t.dim() - 1] = torch.tensor(t.shape[1:], dtype=torch.float64)
+    metas = torch.empty(size * _META, dtype=torch.float64)
+    _allgather_tensor(meta, metas, name + " (shapes)")
+    metas = metas.view(size, _META)
+    # Every rank sees the same shapes, so all raise alike.
+    if not bool((metas[:, 2:] == metas[0, 2:]).all()):
+        def shape(m):
+            dims = [int(m[0])] + [int(d) for d in m[4:4 + int(m[2]) - 1]]
+            return "%s %s" % (str(_CODES[int(m[3])]).replace("torch.", ""), tuple(dims))
+        raise ValueError("sumo: allgather of %s: the ranks' tensors differ in dtype or in a "
+                         "dimension after the first: %s" % (
+                             name, ", ".join("rank %d %s" % (r, shape(metas[r].tolist()))
+                                             for r in range(size))))
+    rows = [int(r) for r in metas[:, 0].tolist()]
+    lengths = [int(b) for b in metas[:, 1].tolist()]
+    width = (max(lengths) + 7) // 8
+    if width == 0:
+        return t.new_empty((sum(rows),) + tuple(t.shape[1:])), rows
+    send = torch.zeros(width, dtype=torch.float64)
+    send[:words.numel()] = words
+    recv = torch.empty(size * width, dtype=torch.float64)
+    _allgather_tensor(send, recv, name)
+    u8 = recv.view(size, width).view(torch.uint8)
+    joined = torch.cat([u8[r, :lengths[r]] for r in range(size)])
+    return _from_bytes(joined, t.dtype, (sum(rows),) + tuple(t.shape[1:])), rows
+
+
+class _Allgather(torch.autograd.Function):
+    """Differentiable, as Horovod's: each rank's gradient is its rows of the sum of the
+    ranks' gradients."""
+
+    @staticmethod
+    def forward(ctx, tensor, name):
+        ctx.name = name
+        announce(_ALLGATHER, "allgather of %s" % name)
+        out, rows = _allgather_raw(tensor, name)
+        ctx.offset, ctx.rows = sum(rows[:rt.state.rank]), rows[rt.state.rank]
+        ctx.scalar = tensor.dim() == 0
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        out = grad.detach().clone(memory_format=torch.contiguous_format)
+        _allreduce_inplace(out, Sum, ctx.name + " (gradient)", 1.0, 1.0)
+        mine = out.narrow(0, ctx.offset, ctx.rows)
+        return (mine.view(()) if ctx.scalar else mine), None
+
+
+def allgather(tensor, name=None):
+    """Every rank's tensor concatenated along the first dimension, in rank order; the
+    first dimensions may differ, the others and the dtype must not. Any dtype.
+    Differentiable."""
+    rt.require_init()
+    name = name or "tensor"
+    _check_cpu(tensor, name)
+    return _Allgather.apply(tensor, name)
+
+
+def barrier():
+    announce(_BARRIER, "barrier")
+    rt.sync()
+    rt.raise_for(lib.sumo_barrier(rt.require_init()), "barrier")
+
+
+# -- objects, parameters, optimizer state ---------------------------------------------------------
+
+def _broadcast_bytes(data, root_rank, what):
+    n = torch.tensor([float(len(data)) if data is not None else 0.0], dtype=torch.float64)
+    rt.broadcast_tensor(n, root_rank, what + " (length)")
+    nbytes = int(n[0].item())
+    if nbytes == 0:
+        return b""
+    if data is not None:
+        buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    else:
+        buf = torch.empty(nbytes, dtype=torch.uint8)
+    words, _ = _to_words(buf)
+    rt.broadcast_tensor(words, root_rank, what)
+    return ctypes.string_at(words.data_ptr(), nbytes)
+
+
+def broadcast_object(obj, root_rank=0, name=None):
+    """The root's object (pickled) on every rank."""
+    rt.require_init()
+    name = name or type(obj).__name__
+    _check_root(root_rank, "broadcast_object of %s" % name)
+    announce(_BROADCAST, "broadcast_object of %s" % name)
+    data = pickle.dumps(obj) if rt.state.rank == root_rank else None
+    data = _broadcast_bytes(data, root_rank, name)
+    return obj if rt.state.rank == root_rank else pickle.loads(data)
+
+
+def allgather_object(obj, name=None):
+    """Every rank's object (pickled), as a list in rank order."""
+    rt.require_init()
+    name = name or type(obj).__name__
+    announce(_ALLGATHER, "allgather_object of %s" % name)
+    data = pickle.dumps(obj)
+    gathered, rows = _allgather_raw(torch.frombuffer(bytearray(data), dtype=torch.uint8), name)
+    out, off = [], 0
+    for n in rows:
+        out.append(pickle.loads(ctypes.string_at(gathered.data_ptr() + off, n)))
+        off += n
+    return out
+
+
+@torch.no_grad()
+def broadcast_parameters(params, root_rank=0):
+    """Copies the root's tensors into every rank's, in place: a state_dict (in key order),
+    named_parameters() pairs or plain tensors, as Horovod takes them. Any dtype, bit for
+    bit (BatchNorm's counters too)."""
+    rt.require_init()
+    _check_root(root_rank, "broadcast_parameters")
+    items = sorted(params.items()) if isinstance(params, dict) else list(params)
+    named = []
+    for i, item in enumerate(items):
+        name, t = item if isinstance(item, tuple) else ("params[%d]" % i, item)
+        if not isinstance(t, torch.Tensor):
+            raise TypeError("broadcast_parameters: %s is not a tensor" % name)
+        _check_cpu(t, name)
+        named.append((name, t))
+    announce(_BROADCAST, "broadcast_parameters")
+    for name, t in named:
+        _broadcast_raw(t, root_rank, name)
+
+
+def broadcast_optimizer_state(optimizer, root_rank=0, model=None):
+    """The root's optimizer state (moments, step counts, hyperparameters) on every rank.
+    Any torch optimizer (LBFGS too), also one that has not stepped yet: its state_dict
+    travels whole. `model` is accepted for Horovod's signature and not needed."""
+    rt.require_init()
+    sd = broadcast_object(optimizer.state_dict() if rt.state.rank == root_rank else None,
+                          root_rank, "optimizer state")
+    if rt.state.rank != root_rank:
+        optimizer.load_state_dict(sd)
+
+
+# -- what this build has --------------------------------------------------------------------------
+
+def mpi_built():
+    """Whether libsumo was built with its MPI transport."""
+    return bool(_lib.HAVE_MPI)
+
+
+def mpi_enabled():
+    """Whether this process's communicator runs over MPI."""
+    return rt.state.comm is not None and rt.state.transport == "mpi"
+
+
+def gloo_built():
+    """sumo's collectives never run on gloo (init() only sets up torch's gloo group for
+    the program's own use)."""
+    return False
+
+
+def gloo_enabled():
+    return False
+
+
+def nccl_built():
+    """0, as Horovod says it: sumo reduces CPU tensors only."""
+    return 0
+
+
+def cuda_built():
+    return False
+
+
+def rocm_built():
+    return False
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False
+
+
+def is_initialized():
+    return rt.state.comm is not None
+
