@@ -57,6 +57,17 @@ class AggregatorOptions(ctypes.Structure):
                 ("acga", AcgaOptions)]
 
 
+class ShmOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t),
+                ("rank", ctypes.c_int),
+                ("size", ctypes.c_int),
+                ("store", ctypes.c_void_p),
+                ("key_prefix", ctypes.c_char_p),
+                ("stage_bytes", ctypes.c_size_t),
+                ("error", ctypes.c_char_p),
+                ("error_bytes", ctypes.c_size_t)]
+
+
 def _candidates():
     # An explicit path first, then the build folder of the checkout this package sits in
     # (python/sumo -> build/), then the dynamic linker's search path (an installed copy).
@@ -145,6 +156,8 @@ _SIGS = {
     "sumo_comm_fail": (_R, [_c_comm_p, ctypes.c_int, ctypes.c_char_p]),
     "sumo_comm_abort": (_R, [_c_comm_p, ctypes.c_char_p]),
     "sumo_env_check": (_R, [ctypes.c_char_p, ctypes.c_size_t]),
+    "sumo_comm_create_transport": (_R, [ctypes.c_void_p, ctypes.POINTER(_c_comm_p)]),
+    "sumo_comm_create_shm": (_R, [ctypes.c_void_p, ctypes.POINTER(_c_comm_p)]),
     # Present only in a library built with MPI.
     "sumo_mpi_world_create": (_R, [ctypes.POINTER(ctypes.c_int), ctypes.POINTER(_c_comm_p)]),
     "sumo_mpi_world_local": (_R, [ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]),

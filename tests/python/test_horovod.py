@@ -41,7 +41,7 @@ def test_zero_grad_does_what_the_wrapped_optimizer_does(wrap):
     # what the optimizer it wraps leaves (None skips a parameter's update; zeros step it).
     def wrapped(opt, model):
         if wrap == "slowmo":
-            return hvd.SlowMo(opt, slowmo_frequency=2)
+            return hvd.SlowMo(opt, slowmo_frequency=2, localsgd_frequency=1)
         return hvd.DistributedOptimizer(opt, model.named_parameters(),
                                         op=sumo.Average if wrap == "average" else sumo.Adasum,
                                         overlap=wrap == "adasum")

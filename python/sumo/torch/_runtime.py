@@ -1,5 +1,16 @@
 """The process's sumo communicator, tensor checks, and the one worker thread that completes
-asynchronous work (DDP hook futures)."""
+asynchronous work (DDP hook futures).
+
+Where the communicator comes from (init):
+  - mpirun (Open MPI, MPICH): sumo's MPI transport over MPI_COMM_WORLD, as before;
+  - torchrun, or any torch.distributed process group (init_process_group already called, or a
+    group passed in): every rank of the group on one host -> sumo's shared-memory transport,
+    rendezvousing through the group's store ("shm"); across hosts -> sumo's collectives over
+    the group's own point-to-point calls (_pg_transport.py, "group");
+  - no launcher: one rank (threads transport).
+A launcher sumo cannot join (srun, a WORLD_SIZE without a rendezvous) is refused with a
+message, never turned into a world of one.
+"""
 import atexit
 import collections
 import ctypes
@@ -24,12 +35,21 @@ _DTYPES = {
 }
 
 # Launchers that start one process per rank set one of these.
-_LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
-
+_MPI_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+# torchrun (torch.distributed.run) and torch's env:// rendezvous.
+_TORCHRUN_VARS = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
+_ENV_RENDEZVOUS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# Launchers that start several processes that sumo does not join by itself.
+_OTHER_LAUNCHERS = (("SLURM_NTASKS", "srun"), ("PBS_NP", "PBS"), ("LSB_DJOB_NUMPROC", "LSF"))
 
 class _State:
     comm = None          # ctypes.c_void_p: the sumo_comm
-    transport = None     # "mpi" or "threads"
+    transport = None     # "mpi", "shm", "group" or "threads"
+    group = None         # the torch.distributed group the ranks are (process-group path)
+    pg_transport = None  # the group's operations, kept alive while sumo may call them
+    store = None         # the store adapter, likewise
+    made_group = False   # sumo called init_process_group, so it destroys the group
+    failed = False       # an unhandled exception is ending the process
     rank = 0
     size = 1
     local_rank = 0
@@ -107,6 +127,24 @@ def tensor_args(t, name):
     return ctypes.c_void_p(t.data_ptr()), t.numel(), _DTYPES[t.dtype]
 
 
+def fail_together(exc, code=1):
+    """Raises exc here after failing this rank's peers at once: they are entering (or will
+    enter) the collective this rank cannot make, and get `code` (SUMO_ERR_INVALID_ARGUMENT by
+    default) naming this rank instead of waiting out the deadline."""
+    if state.comm is not None and state.size > 1:
+        sync()
+        lib.sumo_comm_fail(state.comm, code, str(exc).encode(errors="replace")[:200])
+    raise exc
+
+
+def checked_tensor(t, name):
+    """tensor_args for a tensor that is about to enter a collective: refused on every rank."""
+    try:
+        return tensor_args(t, name)
+    except (TypeError, ValueError) as e:
+        fail_together(e)
+
+
 class Worker:
     """One persistent thread that runs blocking sumo calls (request waits, ACGA's apply) in
     the order they were queued and completes their futures. Persistent because a new thread
@@ -143,52 +181,222 @@ class Worker:
         caller's thread must not overtake the queued ones."""
         self._q.join()
 
+    def busy(self):
+        """Whether queued jobs have not finished."""
+        return self._q.unfinished_tasks > 0
+
     def stop(self):
         self._q.put(None)
         self._t.join()
 
 
-def _under_launcher():
-    return any(v in os.environ for v in _LAUNCHER_VARS)
+def _launcher():
+    """Who started this process: "mpi", "torchrun", None (nobody), or the name of a launcher
+    sumo does not join."""
+    if any(v in os.environ for v in _MPI_VARS):
+        return "mpi"
+    if any(v in os.environ for v in _TORCHRUN_VARS) or all(v in os.environ for v in _ENV_RENDEZVOUS):
+        return "torchrun"
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        return "a launcher that set WORLD_SIZE=%s without MASTER_ADDR and MASTER_PORT" \
+            % os.environ["WORLD_SIZE"]
+    for var, name in _OTHER_LAUNCHERS:
+        if int(os.environ.get(var, "1") or 1) > 1:
+            return name
+    return None
 
 
-def init(timeout=None, process_group=True, transport=None):
-    """Creates the communicator (MPI under mpirun, else the threads transport with one rank)
-    and, with process_group, torch.distributed's gloo group for the user's own use."""
+def _deadline_s():
+    """SUMO_TIMEOUT as sumo reads it (the environment was checked before)."""
+    return float(os.environ.get("SUMO_TIMEOUT") or 300.0)
+
+
+def _check_environment():
+    msg = ctypes.create_string_buffer(256)
+    if lib.sumo_env_check(msg, len(msg)) != _lib.SUCCESS:
+        raise ValueError("sumo.torch.init: " + msg.value.decode())
+
+
+def init(timeout=None, process_group=True, transport=None, group=None):
+    """Creates the process's communicator: over MPI under mpirun, over the torch.distributed
+    group under torchrun (or when one exists, or `group` is given: a subgroup's ranks alone),
+    else one rank. transport forces "mpi", "shm" (one host), "group" or "threads". With
+    process_group, torch.distributed's default group is created too when nobody has (gloo),
+    for the user's own DDP."""
     if state.comm is not None:
         return
+    _check_environment()
+    launcher = _launcher()
     if transport is None:
-        transport = "mpi" if _under_launcher() else "threads"
-    comm = ctypes.c_void_p()
-    if transport == "mpi":
-        if not _lib.HAVE_MPI:
-            raise RuntimeError("sumo.torch.init: launched by mpirun but libsumo was built "
-                               "without MPI (install libopenmpi-dev and rebuild)")
-        initialized = ctypes.c_int(0)
-        check(lib.sumo_mpi_world_create(ctypes.byref(initialized), ctypes.byref(comm)), None,
-              "sumo_mpi_world_create (MPI with MPI_THREAD_MULTIPLE on MPI_COMM_WORLD)")
-    elif transport == "threads":
-        check(lib.sumo_comm_create_threads(1, ctypes.byref(comm)), None, "sumo_comm_create_threads")
-    else:
-        raise ValueError("sumo.torch.init: transport must be 'mpi' or 'threads'")
+        if group is not None or (dist.is_initialized() and launcher != "mpi"):
+            transport = "pg"
+        elif launcher == "mpi":
+            transport = "mpi"
+        elif launcher == "torchrun":
+            transport = "pg"
+        elif launcher is not None:
+            raise RuntimeError(
+                "sumo.torch.init: this process was started by %s, which sumo does not join: "
+                "start the job with torchrun or mpirun, or call "
+                "torch.distributed.init_process_group yourself first (sumo then joins its "
+                "group), rather than train as independent worlds of one" % launcher)
+        else:
+            transport = "threads"
+    if transport not in ("mpi", "threads", "shm", "group", "pg"):
+        raise ValueError("sumo.torch.init: transport must be 'mpi', 'shm', 'group' or "
+                         "'threads', not %r" % (transport,))
+    try:
+        if transport == "mpi":
+            _init_mpi(process_group)
+        elif transport == "threads":
+            comm = ctypes.c_void_p()
+            check(lib.sumo_comm_create_threads(1, ctypes.byref(comm)), None,
+                  "sumo_comm_create_threads")
+            _adopt(comm, "threads", 0, 1)
+            if process_group and not dist.is_initialized():
+                _init_gloo()  # a world of one, for DDP
+                state.made_group = True
+        else:
+            _init_group(group, transport)
+        if timeout is not None:
+            set_timeout(timeout)
+    except BaseException:
+        # Nothing half made survives a failed init (MPI is finalized again by sumo itself
+        # when it started it and failed).
+        _teardown()
+        raise
+    state.worker = Worker()
+    atexit.register(shutdown)
+    _watch_exceptions()
+
+
+def _adopt(comm, transport, local_rank, local_size):
     state.comm = comm
     state.transport = transport
-    state.initialized_mpi = initialized.value if transport == "mpi" else 0
     r, s = ctypes.c_int(), ctypes.c_int()
     check(lib.sumo_comm_rank(comm, ctypes.byref(r)), comm)
     check(lib.sumo_comm_size(comm, ctypes.byref(s)), comm)
     state.rank, state.size = r.value, s.value
-    if transport == "mpi":
-        check(lib.sumo_mpi_world_local(ctypes.byref(r), ctypes.byref(s)), comm)
-        state.local_rank, state.local_size = r.value, s.value
-    else:
-        state.local_rank, state.local_size = 0, 1
-    if timeout is not None:
-        set_timeout(timeout)
-    state.worker = Worker()
-    atexit.register(shutdown)
+    state.local_rank, state.local_size = local_rank, local_size
+
+
+def _init_mpi(process_group):
+    if not _lib.HAVE_MPI:
+        raise RuntimeError("sumo.torch.init: launched by mpirun but libsumo was built "
+                           "without MPI (install libopenmpi-dev and rebuild)")
+    comm = ctypes.c_void_p()
+    initialized = ctypes.c_int(0)
+    check(lib.sumo_mpi_world_create(ctypes.byref(initialized), ctypes.byref(comm)), None,
+          "sumo_mpi_world_create (MPI with MPI_THREAD_MULTIPLE on MPI_COMM_WORLD)")
+    state.initialized_mpi = initialized.value
+    r, s = ctypes.c_int(), ctypes.c_int()
+    _adopt(comm, "mpi", 0, 1)
+    check(lib.sumo_mpi_world_local(ctypes.byref(r), ctypes.byref(s)), comm)
+    state.local_rank, state.local_size = r.value, s.value
     if process_group and not dist.is_initialized():
         _init_gloo()
+        state.made_group = True
+
+
+def _init_group(group, transport):
+    """sumo over a torch.distributed group: the processes of one host through sumo's shared
+    memory (rendezvous through the group's store), else through the group itself."""
+    from . import _pg_transport as pgt
+    if not dist.is_initialized():
+        # torchrun's rendezvous: env:// (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE).
+        dist.init_process_group("gloo", timeout=timedelta(seconds=max(_deadline_s(), 30.0)))
+        state.made_group = True
+    base = group if group is not None else dist.group.WORLD
+    rank, size = dist.get_rank(base), dist.get_world_size(base)
+    if rank < 0:
+        raise RuntimeError("sumo.torch.init: this process is not a member of the group passed")
+    # Where each rank runs: hosts by name and boot id, so containers on one host that do not
+    # share memory are not taken for one machine. (A digest in a tensor, not
+    # all_gather_object, which needs numpy in torch 2.x.)
+    import hashlib
+    here = hashlib.sha256(("%s\0%s" % (socket.gethostname(), _boot_id())).encode()).digest()
+    mine = torch.frombuffer(bytearray(here), dtype=torch.uint8)
+    gathered = [torch.empty(len(here), dtype=torch.uint8) for _ in range(size)]
+    dist.all_gather(gathered, mine, group=base)
+    where = [bytes(t.tolist()) for t in gathered]
+    local = [r for r in range(size) if where[r] == here]
+    one_host = len(local) == size
+    state.group = base
+    if transport == "pg":
+        transport = "shm" if one_host and size > 1 else "group"
+    if transport == "shm" and not one_host:
+        raise RuntimeError("sumo.torch.init: transport 'shm' needs every rank on one host; "
+                           "this group spans %d" % len(set(where)))
+    comm = ctypes.c_void_p()
+    if transport == "shm":
+        store = pgt.StoreAdapter(_store_of(base))
+        state.store = store
+        err = ctypes.create_string_buffer(256)
+        opts = _lib.ShmOptions(ctypes.sizeof(_lib.ShmOptions), rank, size,
+                               ctypes.addressof(store.struct), _key_prefix(base).encode(), 0,
+                               ctypes.cast(err, ctypes.c_char_p), len(err))
+        code = lib.sumo_comm_create_shm(ctypes.byref(opts), ctypes.byref(comm))
+        if code != _lib.SUCCESS:
+            raise _lib.error(code, None, "sumo_comm_create_shm over the group's store: "
+                             + err.value.decode(errors="replace"))
+    else:
+        t = pgt.GroupTransport(base)
+        state.pg_transport = t
+        nodes = len(set(where))
+        per_node = size // nodes if all(where.count(h) == size // nodes for h in set(where)) else 0
+        desc = t.desc(per_node)
+        check(lib.sumo_comm_create_transport(ctypes.byref(desc), ctypes.byref(comm)), None,
+              "sumo_comm_create_transport over the torch.distributed group")
+    _adopt(comm, transport, local.index(rank), len(local))
+
+
+def _boot_id():
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _store_of(group):
+    store = dist.distributed_c10d._get_default_store()
+    if group is not None and group is not dist.group.WORLD:
+        ranks = "-".join(str(pgt_global(group, r)) for r in range(dist.get_world_size(group)))
+        store = dist.PrefixStore("group%s/" % ranks, store)
+    return store
+
+
+def pgt_global(group, r):
+    from ._pg_transport import global_rank
+    return global_rank(group, r)
+
+
+_communicators_made = [0]
+
+
+def _key_prefix(group):
+    """Unique per communicator in the store: the run, its restart (a torchrun restart meets
+    a fresh store key space), and a count of the communicators this process made."""
+    _communicators_made[0] += 1
+    return "sumo/%s/%s/%d/" % (os.environ.get("TORCHELASTIC_RUN_ID", "run"),
+                               os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"),
+                               _communicators_made[0])
+
+
+def _watch_exceptions():
+    """An unhandled exception ends the process: remember it, so shutdown tells the peers at
+    once (sumo_comm_abort) instead of leaving them to their deadline."""
+    import sys
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        state.failed = True
+        previous(kind, value, tb)
+
+    if getattr(sys.excepthook, "_sumo", False):
+        return
+    hook._sumo = True
+    sys.excepthook = hook
 
 
 def set_timeout(seconds):
@@ -234,12 +442,13 @@ def _in_place(collective, t, arg, what, name):
 
 
 def shared_empty(numel, dtype, what):
-    """An uninitialised 1-D tensor for a buffer sumo reduces in place. Under MPI it lives in
+    """An uninitialised 1-D tensor for a buffer sumo reduces in place. Under MPI or the
+    shared-memory transport it lives in
     sumo_mem_alloc's memory, which every process of the node maps, so a collective whose
     buffers are all such runs without staging copies. Collective under MPI: every rank calls
     it in the same order. The memory goes with the communicator (shutdown())."""
     nbytes = numel * torch.empty(0, dtype=dtype).element_size()
-    if state.transport != "mpi" or nbytes == 0:
+    if state.transport not in ("mpi", "shm") or nbytes == 0:
         return torch.empty(numel, dtype=dtype)
     sync()
     ptr = ctypes.c_void_p()
@@ -250,13 +459,13 @@ def shared_empty(numel, dtype, what):
 def node_maps_memory():
     """True when every rank is an MPI process of one node: shared_empty's memory is then
     mapped by every process, and collectives on it run without staging copies."""
-    return state.transport == "mpi" and state.size > 1 and state.local_size == state.size
+    return state.transport in ("mpi", "shm") and state.size > 1 and state.local_size == state.size
 
 
 def shared_free(t, what):
     """Gives back a tensor shared_empty made (collective under MPI, like the allocation). The
     tensor must not be used afterwards: its storage is the freed memory."""
-    if state.transport != "mpi" or t.numel() == 0:
+    if state.transport not in ("mpi", "shm") or t.numel() == 0:
         return
     sync()
     raise_for(lib.sumo_mem_free(state.comm, ctypes.c_void_p(t.data_ptr())), "sumo_mem_free for " + what)
@@ -276,20 +485,47 @@ def sync():
         state.worker.drain()
 
 
+def _teardown():
+    """Releases what a failed init made: the communicator, and the group sumo created."""
+    comm, state.comm = state.comm, None
+    if comm is not None:
+        if state.transport == "mpi":
+            lib.sumo_mpi_world_finalize(comm, state.initialized_mpi)
+        else:
+            lib.sumo_comm_destroy(comm)
+    if state.made_group and dist.is_initialized():
+        dist.destroy_process_group()
+    state.made_group = False
+    state.transport = None
+
+
 def shutdown():
-    """Destroys the communicator. After a failed peer the job is aborted (MPI_Finalize
-    would wait for the missing process)."""
+    """Destroys the communicator without meeting the peers: a rank still busy after training
+    (saving a checkpoint) is not taken for a dead one, and exit never waits on a peer. After
+    a failure here (an unhandled exception, collectives still in flight) the peers are told
+    at once; after a failed peer an MPI job is aborted (MPI_Finalize would wait for the
+    missing process)."""
     if state.comm is None:
         return
-    comm, state.comm = state.comm, None
+    comm = state.comm
+    pending = state.worker is not None and state.worker.busy()
+    if state.failed or pending:
+        lib.sumo_comm_abort(comm, b"the process is ending with an error" if state.failed
+                            else b"the process is ending with collectives in flight")
     if state.worker is not None and not state.broken:
         state.worker.stop()
     state.worker = None
+    state.comm = None
     if state.transport == "mpi":
         if state.broken:
             lib.sumo_mpi_world_abort(1)
-        if dist.is_initialized():
+        # Closing the group's connections first lets a peer blocked in it (DDP's constructor
+        # checking shapes) fail at once rather than at its timeout.
+        if state.made_group and dist.is_initialized():
             dist.destroy_process_group()
         lib.sumo_mpi_world_finalize(comm, state.initialized_mpi)
     else:
         lib.sumo_comm_destroy(comm)
+        if state.made_group and dist.is_initialized():
+            dist.destroy_process_group()
+    state.made_group = False

@@ -155,7 +155,7 @@ def _allreduce_inplace(t, op, name, prescale, postscale):
     truncation, as Horovod scales integer tensors."""
     _check_cpu(t, name)
     if t.dtype in rt._DTYPES:
-        ptr, n, dt = rt.tensor_args(t, name)  # refuses a bad tensor before the announcement
+        ptr, n, dt = rt.checked_tensor(t, name)  # refuses a bad tensor before the announcement
         announce(ALLREDUCE, "allreduce of %s" % name, n, dt, op)
         _scale(t, prescale)
         rt.allreduce_tensor(t, op, name)
@@ -287,7 +287,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
         _allreduce_inplace(tensor, op, name, float(prescale_factor), float(postscale_factor))
         _pending[handle] = _Pending(None, tensor, 1.0, name, 0.0)
         return handle
-    ptr, n, dt = rt.tensor_args(tensor, name)
+    ptr, n, dt = rt.checked_tensor(tensor, name)
     announce(ALLREDUCE, "allreduce of %s" % name, n, dt, op)
     _scale(tensor, float(prescale_factor))
     rt.sync()
@@ -407,7 +407,7 @@ def broadcast(tensor, root_rank=0, name=None):
 
 
 def _allgather_tensor(send, recv, name):
-    sp, n, dt = rt.tensor_args(send, name)
+    sp, n, dt = rt.checked_tensor(send, name)
     rp = rt.tensor_args(recv, name)[0]
     rt.sync()
     t0 = time.perf_counter()

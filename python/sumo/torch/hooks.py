@@ -1,10 +1,11 @@
 """DDP communication hooks on sumo: average, per-parameter Adasum and ACGA.
 
 Each hook returns at once: average and Adasum start sumo's asynchronous allreduce from the
-backward pass, and the persistent worker thread waits for it (the wait releases the GIL) and
-completes the Future, so the backward pass goes on computing the next buckets meanwhile. ACGA
-has no asynchronous form in the C API, so the worker runs its (blocking) apply; the backward
-pass still does not wait.
+backward pass, ACGA its asynchronous apply (sumo_aggregator_apply_start), and the persistent
+worker thread waits for it (the wait releases the GIL) and completes the Future, so the
+backward pass goes on computing the next buckets meanwhile. A bucket one rank cannot reduce
+(another dtype, a tensor sumo refuses) fails every rank at once (sumo_comm_fail), rather than
+leave the others waiting for it.
 
 Where the result goes. With processes of one node (MPI) DDP's bucket is private to its
 process, so a collective on it in place is staged through the node's shared areas in
@@ -174,7 +175,8 @@ def _bucket_layout(bucket):
 def _start(state, index, buf, op, what, gram_form):
     """Starts an allreduce of the bucket, in place or into its mapped buffer, and returns the
     Future the worker completes with the reduced buffer."""
-    send, n, dt = rt.tensor_args(buf, what)  # refuses a bad bucket before anything is allocated
+    # A bad bucket is refused before anything is allocated, on every rank at once.
+    send, n, dt = rt.checked_tensor(buf, what)
     t0 = time.perf_counter()
     out = state.mapped(index, buf, gram_form)
     recv = rt.tensor_args(out, what)[0]
@@ -215,17 +217,22 @@ def acga_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
     acga_per_tensor); its coefficient momentum lives in the state."""
     buf, layout = _bucket_layout(bucket)
     what = "bucket %d (ACGA)" % bucket.index()
-    ptr, n, dt = rt.tensor_args(buf, what)
+    ptr, n, dt = rt.checked_tensor(buf, what)
     if dt != _lib.FLOAT32:
-        raise TypeError("sumo: ACGA combines float32 gradients only; %s is %s" % (what, buf.dtype))
+        rt.fail_together(TypeError("sumo: ACGA combines float32 gradients only; %s is %s"
+                                   % (what, buf.dtype)))
     agg = state.acga_aggregator((bucket.index(), layout), layout)
     t0 = time.perf_counter()
     out = state.mapped(bucket.index(), buf, gram_form=True)
     recv = rt.tensor_args(out, what)[0]
+    # Queued on sumo's handle like the other hooks' allreduces (in bucket order), so the
+    # backward pass never waits for it.
+    req = ctypes.c_void_p()
+    rt.raise_for(lib.sumo_aggregator_apply_start(agg, ptr, recv, n, dt, ctypes.byref(req)), what)
 
-    def apply():
-        rt.raise_for(lib.sumo_aggregator_apply_into(agg, ptr, recv, n, dt), what)
+    def wait():
+        rt.raise_for(lib.sumo_request_wait(req), what)
         rt.record(t0, time.perf_counter(), n * out.element_size())
         return out
 
-    return rt.state.worker.submit(apply)
+    return rt.state.worker.submit(wait)

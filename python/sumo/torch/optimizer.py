@@ -275,9 +275,9 @@ class DistributedOptimizer(WrappedOptimizer):
             for g, ps in zip(groups, saved):
                 g["params"] = ps
         if b.delta is None:
-            pv.sub_(start)  # the parameter holds its delta until step()
+            _delta(pv, pv, start)  # the parameter holds its delta until step()
         else:
-            torch.sub(pv, start, out=b.delta[off:off + n])
+            _delta(b.delta[off:off + n], pv, start)
         self._stepped[i] = True
         b.missing -= 1
 
@@ -319,14 +319,17 @@ class DistributedOptimizer(WrappedOptimizer):
                 except Exception as e:
                     err = e
             if err is None:
-                if b.delta is None:  # start + delta, the same bits as delta + start
-                    self._params[b.slots[0]].detach().view(-1).add_(b.start)
-                else:
-                    for i, off in zip(b.slots, b.offsets):
-                        p = self._params[i]
-                        n = p.numel()
-                        torch.add(b.start[off:off + n], b.delta[off:off + n],
-                                  out=p.detach().view(-1))
+                try:
+                    if b.delta is None:
+                        pv = self._params[b.slots[0]].detach().view(-1)
+                        _apply_delta(pv, b.start, pv, b.what)
+                    else:
+                        for i, off in zip(b.slots, b.offsets):
+                            n = self._params[i].numel()
+                            _apply_delta(self._params[i].detach().view(-1), b.start[off:off + n],
+                                         b.delta[off:off + n], b.what)
+                except Exception as e:
+                    err = e
         if err is not None:
             # A failed combine (a non-finite delta, a dead peer) leaves the parameters where
             # they started on every rank.
@@ -423,7 +426,7 @@ class DistributedOptimizer(WrappedOptimizer):
                                          "pass sparse_as_dense=True" % name)
                     g = g.to_dense()
                 sent, ctx = self.compression.compress(g)
-                rt.tensor_args(sent, name + ".grad")
+                rt.checked_tensor(sent, name + ".grad")
                 by_dtype.setdefault(sent.dtype, []).append((p, sent, ctx, sparse, name))
             for dtype, entries in by_dtype.items():
                 flat = torch.cat([e[1].reshape(-1) for e in entries])
@@ -459,10 +462,21 @@ class DistributedOptimizer(WrappedOptimizer):
         loss = self._opt.step(closure)
         for g in self._groups.values():
             starts_g = [starts[id(p)] for p in g.params]
-            delta = self._flat(g, [p.detach() - s for p, s in zip(g.params, starts_g)])
+            delta = torch.empty(sum(p.numel() for p in g.params), dtype=g.dtype)
+            off = 0
+            for p, s in zip(g.params, starts_g):
+                n = p.numel()
+                _delta(delta[off:off + n], p.detach().reshape(-1), s.reshape(-1))
+                off += n
             delta = delta.to(self._wire(delta.dtype))
             try:
                 self._allreduce(g, delta, g.op)
+                off = 0
+                for p, s in zip(g.params, starts_g):
+                    n = p.numel()
+                    _apply_delta(p.detach().view(-1), s.view(-1), delta[off:off + n],
+                                 "DistributedOptimizer.step")
+                    off += n
             except Exception:
                 # A failed combine (a non-finite delta, a dead peer) leaves the parameters
                 # where they started on every rank.
@@ -471,12 +485,31 @@ class DistributedOptimizer(WrappedOptimizer):
                         if id(p) in starts:
                             p.copy_(starts[id(p)])
                 raise
-            off = 0
-            for p, s in zip(g.params, starts_g):
-                n = p.numel()
-                p.copy_(s.add_(delta[off:off + n].view_as(s)))
-                off += n
         return loss
+
+
+def _delta(out, params, start):
+    """out = params - start: sumo's delta step (the C optimizer's own), or, where the wire
+    type differs from the parameters' (a compressor), torch's subtraction and cast."""
+    if out.dtype == params.dtype == start.dtype and out.dtype in rt._DTYPES:
+        rt.raise_for(lib.sumo_delta_compute(rt.state.comm, rt.tensor_args(out, "delta")[0],
+                                            rt.tensor_args(params, "parameter")[0],
+                                            rt.tensor_args(start, "start")[0], out.numel(),
+                                            rt._DTYPES[out.dtype]), "the delta step")
+    else:
+        torch.sub(params, start, out=out)
+
+
+def _apply_delta(params, start, delta, what):
+    """params = start + combined delta (sumo's, which puts params back at start and raises
+    SUMO_ERR_NONFINITE when a result is not finite), or torch's add of a compressed delta."""
+    if params.dtype == start.dtype == delta.dtype and params.dtype in rt._DTYPES:
+        rt.raise_for(lib.sumo_delta_apply(rt.state.comm, rt.tensor_args(params, "parameter")[0],
+                                          rt.tensor_args(start, "start")[0],
+                                          rt.tensor_args(delta, "delta")[0], params.numel(),
+                                          rt._DTYPES[params.dtype]), what)
+    else:
+        torch.add(start, delta, out=params)
 
 
 def _grad_hook(ref, i):
