@@ -1,5 +1,6 @@
 """pytest set-up for sumo.torch: one communicator per process for the whole session (MPI
-under mpirun, else one rank), a short deadline so a broken test fails instead of hanging,
+under mpirun, the process group under torchrun, else one rank; SUMO_TEST_TRANSPORT=group or
+shm under mpirun joins a group made from MPI's environment instead), a short deadline so a broken test fails instead of hanging,
 and a clean skip when PyTorch is not installed."""
 import os
 import sys
@@ -29,6 +30,15 @@ def sumo_comm():
         yield None
         return
     import sumo.torch as st
-    st.init()
+    transport = os.environ.get("SUMO_TEST_TRANSPORT") or None
+    if transport in ("group", "shm") and "OMPI_COMM_WORLD_RANK" in os.environ:
+        # The process-group path under mpirun (Debian's torch 1.13 ships a torchrun that
+        # cannot start): the default group from MPI's environment, as a user's script would
+        # make it, then sumo joins it.
+        import torch.distributed as dist
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%s" % os.environ["SUMO_TEST_PORT"],
+                                rank=int(os.environ["OMPI_COMM_WORLD_RANK"]),
+                                world_size=int(os.environ["OMPI_COMM_WORLD_SIZE"]))
+    st.init(transport=transport)
     torch.set_num_threads(1)
     yield st

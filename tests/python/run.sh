@@ -3,8 +3,10 @@
 # (1.13, /usr/bin/python3) and the current torch 2.x wheel from PyPI in build/torch-venv
 # (scripts/torch-venv.sh makes it the first time, about 3 to 5 minutes, and reuses it).
 # Under each: pytest alone (one rank, threads transport; it also runs the Horovod-style
-# example under mpirun -np 2), under mpirun -np 2 and 3, then a rank killed mid-training (DDP
-# hook and delta optimizer) must make the others raise within the deadline.
+# example under mpirun -np 2 and torchrun), under mpirun (sumo's MPI transport), over a
+# torch.distributed process group (torchrun where it starts, else mpirun), a rank that works
+# on after its peers left, models DDP refuses, and a rank killed mid-training (DDP hook and
+# delta optimizer): every rank must end, with an error where there is one, by itself.
 #
 # An interpreter that cannot import torch and pytest fails the run, unless told to skip:
 #   SUMO_SKIP_TORCH=1        skip every PyTorch test
@@ -25,33 +27,93 @@ mpi=(mpirun --oversubscribe --mca btl self,vader -x PYTHONPATH -x SUMO_TIMEOUT)
 status=0
 summary=()
 
-# One interpreter's whole suite; returns non-zero if any part failed.
+# A job that must end by itself (124/137: the guard killed it): its output in $out, its exit
+# code in $rc, its seconds in $took.
+job() {
+  local guard=$1; shift
+  local start
+  start=$(date +%s)
+  out=$(timeout -k 10 "$guard" "$@" 2>&1)
+  rc=$?
+  took=$(( $(date +%s) - start ))
+}
+
+# One interpreter's whole suite; returns non-zero if any part failed. Each path into sumo is
+# run once: one rank; mpirun (sumo's MPI transport); the torch.distributed process group on
+# one host (sumo's shared memory, rendezvous through the group's store) and through the
+# group's own calls (SUMO_TEST_TRANSPORT=group), under torchrun where the torch has one that
+# starts (2.x), else under mpirun with the group made from MPI's environment (Debian's 1.13,
+# whose torchrun cannot parse its own defaults on Python 3.11).
 suite() {
   local py=$1 failed=0
   # No .pytest_cache (several ranks would write it at once), no colour codes in CI logs; the
   # torch 2.x wheel warns at import that numpy is missing, which sumo does not need.
-  local pytest=("$py" -m pytest -q --color=no -p no:cacheprovider
+  local pytest=(-m pytest -q --color=no -p no:cacheprovider
                 -W "ignore:Failed to initialize NumPy" tests/python)
-  echo "== pytest, one rank"
-  timeout -k 10 600 "${pytest[@]}" || failed=1
-  if ! command -v mpirun > /dev/null || ! "$py" -c "import sys; sys.path.insert(0, 'python'); import sumo._lib as l; sys.exit(0 if l.HAVE_MPI else 1)" 2> /dev/null; then
-    echo "python tests under mpirun: skipped (no mpirun, or libsumo built without MPI)"
-    return $failed
+  local torchrun=()
+  if "$py" -c "import sys, torch; sys.exit(0 if int(torch.__version__.split('.')[0]) >= 2 else 1)"; then
+    torchrun=("$py" -m torch.distributed.run --standalone)
   fi
-  for np in 2 3; do
-    echo "== mpirun -np $np pytest"
-    timeout -k 10 300 "${mpi[@]}" -np $np "${pytest[@]}" || failed=1
+  echo "== pytest, one rank"
+  timeout -k 10 600 "$py" "${pytest[@]}" || failed=1
+  local have_mpi=0
+  command -v mpirun > /dev/null && "$py" -c "import sys; sys.path.insert(0, 'python'); import sumo._lib as l; sys.exit(0 if l.HAVE_MPI else 1)" 2> /dev/null && have_mpi=1
+  if [ $have_mpi = 1 ]; then
+    echo "== mpirun -np 2 pytest (sumo's MPI transport)"
+    timeout -k 10 300 "${mpi[@]}" -np 2 "$py" "${pytest[@]}" || failed=1
+  else
+    echo "python tests under mpirun: skipped (no mpirun, or libsumo built without MPI)"
+  fi
+  if [ ${#torchrun[@]} -gt 0 ]; then
+    echo "== torchrun --nproc_per_node 3 pytest (the process group on one host: sumo's shared memory)"
+    timeout -k 10 600 "${torchrun[@]}" --nproc_per_node 3 "${pytest[@]}" || failed=1
+    echo "== torchrun --nproc_per_node 2 pytest, SUMO_TEST_TRANSPORT=group (through the group's own calls)"
+    SUMO_TEST_TRANSPORT=group timeout -k 10 600 "${torchrun[@]}" --nproc_per_node 2 "${pytest[@]}" || failed=1
+  elif [ $have_mpi = 1 ]; then
+    local port=$(( 29500 + RANDOM % 2000 ))
+    echo "== mpirun -np 3 pytest over a torch.distributed group on one host (sumo's shared memory)"
+    SUMO_TEST_TRANSPORT=shm SUMO_TEST_PORT=$port timeout -k 10 300 "${mpi[@]}" -x SUMO_TEST_TRANSPORT -x SUMO_TEST_PORT -np 3 "$py" "${pytest[@]}" || failed=1
+    echo "== mpirun -np 2 pytest over a torch.distributed group, SUMO_TEST_TRANSPORT=group"
+    SUMO_TEST_TRANSPORT=group SUMO_TEST_PORT=$((port + 1)) timeout -k 10 300 "${mpi[@]}" -x SUMO_TEST_TRANSPORT -x SUMO_TEST_PORT -np 2 "$py" "${pytest[@]}" || failed=1
+  fi
+  [ $have_mpi = 1 ] || return $failed
+
+  # A rank still working long after its peers left (rank 0 saving for twice the deadline)
+  # must neither be killed nor keep the others.
+  local launch saved
+  for launch in mpirun torchrun; do
+    [ $launch = torchrun ] && [ ${#torchrun[@]} -eq 0 ] && continue
+    echo "== $launch, 2 ranks: rank 0 works on after the last collective, the deadline 3 s"
+    saved=$(mktemp -u)
+    if [ $launch = mpirun ]; then
+      SUMO_TIMEOUT=3 job 120 "${mpi[@]}" -np 2 "$py" tests/python/lifetime.py linger 6 "$saved"
+    else
+      SUMO_TIMEOUT=3 job 120 "${torchrun[@]}" --nproc_per_node 2 tests/python/lifetime.py linger 6 "$saved"
+    fi
+    if [ "$rc" -ne 0 ] || [ ! -s "$saved" ]; then
+      echo "FAIL - linger under $launch: exit $rc, rank 0's work $( [ -s "$saved" ] && echo finished || echo was cut off)"; tail -20 <<< "$out"; failed=1
+    else
+      echo "ok   - linger under $launch: both ranks ended cleanly, rank 0 finished its work (${took}s)"
+    fi
+    rm -f "$saved"
   done
+  echo "== mpirun -np 2: models that differ in size under DDP, deadline 5 s"
+  SUMO_TIMEOUT=5 job 120 "${mpi[@]}" -np 2 "$py" tests/python/lifetime.py ddp-mismatch
+  local raised
+  raised=$(grep -oE "rank [0-9] raised" <<< "$out" | sort -u | wc -l)
+  grep "raised" <<< "$out" | cut -c1-160
+  if [ "$raised" -ne 2 ] || [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    echo "FAIL - ddp-mismatch: $raised of 2 ranks raised, job exit $rc after ${took}s"; tail -20 <<< "$out"; failed=1
+  else
+    echo "ok   - ddp-mismatch: both ranks raised, the job ended by itself in ${took}s"
+  fi
+
   local deadline=5
   for mode in hook optimizer; do
     echo "== mpirun -np 3: a rank killed mid-training ($mode), deadline ${deadline}s"
-    local start out rc took raised
-    start=$(date +%s)
     # --enable-recovery: without it Open MPI itself kills the job when a process dies, and
     # what sumo does about a dead peer is never seen.
-    out=$(SUMO_TIMEOUT=$deadline timeout -k 10 120 "${mpi[@]}" --enable-recovery -np 3 "$py" tests/python/kill_rank.py $mode 2>&1)
-    rc=$?
-    took=$(( $(date +%s) - start ))
+    SUMO_TIMEOUT=$deadline job 120 "${mpi[@]}" --enable-recovery -np 3 "$py" tests/python/kill_rank.py $mode
     # Count matches, not lines: two ranks printing at once may share a line.
     raised=$(grep -oE "raised SUMO_ERR_(TIMEOUT|PEER_FAILURE)" <<< "$out" | wc -l)
     grep "raised" <<< "$out"

@@ -21,7 +21,10 @@ from reference import adasum_tree
 from test_torch import assert_identical_across_ranks, loss_of, make_model, params_of
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-LAUNCHED = any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"))
+# Started by a launcher (mpirun, torchrun): tests that start processes of their own run in the
+# plain one-process session, where the children do not inherit a launcher's world.
+LAUNCHED = any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK",
+                                         "TORCHELASTIC_RUN_ID"))
 
 
 def data(rank, n=37, seed=0, dtype=torch.float32):
@@ -100,7 +103,7 @@ print("ok without numpy")
 """
 
 
-@pytest.mark.skipif(LAUNCHED, reason="starts its own one-rank process; runs without mpirun")
+@pytest.mark.skipif(LAUNCHED, reason="starts its own one-rank process; runs without a launcher")
 def test_binding_needs_no_numpy():
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
     out = subprocess.run([sys.executable, "-c", NO_NUMPY], env=env, capture_output=True,
@@ -560,7 +563,7 @@ def test_compressors_send_integers_as_they_are():
 FASHION = "/usr/share/datasets/fashion-mnist"
 
 
-@pytest.mark.skipif(LAUNCHED, reason="starts its own mpirun; runs without mpirun")
+@pytest.mark.skipif(LAUNCHED, reason="starts its own mpirun; runs without a launcher")
 @pytest.mark.parametrize("mode", ["gradients", "adasum", "fp16"])
 def test_horovod_style_example_trains_under_mpirun(mode):
     if not shutil.which("mpirun") or not hvd.mpi_built():

@@ -75,10 +75,20 @@ def train_ddp(hook=None, steps=4, bucket_cap_mb=25, state=None):
 # ---- start-up and tensors --------------------------------------------------------------------
 
 def test_init_matches_launcher():
-    expect = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
+    # Whoever started the ranks, sumo's world is theirs, never a world of one per process.
+    expect = int(os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or "1")
     assert st.size() == expect
     assert 0 <= st.local_rank() < st.local_size() <= st.size()
-    assert st.transport() == ("mpi" if expect > 1 or "OMPI_COMM_WORLD_SIZE" in os.environ else "threads")
+    forced = os.environ.get("SUMO_TEST_TRANSPORT")
+    if forced:
+        want = forced
+    elif "OMPI_COMM_WORLD_SIZE" in os.environ:
+        want = "mpi"
+    elif "TORCHELASTIC_RUN_ID" in os.environ:
+        want = "shm" if expect > 1 else "group"  # every torchrun rank here is on one host
+    else:
+        want = "threads"
+    assert st.transport() == want
     assert dist.is_initialized() and dist.get_world_size() == st.size()
 
 
@@ -182,7 +192,7 @@ def test_hooks_reduce_in_place_unless_mapped(mapped_buffers):
     # bucket's mapped buffer and leaves the bucket as it was (Adasum reads it, ACGA copies
     # it); else (and alone, on threads) the bucket itself, reduced.
     layout = [37, 5, 100, 1]
-    one_node = st.transport() == "mpi" and st.size() > 1 and st.local_size() == st.size()
+    one_node = st.transport() in ("mpi", "shm") and st.size() > 1 and st.local_size() == st.size()
     state = st.HookState(mapped_buffers=mapped_buffers)
     for hook, gram_form in ((st.average_hook, False), (st.adasum_hook, True),
                             (st.acga_hook, True)):

@@ -269,7 +269,7 @@ typedef struct job {
     bool in_place;
     /* per rank: what it produced, copied to host memory, and the calls' results */
     unsigned char *out[MAXP];
-    size_t out_bytes;
+    size_t out_bytes[MAXP];
     sumo_result res[MAXP];
 } job;
 
@@ -392,7 +392,7 @@ static void run_job(sumo_comm *comm, int rank, int size, void *arg)
     const unsigned char *result = j->kind == J_DELTA || j->kind == J_SLOWMO ? out : recv;
     j->out[rank] = malloc(out_n * esz + 1);
     memcpy(j->out[rank], view((void *)result), out_n * esz);
-    j->out_bytes = out_n * esz;
+    j->out_bytes[rank] = out_n * esz;
     if (!j->remote) {
         free(in);
         free(out);
@@ -418,7 +418,8 @@ static void check_same(job_kind kind, int P, sumo_dtype dtype, sumo_op op, size_
         if (host.res[r] != SUMO_SUCCESS || rem.res[r] != SUMO_SUCCESS)
             fail_msg("job %d P %d dtype %d op %u: rank %d %s / %s", kind, P, dtype, op, r,
                      sumo_result_name(host.res[r]), sumo_result_name(rem.res[r]));
-        if (memcmp(host.out[r], rem.out[r], host.out_bytes) != 0)
+        if (host.out_bytes[r] != rem.out_bytes[r] ||
+            memcmp(host.out[r], rem.out[r], host.out_bytes[r]) != 0)
             fail_msg("job %d P %d dtype %d op %u in place %d: rank %d differs between host and "
                      "remote memory",
                      kind, P, dtype, op, in_place, r);

@@ -304,7 +304,7 @@ def _init_group(group, transport):
     from . import _pg_transport as pgt
     if not dist.is_initialized():
         # torchrun's rendezvous: env:// (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE).
-        dist.init_process_group("gloo", timeout=timedelta(seconds=max(_deadline_s(), 30.0)))
+        dist.init_process_group("gloo", timeout=timedelta(seconds=_deadline_s()))
         state.made_group = True
     base = group if group is not None else dist.group.WORLD
     rank, size = dist.get_rank(base), dist.get_world_size(base)
@@ -429,7 +429,7 @@ def _init_gloo():
     lib.sumo_comm_get_timeout(state.comm, ctypes.byref(timeout))
     dist.init_process_group("gloo", init_method="tcp://%s:%d" % (addr, port), rank=state.rank,
                             world_size=state.size,
-                            timeout=timedelta(seconds=max(timeout.value, 30.0)))
+                            timeout=timedelta(seconds=timeout.value))
 
 
 def _in_place(collective, t, arg, what, name):
