@@ -586,3 +586,32 @@ def test_horovod_style_example_trains_under_mpirun(mode):
     loss = float(re.search(r"Test set: Average loss: ([0-9.]+)", text).group(1))
     # Ten classes: chance is 10%; one epoch over 6000 images reaches about 60%.
     assert accuracy > 45 and loss < first, text[-3000:]
+
+
+# ---- the asynchronous forms and reduce-scatter of sumo's core -----------------------------
+
+@pytest.mark.parametrize("op", [sumo.Sum, sumo.Average])
+def test_reducescatter_against_the_sum(op):
+    P = hvd.size()
+    rows = 3 * P
+    mine = torch.arange(rows * 5, dtype=torch.float32).view(rows, 5) + hvd.rank()
+    whole = sum(torch.arange(rows * 5, dtype=torch.float32).view(rows, 5) + r for r in range(P))
+    if op == sumo.Average:
+        whole = whole / P
+    want = whole[hvd.rank() * 3:(hvd.rank() + 1) * 3]
+    assert torch.equal(hvd.reducescatter(mine, op=op), want)
+    h = hvd.reducescatter_async(mine, op=op)
+    got = hvd.synchronize(h)
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="Adasum"):
+        hvd.reducescatter(mine, op=sumo.Adasum)
+
+
+def test_broadcast_async_in_order_with_allreduce():
+    # Started back to back: the allreduce must complete before the broadcast reads the buffer.
+    t = torch.full((64,), float(hvd.rank() + 1))
+    h1 = hvd.allreduce_async_(t, op=sumo.Sum)
+    h2 = hvd.broadcast_async_(t, root_rank=hvd.size() - 1)
+    hvd.synchronize(h1)
+    got = hvd.synchronize(h2)
+    assert torch.equal(got, torch.full((64,), float(hvd.size() * (hvd.size() + 1) // 2)))

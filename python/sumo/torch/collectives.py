@@ -33,9 +33,9 @@ _OP_NAMES = {Sum: "Sum", Average: "Average", Adasum: "Adasum"}
 _FROM_SUMO = {v: k for k, v in rt._DTYPES.items()}
 
 # What the announcement says is coming.
-ALLREDUCE, _BROADCAST, _ALLGATHER, _BARRIER = 1, 2, 3, 4
+ALLREDUCE, _BROADCAST, _ALLGATHER, _BARRIER, _REDUCESCATTER = 1, 2, 3, 4, 5
 _KIND_NAMES = {ALLREDUCE: "allreduce", _BROADCAST: "broadcast", _ALLGATHER: "allgather",
-               _BARRIER: "barrier"}
+               _BARRIER: "barrier", _REDUCESCATTER: "reducescatter"}
 _MSG = 8
 
 
@@ -308,7 +308,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 
 
 def poll(handle):
-    """True once the allreduce of the handle has completed (synchronize() will not wait)."""
+    """True once the collective of the handle has completed (synchronize() will not wait)."""
     p = _pending.get(handle)
     if p is None:
         raise ValueError("sumo.torch.poll: unknown handle %r" % (handle,))
@@ -320,7 +320,8 @@ def poll(handle):
 
 
 def synchronize(handle):
-    """Waits for the allreduce of the handle and returns its tensor."""
+    """Waits for the collective of the handle (allreduce_async, broadcast_async_,
+    reducescatter_async) and returns its tensor."""
     p = _pending.pop(handle, None)
     if p is None:
         raise ValueError("sumo.torch.synchronize: unknown handle %r" % (handle,))
@@ -395,6 +396,74 @@ class _Broadcast(torch.autograd.Function):
         if rt.state.rank != ctx.root_rank:
             out.zero_()
         return out, None, None
+
+
+def broadcast_async_(tensor, root_rank=0, name=None):
+    """Starts an in-place broadcast (sumo_broadcast_start) and returns a handle for poll()
+    and synchronize(), which returns the tensor. float32/64 and float16/bfloat16 only."""
+    rt.require_init()
+    name = name or "tensor"
+    _check_root(root_rank, "broadcast_async_ of %s" % name)
+    _check_cpu(tensor, name)
+    ptr, n, dt = rt.checked_tensor(tensor, name)
+    announce(_BROADCAST, "broadcast of %s" % name)
+    rt.sync()
+    req = ctypes.c_void_p()
+    t0 = time.perf_counter()
+    rt.raise_for(lib.sumo_broadcast_start(ptr, ptr, n, dt, int(root_rank), rt.state.comm,
+                                          ctypes.byref(req)), "broadcast of %s" % name)
+    handle = next(_handle_ids)
+    _pending[handle] = _Pending(req, tensor, 1.0, name, t0)
+    return handle
+
+
+def _reducescatter_args(tensor, op, name, where):
+    rt.require_init()
+    op = resolve_op(op, None, where)
+    if op == Adasum:
+        raise ValueError("%s: Adasum's result is not defined piece by piece; use Sum or "
+                         "Average" % where)
+    _check_cpu(tensor, name)
+    size = rt.state.size
+    if tensor.dim() == 0 or tensor.shape[0] % size:
+        rt.fail_together(ValueError("%s of %s: the first dimension (%s) must divide among the "
+                                    "%d ranks" % (where, name, tuple(tensor.shape), size)))
+    src = tensor.detach().contiguous()
+    ptr, n, dt = rt.checked_tensor(src, name)
+    out = src.new_empty((tensor.shape[0] // size,) + tuple(tensor.shape[1:]))
+    announce(_REDUCESCATTER, "reducescatter of %s" % name, out.numel(), dt, op)
+    return src, ptr, out, out.numel(), dt, op
+
+
+def reducescatter(tensor, op=None, name=None):
+    """Every rank's tensor reduced (Sum or Average), split along the first dimension: rank r
+    gets rows [r n / P, (r + 1) n / P) (the first dimension must divide among the ranks)."""
+    name = name or "tensor"
+    src, ptr, out, n, dt, op = _reducescatter_args(tensor, op, name, "reducescatter")
+    rt.sync()
+    t0 = time.perf_counter()
+    rt.raise_for(lib.sumo_reduce_scatter(ptr, rt.tensor_args(out, name)[0], n, dt, op,
+                                         rt.state.comm), "reducescatter of %s" % name)
+    rt.record(t0, time.perf_counter(), src.numel() * src.element_size())
+    return out
+
+
+def reducescatter_async(tensor, op=None, name=None):
+    """reducescatter started (sumo_reduce_scatter_start): a handle for poll() and
+    synchronize(), which returns this rank's rows. The input stays untouched until then."""
+    name = name or "tensor"
+    src, ptr, out, n, dt, op = _reducescatter_args(tensor, op, name, "reducescatter_async")
+    rt.sync()
+    req = ctypes.c_void_p()
+    t0 = time.perf_counter()
+    rt.raise_for(lib.sumo_reduce_scatter_start(ptr, rt.tensor_args(out, name)[0], n, dt, op,
+                                               rt.state.comm, ctypes.byref(req)),
+                 "reducescatter of %s" % name)
+    handle = next(_handle_ids)
+    p = _Pending(req, out, 1.0, name, t0)
+    p.keep = src  # read by sumo until the request completes
+    _pending[handle] = p
+    return handle
 
 
 def broadcast(tensor, root_rank=0, name=None):
