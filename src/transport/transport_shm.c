@@ -508,8 +508,9 @@ static int segment_open(int mech, pid_t pid, int fd, const char *name, uint64_t 
 
 static size_t chunks_of(size_t bytes, size_t slot) { return bytes == 0 ? 1 : (bytes + slot - 1) / slot; }
 
-static sumo_result shm_sendrecv(sumo__transport *tp, const void *sbuf, size_t sbytes, int dst,
-                                void *rbuf, size_t rbytes, int src)
+static sumo_result shm_sendrecv_working(sumo__transport *tp, const void *sbuf, size_t sbytes,
+                                        int dst, void *rbuf, size_t rbytes, int src,
+                                        sumo__work_fn work, void *ctx)
 {
     shm_transport *t = (shm_transport *)tp;
     int me = tp->rank;
@@ -553,6 +554,11 @@ static sumo_result shm_sendrecv(sumo__transport *tp, const void *sbuf, size_t sb
         }
         if (sent == to_send && taken == to_take) return SUMO_SUCCESS;
         if (moved) continue;
+        /* Nothing can move: the caller's work fills the wait, a slice at a time. */
+        if (work) {
+            if (!work(ctx)) work = NULL;
+            continue;
+        }
         bool receiving = taken < to_take;
         t->also = receiving && sent < to_send && dst != src ? dst : -1;
         sumo_result r = sumo__shm_wait_change(tp, &t->shm, bell, rung, receiving ? src : dst,
@@ -560,6 +566,12 @@ static sumo_result shm_sendrecv(sumo__transport *tp, const void *sbuf, size_t sb
         t->also = -1;
         SUMO__CHECK(r);
     }
+}
+
+static sumo_result shm_sendrecv(sumo__transport *tp, const void *sbuf, size_t sbytes, int dst,
+                                void *rbuf, size_t rbytes, int src)
+{
+    return shm_sendrecv_working(tp, sbuf, sbytes, dst, rbuf, rbytes, src, NULL, NULL);
 }
 
 /* ---- the rest of the interface ------------------------------------------------------------ */
@@ -789,6 +801,7 @@ static sumo_result shm_destroy(sumo__transport *tp)
 static const sumo__transport_ops shm_ops = {
     .name = "shm",
     .sendrecv = shm_sendrecv,
+    .sendrecv_working = shm_sendrecv_working,
     .announce = shm_announce,
     .barrier = shm_barrier,
     .peer_buffer = shm_peer_buffer,
