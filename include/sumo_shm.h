@@ -55,8 +55,9 @@ typedef struct sumo_shm_options {
     int size;                 /* the same on every rank, 1 .. SUMO_SHM_MAX_RANKS */
     const sumo_store *store;  /* the same store (or views of it) on every rank */
     const char *key_prefix;   /* unique per communicator within the store, e.g. "sumo/0/":
-                                 keys are this prefix and a short suffix (at most 200 bytes in
-                                 all); a prefix used before may meet a stale group */
+                                 keys are this prefix and a suffix of up to 16 bytes, 255 in
+                                 all; a prefix used before may meet a stale group. The keys
+                                 stay in the store (it has no delete) */
     size_t stage_bytes;       /* bytes of each rank's staging area, 8 KiB .. 1 GiB, a multiple
                                  of 4096; 0: SUMO_SHM_STAGE_BYTES or 512 KiB. Rank 0's counts */
     char *error;              /* optional (NULL: none): why the creation failed, the detail a
