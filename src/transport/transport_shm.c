@@ -145,6 +145,7 @@ typedef struct seg_record {
     int32_t fd;
     uint32_t slot_bytes;
     uint32_t reserved; /* 0: no padding leaves the process unset */
+    uint64_t start; /* rank 0's start time (/proc/<pid>/stat; 0: unknown) */
     uint64_t stage_bytes;
     uint64_t total_bytes;
     uint64_t ino, dev, nonce;
@@ -295,6 +296,14 @@ static bool pid_ended(pid_t pid)
     return proc_stat(pid, &state, &start) && (state == 'Z' || state == 'X');
 }
 
+/* Whether pid is, as /proc shows it here, the live process that started at start. */
+static bool still_running(pid_t pid, uint64_t start)
+{
+    char state;
+    uint64_t now;
+    return proc_stat(pid, &state, &now) && now == start && state != 'Z' && state != 'X';
+}
+
 /* Whether rank r's process has ended; why says how that was seen. */
 static bool rank_dead(shm_transport *t, int r, char *why, size_t why_bytes)
 {
@@ -334,9 +343,10 @@ static int watch_peers(sumo__shm *shm, int peer, char *why, size_t why_bytes)
     return rank_dead(t, also, why, why_bytes) ? also : -1;
 }
 
-/* Starts watching every peer (after the creation's barrier: every rank is attached). A pid
- * whose start time is not the one its rank wrote belongs to another PID namespace's process:
- * that rank is then left to the deadline rather than judged by a stranger. */
+/* Starts watching every peer (after the creation's barrier: every rank is attached and was
+ * alive a moment ago). A pid this process cannot see, or whose start time is not the one its
+ * rank wrote, is another PID namespace's: that rank is then left to the deadline rather than
+ * judged by a stranger. */
 static void watch_start(shm_transport *t)
 {
     for (int r = 0; r < t->base.size; r++) {
@@ -350,7 +360,9 @@ static void watch_start(shm_transport *t)
         char state;
         uint64_t now_start;
         /* Read after the pidfd holds the process, so both name the same one. */
-        if (start != 0 && proc_stat(pid, &state, &now_start) && now_start != start) {
+        bool seen = proc_stat(pid, &state, &now_start);
+        if ((fd < 0 && !seen && kill(pid, 0) != 0 && errno == ESRCH) ||
+            (start != 0 && seen && now_start != start)) {
             if (fd >= 0) close(fd);
             continue;
         }
@@ -853,10 +865,10 @@ static sumo_result meet_set(const meeting *m, const char *key, const void *v, si
 }
 
 /* Gets exactly bytes under key, waiting for it until the deadline; whose names what the key
- * waits for, for the message. With a pid (> 0) of the process that sets the key, the wait
- * goes in slices and ends early when that process has ended. */
+ * waits for, for the message. With the pid (> 0) and start time of the process that sets the
+ * key, the wait goes in slices and ends early when that process has ended. */
 static sumo_result meet_get(const meeting *m, const char *key, void *v, size_t bytes,
-                            const char *whose, pid_t setter)
+                            const char *whose, pid_t setter, uint64_t setter_start)
 {
     const sumo_store *s = m->o->store;
     size_t got = bytes;
@@ -867,7 +879,7 @@ static sumo_result meet_get(const meeting *m, const char *key, void *v, size_t b
         got = bytes;
         r = s->get(s->ctx, key, v, &got, until);
         if (r != SUMO_ERR_TIMEOUT || until >= m->deadline) break;
-        if (pid_ended(setter)) {
+        if (!still_running(setter, setter_start)) {
             snprintf(m->err, m->errlen,
                      "rank %d waited for store key \"%s\" (%s), but process %d, which sets it, "
                      "has ended", m->o->rank, key, whose, (int)setter);
@@ -953,7 +965,7 @@ static sumo_result lead(shm_transport *t, const meeting *m, size_t stage_bytes)
         char key[KEY_BYTES];
         segment s;
         seg_record rec = {.magic = SEG_MAGIC, .version = SEG_VERSION, .code = SUMO_SUCCESS,
-                          .size = size, .pid = (int32_t)getpid(),
+                          .size = size, .pid = (int32_t)getpid(), .start = own_start(),
                           .slot_bytes = (uint32_t)slot_bytes, .stage_bytes = stage_bytes,
                           .total_bytes = L.total};
         SUMO__CHECK(make_key(m, key, "seg/%d", attempt));
@@ -985,7 +997,7 @@ static sumo_result lead(shm_transport *t, const meeting *m, size_t stage_bytes)
             char whose[48];
             snprintf(whose, sizeof whose, "rank %d attaching", k);
             v.code = make_key(m, key, "attach/%d/%d", attempt, k);
-            if (v.code == SUMO_SUCCESS) v.code = meet_get(m, key, &a, sizeof a, whose, 0);
+            if (v.code == SUMO_SUCCESS) v.code = meet_get(m, key, &a, sizeof a, whose, 0, 0);
             if (v.code != SUMO_SUCCESS) {
                 snprintf(v.note, sizeof v.note, "%s", m->err);
             } else if (a.code != SUMO_SUCCESS && a.retry && mech == MECH_MEMFD) {
@@ -1071,12 +1083,21 @@ static sumo_result follow(shm_transport *t, const meeting *m)
         char key[KEY_BYTES];
         seg_record rec;
         SUMO__CHECK(make_key(m, key, "seg/%d", attempt));
-        SUMO__CHECK(meet_get(m, key, &rec, sizeof rec, "rank 0 making the segment", 0));
+        SUMO__CHECK(meet_get(m, key, &rec, sizeof rec, "rank 0 making the segment", 0, 0));
         rec.name[sizeof rec.name - 1] = '\0';
         rec.note[sizeof rec.note - 1] = '\0';
         if (rec.code != SUMO_SUCCESS) {
             snprintf(m->err, m->errlen, "%s", rec.note);
             return (sumo_result)rec.code;
+        }
+        /* Where this process sees rank 0 (its pid and start time, as it wrote them), rank 0's
+         * end ends the meeting. Over a memfd it must see it (it opens rank 0's descriptor
+         * through /proc); over a name, rank 0 may live in another PID namespace. */
+        bool alive = rec.start != 0 && still_running((pid_t)rec.pid, rec.start);
+        if (!alive && rec.mech == MECH_MEMFD && rec.start != 0) {
+            snprintf(m->err, m->errlen, "rank 0 (process %d), which published \"%s\", has "
+                     "ended (or the key prefix was used before)", (int)rec.pid, key);
+            return SUMO_ERR_PEER_FAILURE;
         }
         attach_record a = attach(t, &rec);
         SUMO__CHECK(make_key(m, key, "attach/%d/%d", attempt, t->base.rank));
@@ -1088,7 +1109,8 @@ static sumo_result follow(shm_transport *t, const meeting *m)
         verdict_record v;
         if (r == SUMO_SUCCESS) r = make_key(m, key, "verdict/%d", attempt);
         if (r == SUMO_SUCCESS)
-            r = meet_get(m, key, &v, sizeof v, "rank 0 hearing every rank", (pid_t)rec.pid);
+            r = meet_get(m, key, &v, sizeof v, "rank 0 hearing every rank",
+                         alive ? (pid_t)rec.pid : 0, rec.start);
         if (r == SUMO_SUCCESS && v.code == SUMO_SUCCESS && !v.retry && a.code == SUMO_SUCCESS) {
             t->mech = rec.mech;
             return SUMO_SUCCESS;

@@ -22,6 +22,8 @@
  *     SUMO_ERR_PEER_FAILURE long before their deadline; a rank that leaves early makes its
  *     waiting peers fail at once, and a rank that stays long after the others left still
  *     destroys its handle cleanly;
+ *   - a rank 0 killed while the group meets makes the others fail at once, whether they had
+ *     attached already or arrive after its death;
  *   - a store that never delivers gives SUMO_ERR_TIMEOUT at the SUMO_TIMEOUT deadline with a
  *     message; options this library does not know are refused with a message;
  *   - after every test, no object named for any of its processes is left in /dev/shm.
@@ -82,6 +84,7 @@ struct group {
     bool undumpable_0;  /* rank 0 forbids inspection (no /proc/<pid>/fd for its peers) */
     size_t stage_bytes; /* options.stage_bytes */
     const char *timeout; /* SUMO_TIMEOUT for the children, NULL: unset */
+    int late_rank, late_ms; /* this rank sleeps this long before sumo_comm_create_shm */
     /* Called by the parent once the children run (NULL: none). */
     void (*parent_hook)(group *g);
     int ready[2]; /* a pipe: a child writes a byte when the parent_hook may act */
@@ -111,6 +114,8 @@ static int child(group *g, int rank)
         if (rank == 0) prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
         else drop_ptrace_capability();
     }
+    if (g->late_ms && rank == g->late_rank)
+        nanosleep(&(struct timespec){g->late_ms / 1000, (g->late_ms % 1000) * 1000000L}, NULL);
     file_store fs;
     file_store_init(&fs, g->dir);
     char err[256] = "unset";
@@ -697,6 +702,43 @@ static void test_killed_rank_messages_named(void **state)
     check_killed(&g);
 }
 
+/* Rank 0 is killed while it waits for rank 2 to attach: rank 1, attached and waiting for rank
+ * 0's word, and rank 2, arriving after the death, both fail at once instead of at the
+ * deadline. */
+static int never_runs(sumo_comm **commp, int rank, int size, group *g)
+{
+    (void)commp;
+    (void)size;
+    (void)g;
+    fprintf(stderr, "rank %d: created a communicator without rank 0\n", rank);
+    return 1;
+}
+
+static void kill_rank_0_once_1_attached(group *g)
+{
+    char path[128];
+    /* The file store's name for the key "test/attach/0/1". */
+    snprintf(path, sizeof path, "%s/k.test_2Fattach_2F0_2F1", g->dir);
+    for (double start = now_s(); access(path, F_OK) != 0 && now_s() - start < 120;)
+        nanosleep(&(struct timespec){0, 5000000}, NULL);
+    kill(g->pid[0], SIGKILL);
+    g->killed_at = now_s();
+}
+
+static void test_rank_0_dies_while_meeting(void **state)
+{
+    (void)state;
+    group g = {.size = 3, .fn = never_runs, .timeout = "120", .late_rank = 2, .late_ms = 1500,
+               .parent_hook = kill_rank_0_once_1_attached};
+    run_group(&g);
+    assert_int_equal(g.status[0], -SIGKILL);
+    assert_int_equal(g.status[1], EXIT_RESULT + SUMO_ERR_PEER_FAILURE);
+    assert_int_equal(g.status[2], EXIT_RESULT + SUMO_ERR_PEER_FAILURE);
+    double after = g.ended_at - g.killed_at;
+    fprintf(stderr, "the others ended %.2f s after the kill\n", after);
+    assert_true(after < 60);
+}
+
 /* ---- leaving ------------------------------------------------------------------------------- */
 
 /* Rank 2 leaves after a collective; ranks 0 and 1 then wait on it in the next one and fail at
@@ -844,6 +886,7 @@ int main(void)
         cmocka_unit_test(test_killed_rank_staged),
         cmocka_unit_test(test_killed_rank_messages_named),
         cmocka_unit_test(test_leave_early_and_linger),
+        cmocka_unit_test(test_rank_0_dies_while_meeting),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
