@@ -391,6 +391,13 @@ static uint64_t fresh_nonce(void)
     return n;
 }
 
+/* The named object's name: its maker's pid and a random nonce, so no two collide and the
+ * tests can tell whose a leftover is. */
+static void name_of(char name[64], pid_t pid, uint64_t nonce)
+{
+    snprintf(name, 64, "/sumo.%d.%016" PRIx64, (int)pid, nonce);
+}
+
 static void segment_unlink(segment *s)
 {
     if (s->name[0]) shm_unlink(s->name);
@@ -439,7 +446,7 @@ static int segment_make(int *mech, size_t bytes, size_t fill_lo, size_t fill_hi,
     }
     if (*mech == MECH_NAMED) {
         step = "shm_open";
-        snprintf(s->name, sizeof s->name, "/sumo.%d.%016" PRIx64, (int)getpid(), s->nonce);
+        name_of(s->name, getpid(), s->nonce);
         s->fd = shm_open(s->name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
         if (s->fd < 0) s->name[0] = '\0';
     }
@@ -675,7 +682,7 @@ static part_record map_parts(shm_transport *t, region *g, const part_record *all
         segment peer;
         bool by_proc;
         char name[64];
-        snprintf(name, sizeof name, "/sumo.%d.%016" PRIx64, (int)all[k].pid, all[k].nonce);
+        name_of(name, (pid_t)all[k].pid, all[k].nonce);
         int e = segment_open(all[k].mech, all[k].pid, all[k].fd, name, all[k].ino, all[k].dev,
                              (size_t)all[k].bytes, &peer, &by_proc, note, notelen);
         if (e != 0) return (part_record){.code = SUMO_ERR_SYSTEM, .err = e, .peer = k};
@@ -751,7 +758,7 @@ static sumo_result shm_mem_alloc(sumo__transport *tp, size_t bytes, void **ptr)
          * table still holds the first one's records (a failed announcement leaves it). */
         for (int k = 0; announced && failed < 0 && k < size; k++) {
             char name[64];
-            snprintf(name, sizeof name, "/sumo.%d.%016" PRIx64, (int)all[k].pid, all[k].nonce);
+            name_of(name, (pid_t)all[k].pid, all[k].nonce);
             if (all[k].mech == MECH_NAMED && k != me) shm_unlink(name);
         }
         return r;
