@@ -88,7 +88,7 @@ struct group {
     /* Called by the parent once the children run (NULL: none). */
     void (*parent_hook)(group *g);
     int ready[2]; /* a pipe: a child writes a byte when the parent_hook may act */
-    char dir[64];
+    char dir[160];
     pid_t pid[MAXP];
     int status[MAXP];
     double killed_at, ended_at;
@@ -163,6 +163,14 @@ static int leftovers(const pid_t *pids, int n)
     return found;
 }
 
+/* A fresh directory for a store, under TMPDIR as mkdtemp(3) users expect. */
+static void make_store_dir(char *dir, size_t len)
+{
+    const char *base = getenv("TMPDIR");
+    snprintf(dir, len, "%s/sumo-shm-test.XXXXXX", base && *base ? base : "/tmp");
+    assert_non_null(mkdtemp(dir));
+}
+
 static void remove_dir(const char *dir)
 {
     DIR *d = opendir(dir);
@@ -181,8 +189,7 @@ static void remove_dir(const char *dir)
  * checks that nothing named is left. */
 static void run_group(group *g)
 {
-    snprintf(g->dir, sizeof g->dir, "/tmp/sumo-shm-test.XXXXXX");
-    assert_non_null(mkdtemp(g->dir));
+    make_store_dir(g->dir, sizeof g->dir);
     assert_int_equal(pipe(g->ready), 0);
     fflush(NULL);
     for (int r = 0; r < g->size; r++) {
@@ -716,7 +723,7 @@ static int never_runs(sumo_comm **commp, int rank, int size, group *g)
 
 static void kill_rank_0_once_1_attached(group *g)
 {
-    char path[128];
+    char path[256];
     /* The file store's name for the key "test/attach/0/1". */
     snprintf(path, sizeof path, "%s/k.test_2Fattach_2F0_2F1", g->dir);
     for (double start = now_s(); access(path, F_OK) != 0 && now_s() - start < 120;)
@@ -804,8 +811,8 @@ static sumo_result create_alone(file_store *fs, const char *prefix, int rank, in
 static void test_store_never_delivers(void **state)
 {
     (void)state;
-    char dir[] = "/tmp/sumo-shm-test.XXXXXX";
-    assert_non_null(mkdtemp(dir));
+    char dir[160];
+    make_store_dir(dir, sizeof dir);
     setenv("SUMO_TIMEOUT", "1", 1);
     setenv("SUMO_SHM_NAMED", "1", 1);
     file_store fs;
