@@ -11,8 +11,9 @@
  * Opening another process's descriptor needs the right to inspect it (same user, and a
  * process that has not made itself undumpable); /proc may also be missing. Rank 0 then makes
  * a named POSIX object instead (O_EXCL, mode 0600, a fresh random name), and removes the
- * name as soon as every rank has mapped it, and on every failure path: only a crash of every
- * process between its creation and the last mapping (a fraction of a second) could leave it.
+ * name as soon as every rank has mapped it, and on every failure path (a peer that sees its
+ * maker die removes it too): only a maker killed before any peer learned the name, or every
+ * process killed in the fraction of a second before the last mapping, could leave one.
  * Peers that cannot open the memfd say so through the store and every rank tries again with
  * the name; memory from mem_alloc uses whichever the control segment uses. Each rank
  * allocates its own parts up front (fallocate), so a full /dev/shm or a memory limit is an
@@ -32,7 +33,8 @@
  * transport at each sleep slice whether a rank they depend on died: pidfds (Linux 5.3),
  * readable once the process has ended, reaped or not (a zombie counts), and where pidfds are
  * missing, kill(pid, 0) and the process's state in /proc. A rank's identity is its pid and its
- * start time, so a recycled pid is never mistaken for the rank.
+ * start time, so a recycled pid is never mistaken for the rank. While the group meets, the
+ * peers watch rank 0 the same way between slices of their waits on the store.
  *
  * Leaving needs nobody: destroy marks the rank gone (peers waiting on it fail at once) and
  * unmaps. The memory lives on in the peers' mappings, so a rank may leave before its peers
