@@ -198,9 +198,10 @@ def _check_abi():
         raise ImportError("sumo: %s is libsumo %d.%d.%d, this binding was made for %d.%d "
                           "(rebuild with `make`, or point SUMO_LIBRARY at a matching build)"
                           % ((lib._name,) + have + ABI))
-    for struct in (AdasumOptions, AcgaOptions, AggregatorOptions):
+    for struct in (AdasumOptions, AcgaOptions, AggregatorOptions, ShmOptions):
         name = "sumo_" + {"AdasumOptions": "adasum_options", "AcgaOptions": "acga_options",
-                          "AggregatorOptions": "aggregator_options"}[struct.__name__]
+                          "AggregatorOptions": "aggregator_options",
+                          "ShmOptions": "shm_options"}[struct.__name__]
         n = ctypes.c_size_t()
         if lib.sumo_struct_size(name.encode(), ctypes.byref(n)) != SUCCESS \
                 or n.value != ctypes.sizeof(struct):

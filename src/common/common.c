@@ -2,6 +2,7 @@
 #include "sumo_aggregation.h"
 #include "sumo_distributed.h"
 #include "sumo_optim.h"
+#include "sumo_shm.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -189,7 +190,7 @@ sumo_result sumo_struct_size(const char *name, size_t *bytes)
         SIZE_OF(sumo_comm_stats), SIZE_OF(sumo_optimizer_options), SIZE_OF(sumo_lr_schedule),
         SIZE_OF(sumo_slowmo_options), SIZE_OF(sumo_distributed_options),
         SIZE_OF(sumo_kernel_table), SIZE_OF(sumo_collective), SIZE_OF(sumo_transport_ops),
-        SIZE_OF(sumo_transport_desc),
+        SIZE_OF(sumo_transport_desc), SIZE_OF(sumo_shm_options), SIZE_OF(sumo_store),
     };
 #undef SIZE_OF
     if (name == NULL || bytes == NULL) return SUMO_ERR_INVALID_ARGUMENT;

@@ -128,6 +128,18 @@ sumo_result sumo__shm_wait_change(sumo__transport *tp, sumo__shm *shm, _Atomic u
             if (atomic_load_explicit(word, memory_order_seq_cst) != value) return SUMO_SUCCESS;
             return peer_left(tp, what, who);
         }
+        if (shm->watch) {
+            char why[128];
+            who = shm->watch(shm, peer, why, sizeof why);
+            /* As for a departure: what the rank did before it died still counts. */
+            if (who >= 0) {
+                if (atomic_load_explicit(word, memory_order_seq_cst) != value) return SUMO_SUCCESS;
+                return SUMO__FAIL(tp, SUMO_ERR_PEER_FAILURE,
+                                  "%s: rank %d %s while rank %d waited on it; this communicator "
+                                  "is unusable",
+                                  what, who, why, tp->rank);
+            }
+        }
         int64_t now = sumo__now_ns();
         if (now >= deadline_ns) {
             sumo__shm_abort(shm, tp->rank);

@@ -1,8 +1,9 @@
 /*
  * Synchronisation for ranks that share memory, private to the transports that have it: the
- * threads transport (one heap) and the MPI transport on one node (an MPI-3 shared window). The control block lives in that shared
- * memory; waits spin briefly, then sleep on a futex (shared, so it works across processes),
- * and every wait is bounded by the transport's deadline and the group's abort flag.
+ * threads transport (one heap), the MPI transport on one node (an MPI-3 shared window) and the
+ * shm transport (processes of one machine, a segment of its own). The control block lives in
+ * that shared memory; waits spin briefly, then sleep on a futex (shared, so it works across
+ * processes), and every wait is bounded by the transport's deadline and the group's abort flag.
  */
 #ifndef SUMO_SHM_H
 #define SUMO_SHM_H
@@ -48,6 +49,12 @@ typedef struct sumo__shm {
     uint32_t spin_limit;
     /* Announcements this rank made: picks the payload slot (every rank counts alike). */
     uint32_t announces;
+    /* Optional (NULL for threads and MPI, where one process holds every rank or the launcher
+     * ends the job): processes that nothing else watches (transport_shm.c) look at each sleep
+     * slice of a wait for a rank that died. Returns the rank whose death makes the wait on
+     * peer (-1: on every rank) hopeless, with how it was seen in why, or -1. */
+    int (*watch)(struct sumo__shm *shm, int peer, char *why, size_t why_bytes);
+    void *watch_ctx;
 } sumo__shm;
 
 size_t sumo__shm_ctl_bytes(int size);
@@ -58,7 +65,7 @@ uint32_t sumo__shm_default_spin_limit(int ranks_sharing_cores);
 /* Blocks until *word != value. Fails with TIMEOUT at the transport's deadline (raising the
  * group's abort flag), or PEER_FAILURE when the abort flag is raised by someone else or when
  * the rank the change must come from has left (peer; -1 when any rank's departure makes the
- * change impossible, as for a barrier). */
+ * change impossible, as for a barrier) or, where shm->watch is set, died. */
 sumo_result sumo__shm_wait_change(sumo__transport *tp, sumo__shm *shm, _Atomic uint32_t *word,
                                   uint32_t value, int peer, int64_t deadline_ns, const char *what);
 /* Wakes every sleeper on word (only issues the system call when someone sleeps). */

@@ -7,7 +7,7 @@ prefix=$(mktemp -d)
 trap 'rm -rf "$prefix"' EXIT
 make --no-print-directory install PREFIX="$prefix" > /dev/null
 export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
-for f in include/sumo.h lib/libsumo.a lib/libsumo.so lib/pkgconfig/sumo.pc; do
+for f in include/sumo.h include/sumo_shm.h lib/libsumo.a lib/libsumo.so lib/pkgconfig/sumo.pc; do
   [ -e "$prefix/$f" ] || { echo "install: $f missing"; exit 1; }
 done
 soname=$(objdump -p "$prefix/lib/libsumo.so" | awk '/SONAME/ {print $2}')
