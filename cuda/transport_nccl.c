@@ -72,7 +72,9 @@ sumo_result sumo_cuda__nccl_load(sumo_cuda__nccl_api *api, char *why, size_t byt
     /* An NCCL the process has loaded already comes first: a communicator must be driven by
      * the library that made it. */
     if (dlsym(RTLD_DEFAULT, "ncclCommUserRank") == NULL) {
-        lib = dlopen(path && *path ? path : "libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+        /* Never unmapped: ncclGetUniqueId leaves a thread of NCCL's running (the bootstrap
+         * root), which must outlive our handle. */
+        lib = dlopen(path && *path ? path : "libnccl.so.2", RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
         if (lib == NULL) {
             snprintf(why, bytes, "NCCL could not be loaded (%s): %s",
                      path && *path ? path : "libnccl.so.2; SUMO_NCCL_LIBRARY names another",

@@ -1749,12 +1749,11 @@ static void d_nccl_one_rank(void)
     CHECK(all == 77, "allgather");
     CHECK_OK(ops->barrier(ctx, later));
     sumo_cuda__nccl_own(ctx);
-    CHECK_OK(ops->destroy(ctx)); /* ends comm too */
+    CHECK_OK(ops->destroy(ctx)); /* ends comm, and closes the library handle it was given */
     m_free(M_DEV, ds);
     m_free(M_DEV, dr);
     free(hs);
     free(hr);
-    sumo_cuda__nccl_unload(&api);
     /* The public path: a communicator made through sumo, the kernels added, collectives on
      * device buffers (at one rank: the input comes back, Adasum included). */
     unsigned char uid[128];
