@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -167,8 +168,13 @@ static double copy_bandwidth(size_t bytes)
 struct coll_arg {
     const sumo_cuda_kernels *k;
     size_t n;
-    int reps;
+    int reps, P;
     std::vector<double> times; /* rank 0's */
+    /* sumo_threads_run ends a rank's handle when its function returns, which fails a peer
+     * still finishing the last collective: each rank waits here for all of them first. */
+    pthread_mutex_t lock;
+    pthread_cond_t all_done;
+    int done;
 };
 
 static sumo_result coll_rank(sumo_comm *comm, int rank, void *p)
@@ -191,6 +197,10 @@ static sumo_result coll_rank(sumo_comm *comm, int rank, void *p)
     cudaFree(in);
     cudaFree(out);
     cudaStreamDestroy(s);
+    pthread_mutex_lock(&a->lock);
+    if (++a->done == a->P) pthread_cond_broadcast(&a->all_done);
+    while (a->done < a->P) pthread_cond_wait(&a->all_done, &a->lock);
+    pthread_mutex_unlock(&a->lock);
     return r;
 }
 
@@ -312,8 +322,14 @@ int main(int argc, char **argv)
             a.k = k;
             a.n = (size_t)mib << 18;
             a.reps = quick ? 3 : 10;
+            a.P = P;
+            a.done = 0;
+            pthread_mutex_init(&a.lock, NULL);
+            pthread_cond_init(&a.all_done, NULL);
             std::vector<sumo_result> res(P);
             SUMO_OK(sumo_threads_run(P, coll_rank, &a, res.data()));
+            pthread_cond_destroy(&a.all_done);
+            pthread_mutex_destroy(&a.lock);
             double m = median(a.times);
             /* Each rank reads its slice of every input twice and writes it into every output:
              * P inputs read twice and P outputs written, 3P x size in all. */

@@ -453,10 +453,12 @@ __global__ void __launch_bounds__(BLOCK) gram_items_kernel(const sumo_cuda__gram
 #pragma unroll
     for (int r = 0; r < RG; r++)
 #pragma unroll
-        for (int b = 0; b < C; b++) {
-            double s = warp_tree(acc.v[r][b]);
-            if (lane == 0) warp_sums[warp][r * C + b] = s;
-        }
+        for (int b = 0; b < C; b++)
+            /* Entries of the triangle only (uniform over the block: every lane shuffles). */
+            if (a0 + r < nin && b >= a0 + r && b < nin) {
+                double s = warp_tree(acc.v[r][b]);
+                if (lane == 0) warp_sums[warp][r * C + b] = s;
+            }
     __syncthreads();
     double *out = a.partials + item * (size_t)gram_len(nin);
     for (int q = tid; q < RG * C; q += BLOCK) {
