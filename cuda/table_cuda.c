@@ -627,19 +627,20 @@ sumo_result sumo_cuda_device_count(int *count, char *message, size_t bytes)
     if (count == NULL) return SUMO_ERR_INVALID_ARGUMENT;
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
-    const char *why = NULL;
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         n = 0;
-        why = e == cudaErrorInsufficientDriver
-                  ? ": no CUDA driver, or one older than this runtime (libcuda.so)"
-                  : "";
     }
     *count = n;
     if (message && bytes) {
+        /* The runtime's own words for a missing driver ("CUDA driver version is insufficient")
+         * mislead where there is no driver at all. */
+        const char *text = e == cudaErrorInsufficientDriver
+                               ? "no driver (libcuda.so), or one older than this runtime"
+                               : cudaGetErrorString(e);
         if (e != cudaSuccess)
-            snprintf(message, bytes, "no CUDA device (cudaGetDeviceCount: %s: %s%s)",
-                     cudaGetErrorName(e), cudaGetErrorString(e), why);
+            snprintf(message, bytes, "no CUDA device (cudaGetDeviceCount: %s: %s)",
+                     cudaGetErrorName(e), text);
         else if (n == 0)
             snprintf(message, bytes, "no CUDA device (cudaGetDeviceCount reports 0)");
         else
@@ -652,13 +653,21 @@ sumo_result sumo_cuda_kernels_create(int device, sumo_cuda_kernels **out)
 {
     if (out == NULL) return SUMO_ERR_INVALID_ARGUMENT;
     *out = NULL;
+    /* No handle exists to carry a message yet: the reason goes to stderr, one line, as sumo's
+     * own constructors do. */
     int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess) return SUMO_CUDA__FAIL(e, "sumo_cuda_kernels_create: cudaGetDeviceCount");
+    char why[256];
+    sumo_cuda_device_count(&n, why, sizeof why);
+    if (n == 0) {
+        fprintf(stderr, "sumo: sumo_cuda_kernels_create: %s\n", why);
+        return SUMO_ERR_INVALID_USAGE;
+    }
+    cudaError_t e;
     if (device == -1) CU(cudaGetDevice(&device));
     if (device < 0 || device >= n) {
-        sumo_cuda__warn("sumo_cuda_kernels_create: device %d of %d", device, n);
-        return n == 0 ? SUMO_ERR_INVALID_USAGE : SUMO_ERR_INVALID_ARGUMENT;
+        fprintf(stderr, "sumo: sumo_cuda_kernels_create: no device %d (%d CUDA device%s)\n", device,
+                n, n == 1 ? "" : "s");
+        return SUMO_ERR_INVALID_ARGUMENT;
     }
     sumo_cuda_kernels *k = calloc(1, sizeof *k);
     if (k == NULL) return SUMO_ERR_SYSTEM;

@@ -49,6 +49,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #if defined(__has_include)
 #if __has_include(<nccl.h>)
@@ -298,6 +299,37 @@ static void t_table_complete(void)
     sumo_comm_destroy(c);
 }
 
+/* stderr into a temporary file while a call that reports there runs (the test checks the
+ * line instead of showing it). */
+typedef struct captured {
+    int saved;
+    FILE *file;
+} captured;
+
+static captured capture_begin(void)
+{
+    captured c = {.saved = -1, .file = tmpfile()};
+    fflush(stderr);
+    if (c.file) {
+        c.saved = dup(2);
+        dup2(fileno(c.file), 2);
+    }
+    return c;
+}
+
+static void capture_end(captured *c, char *text, size_t bytes)
+{
+    text[0] = '\0';
+    fflush(stderr);
+    if (c->file == NULL) return;
+    dup2(c->saved, 2);
+    close(c->saved);
+    rewind(c->file);
+    size_t got = fread(text, 1, bytes - 1, c->file);
+    text[got] = '\0';
+    fclose(c->file);
+}
+
 /* Without a device every entry point says so, and nothing crashes. */
 static void t_no_device(void)
 {
@@ -312,10 +344,16 @@ static void t_no_device(void)
     CHECK(n == 0, "count %d", n);
     CHECK(strstr(msg, "no CUDA device") != NULL, "message: %s", msg);
     sumo_cuda_kernels *k = (sumo_cuda_kernels *)1;
+    char said[512];
+    captured cap = capture_begin();
     sumo_result r = sumo_cuda_kernels_create(0, &k);
+    capture_end(&cap, said, sizeof said);
     CHECK(r == SUMO_ERR_INVALID_USAGE, "kernels_create without a device: %s", sumo_result_name(r));
     CHECK(k == NULL, "no object");
+    CHECK(strstr(said, "sumo_cuda_kernels_create: no CUDA device") != NULL, "stderr: %s", said);
+    cap = capture_begin();
     r = sumo_cuda_kernels_create(-1, &k);
+    capture_end(&cap, said, sizeof said);
     CHECK(r == SUMO_ERR_INVALID_USAGE, "kernels_create(-1) without a device: %s", sumo_result_name(r));
     /* The real claims() of a host pointer is false without a driver (the object is the
      * emulated one with its emulation switched off: the device path's claims). */
