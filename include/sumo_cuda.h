@@ -42,7 +42,8 @@ SUMO_API sumo_result sumo_cuda_device_count(int *count, char *message, size_t by
  * The kernels for one device's memory: an object that holds the device's table and a memory
  * pool for the scratch of each call (metadata, block partials), so that no call pays for a
  * fresh device allocation. device: an ordinal, or -1 for the calling thread's current device.
- * Fails with SUMO_ERR_INVALID_USAGE where there is no such device (no driver, no GPU).
+ * Fails with SUMO_ERR_INVALID_USAGE where there is no device at all (no driver, no GPU) and
+ * SUMO_ERR_INVALID_ARGUMENT for an ordinal out of range, saying why in one line on stderr.
  */
 typedef struct sumo_cuda_kernels sumo_cuda_kernels;
 SUMO_API sumo_result sumo_cuda_kernels_create(int device, sumo_cuda_kernels **out);
