@@ -20,7 +20,7 @@ reports sumo's GB/s against the device-to-device copy cuda_adasum measured.
 """
 import argparse
 import csv
-import math
+import os
 import statistics
 import sys
 
@@ -223,6 +223,10 @@ def main():
                 del xs, ref
                 torch.cuda.empty_cache()
     if args.fused and args.table:
+        if not os.path.exists(args.fused):
+            print("torch_adasum_cuda: no %s (cuda_adasum did not run): no table" % args.fused,
+                  file=sys.stderr)
+            return 1
         fused, meta = read_fused(args.fused)
         write_table(args.table, fused, meta, rows, device)
     return 0
