@@ -263,3 +263,73 @@ fuzz:
 clean-fuzz:
 	rm -rf $(FUZZ_BUILD)
 clean: clean-fuzz
+
+# ---- CUDA: libsumo_cuda (cuda/), built when nvcc is found ----------------------------------
+# The CUDA plugin: a kernel table for device memory and an NCCL transport, on sumo's public and
+# experimental API only (include/sumo_cuda.h). Built when nvcc is on PATH or in CUDA_HOME, else
+# skipped with one message; the CPU library never needs it. Machine code for Hopper (sm_90) and
+# PTX for compute_80, which the driver compiles for any newer GPU (docs/gpu.md). NCCL is
+# loaded at run time, so neither nccl.h nor libnccl is needed to build. `make test` runs
+# test_cuda, which runs its host tests and skips its device tests, saying so, without a GPU.
+CUDA_HOME ?= /usr/local/cuda
+ifeq ($(origin NVCC),undefined)
+NVCC      := $(shell command -v nvcc 2>/dev/null || { test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc; })
+endif
+CUDA_GENCODE ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=compute_80
+.PHONY: test-cuda cuda
+ifneq ($(NVCC),)
+ifeq ($(SAN),)
+CUDA_LIBDIR   := $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/targets/x86_64-linux/lib $(CUDA_HOME)/lib))
+CUDA_CPPFLAGS := -Iinclude -Icuda -isystem $(CUDA_HOME)/include -D_GNU_SOURCE
+# -fmad=false: nothing is fused unless the code says fma(), as in the host kernels (C11 with
+# -ffp-contract=off); no flag that changes IEEE division, square roots or denormals.
+NVCC_WERROR   ?= -Werror all-warnings
+NVCC_FLAGS    ?= -std=c++17 -O3 $(CUDA_GENCODE) -fmad=false $(NVCC_WERROR) \
+                 -Xcompiler -fPIC,-fvisibility=hidden,-ffp-contract=off,-fno-exceptions,-fno-threadsafe-statics,-Wall,-Wextra,-Wno-unknown-pragmas
+# cudart linked statically (only libcuda.so, the driver, is needed at run time, and its absence
+# is reported, not fatal); its symbols are kept out of libsumo_cuda.so's exports.
+CUDA_LDLIBS   := -L$(CUDA_LIBDIR) -lcudart_static -ldl -lrt -lpthread -lm
+CUDA_C_OBJS   := $(patsubst cuda/%.c,$(BUILD)/cuda/%.o,$(wildcard cuda/*.c))
+CUDA_OBJS     := $(CUDA_C_OBJS) $(BUILD)/cuda/kernels_cuda.o
+LIBSUMO_CUDA  := $(BUILD)/libsumo_cuda.a
+LIBSUMO_CUDA_SO := $(BUILD)/libsumo_cuda.so
+CUDA_TARGETS  := $(LIBSUMO_CUDA) $(LIBSUMO_CUDA_SO) $(BUILD)/tests/test_cuda $(BUILD)/bench/cuda_adasum
+all: $(CUDA_TARGETS)
+cuda: $(CUDA_TARGETS)
+
+$(CUDA_C_OBJS): $(BUILD)/cuda/%.o: cuda/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CUDA_CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/cuda/kernels_cuda.o: cuda/kernels_cuda.cu cuda/kernels_cuda.h include/sumo.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(CUDA_CPPFLAGS) $(NVCC_FLAGS) -c $< -o $@
+
+$(LIBSUMO_CUDA): $(CUDA_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(LIBSUMO_CUDA_SO): $(CUDA_OBJS) $(BUILD)/libsumo.so
+	$(CC) -shared -Wl,-soname,libsumo_cuda.so -Wl,-z,defs -Wl,--exclude-libs,ALL $(LDFLAGS) \
+	  $(CUDA_OBJS) -L$(BUILD) -lsumo -Wl,-rpath,'$$ORIGIN' $(CUDA_LDLIBS) -o $@
+
+$(BUILD)/tests/test_cuda: tests/cuda/test_cuda.c $(TEST_SUPPORT) $(LIBSUMO_CUDA) $(LIBSUMO)
+	@mkdir -p $(dir $@)
+	$(CC) $(CUDA_CPPFLAGS) -Itests $(CFLAGS) $< $(TEST_SUPPORT) $(LIBSUMO_CUDA) $(LIBSUMO) $(LDFLAGS) $(CUDA_LDLIBS) -o $@
+
+$(BUILD)/bench/cuda_adasum: bench/cuda_adasum.cu $(LIBSUMO_CUDA) $(LIBSUMO)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(CUDA_CPPFLAGS) $(NVCC_FLAGS) $< $(LIBSUMO_CUDA) $(LIBSUMO) -Xcompiler -pthread -lm -o $@
+
+test-cuda: $(BUILD)/tests/test_cuda
+	@echo "== $<"; $<
+test: test-cuda
+else
+test-cuda:
+	@echo "test-cuda: skipped (sanitizer builds leave the CUDA plugin out)"
+endif
+else
+cuda test-cuda:
+	@echo "$@: skipped (nvcc not found on PATH or in CUDA_HOME=$(CUDA_HOME)): libsumo_cuda not built"
+test: test-cuda
+endif

@@ -1,0 +1,70 @@
+/*
+ * What the files of sumo's CUDA plugin share: the kernels object behind sumo_cuda.h, the
+ * device guard every entry runs under, and the emulated table the host tests use.
+ * Internal: sumo_cuda__ names, hidden in libsumo_cuda.so.
+ */
+#ifndef SUMO_CUDA_INTERNAL_H
+#define SUMO_CUDA_INTERNAL_H
+
+#ifndef SUMO_EXPERIMENTAL_API
+#define SUMO_EXPERIMENTAL_API 1
+#endif
+#include "sumo.h"
+#include "sumo_cuda.h"
+#include "sumo_ext.h"
+
+#include <cuda_runtime_api.h>
+
+#include <stdbool.h>
+#include <stddef.h>
+
+struct sumo_cuda_kernels {
+    sumo_kernel_table table; /* ctx: this object */
+    int device;
+    /* Emulated: "device" memory is host memory, kernels run through the *_emulate entry
+     * points, and claims() is the caller's (tests). */
+    bool emulated;
+    bool (*claims_fn)(void *claims_ctx, const void *ptr, size_t bytes);
+    void *claims_ctx;
+    /* The scratch of each call, stream-ordered. A pool of our own with no release threshold:
+     * the default pool hands its memory back to the driver at every synchronisation, and each
+     * entry ends with one, so every call would map fresh memory. NULL where the device has no
+     * pools (then cudaMalloc / cudaFree per call). */
+    cudaMemPool_t pool;
+};
+
+/* A kernels object whose kernels run on the host through the emulators (kernels_cuda.h), on
+ * host memory, with the test's claims(): the table's glue, planning and arithmetic without a
+ * GPU. Destroy with sumo_cuda_kernels_destroy. */
+sumo_result sumo_cuda__kernels_create_emulated(bool (*claims)(void *ctx, const void *ptr,
+                                                              size_t bytes),
+                                               void *claims_ctx, sumo_cuda_kernels **out);
+
+/* Runs on the kernels' device: the calling thread's current device is switched for the call
+ * and restored after it (a progress thread or a user thread may be on another device). */
+typedef struct sumo_cuda__device_guard {
+    int previous;
+    bool switched;
+} sumo_cuda__device_guard;
+
+cudaError_t sumo_cuda__device_enter(const sumo_cuda_kernels *k, sumo_cuda__device_guard *g);
+void sumo_cuda__device_leave(const sumo_cuda__device_guard *g);
+
+/* A CUDA failure as a sumo_result (out of memory: SUMO_ERR_SYSTEM; a launch or argument the
+ * runtime refused: SUMO_ERR_INTERNAL; no driver or device: SUMO_ERR_INVALID_USAGE), with one
+ * line on stderr under SUMO_DEBUG=WARN or INFO naming the call, the error and where: sumo's
+ * message names the memory and the entry, this gives the CUDA detail. Clears the runtime's
+ * last (non-sticky) error. */
+sumo_result sumo_cuda__fail(cudaError_t e, const char *what, const char *file, int line);
+#define SUMO_CUDA__FAIL(e, what) sumo_cuda__fail((e), (what), __FILE__, __LINE__)
+
+#define SUMO_CUDA__CHECK_RESULT(call)         \
+    do {                                      \
+        sumo_result cr_ = (call);             \
+        if (cr_ != SUMO_SUCCESS) return cr_;  \
+    } while (0)
+
+/* One line on stderr under SUMO_DEBUG=WARN or INFO ("sumo cuda: ..."). */
+void sumo_cuda__warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#endif

@@ -1,0 +1,766 @@
+/*
+ * The sumo_kernel_table of CUDA device memory: every entry of sumo_ext.h over the kernels of
+ * kernels_cuda.cu, with the host table's meaning entry by entry (src/kernels/kernel_table.c).
+ *
+ * Each entry queues its work on the call's stream (`exec`, the stream of sumo_collective;
+ * NULL: the legacy default stream) and waits for it before returning. sumo orders its ranks
+ * with host-side barriers and hands device buffers to transports that run on their own
+ * streams; neither orders device work, so an entry's effects must be complete when it returns
+ * (the cost: one synchronisation per entry, a few microseconds; a collective makes few calls,
+ * one Gram pass and one weighted sum for Adasum on ranks that share a device).
+ *
+ * Small results (Gram partials, dot products, a first non-finite index) go to host memory
+ * through a pageable copy, which returns once the data is there. The scratch of a call (the
+ * layout's pieces, the block partials) comes from the kernels object's memory pool, ordered
+ * on the stream.
+ *
+ * The same glue drives the emulated kernels (host memory, host loops of the device's code) for
+ * the host tests: only the memory calls and the launch differ (the `em` branches).
+ */
+#include "cuda_internal.h"
+#include "kernels_cuda.h"
+
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define MEMORY_NAME "cuda"
+
+static sumo_cuda_kernels *of(void *ctx) { return ctx; }
+
+/* ---- diagnostics ----------------------------------------------------------------------- */
+
+static bool debug_on(void)
+{
+    const char *v = getenv("SUMO_DEBUG");
+    return v && (strcasecmp(v, "WARN") == 0 || strcasecmp(v, "INFO") == 0);
+}
+
+void sumo_cuda__warn(const char *fmt, ...)
+{
+    if (!debug_on()) return;
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "sumo cuda: %s\n", line);
+}
+
+sumo_result sumo_cuda__fail(cudaError_t e, const char *what, const char *file, int line)
+{
+    (void)cudaGetLastError();
+    sumo_cuda__warn("%s: %s: %s (%s:%d)", what, cudaGetErrorName(e), cudaGetErrorString(e), file,
+                    line);
+    switch (e) {
+    case cudaErrorMemoryAllocation: return SUMO_ERR_SYSTEM;
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorInvalidDevice: return SUMO_ERR_INVALID_USAGE;
+    default: return SUMO_ERR_INTERNAL;
+    }
+}
+
+#define CU(call)                                                       \
+    do {                                                               \
+        cudaError_t cu_e_ = (call);                                    \
+        if (cu_e_ != cudaSuccess) return SUMO_CUDA__FAIL(cu_e_, #call); \
+    } while (0)
+
+cudaError_t sumo_cuda__device_enter(const sumo_cuda_kernels *k, sumo_cuda__device_guard *g)
+{
+    g->switched = false;
+    g->previous = k->device;
+    if (k->emulated) return cudaSuccess;
+    cudaError_t e = cudaGetDevice(&g->previous);
+    if (e != cudaSuccess) return e;
+    if (g->previous == k->device) return cudaSuccess;
+    e = cudaSetDevice(k->device);
+    g->switched = e == cudaSuccess;
+    return e;
+}
+
+void sumo_cuda__device_leave(const sumo_cuda__device_guard *g)
+{
+    if (g->switched) (void)cudaSetDevice(g->previous);
+}
+
+/* ---- memory: the device's, or the emulator's (host) ----------------------------------------- */
+
+static size_t dtype_bytes(sumo_dtype dt)
+{
+    switch (dt) {
+    case SUMO_FLOAT64: return 8;
+    case SUMO_FLOAT16:
+    case SUMO_BFLOAT16: return 2;
+    default: return 4;
+    }
+}
+
+static bool dtype_ok(sumo_dtype dt) { return (int)dt >= 0 && dt < SUMO_DTYPE_COUNT; }
+
+static sumo_result scratch_alloc(sumo_cuda_kernels *k, size_t bytes, cudaStream_t s, void **p)
+{
+    bytes = bytes ? (bytes + 63) / 64 * 64 : 64;
+    if (k->emulated) {
+        *p = aligned_alloc(64, bytes);
+        return *p ? SUMO_SUCCESS : SUMO_ERR_SYSTEM;
+    }
+    if (k->pool) CU(cudaMallocFromPoolAsync(p, bytes, k->pool, s));
+    else CU(cudaMalloc(p, bytes));
+    return SUMO_SUCCESS;
+}
+
+static void scratch_free(sumo_cuda_kernels *k, void *p, cudaStream_t s)
+{
+    if (p == NULL) return;
+    if (k->emulated) free(p);
+    else if (k->pool) (void)cudaFreeAsync(p, s);
+    else (void)cudaFree(p);
+}
+
+/* Host to kernel-visible memory (a staged copy: the source may be freed on return). */
+static sumo_result upload(sumo_cuda_kernels *k, void *dst, const void *src, size_t bytes,
+                          cudaStream_t s)
+{
+    if (bytes == 0) return SUMO_SUCCESS;
+    if (k->emulated) memcpy(dst, src, bytes);
+    else CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
+    return SUMO_SUCCESS;
+}
+
+/* Kernel-visible to pageable host memory: complete on return. */
+static sumo_result download(sumo_cuda_kernels *k, void *dst, const void *src, size_t bytes,
+                            cudaStream_t s)
+{
+    if (bytes == 0) return SUMO_SUCCESS;
+    if (k->emulated) memcpy(dst, src, bytes);
+    else CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
+    return SUMO_SUCCESS;
+}
+
+static sumo_result finish(sumo_cuda_kernels *k, cudaStream_t s)
+{
+    if (!k->emulated) CU(cudaStreamSynchronize(s));
+    return SUMO_SUCCESS;
+}
+
+static sumo_result launched(int e, const char *what)
+{
+    return e == 0 ? SUMO_SUCCESS : SUMO_CUDA__FAIL((cudaError_t)e, what);
+}
+
+/* ---- layouts ------------------------------------------------------------------------------ */
+
+/* The first tensor that ends after pos (kernel_table.c's first_tensor). */
+static size_t first_tensor(const size_t *offsets, size_t ntensors, size_t pos)
+{
+    size_t lo = 0, hi = ntensors;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (offsets[mid + 1] > pos) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
+size_t sumo_cuda__plan(const size_t *offsets, size_t ntensors, size_t lo, size_t hi,
+                       size_t chunk, sumo_cuda__piece *out, size_t cap, size_t *nitems)
+{
+    size_t np = 0, items = 0;
+    for (size_t t = hi > lo ? first_tensor(offsets, ntensors, lo) : ntensors;
+         t < ntensors && offsets[t] < hi; t++) {
+        size_t s = offsets[t] > lo ? offsets[t] : lo;
+        size_t e = offsets[t + 1] < hi ? offsets[t + 1] : hi;
+        if (e <= s) continue;
+        if (np < cap)
+            out[np] = (sumo_cuda__piece){.start = s - lo, .len = e - s, .first_item = items,
+                                         .tensor = t};
+        items += (e - s + chunk - 1) / chunk;
+        np++;
+    }
+    if (nitems) *nitems = items;
+    return np;
+}
+
+/* The pieces of a call in host memory (malloc'd). */
+static sumo_result plan_pieces(const size_t *offsets, size_t ntensors, size_t lo, size_t hi,
+                               size_t chunk, sumo_cuda__piece **pieces, size_t *np, size_t *nitems)
+{
+    *np = sumo_cuda__plan(offsets, ntensors, lo, hi, chunk, NULL, 0, nitems);
+    *pieces = NULL;
+    if (*np == 0) return SUMO_SUCCESS;
+    *pieces = malloc(*np * sizeof **pieces);
+    if (*pieces == NULL) return SUMO_ERR_SYSTEM;
+    sumo_cuda__plan(offsets, ntensors, lo, hi, chunk, *pieces, *np, nitems);
+    return SUMO_SUCCESS;
+}
+
+/* ---- the entries ---------------------------------------------------------------------------- */
+
+static bool k_claims(void *ctx, const void *ptr, size_t bytes)
+{
+    sumo_cuda_kernels *k = of(ctx);
+    if (k->emulated) return k->claims_fn(k->claims_ctx, ptr, bytes);
+    /* Device (or managed) memory of this device at both ends of the range. Host memory,
+     * pinned or not, is the host table's: the host reaches it. */
+    const unsigned char *ends[2] = {ptr, (const unsigned char *)ptr + (bytes ? bytes - 1 : 0)};
+    for (int i = 0; i < 2; i++) {
+        struct cudaPointerAttributes attr;
+        if (cudaPointerGetAttributes(&attr, ends[i]) != cudaSuccess) {
+            (void)cudaGetLastError(); /* no driver, or a pointer it does not know */
+            return false;
+        }
+        if ((attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) ||
+            attr.device != k->device)
+            return false;
+    }
+    return true;
+}
+
+static sumo_result k_alloc(void *ctx, size_t bytes, void **ptr)
+{
+    sumo_cuda_kernels *k = of(ctx);
+    if (k->emulated) {
+        *ptr = aligned_alloc(64, bytes ? (bytes + 63) / 64 * 64 : 64);
+        return *ptr ? SUMO_SUCCESS : SUMO_ERR_SYSTEM;
+    }
+    sumo_cuda__device_guard g;
+    CU(sumo_cuda__device_enter(k, &g));
+    /* cudaMalloc's memory is 256-byte aligned, more than the 64 asked for. */
+    cudaError_t e = cudaMalloc(ptr, bytes ? bytes : 1);
+    sumo_cuda__device_leave(&g);
+    if (e != cudaSuccess) return SUMO_CUDA__FAIL(e, "cudaMalloc");
+    return SUMO_SUCCESS;
+}
+
+static void k_release(void *ctx, void *ptr)
+{
+    sumo_cuda_kernels *k = of(ctx);
+    if (k->emulated) {
+        free(ptr);
+        return;
+    }
+    sumo_cuda__device_guard g;
+    if (sumo_cuda__device_enter(k, &g) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return;
+    }
+    (void)cudaFree(ptr);
+    sumo_cuda__device_leave(&g);
+}
+
+/* Every entry below: checks, the device guard, the body, the guard's end. */
+#define ENTER(k)                                            \
+    sumo_cuda__device_guard guard_;                         \
+    do {                                                    \
+        cudaError_t ge_ = sumo_cuda__device_enter((k), &guard_); \
+        if (ge_ != cudaSuccess) return SUMO_CUDA__FAIL(ge_, "cudaSetDevice"); \
+    } while (0)
+#define LEAVE(r)                            \
+    do {                                    \
+        sumo_cuda__device_leave(&guard_);   \
+        return (r);                         \
+    } while (0)
+
+static sumo_result k_synchronize(void *ctx, void *exec)
+{
+    sumo_cuda_kernels *k = of(ctx);
+    ENTER(k);
+    LEAVE(finish(k, exec));
+}
+
+static sumo_result copy_body(sumo_cuda_kernels *k, cudaStream_t s, void *dst, const void *src,
+                             size_t bytes)
+{
+    if (dst == src || bytes == 0) return SUMO_SUCCESS;
+    if (k->emulated) {
+        memcpy(dst, src, bytes);
+        return SUMO_SUCCESS;
+    }
+    /* cudaMemcpyDefault: either side may be host memory (staging areas), the runtime knows
+     * which from the addresses. */
+    CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
+    return finish(k, s);
+}
+
+static sumo_result k_copy(void *ctx, void *exec, void *dst, const void *src, size_t bytes)
+{
+    sumo_cuda_kernels *k = of(ctx);
+    ENTER(k);
+    LEAVE(copy_body(k, exec, dst, src, bytes));
+}
+
+/* One element-wise launch, waited for; `first` (may be NULL) receives the kernel's first
+ * non-finite index. */
+static sumo_result ew_body(sumo_cuda_kernels *k, cudaStream_t s, sumo_cuda__ew_args *a,
+                           size_t *first)
+{
+    unsigned long long *dfirst = NULL, hfirst = ~0ull;
+    sumo_result r = SUMO_SUCCESS;
+    if (first) {
+        r = scratch_alloc(k, sizeof *dfirst, s, (void **)&dfirst);
+        if (r == SUMO_SUCCESS) r = upload(k, dfirst, &hfirst, sizeof hfirst, s);
+        a->first = dfirst;
+    }
+    if (r == SUMO_SUCCESS) {
+        if (k->emulated) sumo_cuda__ew_emulate(a);
+        else r = launched(sumo_cuda__ew_launch(a, s), "element-wise kernel");
+    }
+    if (r == SUMO_SUCCESS && first) r = download(k, &hfirst, dfirst, sizeof hfirst, s);
+    scratch_free(k, dfirst, s);
+    if (r == SUMO_SUCCESS) r = finish(k, s);
+    if (first) *first = hfirst == ~0ull ? SIZE_MAX : (size_t)hfirst;
+    return r;
+}
+
+static sumo_result k_fill(void *ctx, void *exec, sumo_dtype dtype, void *dst, double value,
+                          size_t n)
+{
+    sumo_cuda_kernels *k = of(ctx);
+    if (!dtype_ok(dtype)) return SUMO_ERR_INVALID_ARGUMENT;
+    if (n == 0) return SUMO_SUCCESS;
+    sumo_cuda__ew_args a = {.op = SUMO_CUDA__EW_FILL, .dtype = dtype, .n = n, .dst = dst};
+    switch (dtype) {
+    case SUMO_FLOAT32: {
+        float f = (float)value;
+        uint32_t u;
+        memcpy(&u, &f, sizeof u);
+        a.pattern = u;
+        break;
+    }
+    case SUMO_FLOAT64: memcpy(&a.pattern, &value, sizeof value); break;
+    case SUMO_FLOAT16: a.pattern = sumo_cuda__double_to_half(value); break;
+    default: a.pattern = sumo_cuda__double_to_bf16(value); break;
+    }
+    ENTER(k);
+    LEAVE(ew_body(k, exec, &a, NULL));
+}
+
+static sumo_result k_first_nonfinite(void *ctx, void *exec, sumo_dtype dtype, const void *src,
+                                     size_t n, size_t *first)
+{
+    sumo_cuda_kernels *k = of(ctx);
+    *first = SIZE_MAX;
+    if (!dtype_ok(dtype)) return SUMO_ERR_INVALID_ARGUMENT;
+    if (n == 0) return SUMO_SUCCESS;
+    sumo_cuda__ew_args a = {.op = SUMO_CUDA__EW_SCAN, .dtype = dtype, .n = n, .a = src};
+    ENTER(k);
+    LEAVE(ew_body(k, exec, &a, first));
+}
+
+/* The reduce's pointers: in the launch's arguments up to SUMO_CUDA__INLINE_PTRS, else in a
+ * kernel-visible array (*far, freed by the caller). */
+static sumo_result reduce_pointers(sumo_cuda_kernels *k, cudaStream_t s, sumo_cuda__ew_args *a,
+                                   void *const *outs, int nout, const void *const *ins, int nin,
+                                   void **far)
+{
+    *far = NULL;
+    if (nin <= SUMO_CUDA__INLINE_PTRS && nout <= SUMO_CUDA__INLINE_PTRS) {
+        for (int j = 0; j < nin; j++) a->ins[j] = ins[j];
+        for (int o = 0; o < nout; o++) a->outs[o] = outs[o];
+        return SUMO_SUCCESS;
+    }
+    size_t bytes = ((size_t)nin + (size_t)nout) * sizeof(void *);
+    const void **host = malloc(bytes);
+    if (host == NULL) return SUMO_ERR_SYSTEM;
+    memcpy(host, ins, (size_t)nin * sizeof(void *));
+    memcpy(host + nin, outs, (size_t)nout * sizeof(void *));
+    sumo_result r = scratch_alloc(k, bytes, s, far);
+    if (r == SUMO_SUCCESS) r = upload(k, *far, host, bytes, s);
+    free(host);
+    a->ins_far = (const void *const *)*far;
+    a->outs_far = (void *const *)((const void **)*far + nin);
+    return r;
+}
+
+static sumo_result k_reduce(void *ctx, void *exec, sumo_dtype dtype, void *const *outs, int nout,
+                            const void *const *ins, int nin, size_t n, int divisor)
+{
+    sumo_cuda_kernels *k = of(ctx);
+    if (!dtype_ok(dtype) || nin < 1 || nout < 1 || divisor < 1) return SUMO_ERR_INVALID_ARGUMENT;
+    if (n == 0) return SUMO_SUCCESS;
+    sumo_cuda__ew_args a = {.op = SUMO_CUDA__EW_REDUCE, .dtype = dtype, .n = n, .nin = nin,
+                            .nout = nout, .divisor = divisor};
+    ENTER(k);
+    void *far;
+    sumo_result r = reduce_pointers(k, exec, &a, outs, nout, ins, nin, &far);
+    if (r == SUMO_SUCCESS) r = ew_body(k, exec, &a, NULL);
+    scratch_free(k, far, exec);
+    LEAVE(r);
+}
+
+static sumo_result k_convert(void *ctx, void *exec, sumo_dtype dst_dtype, void *dst,
+                             sumo_dtype src_dtype, const void *src, size_t n)
+{
+    sumo_cuda_kernels *k = of(ctx);
+    if (!dtype_ok(dst_dtype) || !dtype_ok(src_dtype)) return SUMO_ERR_INVALID_ARGUMENT;
+    if (n == 0) return SUMO_SUCCESS;
+    ENTER(k);
+    if (dst_dtype == src_dtype) LEAVE(copy_body(k, exec, dst, src, n * dtype_bytes(dst_dtype)));
+    sumo_cuda__ew_args a = {.op = SUMO_CUDA__EW_CONVERT, .dtype = dst_dtype,
+                            .src_dtype = src_dtype, .n = n, .dst = dst, .a = src};
+    LEAVE(ew_body(k, exec, &a, NULL));
+}
+
+static sumo_result k_scaled_add(void *ctx, void *exec, sumo_dtype dtype, void *a_, double ca,
+                                const void *b, double cb, size_t n)
+{
+    sumo_cuda_kernels *k = of(ctx);
+    if (!dtype_ok(dtype)) return SUMO_ERR_INVALID_ARGUMENT;
+    if (n == 0) return SUMO_SUCCESS;
+    sumo_cuda__ew_args a = {.op = SUMO_CUDA__EW_SCALED_ADD, .dtype = dtype, .n = n, .dst = a_,
+                            .a = b, .ca = ca, .cb = cb,
+                            .wide = !sumo_cuda__coef_fits_float(ca) ||
+                                    !sumo_cuda__coef_fits_float(cb)};
+    ENTER(k);
+    LEAVE(ew_body(k, exec, &a, NULL));
+}
+
+/* The Gram partials of [lo, hi): pieces up, two launches, the pieces' totals down, added into
+ * gram per tensor (the host table's +=). */
+static sumo_result gram_body(sumo_cuda_kernels *k, cudaStream_t s, sumo_dtype dtype,
+                             const void *const *ins, int nin, const size_t *offsets,
+                             size_t ntensors, size_t lo, size_t hi, double *gram)
+{
+    sumo_cuda__piece *pieces;
+    size_t np, nitems, L = sumo_cuda__gram_len(nin);
+    sumo_result r = plan_pieces(offsets, ntensors, lo, hi, sumo_cuda__gram_chunk(dtype), &pieces,
+                                &np, &nitems);
+    if (r != SUMO_SUCCESS || np == 0) return r;
+    size_t pieces_bytes = (np * sizeof *pieces + 63) / 64 * 64;
+    size_t partial_bytes = (nitems * L * sizeof(double) + 63) / 64 * 64;
+    size_t total_bytes = np * L * sizeof(double);
+    double *totals = malloc(total_bytes);
+    unsigned char *scratch = NULL;
+    if (totals == NULL) r = SUMO_ERR_SYSTEM;
+    if (r == SUMO_SUCCESS) r = scratch_alloc(k, pieces_bytes + partial_bytes + total_bytes, s, (void **)&scratch);
+    sumo_cuda__gram_args a = {.dtype = dtype, .nin = nin, .npieces = np, .nitems = nitems};
+    if (r == SUMO_SUCCESS) {
+        for (int i = 0; i < nin; i++) a.ins[i] = ins[i];
+        a.pieces = (const sumo_cuda__piece *)(const void *)scratch;
+        a.partials = (double *)(void *)(scratch + pieces_bytes);
+        a.totals = (double *)(void *)(scratch + pieces_bytes + partial_bytes);
+        r = upload(k, scratch, pieces, np * sizeof *pieces, s);
+    }
+    if (r == SUMO_SUCCESS) {
+        if (k->emulated) sumo_cuda__gram_emulate(&a);
+        else r = launched(sumo_cuda__gram_launch(&a, s), "Gram partials kernel");
+    }
+    if (r == SUMO_SUCCESS) r = download(k, totals, a.totals, total_bytes, s);
+    scratch_free(k, scratch, s);
+    if (r == SUMO_SUCCESS) r = finish(k, s);
+    if (r == SUMO_SUCCESS)
+        for (size_t p = 0; p < np; p++)
+            for (size_t q = 0; q < L; q++) gram[pieces[p].tensor * L + q] += totals[p * L + q];
+    free(totals);
+    free(pieces);
+    return r;
+}
+
+static sumo_result k_gram_partials(void *ctx, void *exec, sumo_dtype dtype, const void *const *ins,
+                                   int nin, const size_t *offsets, size_t ntensors, size_t lo,
+                                   size_t hi, double *gram)
+{
+    sumo_cuda_kernels *k = of(ctx);
+    if (!dtype_ok(dtype) || nin < 1 || nin > SUMO_CUDA__MAX_IN) return SUMO_ERR_INVALID_ARGUMENT;
+    if (hi <= lo) return SUMO_SUCCESS;
+    ENTER(k);
+    LEAVE(gram_body(k, exec, dtype, ins, nin, offsets, ntensors, lo, hi, gram));
+}
+
+static sumo_result k_dot_norms(void *ctx, void *exec, sumo_dtype dtype, const void *a,
+                               const void *b, size_t n, double *out)
+{
+    sumo_cuda_kernels *k = of(ctx);
+    out[0] = out[1] = out[2] = 0.0;
+    if (!dtype_ok(dtype)) return SUMO_ERR_INVALID_ARGUMENT;
+    if (n == 0) return SUMO_SUCCESS;
+    /* The two-input Gram partials over one piece: (a.a, a.b, b.b). */
+    const void *ins[2] = {a, b};
+    const size_t offsets[2] = {0, n};
+    double g[3] = {0, 0, 0};
+    ENTER(k);
+    sumo_result r = gram_body(k, exec, dtype, ins, 2, offsets, 1, 0, n, g);
+    if (r == SUMO_SUCCESS) {
+        out[0] = g[1];
+        out[1] = g[0];
+        out[2] = g[2];
+    }
+    LEAVE(r);
+}
+
+static sumo_result wsum_body(sumo_cuda_kernels *k, cudaStream_t s, sumo_dtype dtype,
+                             void *const *outs, int nout, const void *const *ins, int nin,
+                             const size_t *offsets, size_t ntensors, size_t lo, size_t hi,
+                             const double *w)
+{
+    sumo_cuda__piece *pieces;
+    size_t np, nitems;
+    sumo_result r = plan_pieces(offsets, ntensors, lo, hi, sumo_cuda__wsum_chunk(dtype), &pieces,
+                                &np, &nitems);
+    if (r != SUMO_SUCCESS || np == 0) return r;
+    /* One upload: the pieces, each piece's weights, each piece's wide flag. */
+    size_t pieces_bytes = np * sizeof *pieces, w_bytes = np * (size_t)nin * sizeof(double);
+    size_t bytes = pieces_bytes + w_bytes + np;
+    unsigned char *host = malloc(bytes), *scratch = NULL;
+    if (host == NULL) r = SUMO_ERR_SYSTEM;
+    bool narrow = dtype == SUMO_FLOAT16 || dtype == SUMO_BFLOAT16;
+    if (r == SUMO_SUCCESS) {
+        memcpy(host, pieces, pieces_bytes);
+        double *hw = (double *)(void *)(host + pieces_bytes);
+        unsigned char *hwide = host + pieces_bytes + w_bytes;
+        for (size_t p = 0; p < np; p++) {
+            const double *wt = w + pieces[p].tensor * (size_t)nin;
+            bool fits = true;
+            for (int i = 0; i < nin; i++) {
+                hw[p * (size_t)nin + (size_t)i] = wt[i];
+                fits = fits && sumo_cuda__coef_fits_float(wt[i]);
+            }
+            hwide[p] = narrow && !fits;
+        }
+        r = scratch_alloc(k, bytes, s, (void **)&scratch);
+    }
+    if (r == SUMO_SUCCESS) r = upload(k, scratch, host, bytes, s);
+    if (r == SUMO_SUCCESS) {
+        sumo_cuda__wsum_args a = {.dtype = dtype, .nin = nin, .nout = nout, .npieces = np,
+                                  .nitems = nitems,
+                                  .pieces = (const sumo_cuda__piece *)(const void *)scratch,
+                                  .w = (const double *)(const void *)(scratch + pieces_bytes),
+                                  .wide = scratch + pieces_bytes + w_bytes};
+        for (int i = 0; i < nin; i++) a.ins[i] = ins[i];
+        for (int o = 0; o < nout; o++) a.outs[o] = outs[o];
+        if (k->emulated) sumo_cuda__wsum_emulate(&a);
+        else r = launched(sumo_cuda__wsum_launch(&a, s), "weighted-sum kernel");
+    }
+    scratch_free(k, scratch, s);
+    if (r == SUMO_SUCCESS) r = finish(k, s);
+    free(host);
+    free(pieces);
+    return r;
+}
+
+static sumo_result k_weighted_sum(void *ctx, void *exec, sumo_dtype dtype, void *const *outs,
+                                  int nout, const void *const *ins, int nin,
+                                  const size_t *offsets, size_t ntensors, size_t lo, size_t hi,
+                                  const double *w)
+{
+    sumo_cuda_kernels *k = of(ctx);
+    if (!dtype_ok(dtype) || nin < 1 || nin > SUMO_CUDA__MAX_IN || nout < 1 ||
+        nout > SUMO_CUDA__MAX_IN)
+        return SUMO_ERR_INVALID_ARGUMENT;
+    if (hi <= lo) return SUMO_SUCCESS;
+    ENTER(k);
+    LEAVE(wsum_body(k, exec, dtype, outs, nout, ins, nin, offsets, ntensors, lo, hi, w));
+}
+
+static sumo_result k_delta(void *ctx, void *exec, sumo_dtype dtype, void *delta, const void *now,
+                           const void *start, size_t n)
+{
+    sumo_cuda_kernels *k = of(ctx);
+    if (!dtype_ok(dtype)) return SUMO_ERR_INVALID_ARGUMENT;
+    if (n == 0) return SUMO_SUCCESS;
+    sumo_cuda__ew_args a = {.op = SUMO_CUDA__EW_DELTA, .dtype = dtype, .n = n, .dst = delta,
+                            .a = now, .b = start};
+    ENTER(k);
+    LEAVE(ew_body(k, exec, &a, NULL));
+}
+
+static sumo_result k_apply_delta(void *ctx, void *exec, sumo_dtype dtype, void *params,
+                                 const void *start, const void *delta, size_t n, size_t *first)
+{
+    sumo_cuda_kernels *k = of(ctx);
+    *first = SIZE_MAX;
+    if (!dtype_ok(dtype)) return SUMO_ERR_INVALID_ARGUMENT;
+    if (n == 0) return SUMO_SUCCESS;
+    sumo_cuda__ew_args a = {.op = SUMO_CUDA__EW_APPLY, .dtype = dtype, .n = n, .dst = params,
+                            .a = start, .b = delta};
+    ENTER(k);
+    LEAVE(ew_body(k, exec, &a, first));
+}
+
+static sumo_result k_slow_update(void *ctx, void *exec, sumo_dtype dtype, void *x, void *u,
+                                 void *x0, size_t n, double alpha, double beta, double gamma)
+{
+    sumo_cuda_kernels *k = of(ctx);
+    /* fp32 and fp64, as the host table. */
+    if (dtype != SUMO_FLOAT32 && dtype != SUMO_FLOAT64) return SUMO_ERR_INVALID_ARGUMENT;
+    if (n == 0) return SUMO_SUCCESS;
+    sumo_cuda__ew_args a = {.op = SUMO_CUDA__EW_SLOW, .dtype = dtype, .n = n, .dst = x, .c = u,
+                            .d = x0, .beta = beta, .gamma = gamma, .step = alpha * gamma};
+    ENTER(k);
+    LEAVE(ew_body(k, exec, &a, NULL));
+}
+
+/* ---- the object ------------------------------------------------------------------------------ */
+
+static void fill_table(sumo_cuda_kernels *k)
+{
+    k->table = (sumo_kernel_table){
+        .struct_size = sizeof(sumo_kernel_table),
+        .memory = MEMORY_NAME,
+        .ctx = k,
+        .claims = k_claims,
+        .alloc = k_alloc,
+        .release = k_release,
+        .synchronize = k_synchronize,
+        .copy = k_copy,
+        .fill = k_fill,
+        .first_nonfinite = k_first_nonfinite,
+        .reduce = k_reduce,
+        .convert = k_convert,
+        .dot_norms = k_dot_norms,
+        .scaled_add = k_scaled_add,
+        .gram_partials = k_gram_partials,
+        .weighted_sum = k_weighted_sum,
+        .delta = k_delta,
+        .apply_delta = k_apply_delta,
+        .slow_update = k_slow_update,
+    };
+}
+
+sumo_result sumo_cuda_device_count(int *count, char *message, size_t bytes)
+{
+    if (count == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        n = 0;
+    }
+    *count = n;
+    if (message && bytes) {
+        /* The runtime's own words for a missing driver ("CUDA driver version is insufficient")
+         * mislead where there is no driver at all. */
+        const char *text = e == cudaErrorInsufficientDriver
+                               ? "no driver (libcuda.so), or one older than this runtime"
+                               : cudaGetErrorString(e);
+        if (e != cudaSuccess)
+            snprintf(message, bytes, "no CUDA device (cudaGetDeviceCount: %s: %s)",
+                     cudaGetErrorName(e), text);
+        else if (n == 0)
+            snprintf(message, bytes, "no CUDA device (cudaGetDeviceCount reports 0)");
+        else
+            snprintf(message, bytes, "%d CUDA device%s", n, n == 1 ? "" : "s");
+    }
+    return SUMO_SUCCESS;
+}
+
+sumo_result sumo_cuda_kernels_create(int device, sumo_cuda_kernels **out)
+{
+    if (out == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    *out = NULL;
+    /* No handle exists to carry a message yet: the reason goes to stderr, one line, as sumo's
+     * own constructors do. */
+    int n = 0;
+    char why[256];
+    sumo_cuda_device_count(&n, why, sizeof why);
+    if (n == 0) {
+        fprintf(stderr, "sumo: sumo_cuda_kernels_create: %s\n", why);
+        return SUMO_ERR_INVALID_USAGE;
+    }
+    cudaError_t e;
+    if (device == -1) CU(cudaGetDevice(&device));
+    if (device < 0 || device >= n) {
+        fprintf(stderr, "sumo: sumo_cuda_kernels_create: no device %d (%d CUDA device%s)\n", device,
+                n, n == 1 ? "" : "s");
+        return SUMO_ERR_INVALID_ARGUMENT;
+    }
+    sumo_cuda_kernels *k = calloc(1, sizeof *k);
+    if (k == NULL) return SUMO_ERR_SYSTEM;
+    k->device = device;
+    int pools = 0;
+    e = cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device);
+    if (e == cudaSuccess && pools) {
+        struct cudaMemPoolProps props;
+        memset(&props, 0, sizeof props);
+        props.allocType = cudaMemAllocationTypePinned;
+        props.location.type = cudaMemLocationTypeDevice;
+        props.location.id = device;
+        e = cudaMemPoolCreate(&k->pool, &props);
+        if (e == cudaSuccess) {
+            uint64_t keep = UINT64_MAX;
+            e = cudaMemPoolSetAttribute(k->pool, cudaMemPoolAttrReleaseThreshold, &keep);
+        }
+    }
+    if (e != cudaSuccess) {
+        sumo_result r = SUMO_CUDA__FAIL(e, "sumo_cuda_kernels_create: memory pool");
+        if (k->pool) (void)cudaMemPoolDestroy(k->pool);
+        free(k);
+        return r;
+    }
+    fill_table(k);
+    *out = k;
+    return SUMO_SUCCESS;
+}
+
+sumo_result sumo_cuda__kernels_create_emulated(bool (*claims)(void *ctx, const void *ptr,
+                                                              size_t bytes),
+                                               void *claims_ctx, sumo_cuda_kernels **out)
+{
+    if (out == NULL || claims == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    sumo_cuda_kernels *k = calloc(1, sizeof *k);
+    if (k == NULL) return SUMO_ERR_SYSTEM;
+    k->emulated = true;
+    k->claims_fn = claims;
+    k->claims_ctx = claims_ctx;
+    fill_table(k);
+    *out = k;
+    return SUMO_SUCCESS;
+}
+
+sumo_result sumo_cuda_kernels_destroy(sumo_cuda_kernels *kernels)
+{
+    if (kernels == NULL) return SUMO_SUCCESS;
+    if (kernels->pool) {
+        sumo_cuda__device_guard g;
+        if (sumo_cuda__device_enter(kernels, &g) == cudaSuccess) {
+            /* Scratch is freed on its streams: wait for them before the pool goes. */
+            (void)cudaDeviceSynchronize();
+            (void)cudaMemPoolDestroy(kernels->pool);
+            sumo_cuda__device_leave(&g);
+        }
+        (void)cudaGetLastError();
+    }
+    free(kernels);
+    return SUMO_SUCCESS;
+}
+
+sumo_result sumo_cuda_kernels_table(const sumo_cuda_kernels *kernels,
+                                    const struct sumo_kernel_table **table)
+{
+    if (kernels == NULL || table == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    *table = &kernels->table;
+    return SUMO_SUCCESS;
+}
+
+sumo_result sumo_comm_add_cuda(sumo_comm *comm, const sumo_cuda_kernels *kernels)
+{
+    if (comm == NULL || kernels == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    return sumo_comm_add_kernels(comm, &kernels->table);
+}
+
+sumo_result sumo_cuda_allreduce(const void *sendbuf, void *recvbuf, size_t count,
+                                sumo_dtype dtype, sumo_op op, sumo_comm *comm, void *stream)
+{
+    if (comm == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    /* The inputs must be complete before any peer reads them from its own stream. A rank that
+     * cannot tell fails the call on every rank, at once. */
+    cudaError_t e = cudaStreamSynchronize((cudaStream_t)stream);
+    if (e != cudaSuccess) {
+        char why[256];
+        snprintf(why, sizeof why, "cudaStreamSynchronize before the allreduce: %s: %s",
+                 cudaGetErrorName(e), cudaGetErrorString(e));
+        (void)cudaGetLastError();
+        return sumo_comm_fail(comm, e == cudaErrorMemoryAllocation ? SUMO_ERR_SYSTEM
+                                                                   : SUMO_ERR_INVALID_USAGE,
+                              why);
+    }
+    sumo_collective c = {.struct_size = sizeof c, .kind = SUMO_COLLECTIVE_ALLREDUCE,
+                         .sendbuf = sendbuf, .recvbuf = recvbuf, .count = count,
+                         .dtype = dtype, .op = op, .stream = stream};
+    return sumo_collective_run(comm, &c);
+}

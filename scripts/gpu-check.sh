@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# The CUDA path's whole check on a machine with an NVIDIA GPU, in one run (docs/gpu.md):
+#
+#   scripts/gpu-check.sh OUTDIR
+#
+#  1. prints the device, the driver, nvcc and the NCCL it will use;
+#  2. builds libsumo, libsumo_cuda, test_cuda and cuda_adasum (warnings as errors; should a
+#     compiler other than CI's find a new warning, once more without, saying so);
+#  3. runs test_cuda (host and device tests), then its device tests under compute-sanitizer
+#     memcheck and racecheck (quick sizes);
+#  4. runs the benchmarks: the fused Adasum combine (bench/cuda_adasum) and the torch
+#     compositions on the same GPU (bench/torch_adasum_cuda.py), a CNN training step at one
+#     rank (bench/torch_cuda_step.py);
+#  5. writes OUTDIR/results.md (the tables, the steps' outcomes), the benchmarks' CSV files and
+#     OUTDIR/log.txt (everything printed). At most 8 files, none in subfolders.
+#
+# Every step runs under a time limit and its outcome is recorded; the script goes on after a
+# failed step and exits non-zero at the end if any failed. About 5 minutes on one H100.
+set -euo pipefail
+
+out=${1:?usage: scripts/gpu-check.sh OUTDIR}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+cd "$(dirname "$0")/.."
+exec > >(tee "$out/log.txt") 2>&1
+
+start=$(date +%s)
+status=0
+summary=()
+# step NAME LIMIT_S COMMAND...: prints the command, runs it under the limit, records the outcome.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  echo
+  echo "=== $name: $*"
+  local t0=$(date +%s) rc=0
+  timeout -k 10 "$limit" "$@" || rc=$?
+  local took=$(( $(date +%s) - t0 ))
+  if [ "$rc" -eq 0 ]; then
+    summary+=("| $name | ok | ${took} s |")
+  else
+    [ "$rc" -eq 124 ] && why="timed out after ${limit} s" || why="exit $rc"
+    summary+=("| $name | FAILED ($why) | ${took} s |")
+    status=1
+  fi
+  echo "=== $name: exit $rc, ${took} s"
+}
+
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+export PATH="$CUDA_HOME/bin:$PATH"
+jobs=$(nproc)
+python=${PYTHON:-python3}
+
+echo "=== device"
+nvidia-smi -L || true
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv || true
+nvcc --version | tail -2 || true
+command -v compute-sanitizer || ls "$CUDA_HOME"/bin/compute-sanitizer 2>/dev/null || true
+
+# NCCL: the one PyTorch loads (its wheel's), else one in CUDA's folders; the NCCL test at one
+# rank then must run (SUMO_CUDA_TEST_REQUIRE_NCCL).
+if [ -z "${SUMO_NCCL_LIBRARY:-}" ]; then
+  SUMO_NCCL_LIBRARY=$("$python" - <<'EOF' 2>/dev/null || true
+import torch, torch.cuda.nccl
+torch.cuda.nccl.version()
+for line in open("/proc/self/maps"):
+    if "libnccl" in line:
+        print(line.split()[-1])
+        break
+EOF
+)
+  if [ -z "$SUMO_NCCL_LIBRARY" ]; then
+    SUMO_NCCL_LIBRARY=$(ls "$CUDA_HOME"/lib*/libnccl.so.2 "$CUDA_HOME"/targets/*/lib/libnccl.so.2 2>/dev/null | head -1 || true)
+  fi
+fi
+if [ -n "$SUMO_NCCL_LIBRARY" ]; then
+  export SUMO_NCCL_LIBRARY SUMO_CUDA_TEST_REQUIRE_NCCL=1
+  echo "NCCL: $SUMO_NCCL_LIBRARY"
+else
+  echo "NCCL: not found (the NCCL test at one rank will say so and not run)"
+fi
+
+step "build" 300 make -j"$jobs" NO_MPI=1 cuda
+if ! [ -x build/tests/test_cuda ] || ! [ -x build/bench/cuda_adasum ]; then
+  echo "(the build with warnings as errors failed: once more without, to measure)"
+  step "build, warnings not errors" 300 make -j"$jobs" NO_MPI=1 WARN="-Wall -Wextra" NVCC_WERROR= cuda
+fi
+
+sanitizer=$(command -v compute-sanitizer || echo "$CUDA_HOME/bin/compute-sanitizer")
+step "test_cuda" 300 build/tests/test_cuda
+if ! nvidia-smi -L > /dev/null 2>&1; then
+  # Without a GPU the device tests and benchmarks only skip: say so rather than report them.
+  summary+=("| device | FAILED (no GPU: nvidia-smi -L finds none; device tests and benchmarks not run) | 0 s |")
+  status=1
+  skip_device=1
+fi
+if [ -z "${skip_device:-}" ]; then
+step "memcheck" 300 "$sanitizer" --tool memcheck --error-exitcode 1 build/tests/test_cuda --device-only --quick
+step "racecheck" 300 "$sanitizer" --tool racecheck --racecheck-report all --error-exitcode 1 \
+  build/tests/test_cuda --device-only --quick
+
+export PYTHONUNBUFFERED=1
+step "cuda_adasum" 240 build/bench/cuda_adasum --csv "$out/cuda_adasum.csv"
+step "torch_adasum_cuda" 300 "$python" bench/torch_adasum_cuda.py --csv "$out/torch_adasum.csv" \
+  --fused "$out/cuda_adasum.csv" --table "$out/tables.md"
+step "torch_cuda_step" 180 "$python" bench/torch_cuda_step.py --csv "$out/torch_step.csv" --table "$out/tables.md"
+fi
+
+{
+  echo "# sumo CUDA check: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+  echo
+  echo "Run by scripts/gpu-check.sh at commit $(git rev-parse --short HEAD 2>/dev/null || echo '?') on $(date -u +%Y-%m-%dT%H:%MZ);"
+  echo "driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1), $(nvcc --version | tail -1)."
+  echo
+  echo "| step | outcome | time |"
+  echo "|---|---|---|"
+  printf '%s\n' "${summary[@]}"
+  echo
+  [ -f "$out/tables.md" ] && cat "$out/tables.md"
+} > "$out/results.md"
+rm -f "$out/tables.md"
+
+echo
+cat "$out/results.md"
+echo "=== gpu-check finished in $(( $(date +%s) - start )) s, status $status"
+exit $status
