@@ -563,20 +563,15 @@ def test_compressors_send_integers_as_they_are():
 FASHION = "/usr/share/datasets/fashion-mnist"
 
 
-@pytest.mark.skipif(LAUNCHED, reason="starts its own mpirun; runs without a launcher")
-@pytest.mark.parametrize("mode", ["gradients", "adasum", "fp16"])
-def test_horovod_style_example_trains_under_mpirun(mode):
-    if not shutil.which("mpirun") or not hvd.mpi_built():
-        pytest.skip("no mpirun, or libsumo built without MPI")
+def _run_horovod_example(launch, mode):
     if not os.path.isdir(FASHION):
         pytest.skip("no %s (apt-get install dataset-fashion-mnist)" % FASHION)
     flags = {"gradients": [], "adasum": ["--use-adasum"], "fp16": ["--fp16-allreduce"]}[mode]
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), OMPI_ALLOW_RUN_AS_ROOT="1",
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    out = subprocess.run(["mpirun", "--oversubscribe", "-np", "2", sys.executable,
-                          os.path.join(ROOT, "examples", "horovod_style.py"), "--epochs", "1",
-                          "--train-limit", "6000", "--test-limit", "1000", "--lr", "0.05",
-                          "--momentum", "0.9", "--check-replicas"] + flags,
+    out = subprocess.run(launch + [os.path.join(ROOT, "examples", "horovod_style.py"), "--epochs",
+                                   "1", "--train-limit", "6000", "--test-limit", "1000", "--lr",
+                                   "0.05", "--momentum", "0.9", "--check-replicas"] + flags,
                          env=env, capture_output=True, text=True, timeout=300)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]
@@ -586,6 +581,25 @@ def test_horovod_style_example_trains_under_mpirun(mode):
     loss = float(re.search(r"Test set: Average loss: ([0-9.]+)", text).group(1))
     # Ten classes: chance is 10%; one epoch over 6000 images reaches about 60%.
     assert accuracy > 45 and loss < first, text[-3000:]
+
+
+@pytest.mark.skipif(LAUNCHED, reason="starts its own mpirun; runs without a launcher")
+@pytest.mark.parametrize("mode", ["gradients", "adasum", "fp16"])
+def test_horovod_style_example_trains_under_mpirun(mode):
+    if not shutil.which("mpirun") or not hvd.mpi_built():
+        pytest.skip("no mpirun, or libsumo built without MPI")
+    _run_horovod_example(["mpirun", "--oversubscribe", "-np", "2", sys.executable], mode)
+
+
+@pytest.mark.skipif(LAUNCHED, reason="starts its own torchrun; runs without a launcher")
+@pytest.mark.skipif(int(torch.__version__.split(".")[0]) < 2,
+                    reason="Debian's torch 1.13 ships a torchrun that cannot start on Python 3.11")
+@pytest.mark.parametrize("mode", ["gradients", "adasum"])
+def test_horovod_style_example_trains_under_torchrun(mode):
+    # The same script, its import the only change from Horovod's, started by torchrun: sumo
+    # joins torchrun's world (the processes of one host: sumo's shared memory).
+    _run_horovod_example([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc_per_node", "2"], mode)
 
 
 # ---- the asynchronous forms and reduce-scatter of sumo's core -----------------------------
