@@ -168,7 +168,7 @@ SUMO_API sumo_result sumo_threads_run(int nranks, sumo_rank_fn fn, void *arg, su
 
 SUMO_API sumo_result sumo_comm_rank(const sumo_comm *comm, int *rank);
 SUMO_API sumo_result sumo_comm_size(const sumo_comm *comm, int *size);
-/* The transport's name: "threads" or "mpi". */
+/* The transport's name: "threads", "mpi", "shm", or what a caller-supplied transport calls itself. */
 SUMO_API sumo_result sumo_comm_transport(const sumo_comm *comm, const char **name);
 
 /*
@@ -244,6 +244,10 @@ SUMO_API sumo_result sumo_comm_error_message(const sumo_comm *comm, const char *
  * see docs/design/adasum.md) the (P-1)/P of the buffer the other ranks send this one, else
  * (its tree) at most half the buffer flat and (g-1)/g of it hierarchical with groups of g
  * ranks. Either form also keeps P(P+1)/2 + P doubles per tensor of the op's layout.
+ * Reduce-scatter keeps nothing on shared memory and two chunks of at most 256 Ki elements of
+ * the accumulation type over point-to-point transports. Scratch for data lives in the memory
+ * of the call's buffers (its kernel table allocates it, once per memory); metadata in host
+ * memory.
  */
 SUMO_API sumo_result sumo_allreduce(const void *sendbuf, void *recvbuf, size_t count, sumo_dtype dtype,
                            sumo_op op, sumo_comm *comm);
