@@ -5,6 +5,7 @@
  * it has an asynchronous form like every collective.
  */
 #include "aggregation/acga.h"
+#include "collectives/collectives.h"
 #include "collectives/requests.h"
 
 #include <stdlib.h>

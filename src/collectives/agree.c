@@ -80,18 +80,18 @@ static sumo_result compare(sumo_comm *c, const sumo__call_desc *all, const sumo_
     return SUMO_SUCCESS;
 }
 
-static sumo_result agree_as(sumo_comm *c, sumo__call_desc *d, const sumo__call_desc **all,
-                            const char *what)
+sumo_result sumo__agree_named(sumo_comm *c, sumo__call_desc *d, const sumo__call_desc **all,
+                              const char *what)
 {
     SUMO__CHECK(c->tp->ops->announce(c->tp, d, c->agreed, sizeof *d));
-    SUMO__CHECK(compare(c, c->agreed, d, what));
+    SUMO__CHECK(compare(c, c->agreed, d, what ? what : kind_name(d->kind)));
     if (all) *all = c->agreed;
     return SUMO_SUCCESS;
 }
 
 sumo_result sumo__agree(sumo_comm *c, sumo__call_desc *d, const sumo__call_desc **all)
 {
-    return agree_as(c, d, all, kind_name(d->kind));
+    return sumo__agree_named(c, d, all, NULL);
 }
 
 uint32_t sumo__shared_flag(const sumo_comm *c, const void *sendbuf, size_t send_bytes,
@@ -129,18 +129,4 @@ sumo_result sumo__usable(sumo_comm *c)
                                c->tp->rank, c->abort_message);
     /* The message still names the first failure. */
     return c->status.broken ? SUMO_ERR_PEER_FAILURE : SUMO_SUCCESS;
-}
-
-sumo_result sumo__agree_setup(sumo_comm *c, sumo_result local, uint64_t fingerprint,
-                              const char *what)
-{
-    sumo__comm_enter(c);
-    sumo_result r = sumo__usable(c);
-    if (r == SUMO_SUCCESS) {
-        sumo__call_desc d = {.kind = SUMO__CALL_SETUP, .local_error = (uint32_t)local,
-                             .aux = fingerprint};
-        r = agree_as(c, &d, NULL, what);
-    }
-    sumo__comm_leave(c);
-    return r;
 }

@@ -68,12 +68,8 @@ bool sumo__all_recv_shared(const sumo_comm *c, const sumo__call_desc *all);
  */
 sumo_result sumo__agree(sumo_comm *c, sumo__call_desc *d, const sumo__call_desc **all);
 
-/*
- * For the layers above, when they set something up collectively: every rank reports its
- * local outcome and a fingerprint of what must be equal everywhere (options, sizes); all
- * ranks return the same verdict and the message names `what` and the first rank at fault.
- */
-sumo_result sumo__agree_setup(sumo_comm *c, sumo_result local, uint64_t fingerprint,
+/* sumo__agree with the messages naming `what` (a layer above's set-up) instead of the kind. */
+sumo_result sumo__agree_named(sumo_comm *c, sumo__call_desc *d, const sumo__call_desc **all,
                               const char *what);
 
 /* Whether the handle can still run collectives (not broken by an earlier failure). */

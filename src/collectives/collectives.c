@@ -3,6 +3,7 @@
  * runs it now or queues it; execute.c does the rest. Also the handle-wide failures: failing
  * together and giving up.
  */
+#include "collectives/collectives.h"
 #include "collectives/requests.h"
 
 #include <stdatomic.h>
@@ -157,4 +158,28 @@ sumo_result sumo_comm_abort(sumo_comm *comm, const char *message)
     }
     comm->tp->ops->abort(comm->tp);
     return SUMO_SUCCESS;
+}
+
+/* ---- the layers' own calls on the one path ------------------------------------------------ */
+
+sumo_result sumo__agree_setup(sumo_comm *c, sumo_result local, uint64_t fingerprint,
+                              const char *what)
+{
+    sumo__call call = {.kind = SUMO__CALL_SETUP, .fail = local, .hash = fingerprint,
+                       .what = what};
+    return sumo__submit(c, &call, NULL);
+}
+
+static sumo_result op_destroy_run(sumo_comm *comm, void *args)
+{
+    return sumo__op_remove(comm, *(sumo_op *)args);
+}
+
+sumo_result sumo_op_destroy(sumo_comm *comm, sumo_op op)
+{
+    if (comm == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    /* Queued requests may still use the op: they run first, as for a blocking collective.
+     * Local: nothing is announced. */
+    sumo__call call = sumo__composite(op_destroy_run, &op, sizeof op);
+    return sumo__submit(comm, &call, NULL);
 }

@@ -48,6 +48,14 @@ void sumo__queue_free(sumo__queue *q)
 
 sumo_result sumo__comm_free(sumo_comm *comm)
 {
+    /* What sumo_mem_alloc gave and nobody freed: the transport's destroy releases its own
+     * shared memory, plain memory is ours. */
+    while (comm->mem_blocks) {
+        sumo__mem_block *block = comm->mem_blocks;
+        comm->mem_blocks = block->next;
+        if (!comm->tp->ops->mem_free) free(block->ptr);
+        free(block);
+    }
     sumo_result r = comm->tp->ops->destroy(comm->tp);
     sumo__queue *q = comm->queue;
     /* Requests not yet waited on keep the queue; the last one out frees it. */
@@ -313,25 +321,18 @@ out:
     return r;
 }
 
-sumo_result sumo_op_destroy(sumo_comm *comm, sumo_op op)
+sumo_result sumo__op_remove(sumo_comm *comm, sumo_op op)
 {
-    if (comm == NULL) return SUMO_ERR_INVALID_ARGUMENT;
-    /* Queued requests may still use the op: they run first, as for a blocking collective. */
-    sumo__comm_enter(comm);
-    sumo_result r = SUMO_SUCCESS;
-    if (op < SUMO_OP_PREDEFINED_COUNT || sumo__op_find(comm, op) == NULL) {
-        r = SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT,
-                            "sumo_op_destroy: op %u was not created on this communicator (or was "
-                            "destroyed already)",
-                            op);
-    } else {
-        sumo__op_entry *e = comm->ops[op - SUMO_OP_PREDEFINED_COUNT];
-        comm->ops[op - SUMO_OP_PREDEFINED_COUNT] = NULL;
-        if (e->release) e->release(e->impl);
-        free(e);
-    }
-    sumo__comm_leave(comm);
-    return r;
+    if (op < SUMO_OP_PREDEFINED_COUNT || sumo__op_find(comm, op) == NULL)
+        return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT,
+                               "sumo_op_destroy: op %u was not created on this communicator (or "
+                               "was destroyed already)",
+                               op);
+    sumo__op_entry *e = comm->ops[op - SUMO_OP_PREDEFINED_COUNT];
+    comm->ops[op - SUMO_OP_PREDEFINED_COUNT] = NULL;
+    if (e->release) e->release(e->impl);
+    free(e);
+    return SUMO_SUCCESS;
 }
 
 /* ---- holding the handle ------------------------------------------------------------------- */

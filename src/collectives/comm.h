@@ -53,6 +53,14 @@ typedef struct sumo__op_entry {
     void (*release)(void *impl);
 } sumo__op_entry;
 
+/* A sumo_mem_alloc allocation: the communicator keeps them all (newest first) and gives back
+ * what is left when it is destroyed. */
+typedef struct sumo__mem_block {
+    struct sumo__mem_block *next;
+    void *ptr;
+    uint64_t serial; /* counts allocations alike on every rank */
+} sumo__mem_block;
+
 /* Data scratch of one memory, kept between calls. */
 typedef struct sumo__data_scratch {
     const sumo_kernel_table *k;
@@ -84,7 +92,7 @@ struct sumo_comm {
     size_t scratch_bytes;
     sumo__data_scratch data_scratch[SUMO__MAX_KERNEL_TABLES + 1];
     /* What sumo_mem_alloc gave, newest first; serials count allocations alike on every rank. */
-    struct sumo__mem_block *mem_blocks;
+    sumo__mem_block *mem_blocks;
     uint64_t mem_serial;
     /* Ops created on this handle: ops[id - SUMO_OP_PREDEFINED_COUNT]; NULL once destroyed, ids
      * are never reused. */
@@ -115,6 +123,8 @@ const sumo__op_entry *sumo__op_find(const sumo_comm *comm, sumo_op op);
 /* Registers an op of kind (taking impl, released with release when the op is destroyed). */
 sumo_result sumo__op_register(sumo_comm *comm, sumo__op_kind kind, void *impl,
                               void (*release)(void *impl), sumo_op *op);
+/* Destroys a created op; the caller holds the handle (queued calls may still use it). */
+sumo_result sumo__op_remove(sumo_comm *comm, sumo_op op);
 
 /* Records a failure in the communicator's status (see sumo__transport_fail). */
 #define SUMO__COMM_FAIL(comm, code, ...) SUMO__FAIL((comm)->tp, (code), __VA_ARGS__)

@@ -216,6 +216,13 @@ sumo_result sumo__execute(sumo_comm *c, const sumo__call *call)
         d.local_error = (uint32_t)call->fail;
         return sumo__agree(c, &d, NULL);
     }
+    if (call->kind == SUMO__CALL_SETUP) {
+        /* Every rank's outcome and fingerprint: all fail together, the message naming what
+         * and the first rank at fault. */
+        d.local_error = (uint32_t)call->fail;
+        d.count = 0;
+        return sumo__agree_named(c, &d, NULL, call->what);
+    }
     const sumo__op_entry *op;
     sumo__exec x;
     d.local_error = validate(c, call, &d, &op, &x);

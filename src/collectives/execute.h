@@ -28,8 +28,10 @@ typedef struct sumo__call {
     const sumo__gram_call *gram;
     uint64_t hash;
     bool *applied;
-    /* SUMO__CALL_FAIL: the failure to announce. */
+    /* SUMO__CALL_FAIL: the failure to announce; SUMO__CALL_SETUP: this rank's outcome, with
+     * the fingerprint in hash and what the messages name. */
     sumo_result fail;
+    const char *what;
     /* SUMO__CALL_COMPOSITE: a layer above's operation, run with the handle held; the
      * collectives it makes go through sumo__execute. */
     sumo_result (*run)(sumo_comm *comm, void *args);

@@ -7,7 +7,6 @@
  * another never race on freed memory.
  */
 #include "collectives/requests.h"
-#include "collectives/memory.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -37,7 +36,6 @@ sumo_result sumo_comm_destroy(sumo_comm *comm)
     /* Requests still queued run to completion (or fail on their peers) before we leave; those
      * not yet waited on stay waitable (complete, with their result). */
     stop_progress(comm->queue);
-    sumo__mem_forget(comm);
     return sumo__comm_free(comm);
 }
 

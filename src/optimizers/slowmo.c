@@ -40,7 +40,7 @@
  * every rank (the scan runs on the rebuilt parameters, identical everywhere).
  */
 #include "optimizers/slowmo.h"
-#include "collectives/agree.h"
+#include "collectives/collectives.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 #include "train/trainer.h"
 #include "train/checkpoint.h"
-#include "collectives/agree.h"
+#include "collectives/collectives.h"
 #include "common/common.h"
 
 #include <errno.h>
