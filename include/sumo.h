@@ -194,15 +194,18 @@ SUMO_API sumo_result sumo_comm_get_timeout(const sumo_comm *comm, double *second
 /*
  * Settings of a communicator, zstd style: one setter for every parameter, each checked against
  * what this communicator's transport offers. Set them on every rank alike, between
- * collectives (ranks that use different algorithms still agree on each call and give the same
- * bits: every algorithm computes the rank-order sum, but mixing them is wasted work).
+ * collectives (ranks that use different algorithms still agree on each call; mixing them is
+ * wasted work).
  */
 typedef enum sumo_comm_param {
     /* Which sum/average allreduce algorithm to run (a sumo_algorithm). Default AUTO: shared
-     * memory where every rank shares this node's memory, else recursive doubling up to 64 KiB
-     * (or the peer library's allreduce for fp32/fp64) and the ring above. Setting one this
-     * transport cannot run is SUMO_ERR_INVALID_USAGE. Adasum runs in shared memory under AUTO
-     * and SHARED_MEMORY, and over point-to-point messages under every other choice. */
+     * memory where every rank shares this node's memory, else RANKED, except up to 64 KiB the
+     * peer library's allreduce for fp32/fp64 (MPI across nodes) and recursive doubling beyond
+     * 16 ranks. The shared-memory and ranked algorithms sum in rank order, so under AUTO the
+     * threads, shared-memory, MPI-on-one-node and caller-supplied transports give the same bits;
+     * the ring, recursive doubling and the peer library sum in orders of their own. Setting one
+     * this transport cannot run is SUMO_ERR_INVALID_USAGE. Adasum runs in shared memory under
+     * AUTO and SHARED_MEMORY, and over point-to-point messages under every other choice. */
     SUMO_PARAM_ALGORITHM = 1,
 } sumo_comm_param;
 
@@ -214,6 +217,10 @@ typedef enum sumo_algorithm {
     SUMO_ALGORITHM_RECURSIVE_DOUBLING = 3, /* log2 P exchanges of the whole buffer */
     SUMO_ALGORITHM_PEER = 4,               /* the peer library's own allreduce (MPI_Allreduce),
                                               fp32 and fp64 only */
+    SUMO_ALGORITHM_RANKED = 5,             /* each rank receives its segment of every rank's
+                                              input (an all-to-all), sums it in rank order,
+                                              then a ring allgather: a ring's bytes, the
+                                              shared-memory algorithms' bits */
     SUMO_ALGORITHM_COUNT
 } sumo_algorithm;
 

@@ -160,14 +160,20 @@ static bool offload_supports(const sumo_comm *c, const sumo__call_desc *d)
            c->tp->offload->reduce_support(c->tp, d->dtype, SUMO_OP_SUM);
 }
 
+/* Ranks beyond which a small message takes recursive doubling's log2 P rounds rather than the
+ * ranked algorithm's P - 1 (and its rank-order bits). */
+#define RANKED_MAX_SMALL_RANKS 16
+
 static sumo_algorithm pick_allreduce(sumo_comm *c, const sumo__call_desc *d)
 {
     if (c->algo != SUMO_ALGORITHM_AUTO) return c->algo;
     if (c->tp->reach != SUMO__REACH_NONE) return SUMO_ALGORITHM_SHARED_MEMORY;
     size_t bytes = d->count * sumo__dtype_bytes(d->dtype);
-    if (bytes <= SMALL_MESSAGE_BYTES)
-        return offload_supports(c, d) ? SUMO_ALGORITHM_PEER : SUMO_ALGORITHM_RECURSIVE_DOUBLING;
-    return SUMO_ALGORITHM_RING;
+    if (bytes <= SMALL_MESSAGE_BYTES) {
+        if (offload_supports(c, d)) return SUMO_ALGORITHM_PEER;
+        if (c->tp->size > RANKED_MAX_SMALL_RANKS) return SUMO_ALGORITHM_RECURSIVE_DOUBLING;
+    }
+    return SUMO_ALGORITHM_RANKED;
 }
 
 static bool use_shared_memory(const sumo_comm *c)
@@ -197,6 +203,7 @@ static sumo_result allreduce(sumo_comm *c, sumo__call_desc *d, const sumo__op_en
               (int)algo);
     switch (algo) {
     case SUMO_ALGORITHM_SHARED_MEMORY: return sumo__shm_allreduce(c, d, call->sendbuf, call->recvbuf);
+    case SUMO_ALGORITHM_RANKED: return sumo__ranked_allreduce(c, d, call->sendbuf, call->recvbuf);
     case SUMO_ALGORITHM_RING: return sumo__ring_allreduce(c, d, call->sendbuf, call->recvbuf);
     case SUMO_ALGORITHM_RECURSIVE_DOUBLING: return sumo__rd_allreduce(c, d, call->sendbuf, call->recvbuf);
     case SUMO_ALGORITHM_PEER: return offload_allreduce(c, d, call->sendbuf, call->recvbuf);

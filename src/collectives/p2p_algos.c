@@ -126,6 +126,68 @@ sumo_result sumo__ring_allreduce(sumo_comm *c, sumo__call_desc *d, const void *s
     return sumo__ring_pass_segments(tp, work, esz, n, own);
 }
 
+/* ---- ranked -------------------------------------------------------------------------------- */
+
+/*
+ * Rank r owns segment r (sumo__seg_off). Chunk by chunk of the segments, every rank sends
+ * chunk j of each other rank's segment of its input to that rank and receives chunk j of its
+ * own segment from each (P - 1 exchanges, partner r + k and r - k in round k), then sums the
+ * P pieces in rank order with one reduce (fp16/bf16 in fp32, divided once for an average,
+ * rounded once): the same arithmetic, element by element, as the shared-memory algorithms,
+ * so every transport gives the same bits. A ring allgather then passes the finished segments
+ * on. In place, only this rank's own segment of the buffer is written before the allgather,
+ * and it is read (into the sum) before it is written.
+ */
+#define RANKED_CHUNK_BYTES ((size_t)1 << 20)
+/* The received pieces of one chunk round: at most this much scratch, whatever P. */
+#define RANKED_SCRATCH_BYTES ((size_t)64 << 20)
+
+sumo_result sumo__ranked_allreduce(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
+                                   void *recvbuf)
+{
+    sumo__transport *tp = c->tp;
+    SUMO__CHECK(sumo__agree(c, d, NULL));
+    int P = tp->size, me = tp->rank;
+    size_t n = d->count, esz = sumo__dtype_bytes(d->dtype);
+    if (n == 0) return SUMO_SUCCESS;
+    size_t line = SUMO__CACHELINE / esz;
+    size_t chunk = SUMO__MIN(RANKED_CHUNK_BYTES, RANKED_SCRATCH_BYTES / (size_t)SUMO__MAX(P - 1, 1)) / esz;
+    chunk = SUMO__MAX(line, chunk / line * line);
+    /* Every rank cuts every segment into as many chunks as the longest has, so the pieces of
+     * a round pair up; a short segment's last chunk may be empty. */
+    size_t chunks = (n / (size_t)P + 1 + chunk - 1) / chunk;
+    void *scratch, *meta;
+    SUMO__CHECK(sumo__comm_data_scratch(c, &c->x, (size_t)(P - 1) * chunk * esz + 64, &scratch));
+    SUMO__CHECK(sumo__comm_scratch(c, (size_t)P * sizeof(void *), &meta));
+    const void **ins = meta;
+    unsigned char *slots = scratch;
+    const unsigned char *in = sendbuf;
+    unsigned char *out = recvbuf;
+    size_t lo = seg_off(n, P, me), hi = seg_off(n, P, me + 1);
+    for (size_t j = 0; j < chunks; j++) {
+        size_t r0 = SUMO__MIN(hi, lo + j * chunk), r1 = SUMO__MIN(hi, lo + (j + 1) * chunk);
+        for (int k = 1; k < P; k++) {
+            int dst = (me + k) % P, src = (me - k + P) % P;
+            size_t dlo = seg_off(n, P, dst), dhi = seg_off(n, P, dst + 1);
+            size_t s0 = SUMO__MIN(dhi, dlo + j * chunk), s1 = SUMO__MIN(dhi, dlo + (j + 1) * chunk);
+            int slot = src < me ? src : src - 1;
+            SUMO__CHECK(tp->ops->sendrecv(tp, in + s0 * esz, (s1 - s0) * esz, dst,
+                                          slots + (size_t)slot * chunk * esz, (r1 - r0) * esz,
+                                          src));
+        }
+        if (r1 == r0) continue;
+        for (int k = 0; k < P; k++) {
+            int slot = k < me ? k : k - 1;
+            ins[k] = k == me ? (const void *)(in + r0 * esz)
+                             : (const void *)(slots + (size_t)slot * chunk * esz);
+        }
+        void *dst = out + r0 * esz;
+        SUMO__KCHECK(c, sumo__k_reduce(&c->x, d->dtype, &dst, 1, ins, P, r1 - r0,
+                                       sumo__divisor_of(d->op, P)));
+    }
+    return sumo__ring_pass_segments(tp, out, esz, n, me);
+}
+
 /* ---- recursive doubling ------------------------------------------------------------------- */
 
 static int member_rank(const sumo__rd_group *g, int member)

@@ -1,6 +1,9 @@
 /*
  * The point-to-point algorithms, over sendrecv alone: any transport, the only choice across
  * machines. Each runs the agreement itself.
+ *   ranked               an all-to-all of segments summed in rank order, then a ring
+ *                        allgather: the ring's 2 N (P-1)/P bytes per rank, the bits of the
+ *                        shared-memory algorithms;
  *   ring                 reduce-scatter then allgather: 2 N (P-1)/P bytes per rank;
  *   recursive doubling   for small messages: log2 P steps;
  *   binomial tree        broadcast.
@@ -10,6 +13,8 @@
 
 #include "collectives/agree.h"
 
+sumo_result sumo__ranked_allreduce(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
+                                   void *recvbuf);
 sumo_result sumo__ring_allreduce(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
                                  void *recvbuf);
 sumo_result sumo__rd_allreduce(sumo_comm *c, sumo__call_desc *d, const void *sendbuf,
