@@ -201,6 +201,9 @@ grep -q "^localsgd: the last 2 of 62 steps came after the last exchange" "$tmp/u
   && ! grep -q "after the last exchange" "$tmp/u2.out" \
   && ok "SlowMo ending between exchanges says the workers end apart; ending on one, says nothing" \
   || fail "SlowMo's unsynchronised end: $(grep -h 'exchange' "$tmp/u.out" "$tmp/u2.out")"
+# The summary names what the bits depend on besides the code (machine.h).
+head -1 "$tmp/one.csv" | grep -q ",fnv1a,blas_core,kernel_isa$" && grep -q "^bits depend on .*OpenBLAS core" "$tmp/one.out" \
+  && ok "the summary and the output name the OpenBLAS core and sumo's kernels" || fail "machine columns: $(head -1 "$tmp/one.csv")"
 
 mkdir -p "$tmp/data"
 for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do

@@ -5,6 +5,7 @@
  */
 #include "args.h"
 #include "commands.h"
+#include "machine.h"
 
 #include "train/checkpoint.h"
 #include "train/trainer.h"
@@ -403,7 +404,7 @@ static FILE *open_summary(const char *path)
     if (fresh)
         fprintf(f, "method,workers,batch,total_batch,optimizer,peak_lr,final_accuracy,best_accuracy,"
                    "steps_to_target,epochs_to_target,steps,rounds,bytes,diverged,wall_s,"
-                   "aggregation_s,compute_s,extra_memory_bytes,params,fnv1a\n");
+                   "aggregation_s,compute_s,extra_memory_bytes,params,fnv1a,blas_core,kernel_isa\n");
     if (fflush(f) != 0) {
         fprintf(stderr, "sumo train: %s: cannot write the summary file: %s\n", path, strerror(errno));
         fclose(f);
@@ -421,14 +422,15 @@ static int write_summaries(FILE *f, const char *path, const char (*labels)[64],
         const sumo__train_config *c = &configs[k];
         /* One worker exchanges nothing (its calls are counted all the same). */
         bool alone = c->workers == 1;
-        fprintf(f, "%s,%d,%d,%d,%s,%.6g,%.4f,%.4f,%ld,%.3f,%ld,%llu,%llu,%d,%.2f,%.3f,%.3f,%zu,%zu,%016llx\n",
+        fprintf(f, "%s,%d,%d,%d,%s,%.6g,%.4f,%.4f,%ld,%.3f,%ld,%llu,%llu,%d,%.2f,%.3f,%.3f,%zu,%zu,%016llx,%s,%s\n",
                 labels[k], c->workers, c->batch, c->workers * c->batch,
                 sumo_optimizer_kind_name(c->optim.kind), c->lr * c->lr_scale, s->final_accuracy,
                 s->best_accuracy, s->steps_to_target, s->steps_to_target >= 0 ? s->epochs_to_target : -1.0,
                 s->steps, alone ? 0ull : (unsigned long long)s->comm.rounds,
                 alone ? 0ull : (unsigned long long)s->comm.bytes,
                 s->diverged, s->wall_seconds, s->aggregation_seconds, s->compute_seconds,
-                s->extra_memory_bytes, s->nparams, (unsigned long long)s->param_checksum);
+                s->extra_memory_bytes, s->nparams, (unsigned long long)s->param_checksum,
+                sumo_tool_blas_core(), sumo_tool_kernel_isa());
     }
     bool failed = ferror(f) != 0;
     int saved = errno;
@@ -663,6 +665,9 @@ int sumo_cmd_train(int argc, char **argv)
             printf("%s: %zu parameters, fnv1a %016llx, extra memory %zu bytes\n",
                    o.labels[k], summaries[k].nparams,
                    (unsigned long long)summaries[k].param_checksum, summaries[k].extra_memory_bytes);
+        /* The hashes hold for machines that agree on these (machine.h says why). */
+        printf("bits depend on the code, the flags and: OpenBLAS core %s, sumo kernels %s\n",
+               sumo_tool_blas_core(), sumo_tool_kernel_isa());
         if (summary) {
             FILE *f = summary;
             summary = NULL;
