@@ -1,6 +1,7 @@
 #include "bench_report.h"
 
 #include "bench_reference.h"
+#include "machine.h"
 
 #include <errno.h>
 #include <math.h>
@@ -59,7 +60,7 @@ static bool judged(const bench_report *rep)
     return !rep->o->quick;
 }
 
-/* A row of the memory, kernel or floor sections: no minimum, no bus bandwidth, no check. */
+/* A row of the memory or floor sections: no minimum, no bus bandwidth, no check. */
 static csv_values bandwidth_values(const char *dtype, const char *op, double bytes, size_t count,
                                    double us, double gbps, double ref_us, double ratio)
 {
@@ -112,8 +113,8 @@ void bench_print_machine(const bench_report *rep)
     const bench_opts *o = rep->o;
     printf("# sumo bench (sumo %d.%d.%d)\n", SUMO_VERSION_MAJOR, SUMO_VERSION_MINOR, SUMO_VERSION_PATCH);
     printf("# machine: %s, %s, %ld cpus, %.1f GiB\n", host, model, cores, mem_gib);
-    /* The label names the library function the ISA comes from, as the report always has. */
-    printf("# kernels: %s (sumo__kernel_isa)\n", bench_kernel_isa());
+    /* What the CPU offers decides it: machine.h follows the library's dispatch rule. */
+    printf("# kernels: %s (sumo dispatches on the CPU's instruction set)\n", sumo_tool_kernel_isa());
     print_transport(rep);
     printf("# dtype: %s, ops:", bench_dtype_name(o->dtype));
     for (int i = 0; i < o->nops; i++) printf("%s%s", i ? "," : " ", bench_op_label(o->ops[i]));
@@ -131,7 +132,7 @@ void bench_print_mpi(const bench_report *rep, const char *version, int provided,
     fflush(stdout);
 }
 
-/* ---- memory and kernels -------------------------------------------------------------------- */
+/* ---- memory -------------------------------------------------------------------------------- */
 
 void bench_print_stream(const bench_report *rep, const bench_mem_results *m)
 {
@@ -153,29 +154,6 @@ void bench_print_stream(const bench_report *rep, const bench_mem_results *m)
             csv_row(rep, "memory", m->threads[i], &v);
         }
         printf("\n");
-    }
-    fflush(stdout);
-}
-
-void bench_print_kernels(const bench_report *rep, const bench_mem_results *m, size_t kbytes)
-{
-    const char *dt = bench_dtype_name(rep->o->dtype);
-    printf("#\n# kernels (%s, %s, %zu MiB per operand, median of %d) against the STREAM loop "
-           "moving the same kind of traffic with as many threads, run in alternation with it%s\n",
-           bench_kernel_isa(), dt, kbytes / BENCH_MIB, rep->o->mem_reps,
-           judged(rep) ? "; goal >= 80%" : "");
-    printf("#%-36s %7s %10s %8s %10s %7s\n", " kernel", "threads", "GB/s", "bound", "GB/s", "ratio");
-    for (int i = 0; i < m->nk; i++) {
-        for (int k = 0; k < BENCH_NKERNELS; k++) {
-            const bench_kernel_info *d = bench_kernel(k);
-            double bound = m->kbound[i][k], ratio = m->kernel[i][k] / bound;
-            printf("# %-35s %7d %10.2f %8s %10.2f %6.0f%%%s\n", d->name, m->kthreads[i],
-                   m->kernel[i][k], bench_stream_name(d->bound), bound, 100 * ratio,
-                   ratio >= 0.8 || !judged(rep) ? "" : "  below goal");
-            csv_values v = bandwidth_values(dt, d->csv_name, (double)kbytes * d->operand_passes,
-                                            0, NAN, m->kernel[i][k], NAN, ratio);
-            csv_row(rep, "kernel", m->kthreads[i], &v);
-        }
     }
     fflush(stdout);
 }
@@ -319,21 +297,6 @@ static void print_ratios_at(const bench_report *rep, int p, size_t bytes)
                p, bytes, ac->med_us / av->med_us);
 }
 
-static void print_worst_kernel(const bench_report *rep, const bench_mem_results *m)
-{
-    int worst_k = 0, worst_i = 0;
-    double worst = INFINITY;
-    for (int i = 0; i < m->nk; i++)
-        for (int k = 0; k < BENCH_NKERNELS; k++) {
-            double r = m->kernel[i][k] / m->kbound[i][k];
-            if (r < worst) worst = r, worst_k = k, worst_i = i;
-        }
-    printf("#   kernels: lowest is %s with %d thread(s) at %.0f%% of its bound",
-           bench_kernel(worst_k)->name, m->kthreads[worst_i], 100 * worst);
-    if (judged(rep)) printf(" (goal >= 80%%: %s)", worst >= 0.8 ? "met" : "NOT met");
-    printf("\n");
-}
-
 void bench_print_derived(const bench_report *rep, const bench_mem_results *m)
 {
     const bench_opts *o = rep->o;
@@ -349,6 +312,5 @@ void bench_print_derived(const bench_report *rep, const bench_mem_results *m)
         for (int k = 0; k < 3; k++)
             if (k == 0 || probe[k] != probe[k - 1]) print_ratios_at(rep, p, probe[k]);
     }
-    if (m->nk > 0) print_worst_kernel(rep, m);
     fflush(stdout);
 }
