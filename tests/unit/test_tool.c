@@ -151,6 +151,12 @@ static void test_bench_quick_checked(void **state)
      * "NOT met" (nor "met") about the benchmark's goals. */
     assert_null(strstr(out, "met)"));
     assert_null(strstr(out, "below goal"));
+    /* Adasum's cost is its time against the sum's and against the two-pass floor, both of
+     * this run, and no slogan: "almost as efficient as summing" once stood beside 2.06x. */
+    assert_null(strstr(out, "almost"));
+    assert_non_null(strstr(out, "B adasum: "));
+    assert_non_null(strstr(out, "x sum ("));
+    assert_non_null(strstr(out, "x the two-pass floor ("));
     /* Data rows (not comments) for sum on both rank counts, verified. */
     int sum_rows = 0;
     for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"))
