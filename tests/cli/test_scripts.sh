@@ -68,5 +68,10 @@ code=$?
 [ $code -eq 2 ] && grep -q -- "--replot needs $tmp/none/e2.csv" "$tmp/e.out" && ok "experiment: --replot without a CSV refused" \
   || fail "experiment --replot without a CSV: exit $code: $(cat "$tmp/e.out")"
 
+scripts/experiment e2 --replot --resume > "$tmp/e.out" 2>&1
+code=$?
+[ $code -eq 2 ] && grep -q -- "give one" "$tmp/e.out" && ok "experiment: --replot with --resume refused" \
+  || fail "experiment --replot --resume: exit $code: $(cat "$tmp/e.out")"
+
 echo "scripts: $passed passed, $failed failed"
 [ $failed -eq 0 ]
