@@ -1,7 +1,30 @@
 #!/usr/bin/env bash
 # Installs the Debian packages sumo builds, tests and trains with, if any is missing.
 # Debian 12 (bookworm); needs root or sudo only when something is missing.
+#
+#   scripts/deps.sh            everything, the PyTorch binding's packages included
+#   SUMO_NO_PYTHON=1 scripts/deps.sh
+#                              without python3-torch, python3-pytest and python3-venv (and
+#                              the ~270 packages torch pulls in): the C library, the tool, the
+#                              C tests and the experiments need none of them; the binding's
+#                              tests then skip, saying so. Also through run.sh and test.sh.
+#   scripts/deps.sh --print    the packages it would make sure of, one a line; installs nothing
+#
+# What it installs on a Debian 12 base image, and how that was measured: README.md, "Set-up".
 set -euo pipefail
+
+case ${SUMO_NO_PYTHON:-0} in
+  0|"") python=1 ;;
+  1) python=0 ;;
+  *) echo "deps.sh: SUMO_NO_PYTHON='$SUMO_NO_PYTHON': 1 skips the Python packages, 0 (or unset) installs them" >&2; exit 2 ;;
+esac
+print=0
+for a in "$@"; do
+  case $a in
+    --print) print=1 ;;
+    *) echo "deps.sh: unknown argument '$a' (accepted: --print; SUMO_NO_PYTHON=1 in the environment skips the Python packages)" >&2; exit 2 ;;
+  esac
+done
 
 packages=(
   build-essential      # gcc, make
@@ -14,10 +37,19 @@ packages=(
   gnuplot-nox          # experiment plots (PNG without a display)
   iproute2             # ip/tc for the shaped-network benchmark
   clang                # libFuzzer (-fsanitize=fuzzer) for `make fuzz`
-  python3-torch        # the PyTorch binding (python/sumo) and its tests, under /usr/bin/python3
-  python3-pytest       # the binding's tests
-  python3-venv         # scripts/torch-venv.sh: the torch 2.x environment the tests also run under
 )
+if [ $python -eq 1 ]; then
+  packages+=(
+    python3-torch      # the PyTorch binding (python/sumo) and its tests, under /usr/bin/python3
+    python3-pytest     # the binding's tests
+    python3-venv       # scripts/torch-venv.sh: the torch 2.x environment the tests also run under
+  )
+fi
+
+if [ $print -eq 1 ]; then
+  printf '%s\n' "${packages[@]}"
+  exit 0
+fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -26,6 +58,7 @@ done
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 echo "installing: ${missing[*]}"
+[ $python -eq 1 ] || echo "(SUMO_NO_PYTHON=1: without python3-torch, python3-pytest, python3-venv)"
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 export DEBIAN_FRONTEND=noninteractive

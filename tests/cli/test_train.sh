@@ -98,6 +98,11 @@ refused "--lr" --lr -0.1
 refused "--lr.*1000" --lr 1e300
 refused "--lr-scaling" --lr-scaling 0
 refused "--tau" --reduce slowmo --tau 2.5
+# An unknown method names every method there is.
+refused "unknown method 'foo' \(methods: sum, avg, adasum, adasum-delta, acga, slowmo, localsgd, bmuf;" --reduce avg,foo
+# SlowMo shorter than tau would never take its outer step (quick: 4 steps with 2 workers).
+refused "--reduce slowmo: the run has 4 step.*fewer than --tau 12.*unsynchronised" --workers 2 --reduce slowmo
+refused "--reduce bmuf: the run has 8 step.*fewer than --tau 9" --reduce bmuf --tau 9
 refused "--train-limit" --train-limit -5
 refused "--checkpoint-every needs --checkpoint-dir" --checkpoint-every 10
 refused "--resume needs --checkpoint-dir" --resume
@@ -179,6 +184,26 @@ grep -q "to target  epochs until" "$tmp/n.out" && grep -q "^target: 85.00% test 
   && ok "stderr not a terminal: one progress line per epoch, labelled as given" || fail "progress: $(cat "$tmp/p.err" | head -3)"
 "$sumo" train "${quick[@]}" --workers 2 --train-limit 2000 --lr 1000 --optimizer lamb --reduce sum > "$tmp/q.out" 2>&1
 grep -q "^sum .* diverged .*DIVERGED" "$tmp/q.out" && ok "a diverged run is marked" || fail "diverged: $(grep '^sum ' "$tmp/q.out")"
+# One worker exchanges nothing: no communication figures in its table or its summary row.
+rm -f "$tmp/one.csv"
+"$sumo" train "${quick[@]}" --reduce avg,adasum --summary "$tmp/one.csv" > "$tmp/one.out" 2>&1
+[ "$(awk '$1 == "avg" || $1 == "adasum" { print $7, $8 }' "$tmp/one.out" | sort -u)" = "- -" ] \
+  && grep -q "(-: one worker exchanges nothing)" "$tmp/one.out" \
+  && [ "$(awk -F, 'NR > 1 { print $12, $13 }' "$tmp/one.csv" | sort -u)" = "0 0" ] \
+  && ok "one worker: no communication figures (table: -, summary: 0)" \
+  || fail "one worker's communication figures: $(grep -E '^(avg|adasum) ' "$tmp/one.out"); $(tail -1 "$tmp/one.csv")"
+# A SlowMo run whose last steps are local says that its workers end apart (62 steps, tau 12:
+# 2 after the last exchange), and says nothing when the steps end on an exchange (tau 31).
+short=(--workers 2 --epochs 1 --batch 32 --train-limit 4000 --test-limit 200 --no-progress)
+"$sumo" train "${short[@]}" --reduce localsgd --tau 12 > "$tmp/u.out" 2>&1
+"$sumo" train "${short[@]}" --reduce localsgd --tau 31 > "$tmp/u2.out" 2>&1
+grep -q "^localsgd: the last 2 of 62 steps came after the last exchange" "$tmp/u.out" \
+  && ! grep -q "after the last exchange" "$tmp/u2.out" \
+  && ok "SlowMo ending between exchanges says the workers end apart; ending on one, says nothing" \
+  || fail "SlowMo's unsynchronised end: $(grep -h 'exchange' "$tmp/u.out" "$tmp/u2.out")"
+# The summary names what the bits depend on besides the code (machine.h).
+head -1 "$tmp/one.csv" | grep -q ",fnv1a,blas_core,kernel_isa$" && grep -q "^bits depend on .*OpenBLAS core" "$tmp/one.out" \
+  && ok "the summary and the output name the OpenBLAS core and sumo's kernels" || fail "machine columns: $(head -1 "$tmp/one.csv")"
 
 mkdir -p "$tmp/data"
 for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
@@ -203,9 +228,16 @@ if command -v mpirun > /dev/null && ldd "$sumo" | grep libmpi > /dev/null; then
   n=$(ls "$tmp"/mck/step-*.rank-1.ckpt 2>/dev/null | wc -l)
   [ "$(checksum "$tmp/m2.out")" = "$A" ] && [ "$n" -eq 2 ] && ok "MPI: stopped, resumed: bit-identical; 2 checkpoints kept per rank" \
     || { fail "MPI resume: $(checksum "$tmp/m2.out") vs $A, $n files of rank 1"; tail -3 "$tmp/m2.out"; }
+  # Under mpirun the ranks are the workers: another --workers is refused, saying how to set it.
+  SUMO_TIMEOUT=60 timeout -k 10 50 mpirun -np 2 --oversubscribe --allow-run-as-root --mca btl self,vader "$sumo" train "${quick[@]}" \
+    --workers 4 > "$tmp/mw.out" 2>&1
+  code=$?
+  [ $code -ne 0 ] && [ $code -ne 124 ] && grep -q -- "--workers 4, but under mpirun the processes are the workers (this job has 2).*mpirun -np 4" "$tmp/mw.out" \
+    && [ "$(grep -c -- '--workers 4, but' "$tmp/mw.out")" -eq 1 ] && ! grep -q fnv1a "$tmp/mw.out" \
+    && ok "MPI: --workers 4 on 2 processes refused once, naming mpirun -np" || fail "MPI --workers 4: exit $code: $(head -3 "$tmp/mw.out")"
   # Only rank 0 writes the log: the others must learn that it cannot, and every rank leave.
   SUMO_TIMEOUT=60 timeout -k 10 50 mpirun -np 2 --oversubscribe --allow-run-as-root --mca btl self,vader "$sumo" train "${quick[@]}" \
-    --transport mpi --log /nonexistent/x.csv > "$tmp/m3.out" 2>&1
+    --workers 2 --transport mpi --log /nonexistent/x.csv > "$tmp/m3.out" 2>&1
   code=$?
   [ $code -ne 0 ] && [ $code -ne 124 ] && grep -q "/nonexistent/x.csv" "$tmp/m3.out" \
     && ok "MPI: a log rank 0 cannot open ends every rank before training" || fail "MPI unwritable log: exit $code"

@@ -13,12 +13,15 @@
 #   SUMO_SKIP_TORCH=venv     skip the torch 2.x environment (no PyPI, or no 5 GB of disk)
 #   SUMO_SKIP_TORCH=debian   skip Debian's torch 1.13
 #   SUMO_PYTHON=PATH         run under that interpreter alone
+# SUMO_NO_PYTHON=1 (scripts/deps.sh installed no Python packages) skips them all, as =1 does.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 skip=${SUMO_SKIP_TORCH:-}
+why=SUMO_SKIP_TORCH=$skip
+if [ "${SUMO_NO_PYTHON:-0}" = 1 ] && [ -z "$skip" ]; then skip=1 why=SUMO_NO_PYTHON=1; fi
 case "$skip" in
   "" | 0 | venv | debian) ;;
-  1 | all) echo "python tests: skipped (SUMO_SKIP_TORCH=$skip): neither torch 1.13 nor torch 2.x ran"; exit 0 ;;
+  1 | all) echo "python tests: skipped ($why): neither torch 1.13 nor torch 2.x ran"; exit 0 ;;
   *) echo "SUMO_SKIP_TORCH=$skip: expected 1, venv or debian"; exit 2 ;;
 esac
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

@@ -151,6 +151,12 @@ static void test_bench_quick_checked(void **state)
      * "NOT met" (nor "met") about the benchmark's goals. */
     assert_null(strstr(out, "met)"));
     assert_null(strstr(out, "below goal"));
+    /* Adasum's cost is its time against the sum's and against the two-pass floor, both of
+     * this run, and no slogan: "almost as efficient as summing" once stood beside 2.06x. */
+    assert_null(strstr(out, "almost"));
+    assert_non_null(strstr(out, "B adasum: "));
+    assert_non_null(strstr(out, "x sum ("));
+    assert_non_null(strstr(out, "x the two-pass floor ("));
     /* Data rows (not comments) for sum on both rank counts, verified. */
     int sum_rows = 0;
     for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"))
@@ -278,6 +284,50 @@ static void test_checkpoint_housekeeping(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* The tool is a client of the public API (include/) and of the training driver (src/train/),
+ * the layer below it; a benchmark of other internals belongs in bench/. Reads the sources
+ * beside this file's, as compiled (make builds from the repository root). */
+static void test_tool_includes_no_private_header(void **state)
+{
+    (void)state;
+    char root[4096];
+    snprintf(root, sizeof root, "%s", __FILE__);
+    char *cut = strstr(root, "tests/unit/test_tool.c");
+    if (cut == NULL) {
+        print_message("compiled as %s: cannot find the sources: skipped\n", __FILE__);
+        skip();
+    }
+    *cut = '\0';
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%stools/sumo", root);
+    DIR *d = opendir(dir);
+    if (d == NULL) {
+        print_message("no %s from here: skipped\n", dir);
+        skip();
+    }
+    int files = 0, bad = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        size_t n = strlen(e->d_name);
+        if (n < 3 || (strcmp(e->d_name + n - 2, ".c") != 0 && strcmp(e->d_name + n - 2, ".h") != 0)) continue;
+        char path[4500], line[1024];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        FILE *f = fopen(path, "r");
+        assert_non_null(f);
+        files++;
+        while (fgets(line, sizeof line, f)) {
+            char inc[256];
+            if (sscanf(line, " # include \"%255[^\"]\"", inc) != 1 || strchr(inc, '/') == NULL) continue;
+            if (strncmp(inc, "train/", 6) == 0) continue;
+            print_message("%s includes the private header %s\n", e->d_name, inc);
+            bad++;
+        }
+        fclose(f);
+    }
+    closedir(d);
+    assert_true(files > 5);
+    assert_int_equal(bad, 0);
+}
+
 static void test_train_usage_errors(void **state)
 {
     (void)state;
@@ -311,6 +361,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_args_refuse_with_flag_and_range),
         cmocka_unit_test(test_checkpoint_housekeeping),
         cmocka_unit_test(test_train_usage_errors),
+        cmocka_unit_test(test_tool_includes_no_private_header),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,13 +1,13 @@
 /*
  * sumo bench: what an allreduce costs, per message size, transport, rank count and op, printed
  * in nccl-tests' layout next to what bounds it on this machine, all measured in the same run:
- * memory bandwidth (STREAM-like loops), the per-element kernels against that bandwidth, and over
- * MPI the peer's own MPI_Allreduce on the same buffers.
+ * memory bandwidth (STREAM-like loops) and over MPI the peer's own MPI_Allreduce on the same
+ * buffers. (The per-element kernels against that bandwidth are internals: bench/kernel_bw.)
  *
  * This file only orders the work; each concern has its own file:
  *   bench_options    the command line
  *   bench_harness    groups of ranks (threads, MPI processes) and how runs are timed
- *   bench_membw      memory bandwidth and the kernels against it
+ *   bench_membw      memory bandwidth
  *   bench_sweep      the allreduce rows and the floor
  *   bench_reference  inputs and the sequential reference of --check
  *   bench_report     the table, the sections, the derived figures and the CSV
@@ -31,7 +31,7 @@ typedef struct bench_ctx {
     int ranks_on_node; /* ranks sharing this machine */
 } bench_ctx;
 
-/* The memory sections: the STREAM table, then the kernels, each printed once measured. */
+/* The memory section: the STREAM table, printed once measured. */
 static int run_mem_sections(bench_ctx *c, bench_mem_runner run, void *env,
                             const bench_mem_arrays *ma)
 {
@@ -39,8 +39,6 @@ static int run_mem_sections(bench_ctx *c, bench_mem_runner run, void *env,
     int n = bench_mem_worker_counts(&c->o, c->ranks_on_node, workers);
     if (bench_measure_stream(&c->o, ma, workers, n, run, env, &c->mem) != 0) return -1;
     if (c->rep.printer) bench_print_stream(&c->rep, &c->mem);
-    if (bench_measure_kernels(&c->o, ma, workers, n, run, env, &c->mem) != 0) return -1;
-    if (c->rep.printer) bench_print_kernels(&c->rep, &c->mem, ma->kbytes);
     return 0;
 }
 

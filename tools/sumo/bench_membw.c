@@ -2,11 +2,6 @@
 
 #include "bench_reference.h"
 
-/* The one private header of the bench: the kernel rows measure sumo's per-element kernels
- * themselves (reduce_multi, dot_norms, scaled_add), which the public API only reaches inside
- * whole collectives, where communication would hide their bandwidth. */
-#include "kernels/kernels.h"
-
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,10 +10,11 @@
 /* ---- the STREAM loops --------------------------------------------------------------------- */
 
 /*
- * The STREAM loops, on fp64, in plain C. They are held up against the kernels, so they must be
- * as good as the kernels at pulling bandwidth through one core: x86-64 builds clone them for
- * AVX2 (as the kernels use it), picked at load time when the CPU has it, else they run with
- * SSE2, which every x86-64 has. Each step covers one cache line: parts start on cache lines,
+ * The STREAM loops, on fp64, in plain C. They stand for what memory allows sumo's kernels
+ * (bench/kernel_bw holds the kernels against the same loops), so they must pull bandwidth
+ * through one core as well as the kernels do: x86-64 builds clone them for AVX2 (as the
+ * kernels use it), picked at load time when the CPU has it, else they run with SSE2, which
+ * every x86-64 has. Each step covers one cache line: parts start on cache lines,
  * and a block whose trip count the compiler knows is what GCC's -O2 vectoriser accepts (it
  * leaves loops of unknown count scalar).
  */
@@ -78,8 +74,6 @@ const char *bench_stream_isa(void)
     return "SSE2";
 }
 
-const char *bench_kernel_isa(void) { return sumo__kernel_isa(); }
-
 /* ---- jobs: one part per worker ------------------------------------------------------------ */
 
 static void part_range(const bench_job *j, int part, size_t *lo, size_t *hi)
@@ -123,77 +117,6 @@ static void job_dot(bench_job *j, int part)
     j->partial[part] = dot(doubles(j->a, lo), doubles(j->b, lo), hi - lo);
 }
 
-static unsigned char *at(const bench_job *j, void *base, size_t i)
-{
-    return (unsigned char *)base + i * j->esz;
-}
-
-static void job_reduce_2x2(bench_job *j, int part)
-{
-    size_t lo, hi;
-    part_range(j, part, &lo, &hi);
-    void *outs[2] = {at(j, j->a, lo), at(j, j->b, lo)};
-    const void *ins[2] = {outs[0], outs[1]};
-    sumo__reduce_multi(j->dtype, outs, 2, ins, 2, hi - lo, 1);
-}
-
-static void job_reduce_2x1(bench_job *j, int part)
-{
-    size_t lo, hi;
-    part_range(j, part, &lo, &hi);
-    void *outs[1] = {at(j, j->a, lo)};
-    const void *ins[2] = {outs[0], at(j, j->b, lo)};
-    sumo__reduce_multi(j->dtype, outs, 1, ins, 2, hi - lo, 1);
-}
-
-static void job_dot_norms(bench_job *j, int part)
-{
-    size_t lo, hi;
-    part_range(j, part, &lo, &hi);
-    double out[3];
-    sumo__kernel_dot_norms(j->dtype, at(j, j->a, lo), at(j, j->b, lo), hi - lo, out);
-    j->partial[part] = out[0] + out[1] + out[2];
-}
-
-static void job_scaled_add(bench_job *j, int part)
-{
-    size_t lo, hi;
-    part_range(j, part, &lo, &hi);
-    /* Halves keep the values where they are run after run. */
-    sumo__kernel_scaled_add(j->dtype, at(j, j->a, lo), 0.5, at(j, j->b, lo), 0.5, hi - lo);
-}
-
-static size_t tensor_start(const bench_job *j, size_t t) { return j->n * t / j->ntensors; }
-
-static void tensor_parts(const bench_job *j, int part, size_t *t0, size_t *t1)
-{
-    *t0 = j->ntensors * (size_t)part / (size_t)j->active;
-    *t1 = j->ntensors * (size_t)(part + 1) / (size_t)j->active;
-}
-
-static void job_dot_norms_tensors(bench_job *j, int part)
-{
-    size_t t0, t1;
-    tensor_parts(j, part, &t0, &t1);
-    double acc = 0, out[3];
-    for (size_t t = t0; t < t1; t++) {
-        size_t lo = tensor_start(j, t), hi = tensor_start(j, t + 1);
-        sumo__kernel_dot_norms(j->dtype, at(j, j->a, lo), at(j, j->b, lo), hi - lo, out);
-        acc += out[0] + out[1] + out[2];
-    }
-    j->partial[part] = acc;
-}
-
-static void job_scaled_add_tensors(bench_job *j, int part)
-{
-    size_t t0, t1;
-    tensor_parts(j, part, &t0, &t1);
-    for (size_t t = t0; t < t1; t++) {
-        size_t lo = tensor_start(j, t), hi = tensor_start(j, t + 1);
-        sumo__kernel_scaled_add(j->dtype, at(j, j->a, lo), 0.5, at(j, j->b, lo), 0.5, hi - lo);
-    }
-}
-
 int bench_job_run_part(bench_group *g, void *job)
 {
     bench_job *j = job;
@@ -210,7 +133,7 @@ void bench_job_fill_part(bench_job *j, int part, int seed)
     if (j->c) bench_fill(j->dtype, j->c, lo, hi, seed + 2);
 }
 
-/* ---- the tables of loops and kernels ------------------------------------------------------ */
+/* ---- the table of loops ------------------------------------------------------------------- */
 
 static const char *const stream_names[BENCH_NSTREAM] = {"copy", "triad", "a+=b", "dot"};
 static void (*const stream_fns[BENCH_NSTREAM])(bench_job *, int) = {job_copy, job_triad, job_add,
@@ -220,28 +143,6 @@ static const int stream_passes[BENCH_NSTREAM] = {2, 3, 3, 2};
 const char *bench_stream_name(int stream) { return stream_names[stream]; }
 int bench_stream_passes(int stream) { return stream_passes[stream]; }
 
-typedef struct kernel_desc {
-    bench_kernel_info info;
-    void (*fn)(bench_job *j, int part);
-    bool tensors;
-} kernel_desc;
-
-static const kernel_desc kernel_descs[BENCH_NKERNELS] = {
-    [BENCH_K_REDUCE_2X2] = {{"reduce_multi 2 in/2 out, in place", "reduce_multi_2x2", 4,
-                             BENCH_STREAM_ADD}, job_reduce_2x2, false},
-    [BENCH_K_REDUCE_2X1] = {{"reduce_multi a+=b (2 in/1 out)", "reduce_multi_2x1", 3,
-                             BENCH_STREAM_ADD}, job_reduce_2x1, false},
-    [BENCH_K_DOT_NORMS] = {{"dot_norms", "dot_norms", 2, BENCH_STREAM_DOT}, job_dot_norms, false},
-    [BENCH_K_SCALED_ADD] = {{"scaled_add a=ca*a+cb*b", "scaled_add", 3, BENCH_STREAM_ADD},
-                            job_scaled_add, false},
-    [BENCH_K_DOT_NORMS_T] = {{"dot_norms, 1000 tensors", "dot_norms_1000_tensors", 2,
-                              BENCH_STREAM_DOT}, job_dot_norms_tensors, true},
-    [BENCH_K_SCALED_ADD_T] = {{"scaled_add, 1000 tensors", "scaled_add_1000_tensors", 3,
-                               BENCH_STREAM_ADD}, job_scaled_add_tensors, true},
-};
-
-const bench_kernel_info *bench_kernel(int kernel) { return &kernel_descs[kernel].info; }
-
 /* ---- arrays ------------------------------------------------------------------------------- */
 
 void bench_mem_arrays_free(bench_mem_arrays *ma)
@@ -249,8 +150,6 @@ void bench_mem_arrays_free(bench_mem_arrays *ma)
     free(ma->a);
     free(ma->b);
     free(ma->c);
-    free(ma->ka);
-    free(ma->kb);
     free(ma->partial);
     *ma = (bench_mem_arrays){0};
 }
@@ -259,18 +158,13 @@ static size_t page_multiple(size_t bytes) { return (bytes + 4095) / 4096 * 4096;
 
 int bench_mem_arrays_alloc(bench_mem_arrays *ma, const bench_opts *o, int workers)
 {
-    size_t esz = bench_dtype_bytes(o->dtype);
-    size_t kernel_bytes = o->mem_bytes < BENCH_GOAL_BYTES ? o->mem_bytes : BENCH_GOAL_BYTES;
-    *ma = (bench_mem_arrays){.bytes = o->mem_bytes / 64 * 64,
-                             .kbytes = kernel_bytes / 64 * 64 / esz * esz};
-    size_t rb = page_multiple(ma->bytes), rk = page_multiple(ma->kbytes);
+    *ma = (bench_mem_arrays){.bytes = o->mem_bytes / 64 * 64};
+    size_t rb = page_multiple(ma->bytes);
     ma->a = aligned_alloc(4096, rb);
     ma->b = aligned_alloc(4096, rb);
     ma->c = aligned_alloc(4096, rb);
-    ma->ka = aligned_alloc(4096, rk);
-    ma->kb = aligned_alloc(4096, rk);
     ma->partial = calloc((size_t)workers, sizeof *ma->partial);
-    if (ma->a && ma->b && ma->c && ma->ka && ma->kb && ma->partial) return 0;
+    if (ma->a && ma->b && ma->c && ma->partial) return 0;
     bench_mem_arrays_free(ma);
     return -1;
 }
@@ -312,8 +206,7 @@ typedef struct mem_ctx {
     const bench_opts *o;
     int active;
     const bench_mem_arrays *ma;
-    double gbps[(int)BENCH_NKERNELS > (int)BENCH_NSTREAM ? (int)BENCH_NKERNELS : (int)BENCH_NSTREAM];
-    double bound[BENCH_NKERNELS];
+    double gbps[BENCH_NSTREAM];
 } mem_ctx;
 
 static int stream_body(bench_group *g, void *arg)
@@ -324,38 +217,6 @@ static int stream_body(bench_group *g, void *arg)
         if (g->rank < m->active) bench_job_fill_part(&j, g->rank, 7 * g->rank);
         double gbps = measure_job(g, m->o->mem_reps, &j);
         if (g->rank == 0) m->gbps[k] = gbps;
-    }
-    return 0;
-}
-
-static bench_job kernel_job(const mem_ctx *m, const kernel_desc *d)
-{
-    size_t esz = bench_dtype_bytes(m->o->dtype), n = m->ma->kbytes / esz;
-    return (bench_job){.fn = d->fn, .active = m->active, .n = n, .esz = esz,
-                       .bytes = (double)d->info.operand_passes * (double)(n * esz),
-                       .a = m->ma->ka, .b = m->ma->kb, .dtype = m->o->dtype,
-                       .ntensors = d->tensors ? BENCH_NTENSORS : 0, .partial = m->ma->partial};
-}
-
-static int kernel_body(bench_group *g, void *arg)
-{
-    mem_ctx *m = arg;
-    for (int k = 0; k < BENCH_NKERNELS; k++) {
-        const kernel_desc *d = &kernel_descs[k];
-        bench_job kj = kernel_job(m, d);
-        bench_job bj = stream_job(m->ma, d->info.bound, m->ma->kbytes, m->active);
-        /* Each worker refills its own part, so every kernel starts from the same values. */
-        if (g->rank < m->active) {
-            bench_job_fill_part(&kj, g->rank, 7 * g->rank);
-            bench_job_fill_part(&bj, g->rank, 7 * g->rank);
-        }
-        bench_timed kernel_run = timed_job(&kj), bound_run = timed_job(&bj);
-        double kt, bt;
-        bench_time_alternating(g, m->o->mem_reps, &kernel_run, &kt, &bound_run, &bt);
-        if (g->rank == 0) {
-            m->gbps[k] = kj.bytes / kt;
-            m->bound[k] = bj.bytes / bt;
-        }
     }
     return 0;
 }
@@ -384,20 +245,6 @@ int bench_measure_stream(const bench_opts *o, const bench_mem_arrays *ma, const 
         if (run(env, workers[i], stream_body, &mc) != 0) return -1;
         m->threads[m->nt] = workers[i];
         memcpy(m->stream[m->nt++], mc.gbps, sizeof m->stream[0]);
-    }
-    return 0;
-}
-
-int bench_measure_kernels(const bench_opts *o, const bench_mem_arrays *ma, const int *workers,
-                          int nworkers, bench_mem_runner run, void *env, bench_mem_results *m)
-{
-    for (int i = 0; i < nworkers; i++) {
-        if (workers[i] > 2) continue;
-        mem_ctx mc = {.o = o, .active = workers[i], .ma = ma};
-        if (run(env, workers[i], kernel_body, &mc) != 0) return -1;
-        m->kthreads[m->nk] = workers[i];
-        memcpy(m->kernel[m->nk], mc.gbps, sizeof m->kernel[0]);
-        memcpy(m->kbound[m->nk++], mc.bound, sizeof m->kbound[0]);
     }
     return 0;
 }

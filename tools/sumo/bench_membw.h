@@ -1,7 +1,7 @@
 /*
  * What bounds an allreduce on this machine: memory bandwidth (STREAM-like loops over fp64
- * arrays, with 1, 2 and each rank count of workers), and sumo's per-element kernels held
- * against the loop that moves the same kind of traffic.
+ * arrays, with 1, 2 and each rank count of workers). Plain C over the public API only: sumo's
+ * per-element kernels against these loops are internals, measured by bench/kernel_bw.
  */
 #ifndef SUMO_TOOL_BENCH_MEMBW_H
 #define SUMO_TOOL_BENCH_MEMBW_H
@@ -11,39 +11,19 @@
 
 enum { BENCH_STREAM_COPY, BENCH_STREAM_TRIAD, BENCH_STREAM_ADD, BENCH_STREAM_DOT, BENCH_NSTREAM };
 
-enum {
-    BENCH_K_REDUCE_2X2,
-    BENCH_K_REDUCE_2X1,
-    BENCH_K_DOT_NORMS,
-    BENCH_K_SCALED_ADD,
-    BENCH_K_DOT_NORMS_T,
-    BENCH_K_SCALED_ADD_T,
-    BENCH_NKERNELS
-};
-
 #define BENCH_MAX_MEM_T 8
-
-typedef struct bench_kernel_info {
-    const char *name;
-    const char *csv_name;
-    int operand_passes; /* operand-sized transfers a run makes */
-    int bound;          /* the STREAM loop it is held against */
-} bench_kernel_info;
 
 const char *bench_stream_name(int stream);
 /* Operand-sized transfers one run of the loop makes, counted as STREAM does. */
 int bench_stream_passes(int stream);
-const bench_kernel_info *bench_kernel(int kernel);
-/* The instruction set the STREAM loops run with here ("AVX2" or "SSE2") and the one sumo's
- * kernels dispatch to. */
+/* The instruction set the STREAM loops run with here ("AVX2" or "SSE2"). */
 const char *bench_stream_isa(void);
-const char *bench_kernel_isa(void);
 
-/* The arrays of the memory runs: a, b, c (mem_bytes each) for the STREAM loops, ka, kb (up to
- * 64 MiB each) for the kernels. Threads share one set and split it; MPI ranks each own one. */
+/* The arrays of the memory runs: a, b, c (mem_bytes each) for the STREAM loops. Threads share
+ * one set and split it; MPI ranks each own one. */
 typedef struct bench_mem_arrays {
-    void *a, *b, *c, *ka, *kb;
-    size_t bytes, kbytes;
+    void *a, *b, *c;
+    size_t bytes;
     double *partial; /* a slot per worker, so reductions cannot be optimised away */
 } bench_mem_arrays;
 
@@ -54,10 +34,6 @@ typedef struct bench_mem_results {
     int nt;
     int threads[BENCH_MAX_MEM_T];
     double stream[BENCH_MAX_MEM_T][BENCH_NSTREAM]; /* GB/s */
-    int nk;
-    int kthreads[BENCH_MAX_MEM_T];
-    double kernel[BENCH_MAX_MEM_T][BENCH_NKERNELS]; /* GB/s */
-    double kbound[BENCH_MAX_MEM_T][BENCH_NKERNELS]; /* GB/s of the bound, measured in alternation */
     /* The floor, per rank count: the goal-size allreduce and a+=b, measured in alternation. */
     int nf;
     int franks[BENCH_MAX_RANK_LIST];
@@ -75,9 +51,6 @@ typedef int (*bench_mem_runner)(void *env, int active, bench_body body, void *ar
 /* The STREAM table, one row per worker count, into m. Returns nonzero when a run failed. */
 int bench_measure_stream(const bench_opts *o, const bench_mem_arrays *ma, const int *workers,
                          int nworkers, bench_mem_runner run, void *env, bench_mem_results *m);
-/* The kernels against their bounds with 1 and 2 workers (the counts the goals are stated for). */
-int bench_measure_kernels(const bench_opts *o, const bench_mem_arrays *ma, const int *workers,
-                          int nworkers, bench_mem_runner run, void *env, bench_mem_results *m);
 
 /* One part per worker of a loop over the memory arrays. */
 typedef struct bench_job bench_job;
@@ -89,7 +62,6 @@ struct bench_job {
     double bytes;    /* bytes a run moves, counted as STREAM does (no write-allocate) */
     void *a, *b, *c; /* threads share one set of operands, processes have their own */
     sumo_dtype dtype;
-    size_t ntensors; /* > 0: the operands hold that many tensors, one kernel call each */
     double *partial;
 };
 

@@ -17,9 +17,6 @@ enum { BENCH_TRANSPORT_THREADS, BENCH_TRANSPORT_MPI };
 #define BENCH_MIB ((size_t)1 << 20)
 /* The size the goals of docs/design/experiments.md (E3) are stated at. */
 #define BENCH_GOAL_BYTES (64 * BENCH_MIB)
-/* Tensors per buffer in the kernel rows that call a kernel once per tensor, as a model's
- * layers are reduced. */
-#define BENCH_NTENSORS 1000
 
 /* ACGA is an aggregator, not an allreduce op: the bench gives it a number of its own. */
 #define BENCH_OP_ACGA ((int)SUMO_OP_PREDEFINED_COUNT)

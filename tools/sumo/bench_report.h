@@ -1,6 +1,6 @@
 /*
  * What sumo bench prints: the table in nccl-tests' layout (lines starting with '#' are
- * comments, the others are rows), the memory and kernel sections, the derived figures, and
+ * comments, the others are rows), the memory section, the derived figures, and
  * the same measurements as CSV rows. Only the printing process (rank 0 of the run) prints.
  */
 #ifndef SUMO_TOOL_BENCH_REPORT_H
@@ -50,7 +50,6 @@ void bench_print_machine(const bench_report *rep);
 void bench_print_mpi(const bench_report *rep, const char *version, int provided, int wanted,
                      int ranks_on_node);
 void bench_print_stream(const bench_report *rep, const bench_mem_results *m);
-void bench_print_kernels(const bench_report *rep, const bench_mem_results *m, size_t kbytes);
 void bench_print_table_header(const bench_report *rep, int p);
 
 /* Prints a row (err_detail: the library's message for a failure, or NULL; why: the check's

@@ -5,6 +5,7 @@
  */
 #include "args.h"
 #include "commands.h"
+#include "machine.h"
 
 #include "train/checkpoint.h"
 #include "train/trainer.h"
@@ -85,6 +86,7 @@ typedef struct options {
     int tau_override, inner_override;
     int buffers_override, memory_efficient;
     int have_momentum;
+    bool workers_given; /* under mpirun the ranks are the workers: a differing --workers is refused */
     bool overwrite, have_checkpoint_every, have_keep;
 } options;
 
@@ -112,9 +114,23 @@ static bool parse_scaling(const char *flag, const char *v, double *factor, bool 
     return false;
 }
 
+/* The --reduce methods, from the trainer's own table, so that a message cannot fall behind. */
+static void method_list(char *out, size_t len)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    for (int m = 0; m < SUMO__METHOD_COUNT && used < len; m++) {
+        int n = snprintf(out + used, len - used, "%s%s", m ? ", " : "", sumo__method_name((sumo__method)m));
+        if (n < 0) break;
+        used += (size_t)n;
+    }
+}
+
 /* --reduce: METHOD[@SCALING], comma-separated; every entry must name a method, once. */
 static int parse_methods(const char *value, options *o)
 {
+    char methods[256];
+    method_list(methods, sizeof methods);
     char list[1024];
     if (strlen(value) >= sizeof list) return bad("--reduce", value);
     snprintf(list, sizeof list, "%s", value);
@@ -123,8 +139,7 @@ static int parse_methods(const char *value, options *o)
         next = strchr(p, ',');
         if (next) *next++ = '\0';
         if (*p == '\0') {
-            fprintf(stderr, "sumo train: --reduce '%s': an empty entry (methods: sum, avg, adasum, "
-                            "adasum-delta, acga, slowmo, localsgd, bmuf)\n", value);
+            fprintf(stderr, "sumo train: --reduce '%s': an empty entry (methods: %s)\n", value, methods);
             return 2;
         }
         if (o->nmethods == MAX_METHODS) {
@@ -142,7 +157,11 @@ static int parse_methods(const char *value, options *o)
             }
         char *at = strchr(p, '@');
         if (at) *at = '\0';
-        if (!sumo__method_parse(p, &o->methods[k])) return bad("--reduce", p);
+        if (!sumo__method_parse(p, &o->methods[k])) {
+            fprintf(stderr, "sumo train: --reduce: unknown method '%s' (methods: %s; METHOD@S gives "
+                            "an entry its own --lr-scaling S)\n", p, methods);
+            return 2;
+        }
         /* The scaling points into the label, which lives as long as the options. */
         o->scalings[k] = at ? strchr(o->labels[k], '@') + 1 : NULL;
         if (o->scalings[k]) {
@@ -191,7 +210,7 @@ static int parse(int argc, char **argv, options *o)
 #define I64(dst, lo, hi) \
     do { NEED(); if (!sumo_args_int64(a, v, lo, hi, &l, &e)) return bad_args(&e); dst = l; } while (0)
         if (FLAG("--help") || FLAG("-h")) { usage(stdout); return 1; }
-        else if (FLAG("--workers")) INT(c->workers, 1, SUMO_THREADS_MAX_RANKS);
+        else if (FLAG("--workers")) { INT(c->workers, 1, SUMO_THREADS_MAX_RANKS); o->workers_given = true; }
         else if (FLAG("--transport")) {
             NEED();
             if (strcmp(v, "mpi") != 0 && strcmp(v, "threads") != 0) return bad(a, v);
@@ -385,7 +404,7 @@ static FILE *open_summary(const char *path)
     if (fresh)
         fprintf(f, "method,workers,batch,total_batch,optimizer,peak_lr,final_accuracy,best_accuracy,"
                    "steps_to_target,epochs_to_target,steps,rounds,bytes,diverged,wall_s,"
-                   "aggregation_s,compute_s,extra_memory_bytes,params,fnv1a\n");
+                   "aggregation_s,compute_s,extra_memory_bytes,params,fnv1a,blas_core,kernel_isa\n");
     if (fflush(f) != 0) {
         fprintf(stderr, "sumo train: %s: cannot write the summary file: %s\n", path, strerror(errno));
         fclose(f);
@@ -401,13 +420,17 @@ static int write_summaries(FILE *f, const char *path, const char (*labels)[64],
     for (int k = 0; k < n; k++) {
         const sumo__train_summary *s = &sums[k];
         const sumo__train_config *c = &configs[k];
-        fprintf(f, "%s,%d,%d,%d,%s,%.6g,%.4f,%.4f,%ld,%.3f,%ld,%llu,%llu,%d,%.2f,%.3f,%.3f,%zu,%zu,%016llx\n",
+        /* One worker exchanges nothing (its calls are counted all the same). */
+        bool alone = c->workers == 1;
+        fprintf(f, "%s,%d,%d,%d,%s,%.6g,%.4f,%.4f,%ld,%.3f,%ld,%llu,%llu,%d,%.2f,%.3f,%.3f,%zu,%zu,%016llx,%s,%s\n",
                 labels[k], c->workers, c->batch, c->workers * c->batch,
                 sumo_optimizer_kind_name(c->optim.kind), c->lr * c->lr_scale, s->final_accuracy,
                 s->best_accuracy, s->steps_to_target, s->steps_to_target >= 0 ? s->epochs_to_target : -1.0,
-                s->steps, (unsigned long long)s->comm.rounds, (unsigned long long)s->comm.bytes,
+                s->steps, alone ? 0ull : (unsigned long long)s->comm.rounds,
+                alone ? 0ull : (unsigned long long)s->comm.bytes,
                 s->diverged, s->wall_seconds, s->aggregation_seconds, s->compute_seconds,
-                s->extra_memory_bytes, s->nparams, (unsigned long long)s->param_checksum);
+                s->extra_memory_bytes, s->nparams, (unsigned long long)s->param_checksum,
+                sumo_tool_blas_core(), sumo_tool_kernel_isa());
     }
     bool failed = ferror(f) != 0;
     int saved = errno;
@@ -420,6 +443,49 @@ static int write_summaries(FILE *f, const char *path, const char (*labels)[64],
         return 1;
     }
     return 0;
+}
+
+static bool is_slowmo(sumo__method m)
+{
+    return m == SUMO__METHOD_SLOWMO || m == SUMO__METHOD_LOCALSGD || m == SUMO__METHOD_BMUF;
+}
+
+/* The trainer's own count: whole total batches per epoch, times the epochs. */
+static long planned_steps(const sumo__train_config *c, const sumo__dataset *train)
+{
+    size_t usable = c->train_limit && c->train_limit < train->n ? c->train_limit : train->n;
+    return (long)(usable / ((size_t)c->workers * (size_t)c->batch)) * c->epochs;
+}
+
+/* SlowMo's outer step (the exact average and the slow momentum) comes every tau steps: a run
+ * shorter than tau would never take it, and its workers would end where their local steps
+ * left them, without a word. Refused, naming the ways out. 0 or the exit status 2. */
+static int check_outer_steps(const sumo__train_config *c, const char *label, const sumo__dataset *train,
+                             bool say)
+{
+    long steps = planned_steps(c, train);
+    if (!is_slowmo(c->method) || steps < 1 || steps >= c->slowmo.tau) return 0;
+    if (say)
+        fprintf(stderr, "sumo train: --reduce %s: the run has %ld step(s) (%d epoch(s) of %ld), fewer than "
+                        "--tau %d: its outer step (the exact average and the slow momentum) would never "
+                        "run%s. Give --tau %ld or less, more --epochs or a smaller --batch\n",
+                label, steps, c->epochs, steps / c->epochs, c->slowmo.tau,
+                c->workers > 1 ? " and the workers would end unsynchronised" : "", steps);
+    return 2;
+}
+
+/* A SlowMo run whose last steps came after its last exchange ends with different parameters
+ * on each worker: the table's accuracy is then their average's (the trainer scores that), the
+ * hash rank 0's own. Said after the table, so that no reader takes them for one model. */
+static void note_unsynchronised_end(const char *label, const sumo__train_config *c, long steps)
+{
+    const sumo_slowmo_options *so = &c->slowmo;
+    if (!is_slowmo(c->method) || c->workers < 2 || steps < so->tau) return;
+    long after = steps % so->tau;
+    if (after == 0 || (so->inner_period > 0 && after % so->inner_period == 0)) return;
+    printf("%s: the last %ld of %ld steps came after the last exchange (every %d steps): the workers "
+           "end with different parameters; the accuracy is their average's, the parameter hash rank 0's\n",
+           label, after, steps, so->inner_period > 0 ? so->inner_period : so->tau);
 }
 
 static void print_table(const options *o, const sumo__train_config *configs, const sumo__train_summary *sums)
@@ -435,16 +501,22 @@ static void print_table(const options *o, const sumo__train_config *configs, con
         printf("target: none (--target 0)\n");
     printf("%-18s %8s %9s %9s %9s %7s %9s %8s %10s %8s\n", "method", "peak lr", "final acc",
            "best acc", "to target", "steps", "comm MiB", "rounds", "agg share", "wall s");
+    /* One worker exchanges nothing, though its calls still pass through the collectives and
+     * are counted there: figures of communication would mean nothing. */
+    bool alone = c0->workers == 1;
     for (int k = 0; k < o->nmethods; k++) {
         const sumo__train_summary *s = &sums[k];
-        char target[32];
+        char target[32], mib[32] = "-", rounds[32] = "-";
         if (s->steps_to_target >= 0) snprintf(target, sizeof target, "%.2f ep", s->epochs_to_target);
         else snprintf(target, sizeof target, "%s", s->diverged ? "diverged" : "-");
+        if (!alone) {
+            snprintf(mib, sizeof mib, "%.1f", (double)s->comm.bytes / (1024.0 * 1024.0));
+            snprintf(rounds, sizeof rounds, "%llu", (unsigned long long)s->comm.rounds);
+        }
         double share = s->aggregation_seconds / (s->aggregation_seconds + s->compute_seconds + 1e-12);
-        printf("%-18s %8.4f %8.2f%% %8.2f%% %9s %7ld %9.1f %8llu %9.1f%% %8.1f%s\n",
+        printf("%-18s %8.4f %8.2f%% %8.2f%% %9s %7ld %9s %8s %9.1f%% %8.1f%s\n",
                o->labels[k], configs[k].lr * configs[k].lr_scale,
-               100 * s->final_accuracy, 100 * s->best_accuracy, target, s->steps,
-               (double)s->comm.bytes / (1024.0 * 1024.0), (unsigned long long)s->comm.rounds,
+               100 * s->final_accuracy, 100 * s->best_accuracy, target, s->steps, mib, rounds,
                100 * share, s->wall_seconds, s->diverged ? "  DIVERGED (loss not finite)" : "");
     }
     /* A newcomer cannot guess these; one line each, once. */
@@ -458,8 +530,8 @@ static void print_table(const options *o, const sumo__train_config *configs, con
            "  best acc   best test accuracy at any evaluation\n"
            "  to target  epochs until an evaluation first reached the target (%s); -: never\n"
            "  steps      optimizer steps, each on workers x batch items\n"
-           "  comm MiB   bytes rank 0 exchanged in collectives, in MiB\n"
-           "  rounds     collective calls of rank 0\n"
+           "  comm MiB   bytes rank 0 exchanged in collectives, in MiB (-: one worker exchanges nothing)\n"
+           "  rounds     collective calls of rank 0 (-: one worker)\n"
            "  agg share  time in the distributed step (waiting for peers included) / step time\n"
            "  wall s     wall-clock seconds\n", target);
 }
@@ -489,7 +561,7 @@ int sumo_cmd_train(int argc, char **argv)
     if (rc == 1) return 0; /* --help */
     if (rc) return rc;
     openblas_set_num_threads(1); /* one BLAS thread per worker: the workers share the cores */
-    int rank = 0, size = 1;
+    int rank = 0, size = 1, asked = o.cfg.workers;
     bool use_mpi = o.transport ? strcmp(o.transport, "mpi") == 0
                                : getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE");
     sumo_comm *mpi_comm = NULL;
@@ -498,6 +570,7 @@ int sumo_cmd_train(int argc, char **argv)
         MPI_Init(&argc, &argv);
         MPI_Comm_rank(MPI_COMM_WORLD, &rank);
         MPI_Comm_size(MPI_COMM_WORLD, &size);
+        asked = o.cfg.workers;
         o.cfg.workers = size;
         if (sumo_comm_create_mpi(MPI_COMM_WORLD, &mpi_comm) != SUMO_SUCCESS) {
             fprintf(stderr, "sumo train: cannot create the MPI communicator\n");
@@ -516,6 +589,14 @@ int sumo_cmd_train(int argc, char **argv)
     sumo__dataset train = {0}, test = {0};
     sumo__train_summary summaries[MAX_METHODS];
     sumo__train_config configs[MAX_METHODS];
+    if (use_mpi && o.workers_given && asked != size) {
+        /* Every rank sees the same flags and size, so all leave here together. */
+        if (rank == 0)
+            fprintf(stderr, "sumo train: --workers %d, but under mpirun the processes are the workers "
+                            "(this job has %d): start %d with mpirun -np %d, or leave --workers out\n",
+                    asked, size, asked, asked);
+        rc = 2;
+    }
     for (int k = 0; k < o.nmethods && rc == 0; k++) {
         sumo__train_config *c = &configs[k];
         if ((rc = configure_method(&o, o.methods[k], o.scalings[k], c)) != 0) break;
@@ -561,6 +642,8 @@ int sumo_cmd_train(int argc, char **argv)
         rc = 1;
         goto out;
     }
+    for (int k = 0; k < o.nmethods && rc == 0; k++) rc = check_outer_steps(&configs[k], o.labels[k], &train, rank == 0);
+    if (rc) goto out;
     for (int k = 0; k < o.nmethods; k++) {
         sumo__train_config *c = &configs[k];
         err[0] = '\0';
@@ -577,9 +660,14 @@ int sumo_cmd_train(int argc, char **argv)
     if (rank == 0) {
         print_table(&o, configs, summaries);
         for (int k = 0; k < o.nmethods; k++)
+            note_unsynchronised_end(o.labels[k], &configs[k], summaries[k].steps);
+        for (int k = 0; k < o.nmethods; k++)
             printf("%s: %zu parameters, fnv1a %016llx, extra memory %zu bytes\n",
                    o.labels[k], summaries[k].nparams,
                    (unsigned long long)summaries[k].param_checksum, summaries[k].extra_memory_bytes);
+        /* The hashes hold for machines that agree on these (machine.h says why). */
+        printf("bits depend on the code, the flags and: OpenBLAS core %s, sumo kernels %s\n",
+               sumo_tool_blas_core(), sumo_tool_kernel_isa());
         if (summary) {
             FILE *f = summary;
             summary = NULL;

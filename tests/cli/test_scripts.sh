@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Checks of the project's scripts that do not fit a unit test: scripts/deps.sh's switch that
+# leaves out the Python packages, scripts/check-recorded (a recorded hash that no longer comes
+# out fails it, one from another machine is skipped, a command of another shape is refused),
+# and scripts/experiment's refusals. Run from anywhere; needs build/sumo (make).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0 failed=0
+ok()   { echo "ok   - $*"; passed=$((passed + 1)); }
+fail() { echo "FAIL - $*"; failed=$((failed + 1)); }
+
+# ---- scripts/deps.sh ----
+all=$(scripts/deps.sh --print 2>&1)
+nopy=$(SUMO_NO_PYTHON=1 scripts/deps.sh --print 2>&1)
+if echo "$all" | grep -qx python3-torch && echo "$all" | grep -qx build-essential \
+   && ! echo "$nopy" | grep -qE '^python3-(torch|pytest|venv)$' && echo "$nopy" | grep -qx build-essential \
+   && [ "$(echo "$all" | wc -l)" -eq $(( $(echo "$nopy" | wc -l) + 3 )) ]; then
+  ok "deps.sh: SUMO_NO_PYTHON=1 leaves out python3-torch, python3-pytest and python3-venv, nothing else"
+else fail "deps.sh --print: all '$(echo $all)', SUMO_NO_PYTHON=1 '$(echo $nopy)'"; fi
+SUMO_NO_PYTHON=yes scripts/deps.sh --print > "$tmp/d.out" 2>&1
+code=$?
+[ $code -eq 2 ] && grep -q "SUMO_NO_PYTHON='yes'.*1 skips" "$tmp/d.out" \
+  && ok "deps.sh: SUMO_NO_PYTHON=yes refused, naming the accepted values" || fail "deps.sh SUMO_NO_PYTHON=yes: exit $code: $(cat "$tmp/d.out")"
+
+# ---- scripts/check-recorded ----
+cmd="./build/sumo train --seed 1 --no-progress --workers 2 --epochs 1 --batch 32 --train-limit 2000 --test-limit 200 --reduce avg"
+$cmd --summary "$tmp/row.csv" > /dev/null 2>&1 || fail "the short row does not run: $cmd"
+# recorded FILE HASH BLAS ISA [COMMAND]: a CSV of one row as scripts/experiment writes it.
+recorded() {
+  { echo "label,$(head -1 "$tmp/row.csv"),command"
+    tail -1 "$tmp/row.csv" | awk -F, -v OFS=, -v h="$2" -v b="$3" -v i="$4" '{ $(NF - 2) = h; $(NF - 1) = b; $NF = i; print }' \
+      | sed "s|^|short,|; s|\$|,\"${5:-$cmd}\"|"; } > "$1"
+}
+here_blas=$(tail -1 "$tmp/row.csv" | awk -F, '{ print $(NF - 1) }')
+here_isa=$(tail -1 "$tmp/row.csv" | awk -F, '{ print $NF }')
+right=$(tail -1 "$tmp/row.csv" | awk -F, '{ print $(NF - 2) }')
+recorded "$tmp/same.csv" "$right" "$here_blas" "$here_isa"
+scripts/check-recorded "$tmp/same.csv" > "$tmp/c1.out" 2>&1 && grep -q "^ok .*as recorded" "$tmp/c1.out" \
+  && ok "check-recorded: a row that reproduces passes" || fail "check-recorded, same hash: $(tail -3 "$tmp/c1.out")"
+recorded "$tmp/moved.csv" 0123456789abcdef "$here_blas" "$here_isa"
+scripts/check-recorded "$tmp/moved.csv" > "$tmp/c2.out" 2>&1
+code=$?
+[ $code -eq 1 ] && grep -q "fnv1a $right, recorded 0123456789abcdef" "$tmp/c2.out" && grep -q "regenerate the results" "$tmp/c2.out" \
+  && ok "check-recorded: a hash that no longer comes out fails, naming both" || fail "check-recorded, moved bits: exit $code: $(tail -3 "$tmp/c2.out")"
+recorded "$tmp/other.csv" 0123456789abcdef OtherCore avx512-elsewhere
+scripts/check-recorded "$tmp/other.csv" > "$tmp/c3.out" 2>&1
+code=$?
+[ $code -eq 0 ] && grep -q "^skip .*OtherCore,avx512-elsewhere.*not comparable" "$tmp/c3.out" \
+  && ok "check-recorded: a row from another machine is skipped, saying so" || fail "check-recorded, other machine: exit $code: $(tail -3 "$tmp/c3.out")"
+recorded "$tmp/shape.csv" "$right" "$here_blas" "$here_isa" "./build/sumo train --seed 1; touch $tmp/ran"
+scripts/check-recorded "$tmp/shape.csv" > "$tmp/c4.out" 2>&1
+code=$?
+recorded "$tmp/shape2.csv" "$right" "$here_blas" "$here_isa" "touch $tmp/ran"
+scripts/check-recorded "$tmp/shape2.csv" >> "$tmp/c4.out" 2>&1
+code2=$?
+[ $code -eq 2 ] && [ $code2 -eq 2 ] && [ ! -e "$tmp/ran" ] && [ "$(grep -c "not a './build/sumo train ...' command" "$tmp/c4.out")" -eq 2 ] \
+  && ok "check-recorded: a command of another shape is refused, not run" || fail "check-recorded, other shape: exit $code: $(tail -3 "$tmp/c4.out")"
+
+# ---- scripts/experiment ----
+scripts/experiment e1 --seeds 1,x > "$tmp/e.out" 2>&1
+code=$?
+[ $code -eq 2 ] && grep -q -- "--seeds '1,x'" "$tmp/e.out" && ok "experiment: a bad --seeds refused, naming it" \
+  || fail "experiment --seeds 1,x: exit $code: $(cat "$tmp/e.out")"
+scripts/experiment e2 --replot --out "$tmp/none" > "$tmp/e.out" 2>&1
+code=$?
+[ $code -eq 2 ] && grep -q -- "--replot needs $tmp/none/e2.csv" "$tmp/e.out" && ok "experiment: --replot without a CSV refused" \
+  || fail "experiment --replot without a CSV: exit $code: $(cat "$tmp/e.out")"
+
+scripts/experiment e2 --replot --resume > "$tmp/e.out" 2>&1
+code=$?
+[ $code -eq 2 ] && grep -q -- "give one" "$tmp/e.out" && ok "experiment: --replot with --resume refused" \
+  || fail "experiment --replot --resume: exit $code: $(cat "$tmp/e.out")"
+
+echo "scripts: $passed passed, $failed failed"
+[ $failed -eq 0 ]
