@@ -699,7 +699,14 @@ static void test_refused(void **state)
     (void)state;
     sumo_comm *comm;
     assert_int_equal(sumo_comm_create_threads(1, &comm), SUMO_SUCCESS);
+    /* Bindings that mirror the options structs by hand check their layout through this. */
+    size_t sz = 0;
+    assert_int_equal(sumo_struct_size("sumo_diloco_options", &sz), SUMO_SUCCESS);
+    assert_int_equal(sz, sizeof(sumo_diloco_options));
+    assert_int_equal(sumo_struct_size("sumo_compression", &sz), SUMO_SUCCESS);
+    assert_int_equal(sz, sizeof(sumo_compression));
     sumo_diloco_options base;
+    assert_int_equal(sumo_diloco_options_preset((sumo_diloco_preset)9, &base), SUMO_ERR_INVALID_ARGUMENT);
     sumo_diloco_options_preset(SUMO_DILOCO_PRESET_DILOCO, &base);
     base.sync_every = 8;
     const char *m = "";
