@@ -140,7 +140,8 @@ install: $(TARGETS)
 	@rm -f $(BUILD)/sumo.pc && $(MAKE) --no-print-directory $(BUILD)/sumo.pc PREFIX=$(PREFIX)
 	install -d $(DESTDIR)$(INCDIR) $(DESTDIR)$(LIBDIR)/pkgconfig
 	install -m 644 include/sumo.h include/sumo_aggregation.h include/sumo_optim.h \
-	  include/sumo_distributed.h include/sumo_ext.h include/sumo_shm.h $(DESTDIR)$(INCDIR)/
+	  include/sumo_distributed.h include/sumo_diloco.h include/sumo_ext.h include/sumo_shm.h \
+	  $(DESTDIR)$(INCDIR)/
 	install -m 644 $(LIBSUMO) $(DESTDIR)$(LIBDIR)/
 	install -m 755 $(LIBSUMO_SO) $(DESTDIR)$(LIBDIR)/
 	ln -sf $(notdir $(LIBSUMO_SO)) $(DESTDIR)$(LIBDIR)/$(SONAME)
@@ -152,7 +153,7 @@ ifneq ($(MPICC),)
 endif
 
 uninstall:
-	rm -f $(addprefix $(DESTDIR)$(INCDIR)/,sumo.h sumo_mpi.h sumo_aggregation.h sumo_optim.h sumo_distributed.h sumo_ext.h sumo_shm.h)
+	rm -f $(addprefix $(DESTDIR)$(INCDIR)/,sumo.h sumo_mpi.h sumo_aggregation.h sumo_optim.h sumo_distributed.h sumo_diloco.h sumo_ext.h sumo_shm.h)
 	rm -f $(addprefix $(DESTDIR)$(LIBDIR)/,libsumo.a libsumo_mpi.a libsumo.so $(SONAME) $(notdir $(LIBSUMO_SO)) pkgconfig/sumo.pc)
 
 # Installs into a scratch prefix and builds a program against it with pkg-config, once
@@ -187,7 +188,7 @@ test-unit: $(UNIT_BINS) $(BUILD)/sumo
 
 # The subset that exercises threads against each other (what TSan is for).
 test-threads: $(UNIT_BINS)
-	@fail=0; for t in $(filter %collectives %async %faults %adasum %acga %slowmo %distributed %core %seams,$(UNIT_BINS)); do echo "== $$t"; $$t || fail=1; done; exit $$fail
+	@fail=0; for t in $(filter %collectives %async %faults %adasum %acga %slowmo %distributed %core %seams %compress %diloco,$(UNIT_BINS)); do echo "== $$t"; $$t || fail=1; done; exit $$fail
 
 MPIRUN_FLAGS ?= --oversubscribe --allow-run-as-root --mca btl self,vader --mca rmaps_base_oversubscribe 1
 test-mpi: $(MPI_TEST_BINS)

@@ -801,6 +801,32 @@ template <int DT> HD void slow_elem(const sumo_cuda__ew_args &a, size_t i)
     store_bits<DT>(x0s, i, xb);
 }
 
+/* DiLoCo's outer step (kernel_table.c's OUTER_UPDATE): the momentum and g from the stored
+ * values in double, g from the unrounded momentum, NaN where the stored momentum is not
+ * finite; merge 0 stores g itself. */
+template <int DT> HD void outer_elem(const sumo_cuda__ew_args &a, size_t i)
+{
+    void *xs = a.dst, *vs = a.c, *x0s = a.d;
+    double x0d = load_d<DT>(x0s, i);
+    double d = a.from_average ? x0d - load_d<DT>(a.a, i) : load_d<DT>(a.a, i);
+    double vd, gd;
+    if (a.nesterov) {
+        vd = a.mu * load_d<DT>(vs, i) + d;
+        gd = x0d - a.lr * (d + a.mu * vd);
+    } else {
+        vd = a.mu * load_d<DT>(vs, i) + d / a.gamma;
+        gd = x0d - a.lr * vd;
+    }
+    uint64_t vb = narrow_d<DT>(vd);
+    uint64_t gb = nonfinite_bits<DT>(vb) ? (DT == SUMO_FLOAT64 ? 0x7ff8000000000000ull : 0x7fc00000u)
+                                         : narrow_d<DT>(gd);
+    uint64_t xb = a.merge == 0 ? gb
+                               : narrow_d<DT>(a.merge * load_d<DT>(xs, i) + (1 - a.merge) * bits_d<DT>(gb));
+    store_bits<DT>(vs, i, vb);
+    store_bits<DT>(x0s, i, gb);
+    store_bits<DT>(xs, i, xb);
+}
+
 HD void convert_elem(const sumo_cuda__ew_args &a, size_t i)
 {
     /* kernels.c's sumo__convert_portable: through double when either side is fp64. */
@@ -847,6 +873,9 @@ template <int DT> HD bool ew_elem(const sumo_cuda__ew_args &a, size_t i)
     case SUMO_CUDA__EW_APPLY: return apply_elem<DT>(a, i);
     case SUMO_CUDA__EW_SLOW:
         if (DT == SUMO_FLOAT32 || DT == SUMO_FLOAT64) slow_elem<DT>(a, i);
+        return false;
+    case SUMO_CUDA__EW_OUTER:
+        if (DT == SUMO_FLOAT32 || DT == SUMO_FLOAT64) outer_elem<DT>(a, i);
         return false;
     }
     return false;
@@ -996,6 +1025,250 @@ template <int DT> void ew_emulate_t(const sumo_cuda__ew_args *a)
         if (ew_elem<DT>(*a, i) && i < *a->first) *a->first = i;
 }
 
+/* ---- the compressed allreduce's codec (quantize.c, statement for statement) -------------- */
+
+struct qfmt {
+    int bits, mant, emin, emax;
+    uint32_t maxsig;
+    bool scaled;
+};
+
+HD bool qformat_of(int format, qfmt *q)
+{
+    switch (format) {
+    case SUMO_COMPRESS_BF16: *q = qfmt{16, 7, -126, 127, 255, false}; return true;
+    case SUMO_COMPRESS_FP8_E4M3: *q = qfmt{8, 3, -6, 8, 14, true}; return true;
+    case SUMO_COMPRESS_E3M0: *q = qfmt{4, 0, -2, 4, 1, true}; return true;
+    default: return false;
+    }
+}
+
+HD size_t q_block_bytes(const qfmt &q, size_t block) { return (q.scaled ? 4 : 0) + block * (size_t)q.bits / 8; }
+
+HD void q_decompose(uint32_t a, uint32_t *M, int *e)
+{
+    uint32_t fe = a >> 23, fm = a & 0x7fffffu;
+    if (fe == 0) {
+        *M = fm;
+        *e = -149;
+    } else {
+        *M = fm | 0x800000u;
+        *e = (int)fe - 150;
+    }
+}
+
+HD int q_bit_length(uint32_t m)
+{
+    int b = 0;
+    while (m) {
+        b++;
+        m >>= 1;
+    }
+    return b;
+}
+
+HD int q_scale_exponent(const qfmt &q, uint32_t amax)
+{
+    if (!q.scaled) return 0;
+    uint32_t M;
+    int e;
+    q_decompose(amax, &M, &e);
+    int t = 0;
+    if (M > q.maxsig) {
+        while (((uint64_t)q.maxsig << t) < M) t++;
+    } else {
+        while (((uint64_t)M << (1 - t)) <= q.maxsig) t--;
+    }
+    int s = t + e - (q.emax - q.mant);
+    return s < -149 ? -149 : s > 127 ? 127 : s;
+}
+
+HD uint32_t q_encode(const qfmt &q, uint32_t x, int s)
+{
+    uint32_t signbit = (x >> 31) << (q.bits - 1), a = x & 0x7fffffffu;
+    if (a == 0) return signbit;
+    uint32_t M;
+    int e;
+    q_decompose(a, &M, &e);
+    int L = e - s + q_bit_length(M) - 1;
+    int E = L > q.emin ? L : q.emin;
+    int sh = (E - q.mant) - (e - s);
+    uint64_t v;
+    if (sh <= 0) {
+        v = (uint64_t)M << -sh;
+    } else if (sh > 40) {
+        v = 0;
+    } else {
+        v = (uint64_t)M >> sh;
+        uint64_t rem = (uint64_t)M & ((1ull << sh) - 1), half = 1ull << (sh - 1);
+        bool odd = q.mant > 0 ? (v & 1) != 0 : v != 0 && ((E - q.emin + 1) & 1) != 0;
+        if (rem > half || (rem == half && odd)) v++;
+    }
+    if (v >> (q.mant + 1)) {
+        v >>= 1;
+        E++;
+    }
+    if (E + s >= 128) {
+        E = 127 - s;
+        v = (2ull << q.mant) - 1;
+    }
+    if (E > q.emax || (E == q.emax && v > q.maxsig)) {
+        E = q.emax;
+        v = q.maxsig;
+    }
+    if (v == 0) return signbit;
+    if (v < (1ull << q.mant)) return signbit | (uint32_t)v;
+    return signbit | ((uint32_t)(E - q.emin + 1) << q.mant) | (uint32_t)(v - (1ull << q.mant));
+}
+
+HD double q_pow2(int k) { return f64_from_bits((uint64_t)(k + 1023) << 52); }
+
+HD float q_decode(const qfmt &q, uint32_t code, int s)
+{
+    int ebits = q.bits - 1 - q.mant;
+    uint32_t sign = (code >> (q.bits - 1)) & 1u;
+    uint32_t field = (code >> q.mant) & ((1u << ebits) - 1);
+    uint32_t m = code & ((1u << q.mant) - 1);
+    if (!q.scaled && field == (1u << ebits) - 1) return f32_from_bits(0x7fc00000u);
+    uint32_t sig = field ? m | (1u << q.mant) : m;
+    int E = field ? (int)field - 1 + q.emin : q.emin;
+    float f = (float)((double)sig * q_pow2(E - q.mant + s));
+    return sign ? -f : f;
+}
+
+HD uint32_t q_scale_bits(int s) { return s >= -126 ? (uint32_t)(s + 127) << 23 : 1u << (s + 149); }
+
+HD int q_scale_of_bits(uint32_t b)
+{
+    if (b >= 0x00800000u) return (int)(b >> 23) - 127;
+    int t = 0;
+    while (!((b >> t) & 1u)) t++;
+    return t - 149;
+}
+
+/* What a block is, once its largest magnitude and first non-finite element are known. */
+enum { Q_VALUES = 0, Q_ZERO, Q_BAD };
+
+/* Code j of a block of len elements at src (j may run to the block size: padding is 0), as
+ * quantize.c's loop leaves it. */
+HD uint32_t q_code_at(const qfmt &q, const float *src, size_t len, size_t j, int kind, int s)
+{
+    if (j >= len) return 0;
+    if (kind == Q_BAD) return q.scaled ? 0u : 0x7fc0u;
+    if (kind == Q_ZERO) return 0;
+    return q_encode(q, f32_bits(src[j]), s);
+}
+
+/* The scale word of a block. */
+HD uint32_t q_scale_word(int kind, int s)
+{
+    return kind == Q_BAD ? 0x7fc00000u : kind == Q_ZERO ? 0u : q_scale_bits(s);
+}
+
+HD int q_kind(const qfmt &q, uint32_t amax, uint32_t bad)
+{
+    if (bad != ~0u) return Q_BAD;
+    return q.scaled && amax == 0 ? Q_ZERO : Q_VALUES;
+}
+
+/* Unit u of a block's codes: element u (16 and 8 bits) or byte u (two 4-bit codes). */
+HD size_t q_units(const qfmt &q, size_t block) { return q.bits == 4 ? block / 2 : block; }
+
+HD void q_store_unit(const qfmt &q, unsigned char *codes, size_t u, const float *src, size_t len,
+                     int kind, int s)
+{
+    if (q.bits == 16) {
+        uint16_t h = (uint16_t)q_code_at(q, src, len, u, kind, s);
+        memcpy(codes + 2 * u, &h, 2);
+    } else if (q.bits == 8) {
+        codes[u] = (unsigned char)q_code_at(q, src, len, u, kind, s);
+    } else {
+        uint32_t lo = q_code_at(q, src, len, 2 * u, kind, s), hi = q_code_at(q, src, len, 2 * u + 1, kind, s);
+        codes[u] = (unsigned char)((lo & 0x0fu) | (hi << 4));
+    }
+}
+
+HD float q_load(const qfmt &q, const unsigned char *codes, size_t j, int s)
+{
+    uint32_t c;
+    if (q.bits == 16) {
+        uint16_t h;
+        memcpy(&h, codes + 2 * j, 2);
+        c = h;
+    } else if (q.bits == 8) {
+        c = codes[j];
+    } else {
+        c = j % 2 ? codes[j / 2] >> 4 : codes[j / 2] & 0x0fu;
+    }
+    return q_decode(q, c, s);
+}
+
+/* A block's decoded element j, from its scale word (bf16: none). */
+HD float q_value_at(const qfmt &q, const unsigned char *blk, size_t j)
+{
+    int s = 0;
+    if (q.scaled) {
+        uint32_t sb;
+        memcpy(&sb, blk, 4);
+        if ((sb & 0x7f800000u) == 0x7f800000u) return f32_from_bits(0x7fc00000u);
+        if (sb == 0) return 0.0f;
+        s = q_scale_of_bits(sb);
+    }
+    return q_load(q, blk + (q.scaled ? 4 : 0), j, s);
+}
+
+constexpr unsigned Q_MAX_GRID = 65535;
+
+__global__ void __launch_bounds__(BLOCK) quantize_kernel(sumo_cuda__q_args a, qfmt q)
+{
+    __shared__ unsigned int s_amax, s_bad;
+    const size_t nb = (a.n + a.block - 1) / a.block, bb = q_block_bytes(q, a.block);
+    for (size_t b = blockIdx.x; b < nb; b += gridDim.x) {
+        if (threadIdx.x == 0) {
+            s_amax = 0;
+            s_bad = ~0u;
+        }
+        __syncthreads();
+        size_t lo = b * a.block, len = a.n - lo < a.block ? a.n - lo : a.block;
+        const float *src = a.src + lo;
+        unsigned int mx = 0, bad = ~0u;
+        for (size_t j = threadIdx.x; j < len; j += BLOCK) {
+            uint32_t v = f32_bits(src[j]) & 0x7fffffffu;
+            if (v >= 0x7f800000u && (unsigned)j < bad) bad = (unsigned)j;
+            mx = v > mx ? v : mx;
+        }
+        atomicMax(&s_amax, mx);
+        atomicMin(&s_bad, bad);
+        __syncthreads();
+        int kind = q_kind(q, s_amax, s_bad);
+        int s = kind == Q_VALUES ? q_scale_exponent(q, s_amax) : 0;
+        unsigned char *blk = (unsigned char *)a.payload + b * bb;
+        if (threadIdx.x == 0) {
+            if (q.scaled) {
+                uint32_t w = q_scale_word(kind, s);
+                memcpy(blk, &w, 4);
+            }
+            if (kind == Q_BAD) atomicMin(a.first, (unsigned long long)(lo + s_bad));
+        }
+        unsigned char *codes = blk + (q.scaled ? 4 : 0);
+        for (size_t u = threadIdx.x; u < q_units(q, a.block); u += BLOCK)
+            q_store_unit(q, codes, u, src, len, kind, s);
+        __syncthreads(); /* s_amax and s_bad are reset for the next block */
+    }
+}
+
+__global__ void __launch_bounds__(BLOCK) dequantize_kernel(sumo_cuda__q_args a, qfmt q)
+{
+    const size_t nb = (a.n + a.block - 1) / a.block, bb = q_block_bytes(q, a.block);
+    for (size_t b = blockIdx.x; b < nb; b += gridDim.x) {
+        size_t lo = b * a.block, len = a.n - lo < a.block ? a.n - lo : a.block;
+        const unsigned char *blk = (const unsigned char *)a.payload + b * bb;
+        for (size_t j = threadIdx.x; j < len; j += BLOCK) a.dst[lo + j] = q_value_at(q, blk, j);
+    }
+}
+
+unsigned q_grid(size_t nb) { return nb < Q_MAX_GRID ? (unsigned)nb : Q_MAX_GRID; }
+
 } // namespace
 
 /* ---- the C entry points ----------------------------------------------------------------- */
@@ -1071,6 +1344,67 @@ void sumo_cuda__ew_emulate(const sumo_cuda__ew_args *a)
     case SUMO_FLOAT16: ew_emulate_t<SUMO_FLOAT16>(a); break;
     case SUMO_BFLOAT16: ew_emulate_t<SUMO_BFLOAT16>(a); break;
     default: break;
+    }
+}
+
+int sumo_cuda__quantize_launch(const sumo_cuda__q_args *a, void *stream)
+{
+    qfmt q;
+    if (!qformat_of(a->format, &q)) return (int)cudaErrorInvalidValue;
+    size_t nb = (a->n + a->block - 1) / a->block;
+    if (nb == 0) return 0;
+    quantize_kernel<<<q_grid(nb), BLOCK, 0, (cudaStream_t)stream>>>(*a, q);
+    return (int)cudaGetLastError();
+}
+
+/* The kernel's order, one thread block after another: the block's maximum and first non-finite
+ * element (a max and a min: the order of the threads cannot change them), then every unit. */
+void sumo_cuda__quantize_emulate(const sumo_cuda__q_args *a)
+{
+    qfmt q;
+    if (!qformat_of(a->format, &q)) return;
+    size_t nb = (a->n + a->block - 1) / a->block, bb = q_block_bytes(q, a->block);
+    for (size_t b = 0; b < nb; b++) {
+        size_t lo = b * a->block, len = a->n - lo < a->block ? a->n - lo : a->block;
+        const float *src = a->src + lo;
+        unsigned int mx = 0, bad = ~0u;
+        for (size_t j = 0; j < len; j++) {
+            uint32_t v = f32_bits(src[j]) & 0x7fffffffu;
+            if (v >= 0x7f800000u && (unsigned)j < bad) bad = (unsigned)j;
+            mx = v > mx ? v : mx;
+        }
+        int kind = q_kind(q, mx, bad);
+        int s = kind == Q_VALUES ? q_scale_exponent(q, mx) : 0;
+        unsigned char *blk = (unsigned char *)a->payload + b * bb;
+        if (q.scaled) {
+            uint32_t w = q_scale_word(kind, s);
+            memcpy(blk, &w, 4);
+        }
+        if (kind == Q_BAD && lo + bad < *a->first) *a->first = lo + bad;
+        for (size_t u = 0; u < q_units(q, a->block); u++)
+            q_store_unit(q, blk + (q.scaled ? 4 : 0), u, src, len, kind, s);
+    }
+}
+
+int sumo_cuda__dequantize_launch(const sumo_cuda__q_args *a, void *stream)
+{
+    qfmt q;
+    if (!qformat_of(a->format, &q)) return (int)cudaErrorInvalidValue;
+    size_t nb = (a->n + a->block - 1) / a->block;
+    if (nb == 0) return 0;
+    dequantize_kernel<<<q_grid(nb), BLOCK, 0, (cudaStream_t)stream>>>(*a, q);
+    return (int)cudaGetLastError();
+}
+
+void sumo_cuda__dequantize_emulate(const sumo_cuda__q_args *a)
+{
+    qfmt q;
+    if (!qformat_of(a->format, &q)) return;
+    size_t nb = (a->n + a->block - 1) / a->block, bb = q_block_bytes(q, a->block);
+    for (size_t b = 0; b < nb; b++) {
+        size_t lo = b * a->block, len = a->n - lo < a->block ? a->n - lo : a->block;
+        const unsigned char *blk = (const unsigned char *)a->payload + b * bb;
+        for (size_t j = 0; j < len; j++) a->dst[lo + j] = q_value_at(q, blk, j);
     }
 }
 

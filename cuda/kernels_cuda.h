@@ -112,6 +112,7 @@ typedef enum sumo_cuda__ew_op {
     SUMO_CUDA__EW_DELTA,      /* dst = a - b */
     SUMO_CUDA__EW_APPLY,      /* dst = a + b; *first = first non-finite result */
     SUMO_CUDA__EW_SLOW,       /* SlowMo: x = dst, u = c, x0 = d */
+    SUMO_CUDA__EW_OUTER,      /* DiLoCo's outer step: x = dst, combined = a, v = c, x0 = d */
 } sumo_cuda__ew_op;
 
 typedef struct sumo_cuda__ew_args {
@@ -123,6 +124,8 @@ typedef struct sumo_cuda__ew_args {
     void *c, *d;
     double ca, cb;                  /* scaled_add */
     double beta, gamma, step;       /* slow_update: step = alpha * gamma */
+    double lr, mu, merge;           /* outer_update (sumo_outer_step; gamma above) */
+    int nesterov, from_average;
     uint64_t pattern;               /* fill: the value's bits in dtype */
     int wide;                       /* scaled_add fp16/bf16: a coefficient outside float */
     unsigned long long *first;      /* scan, apply: kernel-visible, set to ~0 before */
@@ -136,6 +139,25 @@ typedef struct sumo_cuda__ew_args {
 
 int sumo_cuda__ew_launch(const sumo_cuda__ew_args *a, void *stream);
 void sumo_cuda__ew_emulate(const sumo_cuda__ew_args *a);
+
+/* ---- the compressed allreduce's codec (src/kernels/quantize.c's rules, bit for bit) ------- */
+
+/* One launch covers ceil(n / block) blocks of one call: one thread block per codec block (its
+ * largest magnitude and first non-finite element found with shared-memory atomics, exact and
+ * order-free), then every element (4-bit codes: every byte) coded by its own thread. */
+typedef struct sumo_cuda__q_args {
+    int format;                /* sumo_compression_format: BF16, FP8_E4M3 or E3M0 */
+    size_t block, n;
+    void *payload;             /* quantize: written; dequantize: read */
+    const float *src;          /* quantize */
+    float *dst;                /* dequantize */
+    unsigned long long *first; /* quantize: kernel-visible, ~0 before */
+} sumo_cuda__q_args;
+
+int sumo_cuda__quantize_launch(const sumo_cuda__q_args *a, void *stream);
+void sumo_cuda__quantize_emulate(const sumo_cuda__q_args *a);
+int sumo_cuda__dequantize_launch(const sumo_cuda__q_args *a, void *stream);
+void sumo_cuda__dequantize_emulate(const sumo_cuda__q_args *a);
 
 /* ---- scalar conversions, shared with the device (exactly sumo's host kernels' rules) ---- */
 

@@ -595,6 +595,69 @@ static sumo_result k_slow_update(void *ctx, void *exec, sumo_dtype dtype, void *
     LEAVE(ew_body(k, exec, &a, NULL));
 }
 
+static sumo_result k_outer_update(void *ctx, void *exec, sumo_dtype dtype, void *x, const void *c,
+                                  void *v, void *x0, size_t n, const sumo_outer_step *st)
+{
+    sumo_cuda_kernels *k = of(ctx);
+    /* fp32 and fp64, as the host table. */
+    if (dtype != SUMO_FLOAT32 && dtype != SUMO_FLOAT64) return SUMO_ERR_INVALID_ARGUMENT;
+    if (n == 0) return SUMO_SUCCESS;
+    sumo_cuda__ew_args a = {.op = SUMO_CUDA__EW_OUTER, .dtype = dtype, .n = n, .dst = x, .a = c,
+                            .c = v, .d = x0, .gamma = st->gamma, .lr = st->lr, .mu = st->mu,
+                            .merge = st->merge, .nesterov = st->nesterov,
+                            .from_average = st->from_average};
+    ENTER(k);
+    LEAVE(ew_body(k, exec, &a, NULL));
+}
+
+/* The codec's checks: the formats and block sizes the host table accepts. */
+static bool codec_ok(sumo_compression_format format, size_t block)
+{
+    return (format == SUMO_COMPRESS_BF16 || format == SUMO_COMPRESS_FP8_E4M3 ||
+            format == SUMO_COMPRESS_E3M0) &&
+           block >= 8 && block <= 65536 && block % 8 == 0;
+}
+
+static sumo_result k_quantize(void *ctx, void *exec, sumo_compression_format format, size_t block,
+                              void *dst, const float *src, size_t n, size_t *first)
+{
+    sumo_cuda_kernels *k = of(ctx);
+    *first = SIZE_MAX;
+    if (!codec_ok(format, block)) return SUMO_ERR_INVALID_ARGUMENT;
+    if (n == 0) return SUMO_SUCCESS;
+    ENTER(k);
+    unsigned long long *dfirst = NULL, hfirst = ~0ull;
+    sumo_result r = scratch_alloc(k, sizeof *dfirst, exec, (void **)&dfirst);
+    if (r == SUMO_SUCCESS) r = upload(k, dfirst, &hfirst, sizeof hfirst, exec);
+    sumo_cuda__q_args a = {.format = (int)format, .block = block, .n = n, .payload = dst,
+                           .src = src, .first = dfirst};
+    if (r == SUMO_SUCCESS) {
+        if (k->emulated) sumo_cuda__quantize_emulate(&a);
+        else r = launched(sumo_cuda__quantize_launch(&a, exec), "quantize kernel");
+    }
+    if (r == SUMO_SUCCESS) r = download(k, &hfirst, dfirst, sizeof hfirst, exec);
+    scratch_free(k, dfirst, exec);
+    if (r == SUMO_SUCCESS) r = finish(k, exec);
+    *first = hfirst == ~0ull ? SIZE_MAX : (size_t)hfirst;
+    LEAVE(r);
+}
+
+static sumo_result k_dequantize(void *ctx, void *exec, sumo_compression_format format,
+                                size_t block, float *dst, const void *src, size_t n)
+{
+    sumo_cuda_kernels *k = of(ctx);
+    if (!codec_ok(format, block)) return SUMO_ERR_INVALID_ARGUMENT;
+    if (n == 0) return SUMO_SUCCESS;
+    ENTER(k);
+    sumo_cuda__q_args a = {.format = (int)format, .block = block, .n = n,
+                           .payload = (void *)(uintptr_t)src, .dst = dst};
+    sumo_result r = SUMO_SUCCESS;
+    if (k->emulated) sumo_cuda__dequantize_emulate(&a);
+    else r = launched(sumo_cuda__dequantize_launch(&a, exec), "dequantize kernel");
+    if (r == SUMO_SUCCESS) r = finish(k, exec);
+    LEAVE(r);
+}
+
 /* ---- the object ------------------------------------------------------------------------------ */
 
 static void fill_table(sumo_cuda_kernels *k)
@@ -619,6 +682,9 @@ static void fill_table(sumo_cuda_kernels *k)
         .delta = k_delta,
         .apply_delta = k_apply_delta,
         .slow_update = k_slow_update,
+        .quantize = k_quantize,
+        .dequantize = k_dequantize,
+        .outer_update = k_outer_update,
     };
 }
 

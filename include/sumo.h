@@ -336,6 +336,55 @@ SUMO_API sumo_result sumo_broadcast_start(const void *sendbuf, void *recvbuf, si
 SUMO_API sumo_result sumo_reduce_scatter_start(const void *sendbuf, void *recvbuf,
                                                size_t recvcount, sumo_dtype dtype, sumo_op op,
                                                sumo_comm *comm, sumo_request **request);
+/*
+ * Compressed allreduce: fp32 in and out, low-bit on the wire (Streaming DiLoCo's outer
+ * gradients). Each rank quantises its input; the owner of each 1/P of the blocks dequantises
+ * every rank's share, adds them in fp32 in rank order (average: divided once by P) and
+ * quantises the result again; an allgather of those payloads, dequantised, is the output:
+ * the same bits on every rank, and the same inputs give the same bits on every run.
+ *
+ * Formats (docs/design/diloco.md gives every rounding rule):
+ *   BF16      bfloat16, no scale; values beyond its largest finite one saturate to it;
+ *   FP8_E4M3  OCP E4M3FN (bias 7, largest 448, no infinity), a scale per block;
+ *   E3M0      4 bits: sign, 3 exponent bits (bias 3, field 0 is zero), no mantissa: the
+ *             values 0, +-2^-2 .. +-2^4, a scale per block.
+ * A block's scale is the smallest power of two 2^s with max|x| <= largest * 2^s (so nothing
+ * saturates but what would overflow fp32); each element is x / 2^s rounded to the nearest
+ * value of the format, a tie to the even code (E3M0: the even exponent field). An all-zero
+ * block of a scaled format gives +0.
+ *
+ * NaN or Inf in any rank's input: SUMO_ERR_NONFINITE on every rank before any data moves
+ * (recvbuf untouched); the message names the rank and element. A sum that overflows fp32
+ * completes with NaN in that block on every rank and returns SUMO_ERR_NONFINITE, naming the
+ * first element. Bytes on the wire per element: 2 (bf16), 1 + 4 / block (e4m3), 0.5 + 4 /
+ * block (e3m0). The scratch (in the buffers' memory) holds two payloads (three over
+ * point-to-point messages) and two fp32 slices of count / P.
+ */
+typedef enum sumo_compression_format {
+    SUMO_COMPRESS_NONE = 0, /* no compression (where a caller may choose; refused here) */
+    SUMO_COMPRESS_BF16 = 1,
+    SUMO_COMPRESS_FP8_E4M3 = 2,
+    SUMO_COMPRESS_E3M0 = 3,
+    SUMO_COMPRESS_FORMAT_COUNT
+} sumo_compression_format;
+
+typedef struct sumo_compression {
+    size_t struct_size;             /* sizeof(sumo_compression) */
+    sumo_compression_format format;
+    size_t block_size;              /* elements per scale: a multiple of 8 in [8, 65536] (also
+                                       for bf16, where it only sets the unit of the split) */
+    sumo_op op;                     /* SUMO_OP_SUM or SUMO_OP_AVERAGE */
+} sumo_compression;
+
+SUMO_API sumo_result sumo_allreduce_compressed(const float *sendbuf, float *recvbuf, size_t count,
+                                               const sumo_compression *options, sumo_comm *comm);
+SUMO_API sumo_result sumo_allreduce_compressed_start(const float *sendbuf, float *recvbuf,
+                                                     size_t count, const sumo_compression *options,
+                                                     sumo_comm *comm, sumo_request **request);
+/* Payload bytes of count elements in this compression (what one rank's input is on the wire). */
+SUMO_API sumo_result sumo_compressed_bytes(const sumo_compression *options, size_t count,
+                                           size_t *bytes);
+
 /* *done = 1 once the request has completed (its result is then returned by wait). */
 SUMO_API sumo_result sumo_request_test(sumo_request *request, int *done);
 /* Waits for completion, returns the collective's result and frees the request. */

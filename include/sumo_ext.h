@@ -53,6 +53,20 @@ extern "C" {
  * per-tensor results are indexed by tensor. One call covers every tensor piece in the range,
  * so a device runs one launch for a whole layout.
  */
+/* One outer step of DiLoCo (sumo_diloco.h) as its kernel sees it, per element, in double
+ * from the stored values, each store rounded once:
+ *   d  = from_average ? x0 - c : c          the averaged model change (the outer gradient);
+ *   nesterov:   v' = mu v + d;        g = x0 - lr (d + mu v')     (torch's Nesterov SGD);
+ *   heavy ball: v' = mu v + d / gamma; g = x0 - lr v'             (SlowMo: lr = alpha gamma);
+ * g is formed from the unrounded v', and is NaN where the stored v' is not finite (as
+ * slow_update); then v = v', x0 = g, and the local parameters x become g when merge is 0, else
+ * merge x + (1 - merge) g (with the stored g). */
+typedef struct sumo_outer_step {
+    int nesterov;
+    int from_average;
+    double lr, mu, gamma, merge;
+} sumo_outer_step;
+
 typedef struct sumo_kernel_table {
     size_t struct_size; /* sizeof(sumo_kernel_table) */
     const char *memory; /* "host", "cuda", ...: named in messages and compared across ranks */
@@ -113,6 +127,20 @@ typedef struct sumo_kernel_table {
      * where the stored u is not finite; x0 = x. */
     sumo_result (*slow_update)(void *ctx, void *exec, sumo_dtype dtype, void *x, void *u,
                                void *x0, size_t n, double alpha, double beta, double gamma);
+    /* The compressed allreduce's codec (sumo.h's sumo_compression; docs/design/diloco.md
+     * gives the rounding). quantize: fp32 src[0, n) as ceil(n / block) blocks of payload at
+     * dst (sumo_compressed_bytes of n), each block its scale then its codes (a short last
+     * block padded with zero codes); a block that holds NaN or Inf gets a NaN scale and zero
+     * codes, and *first (host) is the index of the first such element, else SIZE_MAX.
+     * dequantize: n elements of payload back to fp32 (a NaN scale gives NaN, a zero scale +0). */
+    sumo_result (*quantize)(void *ctx, void *exec, sumo_compression_format format, size_t block,
+                            void *dst, const float *src, size_t n, size_t *first);
+    sumo_result (*dequantize)(void *ctx, void *exec, sumo_compression_format format,
+                              size_t block, float *dst, const void *src, size_t n);
+    /* DiLoCo's outer step (sumo_outer_step above; step is host memory), fp32 and fp64: x the
+     * local parameters, c the combined buffer (may be x), v the outer momentum, x0 the anchor. */
+    sumo_result (*outer_update)(void *ctx, void *exec, sumo_dtype dtype, void *x, const void *c,
+                                void *v, void *x0, size_t n, const sumo_outer_step *step);
 } sumo_kernel_table;
 
 /* The host table (what sumo uses for host memory), e.g. to fall back on in a table's

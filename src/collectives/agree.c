@@ -17,6 +17,7 @@ static const char *kind_name(uint32_t kind)
     case SUMO__CALL_REDUCE_SCATTER: return "reduce_scatter";
     case SUMO__CALL_GRAM: return "gram combine";
     case SUMO__CALL_FAIL: return "a failure announcement";
+    case SUMO__CALL_COMPRESSED: return "allreduce_compressed";
     default: return "unknown collective";
     }
 }
@@ -68,6 +69,7 @@ static sumo_result compare(sumo_comm *c, const sumo__call_desc *all, const sumo_
                                    what, r,
                                    mine->kind == SUMO__CALL_SETUP      ? "configuration"
                                    : mine->kind == SUMO__CALL_MEM_FREE ? "allocation (serial)"
+                                   : mine->kind == SUMO__CALL_COMPRESSED ? "compression format or block size"
                                                                        : "tensor layout or op options",
                                    tp->rank, (unsigned long long)o->aux,
                                    (unsigned long long)mine->aux);

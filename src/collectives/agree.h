@@ -25,6 +25,7 @@ enum sumo__call_kind {
     SUMO__CALL_GRAM, /* a combine in Gram form for a layer above (ACGA); aux: its layout hash */
     SUMO__CALL_FAIL, /* sumo_comm_fail: only local_error matters */
     SUMO__CALL_COMPOSITE, /* never announced: a layer above's operation made of collectives */
+    SUMO__CALL_COMPRESSED, /* sumo_allreduce_compressed; aux: its format and block size */
 };
 
 /* What every rank announces; at most SUMO__ANNOUNCE_BYTES. */

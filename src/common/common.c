@@ -1,5 +1,6 @@
 #include "common/common.h"
 #include "sumo_aggregation.h"
+#include "sumo_diloco.h"
 #include "sumo_distributed.h"
 #include "sumo_optim.h"
 #include "sumo_shm.h"
@@ -191,6 +192,7 @@ sumo_result sumo_struct_size(const char *name, size_t *bytes)
         SIZE_OF(sumo_slowmo_options), SIZE_OF(sumo_distributed_options),
         SIZE_OF(sumo_kernel_table), SIZE_OF(sumo_collective), SIZE_OF(sumo_transport_ops),
         SIZE_OF(sumo_transport_desc), SIZE_OF(sumo_shm_options), SIZE_OF(sumo_store),
+        SIZE_OF(sumo_compression), SIZE_OF(sumo_diloco_options), SIZE_OF(sumo_outer_step),
     };
 #undef SIZE_OF
     if (name == NULL || bytes == NULL) return SUMO_ERR_INVALID_ARGUMENT;

@@ -6,6 +6,7 @@
  */
 #include "kernels/kernel_table.h"
 #include "kernels/kernels_isa.h"
+#include "kernels/quantize.h"
 
 #include <math.h>
 #include <string.h>
@@ -307,6 +308,71 @@ static sumo_result host_slow_update(void *ctx, void *exec, sumo_dtype dtype, voi
     }
 }
 
+static sumo_result host_quantize(void *ctx, void *exec, sumo_compression_format format,
+                                 size_t block, void *dst, const float *src, size_t n,
+                                 size_t *first)
+{
+    (void)ctx;
+    (void)exec;
+    sumo__qformat q;
+    *first = SIZE_MAX;
+    if (!sumo__qformat_of(format, &q) || !sumo__qblock_valid(block)) return SUMO_ERR_INVALID_ARGUMENT;
+    sumo__quantize(&q, block, dst, src, n, first);
+    return SUMO_SUCCESS;
+}
+
+static sumo_result host_dequantize(void *ctx, void *exec, sumo_compression_format format,
+                                   size_t block, float *dst, const void *src, size_t n)
+{
+    (void)ctx;
+    (void)exec;
+    sumo__qformat q;
+    if (!sumo__qformat_of(format, &q) || !sumo__qblock_valid(block)) return SUMO_ERR_INVALID_ARGUMENT;
+    sumo__dequantize(&q, block, dst, src, n);
+    return SUMO_SUCCESS;
+}
+
+/* DiLoCo's outer step (sumo_ext.h's sumo_outer_step). The heavy-ball branch is SLOW_UPDATE's
+ * arithmetic statement for statement, so that DiLoCo with SlowMo's settings gives SlowMo's
+ * bits; merge 0 stores g itself, whatever the local value was (0 x would be NaN for x Inf). */
+#define OUTER_UPDATE(T)                                                                  \
+    do {                                                                                 \
+        T *xs = x, *vs = v, *x0s = x0;                                                   \
+        const T *cs = c;                                                                 \
+        for (size_t i = 0; i < n; i++) {                                                 \
+            double x0d = x0s[i];                                                         \
+            double d = st->from_average ? x0d - (double)cs[i] : (double)cs[i];           \
+            double vd, gd;                                                               \
+            if (st->nesterov) {                                                          \
+                vd = st->mu * (double)vs[i] + d;                                         \
+                gd = x0d - st->lr * (d + st->mu * vd);                                   \
+            } else {                                                                     \
+                vd = st->mu * (double)vs[i] + d / st->gamma;                             \
+                gd = x0d - st->lr * vd;                                                  \
+            }                                                                            \
+            T vf = (T)vd;                                                                \
+            if (!isfinite(vf)) gd = NAN;                                                 \
+            T gf = (T)gd;                                                                \
+            vs[i] = vf;                                                                  \
+            x0s[i] = gf;                                                                 \
+            xs[i] = st->merge == 0 ? gf                                                  \
+                                   : (T)(st->merge * (double)xs[i] + (1 - st->merge) * (double)gf); \
+        }                                                                                \
+    } while (0)
+
+static sumo_result host_outer_update(void *ctx, void *exec, sumo_dtype dtype, void *x,
+                                     const void *c, void *v, void *x0, size_t n,
+                                     const sumo_outer_step *st)
+{
+    (void)ctx;
+    (void)exec;
+    switch (dtype) {
+    case SUMO_FLOAT32: OUTER_UPDATE(float); return SUMO_SUCCESS;
+    case SUMO_FLOAT64: OUTER_UPDATE(double); return SUMO_SUCCESS;
+    default: return SUMO_ERR_INVALID_ARGUMENT;
+    }
+}
+
 static const sumo_kernel_table host_table = {
     .struct_size = sizeof(sumo_kernel_table),
     .memory = "host",
@@ -326,6 +392,9 @@ static const sumo_kernel_table host_table = {
     .delta = host_delta,
     .apply_delta = host_apply_delta,
     .slow_update = host_slow_update,
+    .quantize = host_quantize,
+    .dequantize = host_dequantize,
+    .outer_update = host_outer_update,
 };
 
 const sumo_kernel_table *sumo__host_kernels(void) { return &host_table; }
@@ -358,6 +427,9 @@ const char *sumo__kernel_table_missing(const sumo_kernel_table *t)
     NEED(delta);
     NEED(apply_delta);
     NEED(slow_update);
+    NEED(quantize);
+    NEED(dequantize);
+    NEED(outer_update);
 #undef NEED
     return NULL;
 }

@@ -123,6 +123,26 @@ static inline sumo_result sumo__k_slow_update(const sumo__exec *x, sumo_dtype dt
     return n ? x->k->slow_update(x->k->ctx, x->stream, dtype, p, u, x0, n, alpha, beta, gamma)
              : SUMO_SUCCESS;
 }
+static inline sumo_result sumo__k_quantize(const sumo__exec *x, sumo_compression_format format,
+                                           size_t block, void *dst, const float *src, size_t n,
+                                           size_t *first)
+{
+    *first = SIZE_MAX;
+    return n ? x->k->quantize(x->k->ctx, x->stream, format, block, dst, src, n, first)
+             : SUMO_SUCCESS;
+}
+static inline sumo_result sumo__k_dequantize(const sumo__exec *x, sumo_compression_format format,
+                                             size_t block, float *dst, const void *src, size_t n)
+{
+    return n ? x->k->dequantize(x->k->ctx, x->stream, format, block, dst, src, n) : SUMO_SUCCESS;
+}
+static inline sumo_result sumo__k_outer_update(const sumo__exec *x, sumo_dtype dtype, void *p,
+                                               const void *c, void *v, void *x0, size_t n,
+                                               const sumo_outer_step *step)
+{
+    return n ? x->k->outer_update(x->k->ctx, x->stream, dtype, p, c, v, x0, n, step)
+             : SUMO_SUCCESS;
+}
 static inline sumo_result sumo__k_synchronize(const sumo__exec *x)
 {
     return x->k->synchronize(x->k->ctx, x->stream);

@@ -13,6 +13,7 @@
 
 #include "sumo.h"
 #include "sumo_aggregation.h"
+#include "sumo_diloco.h"
 #include "sumo_distributed.h"
 #include "sumo_optim.h"
 #include "train/idx.h"
@@ -30,8 +31,22 @@ typedef enum sumo__method {
     SUMO__METHOD_SLOWMO,
     SUMO__METHOD_LOCALSGD,
     SUMO__METHOD_BMUF,
+    SUMO__METHOD_DILOCO,           /* sumo_diloco.h: DiLoCo's preset */
+    SUMO__METHOD_STREAMING_DILOCO, /* sumo_diloco.h: Streaming DiLoCo's preset */
     SUMO__METHOD_COUNT
 } sumo__method;
+
+/* SlowMo and its presets (the distributed optimizer's SLOWMO mode). */
+static inline bool sumo__method_is_slowmo(sumo__method m)
+{
+    return m == SUMO__METHOD_SLOWMO || m == SUMO__METHOD_LOCALSGD || m == SUMO__METHOD_BMUF;
+}
+/* The DiLoCo family, whose outer loop (sumo_diloco) the trainer drives around the base
+ * optimizer's local step itself. */
+static inline bool sumo__method_is_diloco(sumo__method m)
+{
+    return m == SUMO__METHOD_DILOCO || m == SUMO__METHOD_STREAMING_DILOCO;
+}
 
 const char *sumo__method_name(sumo__method m);
 /* Parses a --reduce value; false when unknown. */
@@ -54,6 +69,8 @@ typedef struct sumo__train_config {
     sumo_lr_kind schedule;       /* constant, step (x0.1 at 50% and 75%), cosine to 0 */
     sumo_acga_options acga;
     sumo_slowmo_options slowmo;
+    sumo_diloco_options diloco;  /* the DiLoCo methods (fragment_of: NULL, or strided below) */
+    bool diloco_strided;         /* fragment_of = tensor index mod fragments (the paper's) */
     int adasum_hierarchical;
     int adasum_group_size;
     /* Evaluation and output */

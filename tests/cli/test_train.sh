@@ -99,7 +99,7 @@ refused "--lr.*1000" --lr 1e300
 refused "--lr-scaling" --lr-scaling 0
 refused "--tau" --reduce slowmo --tau 2.5
 # An unknown method names every method there is.
-refused "unknown method 'foo' \(methods: sum, avg, adasum, adasum-delta, acga, slowmo, localsgd, bmuf;" --reduce avg,foo
+refused "unknown method 'foo' \(methods: sum, avg, adasum, adasum-delta, acga, slowmo, localsgd, bmuf, diloco, streaming-diloco;" --reduce avg,foo
 # SlowMo shorter than tau would never take its outer step (quick: 4 steps with 2 workers).
 refused "--reduce slowmo: the run has 4 step.*fewer than --tau 12.*unsynchronised" --workers 2 --reduce slowmo
 refused "--reduce bmuf: the run has 8 step.*fewer than --tau 9" --reduce bmuf --tau 9
@@ -108,6 +108,15 @@ refused "--checkpoint-every needs --checkpoint-dir" --checkpoint-every 10
 refused "--resume needs --checkpoint-dir" --resume
 refused "--keep needs --checkpoint-dir" --keep 3
 refused "--workers needs a value" --workers
+refused "--fragments" --reduce diloco --fragments 0
+refused "--fragments 9 exceeds --sync-every 4" --reduce diloco --sync-every 4 --fragments 9
+refused "--delay 3 exceeds --sync-every / --fragments = 2" --reduce streaming-diloco --sync-every 8 --fragments 4 --delay 3
+refused "--quantize" --reduce streaming-diloco --quantize e5m2
+refused "--quantize-block 12" --reduce streaming-diloco --quantize-block 12
+refused "--quantize needs --outer-combine average" --reduce streaming-diloco --outer-combine adasum
+refused "--merge-alpha" --reduce streaming-diloco --merge-alpha 1.5
+refused "--outer-momentum" --reduce diloco --outer-momentum 1
+refused "--outer" --reduce diloco --outer adam
 grep -q "(null)" "$tmp/r.out" && fail "a message says (null)" || true
 long=$(printf 'x%.0s' $(seq 1100))
 refused "--log .*too long" --log "$tmp/$long.csv"
@@ -243,8 +252,22 @@ if command -v mpirun > /dev/null && ldd "$sumo" | grep libmpi > /dev/null; then
     && ok "MPI: a log rank 0 cannot open ends every rank before training" || fail "MPI unwritable log: exit $code"
 fi
 
-for m in adasum adasum-delta acga slowmo localsgd bmuf; do
-  "$sumo" train "${common[@]}" --workers 3 --epochs 1 --reduce $m --verify-ranks > "$tmp/$m.out" 2>&1 \
+# Streaming DiLoCo stopped while an exchange is in flight (fragment 0 starts at step 12 and is
+# applied at 14) and resumed: the same parameters and log as the run that never stopped.
+sd=(--reduce streaming-diloco --sync-every 8 --fragments 2 --delay 2 --quantize e4m3 --strided-fragments)
+"$sumo" train "${common[@]}" "${sd[@]}" --log "$tmp/s.csv" > "$tmp/s.out" 2>&1
+S=$(checksum "$tmp/s.out")
+"$sumo" train "${common[@]}" "${sd[@]}" --checkpoint-dir "$tmp/sck" --stop-after 13 --log "$tmp/s2.csv" > "$tmp/s1.out" 2>&1
+"$sumo" train "${common[@]}" "${sd[@]}" --checkpoint-dir "$tmp/sck" --resume --log "$tmp/s2.csv" > "$tmp/s2.out" 2>&1
+if [ -n "$S" ] && [ "$(checksum "$tmp/s2.out")" = "$S" ] && cmp -s <(rows "$tmp/s.csv") <(rows "$tmp/s2.csv"); then
+  ok "streaming-diloco stopped with an exchange in flight, resumed: bit-identical parameters and log"
+else fail "streaming-diloco resume ($(checksum "$tmp/s2.out") vs $S)"; tail -3 "$tmp/s2.out"; fi
+"$sumo" train "${common[@]}" --reduce streaming-diloco --sync-every 8 --fragments 2 --delay 3 --checkpoint-dir "$tmp/sck" --resume > "$tmp/s3.out" 2>&1
+[ $? -ne 0 ] && grep -q -- "--delay" "$tmp/s3.out" && ok "resume with another --delay refused, naming it" \
+  || { fail "resume with another --delay"; tail -3 "$tmp/s3.out"; }
+
+for m in adasum adasum-delta acga slowmo localsgd bmuf diloco streaming-diloco; do
+  "$sumo" train "${common[@]}" --workers 3 --epochs 1 --reduce $m --sync-every 8 --verify-ranks > "$tmp/$m.out" 2>&1 \
     && grep -q "^$m " "$tmp/$m.out" && ok "--reduce $m runs, ranks agree after every synchronised step" \
     || { fail "--reduce $m"; tail -3 "$tmp/$m.out"; }
 done

@@ -41,6 +41,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -281,7 +282,8 @@ static void t_table_complete(void)
     const void *entries[] = {t->claims, t->alloc, t->release, t->synchronize, t->copy, t->fill,
                              t->first_nonfinite, t->reduce, t->convert, t->dot_norms,
                              t->scaled_add, t->gram_partials, t->weighted_sum, t->delta,
-                             t->apply_delta, t->slow_update};
+                             t->apply_delta, t->slow_update, t->quantize, t->dequantize,
+                             t->outer_update};
     for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
         CHECK(entries[i] != NULL, "entry %zu missing", i);
     /* sumo accepts it (its own completeness check), also through sumo_comm_add_cuda. */
@@ -686,6 +688,107 @@ static void check_elementwise(const entry_run *er, sumo_dtype dt, size_t n, size
     free(w);
 }
 
+/* outer_update (fp32, fp64) against the host table, every branch: Nesterov and heavy ball,
+ * from the average or from the change, merge 0 and not, in place (c is x) and not, a momentum
+ * that overflows (g NaN). */
+static void check_outer(const entry_run *er, sumo_dtype dt, size_t n, size_t off)
+{
+    if (dt != SUMO_FLOAT32 && dt != SUMO_FLOAT64) return;
+    size_t bytes = n * esz(dt);
+    void *h[4], *w[4];
+    for (int i = 0; i < 4; i++) {
+        h[i] = malloc(bytes + 1);
+        w[i] = malloc(bytes + 1);
+        gen(dt, h[i], n, 20 + (uint64_t)i, false);
+    }
+    if (n > 5 && dt == SUMO_FLOAT32) harness_set(dt, h[2], 5, 3e38); /* v overflows */
+    const sumo_outer_step steps[] = {{1, 0, 0.7, 0.9, 1.0, 0.0}, {1, 1, 0.7, 0.9, 1.0, 0.5},
+                                     {0, 1, 0.1 * 1e-3, 0.5, 1e-3, 0.0}, {0, 0, 2.0, 0.0, 0.5, 0.25}};
+    for (size_t q = 0; q < sizeof steps / sizeof steps[0]; q++)
+        for (int in_place = 0; in_place <= 1; in_place++) {
+            tbuf b[4];
+            for (int i = 0; i < 4; i++) {
+                b[i] = t_upload(er->kind, dt, h[i], n, off);
+                memcpy(w[i], h[i], bytes);
+            }
+            /* x, c, v, x0 */
+            const void *kc = in_place ? b[0].p : b[1].p, *hc = in_place ? w[0] : w[1];
+            CHECK_OK(er->k->outer_update(er->k->ctx, er->stream, dt, b[0].p, kc, b[2].p, b[3].p, n, &steps[q]));
+            CHECK_OK(g_host->outer_update(g_host->ctx, NULL, dt, w[0], hc, w[2], w[3], n, &steps[q]));
+            for (int i = 0; i < 4; i++) {
+                void *got = fetch(er->kind, dt, &b[i], n);
+                size_t at = first_diff(dt, got, w[i], n);
+                bool same_bits = memcmp(got, w[i], bytes) == 0 || er->kind == M_DEV;
+                free(got);
+                CHECK(at == SIZE_MAX && same_bits, "outer_update %s step %zu in place %d buffer %d at %zu",
+                      DT_NAME[dt], q, in_place, i, at);
+                m_free(er->kind, b[i].base);
+            }
+        }
+    for (int i = 0; i < 4; i++) {
+        free(h[i]);
+        free(w[i]);
+    }
+}
+
+/* quantize and dequantize against the host table: the payload byte for byte, the decoded
+ * values bit for bit and the first non-finite element, for every format, short last blocks,
+ * all-zero blocks, NaN and Inf, and the largest magnitudes. */
+static void check_codec(const entry_run *er, size_t n, size_t off)
+{
+    const sumo_compression_format fmts[] = {SUMO_COMPRESS_BF16, SUMO_COMPRESS_FP8_E4M3,
+                                            SUMO_COMPRESS_E3M0};
+    const size_t blocks[] = {8, 32, 256, 4096};
+    float *x = malloc(n * sizeof *x + 4), *gotf = malloc(n * sizeof *x + 4), *wantf = malloc(n * sizeof *x + 4);
+    for (size_t fi = 0; fi < 3; fi++)
+        for (size_t bi = 0; bi < 4; bi++)
+            for (int special = 0; special <= 1; special++) {
+                size_t block = blocks[bi];
+                gen(SUMO_FLOAT32, x, n, 30 + fi, false);
+                for (size_t i = 0; i < n; i++) x[i] *= (float)ldexp(1.0, (int)((i / block) % 40) * 6 - 120);
+                if (special) {
+                    for (size_t i = 0; i < n && i < block; i++) x[i] = 0.0f; /* a zero block */
+                    /* A block of ties between consecutive codes (the largest value first: scale
+                     * 1), where the rounding rule alone decides. */
+                    uint32_t count = ref_code_count(fmts[fi]);
+                    for (size_t i = block, c = 0; i < n && i < 2 * block; i++, c = (c + 1) % (count - 1))
+                        x[i] = i == block ? (float)ref_code_value(fmts[fi], count - 1)
+                                          : (float)((ref_code_value(fmts[fi], (uint32_t)c) +
+                                                     ref_code_value(fmts[fi], (uint32_t)c + 1)) / 2);
+                    if (n > 3) x[n - 2] = -FLT_MAX;
+                    if (n > 20) x[n / 2] = NAN;
+                    if (n > 40) x[n / 3] = INFINITY;
+                }
+                sumo_compression c = {.struct_size = sizeof c, .format = fmts[fi], .block_size = block,
+                                      .op = SUMO_OP_SUM};
+                size_t pb = 0;
+                CHECK_OK(sumo_compressed_bytes(&c, n, &pb));
+                unsigned char *hp = malloc(pb + 1), *kp = malloc(pb + 1);
+                memset(hp, 0xa5, pb);
+                tbuf src = t_upload(er->kind, SUMO_FLOAT32, x, n, off), dst = t_alloc(er->kind, SUMO_FLOAT32, n, off);
+                unsigned char *payload = m_alloc(er->kind, pb + 16);
+                size_t f1 = 1, f2 = 2;
+                CHECK_OK(er->k->quantize(er->k->ctx, er->stream, fmts[fi], block, payload, (const float *)(const void *)src.p, n, &f1));
+                CHECK_OK(g_host->quantize(g_host->ctx, NULL, fmts[fi], block, hp, x, n, &f2));
+                m_get(er->kind, kp, payload, pb);
+                CHECK(f1 == f2 && memcmp(hp, kp, pb) == 0, "quantize format %d block %zu n %zu special %d: first %zu / %zu, payload %s",
+                      (int)fmts[fi], block, n, special, f1, f2, memcmp(hp, kp, pb) ? "differs" : "same");
+                CHECK_OK(er->k->dequantize(er->k->ctx, er->stream, fmts[fi], block, (float *)(void *)dst.p, payload, n));
+                CHECK_OK(g_host->dequantize(g_host->ctx, NULL, fmts[fi], block, wantf, hp, n));
+                m_get(er->kind, gotf, dst.p, n * sizeof(float));
+                size_t at = first_diff(SUMO_FLOAT32, gotf, wantf, n);
+                CHECK(at == SIZE_MAX, "dequantize format %d block %zu n %zu at %zu", (int)fmts[fi], block, n, at);
+                m_free(er->kind, src.base);
+                m_free(er->kind, dst.base);
+                m_free(er->kind, payload);
+                free(hp);
+                free(kp);
+            }
+    free(x);
+    free(gotf);
+    free(wantf);
+}
+
 /* A layout with empty tensors and one spanning several items. */
 static const size_t LAYOUT[] = {7, 0, 130, 1, 500, 33, 0, 70001, 4096};
 #define NLAYOUT (sizeof LAYOUT / sizeof LAYOUT[0])
@@ -765,6 +868,8 @@ static void check_exact_entries(int kind)
                 size_t n = sizes[si];
                 check_fill_scan(&er, DTS[d], n, off);
                 check_elementwise(&er, DTS[d], n, off);
+                check_outer(&er, DTS[d], n, off);
+                if (DTS[d] == SUMO_FLOAT32) check_codec(&er, n, off);
                 const int shapes[][3] = {{1, 1, 3}, {2, 1, 1}, {2, 2, 2}, {3, 4, 1}, {5, 1, 5}};
                 for (size_t q = 0; q < sizeof shapes / sizeof shapes[0]; q++)
                     for (int ip = 0; ip <= 1; ip++)

@@ -21,6 +21,7 @@ cat > "$prefix/check.c" <<'C'
 #define SUMO_EXPERIMENTAL_API
 #include <sumo.h>
 #include <sumo_aggregation.h>
+#include <sumo_diloco.h>
 #include <sumo_distributed.h>
 #include <sumo_ext.h>
 #include <stdio.h>

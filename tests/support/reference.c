@@ -247,3 +247,97 @@ int ref_acga_step(ref_acga *F, float *const *in, double *G, double *bound)
     free(idx);
     return any_bad;
 }
+
+/* ---- the compressed allreduce's formats -------------------------------------------------- */
+
+uint32_t ref_code_count(sumo_compression_format f)
+{
+    switch (f) {
+    case SUMO_COMPRESS_E3M0: return 8;          /* 0..7: 0, then fields 1..7 */
+    case SUMO_COMPRESS_FP8_E4M3: return 0x7f;   /* 0x7f is NaN in E4M3FN */
+    case SUMO_COMPRESS_BF16: return 0x7f80;     /* 0x7f80 is +Inf */
+    default: return 0;
+    }
+}
+
+int ref_code_bits(sumo_compression_format f)
+{
+    return f == SUMO_COMPRESS_E3M0 ? 4 : f == SUMO_COMPRESS_FP8_E4M3 ? 8 : 16;
+}
+
+double ref_code_value(sumo_compression_format f, uint32_t c)
+{
+    switch (f) {
+    case SUMO_COMPRESS_E3M0: return c == 0 ? 0.0 : ldexp(1.0, (int)c - 3); /* bias 3 */
+    case SUMO_COMPRESS_FP8_E4M3: {                                        /* bias 7 */
+        int e = (int)(c >> 3), m = (int)(c & 7);
+        return e == 0 ? ldexp(m, -9) : ldexp(8 + m, e - 7 - 3);
+    }
+    default: {                                                            /* bias 127 */
+        int e = (int)(c >> 7), m = (int)(c & 127);
+        return e == 0 ? ldexp(m, -126 - 7) : ldexp(128 + m, e - 127 - 7);
+    }
+    }
+}
+
+int ref_scale_exponent(sumo_compression_format f, double amax)
+{
+    if (f == SUMO_COMPRESS_BF16) return 0;
+    double largest = ref_code_value(f, ref_code_count(f) - 1);
+    int s = -149;
+    while (s < 127 && amax > ldexp(largest, s)) s++;
+    return s;
+}
+
+uint32_t ref_encode(sumo_compression_format f, float x, int s)
+{
+    uint32_t sign = signbit(x) ? 1u << (ref_code_bits(f) - 1) : 0, count = ref_code_count(f);
+    double y = ldexp(fabs((double)x), -s);
+    /* The largest code not above y, by bisection over the increasing values. */
+    uint32_t lo = 0, hi = count - 1;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo + 1) / 2;
+        if (ref_code_value(f, mid) <= y) lo = mid;
+        else hi = mid - 1;
+    }
+    uint32_t c = lo;
+    if (c + 1 < count) {
+        double below = y - ref_code_value(f, c), above = ref_code_value(f, c + 1) - y;
+        if (above < below || (above == below && (c & 1))) c++;
+    }
+    while (c > 0 && ldexp(ref_code_value(f, c), s) > FLT_MAX) c--;
+    return sign | c;
+}
+
+float ref_decode(sumo_compression_format f, uint32_t code, int s)
+{
+    int bits = ref_code_bits(f);
+    float v = (float)ldexp(ref_code_value(f, code & ((1u << (bits - 1)) - 1)), s);
+    return (code >> (bits - 1)) & 1 ? -v : v;
+}
+
+size_t ref_roundtrip(sumo_compression_format f, size_t block, const float *in, float *out,
+                     size_t n)
+{
+    size_t first = SIZE_MAX;
+    for (size_t lo = 0; lo < n; lo += block) {
+        size_t hi = lo + block < n ? lo + block : n;
+        double amax = 0;
+        int bad = 0;
+        for (size_t i = lo; i < hi; i++) {
+            if (!isfinite(in[i])) {
+                bad = 1;
+                if (first == SIZE_MAX) first = i;
+            } else if (fabs((double)in[i]) > amax) {
+                amax = fabs((double)in[i]);
+            }
+        }
+        int s = amax > 0 ? ref_scale_exponent(f, amax) : 0;
+        for (size_t i = lo; i < hi; i++) {
+            if (bad) out[i] = NAN;
+            else if (amax == 0 && f != SUMO_COMPRESS_BF16) out[i] = 0.0f; /* a zero scale: +0 */
+            else out[i] = ref_decode(f, ref_encode(f, in[i], s), s);
+        }
+    }
+    return first;
+}

@@ -71,4 +71,28 @@ void ref_acga_free(ref_acga *F);
  */
 int ref_acga_step(ref_acga *F, float *const *in, double *G, double *bound);
 
+/* ---- the compressed allreduce's formats (sumo.h's sumo_compression) ---------------------- */
+
+/*
+ * Written from the definitions in sumo.h, by enumeration: the non-negative finite codes of a
+ * format in increasing order (E3M0: 0 and 2^-2 .. 2^4; E4M3FN: 0x00 .. 0x7e; bf16: 0x0000 ..
+ * 0x7f7f), each code's value by ldexp; rounding is a search for the nearest value (a tie to
+ * the even code), not bit arithmetic.
+ */
+uint32_t ref_code_count(sumo_compression_format f); /* non-negative finite codes */
+int ref_code_bits(sumo_compression_format f);
+double ref_code_value(sumo_compression_format f, uint32_t code); /* code < ref_code_count */
+/* The block scale exponent: the smallest s in [-149, 127] with amax <= largest * 2^s (0 for
+ * bf16, which has no scale). */
+int ref_scale_exponent(sumo_compression_format f, double amax);
+/* x (finite) coded under 2^s: the nearest value, a tie to the even code, never beyond the
+ * largest value nor beyond FLT_MAX once scaled; the sign bit above the magnitude's bits. */
+uint32_t ref_encode(sumo_compression_format f, float x, int s);
+float ref_decode(sumo_compression_format f, uint32_t code, int s);
+/* n values through the codec in blocks of `block`: out (may be in) gets what decoding gives (an
+ * all-zero block +0, a block with NaN or Inf NaN); returns the index of the first non-finite
+ * input, or SIZE_MAX. */
+size_t ref_roundtrip(sumo_compression_format f, size_t block, const float *in, float *out,
+                     size_t n);
+
 #endif

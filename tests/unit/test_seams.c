@@ -23,6 +23,7 @@
 #include <cmocka.h>
 
 #include "sumo_aggregation.h"
+#include "sumo_diloco.h"
 #include "sumo_distributed.h"
 #include "sumo_ext.h"
 #include "support/harness.h"
@@ -43,7 +44,7 @@
 /* ---- remote memory ------------------------------------------------------------------------- */
 
 enum { K_COPY, K_FILL, K_SCAN, K_REDUCE, K_CONVERT, K_DOT, K_SCALED, K_GRAM, K_WEIGHTED,
-       K_DELTA, K_APPLY, K_SLOW, K_ALLOC, K_COUNT };
+       K_DELTA, K_APPLY, K_SLOW, K_QUANT, K_DEQUANT, K_OUTER, K_ALLOC, K_COUNT };
 
 typedef struct remote {
     unsigned char *fake; /* PROT_NONE: what sumo sees */
@@ -220,6 +221,31 @@ static sumo_result r_slow(void *ctx, void *exec, sumo_dtype t, void *x, void *u,
                                alpha, beta, gamma);
 }
 
+static sumo_result r_quantize(void *ctx, void *exec, sumo_compression_format f, size_t block,
+                              void *dst, const float *src, size_t n, size_t *first)
+{
+    (void)ctx;
+    count(K_QUANT);
+    return R.host->quantize(R.host->ctx, exec, f, block, real_of(dst), real_of(src), n, first);
+}
+
+static sumo_result r_dequantize(void *ctx, void *exec, sumo_compression_format f, size_t block,
+                                float *dst, const void *src, size_t n)
+{
+    (void)ctx;
+    count(K_DEQUANT);
+    return R.host->dequantize(R.host->ctx, exec, f, block, real_of(dst), real_of(src), n);
+}
+
+static sumo_result r_outer(void *ctx, void *exec, sumo_dtype t, void *x, const void *c, void *v,
+                           void *x0, size_t n, const sumo_outer_step *step)
+{
+    (void)ctx;
+    count(K_OUTER);
+    return R.host->outer_update(R.host->ctx, exec, t, real_of(x), real_of(c), real_of(v),
+                                real_of(x0), n, step);
+}
+
 static void remote_reset(void)
 {
     R.used = 0;
@@ -241,7 +267,8 @@ static int remote_setup(void **state)
         .fill = r_fill, .first_nonfinite = r_scan, .reduce = r_reduce, .convert = r_convert,
         .dot_norms = r_dot, .scaled_add = r_scaled, .gram_partials = r_gram,
         .weighted_sum = r_weighted, .delta = r_delta, .apply_delta = r_apply,
-        .slow_update = r_slow};
+        .slow_update = r_slow, .quantize = r_quantize, .dequantize = r_dequantize,
+        .outer_update = r_outer};
     return 0;
 }
 
@@ -257,7 +284,7 @@ static int remote_teardown(void **state)
 /* ---- one job, on host buffers and on remote ones ------------------------------------------- */
 
 typedef enum job_kind { J_ALLREDUCE, J_BROADCAST, J_ALLGATHER, J_REDUCE_SCATTER, J_ACGA,
-                        J_DELTA, J_SLOWMO } job_kind;
+                        J_DELTA, J_SLOWMO, J_COMPRESSED, J_DILOCO } job_kind;
 
 typedef struct job {
     job_kind kind;
@@ -267,6 +294,8 @@ typedef struct job {
     size_t count;         /* per rank (the recvcount of a reduce-scatter) */
     bool remote;
     bool in_place;
+    sumo_compression_format format; /* J_COMPRESSED, J_DILOCO */
+    sumo_outer_combine combine;     /* J_DILOCO */
     /* per rank: what it produced, copied to host memory, and the calls' results */
     unsigned char *out[MAXP];
     size_t out_bytes[MAXP];
@@ -386,10 +415,40 @@ static void run_job(sumo_comm *comm, int rank, int size, void *arg)
             sumo_slowmo_destroy(s);
             break;
         }
+        case J_COMPRESSED: {
+            sumo_compression o = {.struct_size = sizeof o, .format = j->format, .block_size = 16,
+                                  .op = SUMO_OP_AVERAGE};
+            r = sumo_allreduce_compressed((const float *)send, (float *)recv, n, &o, comm);
+            break;
+        }
+        case J_DILOCO: {
+            /* Two fragments of the layout, an exchange in flight for one step, each combine. */
+            sumo_diloco_options o;
+            sumo_diloco_options_preset(SUMO_DILOCO_PRESET_DILOCO, &o);
+            o.sync_every = 4;
+            o.fragments = 2;
+            o.delay = 1;
+            o.merge_alpha = 0.25;
+            o.compression = j->format;
+            o.block_size = 16;
+            o.combine = j->combine;
+            sumo_diloco *d = NULL;
+            r = sumo_diloco_create(comm, LAYOUT, NLAYOUT, n, j->dtype, &o, &d);
+            memcpy(view(out), view(in), n * esz);
+            for (int step = 0; step < 10 && r == SUMO_SUCCESS; step++) {
+                r = sumo_diloco_begin(d, out);
+                for (size_t i = 0; i < n && r == SUMO_SUCCESS; i++)
+                    harness_set(j->dtype, view(out), i,
+                                harness_get(j->dtype, view(out), i) - 0.01 * (rank + 1 + step) * (double)(i % 5));
+                if (r == SUMO_SUCCESS) r = sumo_diloco_end(d, out, 0.1, NULL);
+            }
+            sumo_diloco_destroy(d);
+            break;
+        }
         }
     }
     j->res[rank] = r;
-    const unsigned char *result = j->kind == J_DELTA || j->kind == J_SLOWMO ? out : recv;
+    const unsigned char *result = j->kind == J_DELTA || j->kind == J_SLOWMO || j->kind == J_DILOCO ? out : recv;
     j->out[rank] = malloc(out_n * esz + 1);
     memcpy(j->out[rank], view((void *)result), out_n * esz);
     j->out_bytes[rank] = out_n * esz;
@@ -405,10 +464,12 @@ static void job_free(job *j)
 }
 
 /* The same job on host and remote buffers gives the same bits on every rank. */
-static void check_same(job_kind kind, int P, sumo_dtype dtype, sumo_op op, size_t count,
-                       bool in_place)
+static void check_same_with(job_kind kind, int P, sumo_dtype dtype, sumo_op op, size_t count,
+                            bool in_place, sumo_compression_format format,
+                            sumo_outer_combine combine)
 {
-    job host = {.kind = kind, .P = P, .dtype = dtype, .op = op, .count = count, .in_place = in_place};
+    job host = {.kind = kind, .P = P, .dtype = dtype, .op = op, .count = count, .in_place = in_place,
+                .format = format, .combine = combine};
     job rem = host;
     rem.remote = true;
     remote_reset();
@@ -426,6 +487,12 @@ static void check_same(job_kind kind, int P, sumo_dtype dtype, sumo_op op, size_
     }
     job_free(&host);
     job_free(&rem);
+}
+
+static void check_same(job_kind kind, int P, sumo_dtype dtype, sumo_op op, size_t count,
+                       bool in_place)
+{
+    check_same_with(kind, P, dtype, op, count, in_place, SUMO_COMPRESS_NONE, SUMO_COMBINE_AVERAGE);
 }
 
 static void test_remote_collectives(void **state)
@@ -471,6 +538,28 @@ static void test_remote_layers(void **state)
     remote_reset();
     check_same(J_DELTA, 2, SUMO_FLOAT32, 0, 100, false);
     assert_true(atomic_load(&R.calls[K_DELTA]) > 0 && atomic_load(&R.calls[K_APPLY]) > 0);
+    /* The compressed allreduce and DiLoCo's outer loop (every combine, compressed or not). */
+    const sumo_compression_format fmts[] = {SUMO_COMPRESS_BF16, SUMO_COMPRESS_FP8_E4M3,
+                                            SUMO_COMPRESS_E3M0};
+    for (int P = 1; P <= 4; P++)
+        for (int f = 0; f < 3; f++)
+            for (int ip = 0; ip <= 1; ip++)
+                check_same_with(J_COMPRESSED, P, SUMO_FLOAT32, 0, 1001, ip, fmts[f], SUMO_COMBINE_AVERAGE);
+    for (int P = 1; P <= 3; P++) {
+        check_same_with(J_DILOCO, P, SUMO_FLOAT32, 0, layout_total(), false, SUMO_COMPRESS_NONE,
+                        SUMO_COMBINE_AVERAGE);
+        check_same_with(J_DILOCO, P, SUMO_FLOAT64, 0, layout_total(), false, SUMO_COMPRESS_NONE,
+                        SUMO_COMBINE_ADASUM);
+        check_same_with(J_DILOCO, P, SUMO_FLOAT32, 0, layout_total(), false, SUMO_COMPRESS_E3M0,
+                        SUMO_COMBINE_AVERAGE);
+        check_same_with(J_DILOCO, P, SUMO_FLOAT32, 0, layout_total(), false, SUMO_COMPRESS_NONE,
+                        SUMO_COMBINE_ACGA);
+    }
+    remote_reset();
+    check_same_with(J_DILOCO, 2, SUMO_FLOAT32, 0, layout_total(), false, SUMO_COMPRESS_FP8_E4M3,
+                    SUMO_COMBINE_AVERAGE);
+    assert_true(atomic_load(&R.calls[K_QUANT]) > 0 && atomic_load(&R.calls[K_DEQUANT]) > 0 &&
+                atomic_load(&R.calls[K_OUTER]) > 0);
 }
 
 /* Where remote bytes would have to cross the transport, or one call mixes memories, or the

@@ -36,7 +36,8 @@ static void usage(FILE *out)
         "  --batch B              per-worker batch [64]\n"
         "  --epochs E             [1]\n"
         "  --seed S               [1]\n"
-        "  --reduce LIST          sum, avg, adasum, adasum-delta, acga, slowmo, localsgd, bmuf;\n"
+        "  --reduce LIST          sum, avg, adasum, adasum-delta, acga, slowmo, localsgd, bmuf,\n"
+        "                         diloco, streaming-diloco;\n"
         "                         several, comma-separated, are compared [avg]; METHOD@S gives\n"
         "                         that entry its own --lr-scaling S (e.g. avg@linear,adasum@2.5)\n"
         "  --optimizer O          sgd | adam | adamw | lamb [sgd]\n"
@@ -49,6 +50,11 @@ static void usage(FILE *out)
         "           --acga-no-guard --acga-rescale --acga-eps E\n"
         "  SlowMo:  --tau T --alpha A --slow-beta B --inner-period K --buffers keep|reset|average\n"
         "           --memory-efficient   (localsgd: beta 0; bmuf and slowmo: beta 0.5; tau 12)\n"
+        "  DiLoCo:  --sync-every H --fragments F --strided-fragments --delay T --merge-alpha A\n"
+        "           --outer nesterov|heavy-ball --outer-lr X --outer-momentum M\n"
+        "           --outer-combine average|adasum|acga --quantize none|bf16|e4m3|e3m0\n"
+        "           --quantize-block B   (diloco: H 500, Nesterov 0.7/0.9; streaming-diloco:\n"
+        "           F 4, delay 1, merge 0.5, e3m0 in blocks of 128)\n"
         "  Adasum:  --adasum-hierarchical --adasum-group-size G\n"
         "  --eval-every K         evaluate every K steps [0: every epoch]\n"
         "  --target A             report steps to this test accuracy (0..1) [0.85]\n"
@@ -85,6 +91,10 @@ typedef struct options {
     double momentum, alpha_override, slow_beta_override;
     int tau_override, inner_override;
     int buffers_override, memory_efficient;
+    /* DiLoCo: -1 (or NaN for the doubles) where the preset's value stands */
+    int sync_every, fragments, delay, outer, combine, quantize, strided;
+    double merge_alpha, outer_lr, outer_momentum;
+    int64_t quantize_block;
     int have_momentum;
     bool workers_given; /* under mpirun the ranks are the workers: a differing --workers is refused */
     bool overwrite, have_checkpoint_every, have_keep;
@@ -194,6 +204,9 @@ static int parse(int argc, char **argv, options *o)
     o->alpha_override = o->slow_beta_override = -1;
     o->tau_override = o->inner_override = -1;
     o->buffers_override = -1;
+    o->sync_every = o->fragments = o->delay = o->outer = o->combine = o->quantize = -1;
+    o->merge_alpha = o->outer_lr = o->outer_momentum = NAN;
+    o->quantize_block = -1;
     const char *optimizer = "sgd";
     double beta1 = -1, beta2 = -1, eps = -1, wd = -1, damp = -1;
     int nesterov = 0;
@@ -269,6 +282,42 @@ static int parse(int argc, char **argv, options *o)
             else return bad(a, v);
         }
         else if (FLAG("--memory-efficient")) o->memory_efficient = 1;
+        else if (FLAG("--sync-every")) INT(o->sync_every, 1, 1000000);
+        else if (FLAG("--fragments")) INT(o->fragments, 1, 1000000);
+        else if (FLAG("--strided-fragments")) o->strided = 1;
+        else if (FLAG("--delay")) INT(o->delay, 0, 1000000);
+        else if (FLAG("--merge-alpha")) DBL(o->merge_alpha, 0, false, 1, false);
+        else if (FLAG("--outer-lr")) DBL(o->outer_lr, 0, true, 1e3, false);
+        else if (FLAG("--outer-momentum")) DBL(o->outer_momentum, 0, false, 1, true);
+        else if (FLAG("--outer")) {
+            NEED();
+            if (strcmp(v, "nesterov") == 0) o->outer = SUMO_OUTER_NESTEROV;
+            else if (strcmp(v, "heavy-ball") == 0) o->outer = SUMO_OUTER_HEAVY_BALL;
+            else return bad(a, v);
+        }
+        else if (FLAG("--outer-combine")) {
+            NEED();
+            if (strcmp(v, "average") == 0) o->combine = SUMO_COMBINE_AVERAGE;
+            else if (strcmp(v, "adasum") == 0) o->combine = SUMO_COMBINE_ADASUM;
+            else if (strcmp(v, "acga") == 0) o->combine = SUMO_COMBINE_ACGA;
+            else return bad(a, v);
+        }
+        else if (FLAG("--quantize")) {
+            NEED();
+            if (strcmp(v, "none") == 0) o->quantize = SUMO_COMPRESS_NONE;
+            else if (strcmp(v, "bf16") == 0) o->quantize = SUMO_COMPRESS_BF16;
+            else if (strcmp(v, "e4m3") == 0) o->quantize = SUMO_COMPRESS_FP8_E4M3;
+            else if (strcmp(v, "e3m0") == 0) o->quantize = SUMO_COMPRESS_E3M0;
+            else return bad(a, v);
+        }
+        else if (FLAG("--quantize-block")) {
+            I64(o->quantize_block, 8, 65536);
+            if (o->quantize_block % 8 != 0) {
+                fprintf(stderr, "sumo train: --quantize-block %lld: must be a multiple of 8 in [8, 65536]\n",
+                        (long long)o->quantize_block);
+                return 2;
+            }
+        }
         else if (FLAG("--adasum-hierarchical")) c->adasum_hierarchical = 1;
         else if (FLAG("--adasum-group-size")) INT(c->adasum_group_size, 0, SUMO_THREADS_MAX_RANKS);
         else if (FLAG("--eval-every")) INT(c->eval_every, 0, INT_MAX);
@@ -352,6 +401,40 @@ static int configure_method(options *o, sumo__method m, const char *scaling, sum
         if (o->inner_override >= 0) c->slowmo.inner_period = (int)o->inner_override;
         if (o->buffers_override >= 0) c->slowmo.buffers = (sumo_buffer_policy)o->buffers_override;
         c->slowmo.memory_efficient = o->memory_efficient;
+    }
+    if (sumo__method_is_diloco(m)) {
+        sumo_diloco_options *d = &c->diloco;
+        sumo_diloco_options_preset(m == SUMO__METHOD_STREAMING_DILOCO ? SUMO_DILOCO_PRESET_STREAMING
+                                                                      : SUMO_DILOCO_PRESET_DILOCO,
+                                   d);
+        if (o->sync_every >= 0) d->sync_every = o->sync_every;
+        if (o->fragments >= 0) d->fragments = o->fragments;
+        if (o->delay >= 0) d->delay = o->delay;
+        if (!isnan(o->merge_alpha)) d->merge_alpha = o->merge_alpha;
+        if (o->outer >= 0) d->outer = (sumo_outer_optimizer)o->outer;
+        if (!isnan(o->outer_lr)) d->lr = o->outer_lr;
+        if (!isnan(o->outer_momentum)) d->momentum = o->outer_momentum;
+        if (o->combine >= 0) d->combine = (sumo_outer_combine)o->combine;
+        if (o->quantize >= 0) d->compression = (sumo_compression_format)o->quantize;
+        if (o->quantize_block >= 0) d->block_size = (size_t)o->quantize_block;
+        c->diloco_strided = o->strided;
+        /* What the outer loop would refuse at create, refused here by the flags' names. */
+        if (d->fragments > d->sync_every) {
+            fprintf(stderr, "sumo train: %s: --fragments %d exceeds --sync-every %d (one fragment "
+                            "syncs at a time)\n", sumo__method_name(m), d->fragments, d->sync_every);
+            return 2;
+        }
+        if (d->delay > d->sync_every / d->fragments) {
+            fprintf(stderr, "sumo train: %s: --delay %d exceeds --sync-every / --fragments = %d (at "
+                            "most one exchange in flight)\n", sumo__method_name(m), d->delay,
+                    d->sync_every / d->fragments);
+            return 2;
+        }
+        if (d->compression != SUMO_COMPRESS_NONE && d->combine != SUMO_COMBINE_AVERAGE) {
+            fprintf(stderr, "sumo train: %s: --quantize needs --outer-combine average\n",
+                    sumo__method_name(m));
+            return 2;
+        }
     }
     c->lr_scale = 1.0;
     if (scaling == NULL) scaling = o->lr_scaling;

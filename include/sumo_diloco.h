@@ -1,0 +1,166 @@
+/*
+ * sumo DiLoCo: the DiLoCo family's outer loop (DiLoCo, Douillard et al., arXiv 2311.08105;
+ * Streaming DiLoCo, arXiv 2501.18512) as an object driven around the caller's own local step,
+ * like sumo_slowmo of sumo_distributed.h (which it generalises: with one fragment, no delay,
+ * no compression and the heavy-ball outer step it gives SlowMo's bits).
+ *
+ * Every rank takes local steps on its own data. The parameters are cut into F fragments
+ * (whole tensors of the layout); fragment f is synchronised every H local steps, at the ends
+ * of steps k = floor((f + 1) H / F) + j H, j >= 0 (fragment F - 1 at H, 2H, ...: with F = 1
+ * DiLoCo's schedule). A synchronisation of fragment f:
+ *   at its step k:     the exchange starts (asynchronously): the fragment's parameters, or its
+ *                      outer gradient Delta_r = anchor_f - theta_f, combined over the ranks;
+ *   at step k + delay: the result (Delta = anchor_f - average, or the combined Delta) makes
+ *                      the outer step from the anchor, theta_global = OuterOpt(anchor_f, Delta),
+ *                      which becomes the new anchor, and the local fragment becomes
+ *                      merge_alpha * theta_local + (1 - merge_alpha) * theta_global.
+ * delay 0 is blocking. With delay > 0 the local steps in between overlap the exchange: compute
+ * waits only if the exchange is late. At most one exchange is in flight (delay <= H / F).
+ *
+ * Outer step (per element, in double from the stored values, each store rounded once; the
+ * kernel table's outer_update, sumo_ext.h):
+ *   NESTEROV    v = mu v + Delta;          theta = anchor - lr (Delta + mu v)   (torch's
+ *               SGD(nesterov=True), DiLoCo's outer optimizer)
+ *   HEAVY_BALL  u = beta u + Delta / gamma; theta = anchor - alpha gamma u      (SlowMo, gamma
+ *               the rate passed to end on the synchronisation step; lr is alpha, momentum beta)
+ *
+ * What travels, and the combine:
+ *   AVERAGE, no compression: the fragment's parameters, averaged exactly (SlowMo's exchange,
+ *     whose bits the outer step then reproduces);
+ *   AVERAGE with compression: Delta_r through sumo_allreduce_compressed (fp32 accumulation);
+ *   ADASUM: Delta_r combined by Adasum per tensor of the fragment (sumo_aggregation.h);
+ *   ACGA:   Delta_r combined by ACGA over the fragment (its options: acga, or the defaults).
+ *
+ * Around each local step the caller takes itself:
+ *   sumo_diloco_begin(d, params)        before it: takes the anchors on the first call;
+ *   (the local step)
+ *   sumo_diloco_end(d, params, lr, &c)  after it: applies the exchange due at this step, then
+ *                                       starts the one due (collective then; *c says so).
+ * Every call of end counts one local step. sumo_diloco_due tells a caller that keeps its
+ * parameters elsewhere (a binding) whether the next end reads them and which fragment.
+ * params hold the layout's elements of dtype (fp32, or fp64 without compression) in any
+ * memory the communicator has kernels for; the object's state lives in that memory too.
+ */
+#ifndef SUMO_DILOCO_H
+#define SUMO_DILOCO_H
+
+#include "sumo.h"
+#include "sumo_aggregation.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum sumo_outer_optimizer {
+    SUMO_OUTER_NESTEROV = 0,
+    SUMO_OUTER_HEAVY_BALL = 1,
+} sumo_outer_optimizer;
+
+typedef enum sumo_outer_combine {
+    SUMO_COMBINE_AVERAGE = 0,
+    SUMO_COMBINE_ADASUM = 1,
+    SUMO_COMBINE_ACGA = 2,
+} sumo_outer_combine;
+
+typedef struct sumo_diloco_options {
+    size_t struct_size;          /* sizeof(sumo_diloco_options); the presets set it */
+    int sync_every;              /* H >= 1: local steps between two syncs of one fragment */
+    int fragments;               /* F in [1, H], at most the number of tensors */
+    /* NULL: contiguous fragments of whole tensors in model order, each as near n / F elements
+     * as the tensors allow. Else tensor t belongs to fragment_of[t] (ntensors entries, every
+     * fragment non-empty; e.g. t % F for the paper's strided pattern). Copied at create. */
+    const int *fragment_of;
+    int delay;                   /* tau in [0, H / F]: local steps between start and use */
+    double merge_alpha;          /* in [0, 1]: 0 takes the global value */
+    sumo_outer_optimizer outer;
+    double lr;                   /* NESTEROV: the outer rate, > 0; HEAVY_BALL: alpha, > 0 */
+    double momentum;             /* NESTEROV: mu; HEAVY_BALL: beta; in [0, 1) */
+    sumo_outer_combine combine;
+    sumo_compression_format compression; /* SUMO_COMPRESS_NONE: fp32; else AVERAGE only */
+    size_t block_size;           /* compression's elements per scale (sumo_compression) */
+    const sumo_acga_options *acga; /* ACGA's options, copied; NULL: sumo's defaults with
+                                      rescale 1 (the outer step needs the change's size, not
+                                      the unit norm of ACGA's plain result) */
+} sumo_diloco_options;
+
+typedef enum sumo_diloco_preset {
+    SUMO_DILOCO_PRESET_DILOCO = 0,    /* H 500, Nesterov lr 0.7 momentum 0.9 (the paper's) */
+    SUMO_DILOCO_PRESET_STREAMING = 1, /* DiLoCo's, with F 4, delay 1, merge 0.5 and E3M0 in
+                                         blocks of 128: a starting point, not the paper's tuned
+                                         values (set F from the model's tensors) */
+    SUMO_DILOCO_PRESET_LOCALSGD = 2,  /* H 12, Nesterov lr 1 momentum 0: model averaging */
+    SUMO_DILOCO_PRESET_SLOWMO = 3,    /* H 12, heavy ball alpha 1 beta 0.5 (sumo_slowmo's) */
+    SUMO_DILOCO_PRESET_BMUF = 4,      /* the same block momentum as SLOWMO (sumo's preset) */
+} sumo_diloco_preset;
+
+SUMO_API sumo_result sumo_diloco_options_preset(sumo_diloco_preset preset,
+                                                sumo_diloco_options *options);
+
+typedef struct sumo_diloco sumo_diloco;
+
+/*
+ * Collective over comm: ranks whose options, layout or dtype differ all get
+ * SUMO_ERR_MISMATCH; invalid options on any rank give SUMO_ERR_INVALID_ARGUMENT on every rank
+ * (the rank's message says why). tensor_counts (copied) is the layout, ntensors >= 1 (NULL
+ * with ntensors 0: one tensor of nparams elements, F must then be 1); nparams its total.
+ */
+SUMO_API sumo_result sumo_diloco_create(sumo_comm *comm, const size_t *tensor_counts,
+                                        size_t ntensors, size_t nparams, sumo_dtype dtype,
+                                        const sumo_diloco_options *options, sumo_diloco **out);
+/* Waits for an exchange in flight, then frees. NULL is fine. */
+SUMO_API sumo_result sumo_diloco_destroy(sumo_diloco *diloco);
+
+SUMO_API sumo_result sumo_diloco_begin(sumo_diloco *diloco, const void *params);
+/*
+ * After a local step at rate lr. SUMO_ERR_INVALID_ARGUMENT (nothing counted) for lr not
+ * finite or negative, or lr 0 where a HEAVY_BALL exchange starts (its outer step divides by
+ * it); SUMO_ERR_INVALID_USAGE before the first begin. An outer step whose result (the anchor,
+ * the same on every rank) is not finite completes and returns SUMO_ERR_NONFINITE on every
+ * rank alike, as does a combine that refuses NaN or Inf; other failures of the exchange are
+ * returned as the collective gave them.
+ */
+SUMO_API sumo_result sumo_diloco_end(sumo_diloco *diloco, void *params, double lr,
+                                     int *communicated);
+
+/* What the next end does: a mask of SUMO_DILOCO_APPLY (it reads and writes the parameters of
+ * fragment *applied) and SUMO_DILOCO_START (it reads those of fragment *started; with delay 0
+ * the same fragment, applied at once), or SUMO_DILOCO_LOCAL (params are not touched). A
+ * fragment not concerned is -1; either pointer may be NULL. */
+enum { SUMO_DILOCO_LOCAL = 0, SUMO_DILOCO_APPLY = 1, SUMO_DILOCO_START = 2 };
+SUMO_API sumo_result sumo_diloco_due(const sumo_diloco *diloco, int *what, int *applied,
+                                     int *started);
+
+/* The elements of fragment f: *count of them in *nruns runs of consecutive parameters
+ * (offsets and lengths in elements, model order), for a caller that moves fragments itself. */
+SUMO_API sumo_result sumo_diloco_fragment(const sumo_diloco *diloco, int f, size_t *count,
+                                          size_t *nruns);
+SUMO_API sumo_result sumo_diloco_fragment_runs(const sumo_diloco *diloco, int f, size_t *offsets,
+                                               size_t *lengths, size_t nruns);
+
+/* Whether every rank holds the same parameters after the last end (one rank; or F = 1,
+ * merge 0 and this end applied the exchange). */
+SUMO_API sumo_result sumo_diloco_synchronized(const sumo_diloco *diloco, int *synchronized);
+
+/*
+ * Anchors, outer momenta, the schedule's position and an exchange in flight (save waits for
+ * it to complete and keeps its result: the run resumed from the state applies it at the same
+ * step with the same bits), plus ACGA's state. Load refuses a state of another layout, F, H,
+ * delay, combine, compression or dtype.
+ */
+SUMO_API sumo_result sumo_diloco_state_size(const sumo_diloco *diloco, size_t *bytes);
+SUMO_API sumo_result sumo_diloco_state_save(sumo_diloco *diloco, void *buffer, size_t bytes);
+SUMO_API sumo_result sumo_diloco_state_load(sumo_diloco *diloco, const void *buffer,
+                                            size_t bytes);
+
+/* Exchanges so far (the combine's rounds and payload bytes per rank; compressed: the payload
+ * of this rank's input, sumo_compressed_bytes). */
+SUMO_API sumo_result sumo_diloco_stats(const sumo_diloco *diloco, sumo_comm_stats *stats);
+/* Extra memory beyond the parameters: anchors and momenta (2 n elements), the exchange buffer
+ * (the largest fragment). */
+SUMO_API sumo_result sumo_diloco_extra_memory(const sumo_diloco *diloco, size_t *bytes);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
