@@ -48,7 +48,8 @@ from step to step, so slow phases of a noisy machine hit them alike):
 Per step: refill the buffers with the rank's gradients, barrier, time until every bucket is
 reduced. Median over steps; "vs gloo" divides a method's median by gloo's, from the same run.
 
---delta-interleaved [--methods ...] measures only the training steps of the methods listed
+--interleaved (or --delta-interleaved) [--methods ...] measures only the training steps of the
+methods listed, with the time inside communication per step beside them
 (the Adasum delta optimizers sumo delta, delta/p, delta/s and hvd adasum by default; gloo and
 the hooks too, with /m or /p for mapped_buffers=True or False), each on its own copy of a
 model, every step running each method once (order rotated, a barrier before each), so a noisy
@@ -328,18 +329,22 @@ def delta_interleaved(make, args):
     x = torch.randn(args.batch, 1, 28, 28, generator=g)
     y = torch.randint(0, 10, (args.batch,), generator=g)
     times = {m: [] for m in methods}
+    comms = {m: [] for m in methods}
     for i in range(args.warmup + args.steps):
         for m, module, opt in rotated(setups, i):
             st.barrier()
+            comm_time()
             t0 = time.perf_counter()
             opt.zero_grad()
             F.cross_entropy(module(x), y).backward()
             opt.step()
             t = time.perf_counter() - t0
+            c = comm_time()
             if i >= args.warmup:
                 times[m].append(t)
+                comms[m].append(c)
     st.take_timeline()
-    return {m: statistics.median(v) for m, v in times.items()}
+    return {m: (statistics.median(times[m]), statistics.median(comms[m])) for m in methods}
 
 
 def delta_interleaved_main(args):
@@ -360,9 +365,16 @@ def delta_interleaved_main(args):
                                                    args.warmup))
     for m, r in res.items():
         ref = "hvd adasum" if "hvd adasum" in r else next(iter(r))
-        print("%-6s %-14s %10s %16s" % ("model", "method", "step ms", "vs " + ref))
-        for method, t in r.items():
-            print("%-6s %-14s %10.2f %15.2fx" % (m, method, 1e3 * t, t / r[ref]))
+        hook = r.get("gloo hook")
+        print("%-6s %-14s %10s %16s %10s %14s" % ("model", "method", "step ms", "vs " + ref,
+                                                  "comm ms", "vs gloo hook"))
+        for method, (t, c) in r.items():
+            comm = "%10.2f" % (1e3 * c) if method != "gloo" else "%10s" % "-"
+            vs = "%13.2fx" % (c / hook[1]) if hook and hook[1] > 0 and method != "gloo" else "%14s" % "-"
+            print("%-6s %-14s %10.2f %15.2fx %s %s" % (m, method, 1e3 * t, t / r[ref][0], comm, vs))
+        print("comm ms: time inside communication per step (the hooks' intervals from call to "
+              "completion, merged; the optimizers' collectives); gloo, DDP's built-in reducer, "
+              "cannot be timed from outside")
 
 
 def check_against_horovod(args):
@@ -415,7 +427,7 @@ def main():
     ap.add_argument("--delta-variants", action="store_true",
                     help="also the rows sumo delta/p (one parameter per bucket) and sumo "
                          "delta/s (no overlap: everything at step())")
-    ap.add_argument("--delta-interleaved", action="store_true",
+    ap.add_argument("--delta-interleaved", "--interleaved", action="store_true",
                     help="only the training steps of --methods (by default the Adasum delta "
                          "optimizers), interleaved step by step (Horovod initialised only if "
                          "one of them is an hvd method)")
