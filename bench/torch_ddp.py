@@ -116,6 +116,12 @@ def gloo_timed_hook(pg, bucket):
     return fut.then(done)
 
 
+def no_comm_hook(_, bucket):
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
 HOOKS = {"sumo avg": st.average_hook, "sumo adasum": st.adasum_hook, "sumo acga": st.acga_hook}
 
 
@@ -129,6 +135,10 @@ def setup(method, model):
     if method == "gloo hook":
         ddp = DDP(model)
         ddp.register_comm_hook(None, gloo_timed_hook)
+        return ddp, sgd, None
+    if method == "none":
+        ddp = DDP(model)
+        ddp.register_comm_hook(None, no_comm_hook)
         return ddp, sgd, None
     hook, _, where = method.partition("/")  # "/m": mapped_buffers=True, "/p": False
     if hook in HOOKS and where in ("", "m", "p"):
@@ -344,7 +354,11 @@ def delta_interleaved(make, args):
                 times[m].append(t)
                 comms[m].append(c)
     st.take_timeline()
-    return {m: (statistics.median(times[m]), statistics.median(comms[m])) for m in methods}
+    # Paired by step: a step's slow phase hits "none" and the method alike.
+    added = {m: statistics.median(a - b for a, b in zip(times[m], times["none"]))
+             if "none" in times else None for m in methods}
+    return {m: (statistics.median(times[m]), statistics.median(comms[m]), added[m])
+            for m in methods}
 
 
 def delta_interleaved_main(args):
@@ -366,15 +380,27 @@ def delta_interleaved_main(args):
     for m, r in res.items():
         ref = "hvd adasum" if "hvd adasum" in r else next(iter(r))
         hook = r.get("gloo hook")
-        print("%-6s %-14s %10s %16s %10s %14s" % ("model", "method", "step ms", "vs " + ref,
-                                                  "comm ms", "vs gloo hook"))
-        for method, (t, c) in r.items():
-            comm = "%10.2f" % (1e3 * c) if method != "gloo" else "%10s" % "-"
-            vs = "%13.2fx" % (c / hook[1]) if hook and hook[1] > 0 and method != "gloo" else "%14s" % "-"
-            print("%-6s %-14s %10.2f %15.2fx %s %s" % (m, method, 1e3 * t, t / r[ref][0], comm, vs))
+        gloo = r.get("gloo")
+        print("%-6s %-14s %10s %16s %10s %14s %10s %10s" % (
+            "model", "method", "step ms", "vs " + ref, "comm ms", "vs gloo hook", "added ms",
+            "vs gloo"))
+        for method, (t, c, a) in r.items():
+            no_window = method in ("gloo", "none")
+            comm = "%10s" % "-" if no_window else "%10.2f" % (1e3 * c)
+            vs = "%14s" % "-" if no_window or not hook or hook[1] <= 0 else \
+                "%13.2fx" % (c / hook[1])
+            add = "%10s" % "-" if a is None or method == "none" else "%10.2f" % (1e3 * a)
+            vsa = "%10s" % "-" if a is None or method == "none" or not gloo or gloo[2] <= 0 \
+                else "%9.2fx" % (a / gloo[2])
+            print("%-6s %-14s %10.2f %15.2fx %s %s %s %s" % (m, method, 1e3 * t, t / r[ref][0],
+                                                           comm, vs, add, vsa))
         print("comm ms: time inside communication per step (the hooks' intervals from call to "
               "completion, merged; the optimizers' collectives); gloo, DDP's built-in reducer, "
               "cannot be timed from outside")
+        if "none" in r:
+            print("added ms: the step's time over the same step's \"none\" (DDP with a hook that "
+                  "reduces nothing), median over steps: what communication adds to a step, "
+                  "DDP's own reducer (gloo) included")
 
 
 def check_against_horovod(args):
