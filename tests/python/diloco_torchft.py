@@ -6,10 +6,8 @@ do not install (docs/torch.md says how to run it).
 
 The configurations compared are the ones whose schedules coincide: torchft starts a fragment's
 exchange `fragment_sync_delay` steps before its slot and sumo at its slot, so only delay 0
-matches step for step; and torchft's fragment_update_alpha mixes the global parameters with
-what `p.data` holds after it restored the anchor (its saved "local" copy aliases the
-parameter), so only merge 0 is the same algorithm. Those cases (F 1, and F 2 of whole layers)
-are DiLoCo and its fragmented variant without overlap.
+matches step for step (F 1, F 2 of whole layers, any merge). torchft's should_quantize is a
+row-wise fp8 of its own in Triton kernels (a GPU's), so on CPU both exchange fp32.
 """
 import argparse
 import os
@@ -81,7 +79,7 @@ def timed(args, step):
 def run_sumo(args, rank):
     model = make_model()
     opt = st.DiLoCo(inner(model, args), sync_every=args.H, fragments=groups(model, args.F), delay=0,
-                    merge_alpha=0.0, outer="nesterov", outer_lr=args.outer_lr,
+                    merge_alpha=args.merge, outer="nesterov", outer_lr=args.outer_lr,
                     outer_momentum=args.momentum)
     st.barrier()
     took = timed(args, lambda s: local_step(model, opt, rank, s))
@@ -120,7 +118,8 @@ def run_torchft(args, rank, lighthouse):
     outers = [torch.optim.SGD(f.parameters(), lr=args.outer_lr, momentum=args.momentum,
                               nesterov=True) for f in fragments]
     st.barrier()
-    with DiLoCo(manager, fragments, opt, outers, sync_every=args.H):
+    with DiLoCo(manager, fragments, opt, outers, sync_every=args.H,
+                fragment_update_alpha=args.merge):
         took = timed(args, lambda s: local_step(model, opt, rank, s))
     manager.shutdown(wait=False)
     return flat(model), took
@@ -130,6 +129,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--H", type=int, default=20)
     ap.add_argument("--F", type=int, default=1)
+    ap.add_argument("--merge", type=float, default=0.0)
     ap.add_argument("--outer-steps", type=int, default=8)
     ap.add_argument("--inner-lr", type=float, default=1e-3)
     ap.add_argument("--outer-lr", type=float, default=0.7)

@@ -165,14 +165,15 @@ done
 # (docs/torch.md says how), so without it the comparison is reported as skipped.
 ft=build/torchft-venv/bin/python
 if [ "$skip" != venv ] && [ -z "${SUMO_PYTHON:-}" ] && [ -x "$ft" ] && "$ft" -c "import torchft" 2> /dev/null; then
-  for F in 1 2; do
-    echo "=== sumo.torch.DiLoCo against torchft's DiLoCo, F $F (torchrun, 2 replicas)"
-    job 300 "$ft" -m torch.distributed.run --standalone --nproc_per_node 2 tests/python/diloco_torchft.py --F $F
+  for options in "--F 1" "--F 2 --merge 0.5"; do
+    echo "=== sumo.torch.DiLoCo against torchft's DiLoCo, $options (torchrun, 2 replicas)"
+    # shellcheck disable=SC2086
+    job 300 "$ft" -m torch.distributed.run --standalone --nproc_per_node 2 tests/python/diloco_torchft.py $options
     grep -E "^(torch [0-9]|max \||per outer step|  (sumo|torchft|local)|sumo's exchanges|PASS|FAIL)" <<< "$out"
     if [ "$rc" -ne 0 ]; then
-      tail -20 <<< "$out"; summary+=("torchft comparison, F $F: FAILED (exit $rc)"); status=1
+      tail -20 <<< "$out"; summary+=("torchft comparison, $options: FAILED (exit $rc)"); status=1
     else
-      summary+=("torchft comparison, F $F: passed in ${took} s")
+      summary+=("torchft comparison, $options: passed in ${took} s")
     fi
   done
 else
