@@ -496,3 +496,17 @@ def test_heavy_ball_refuses_lr_zero_at_an_exchange_and_other_states():
         other.load_state_dict(opt.state_dict())
     with pytest.raises(ValueError, match="not a DiLoCo state"):
         other.load_state_dict({"optimizer": {}})
+
+
+def test_huge_finite_gradients_are_not_skipped():
+    # float64 gradients whose sum overflows are finite all the same: the step is taken.
+    model = make_model().double()
+    opt = st.DiLoCo(torch.optim.SGD(model.parameters(), lr=0.0), sync_every=4)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 1e308)
+    opt.step()
+    assert opt.skipped == 0 and opt.steps == 1
+    model[0].weight.grad[0, 0] = float("nan")
+    opt.step()
+    assert opt.skipped == 1 and opt.steps == 1
+    opt.close()

@@ -270,12 +270,19 @@ class DiLoCo(WrappedOptimizer):
 
     def _finite_locally(self):
         """Whether this rank's gradients are finite: no collective (the schedule, not an
-        agreement, keeps the ranks together)."""
-        for g in self._opt.param_groups:
-            for p in g["params"]:
-                if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
-                    return False
-        return True
+        agreement, keeps the ranks together). A float64 sum of each gradient is finite exactly
+        when every element is (an inf or NaN makes it inf or NaN; float32 values cannot
+        overflow it), and costs one read instead of a mask per tensor: isfinite per tensor took
+        about half as long as an AdamW step on a small model. Float64 gradients could
+        overflow it; only then is each element checked."""
+        grads = [p.grad for g in self._opt.param_groups for p in g["params"]
+                 if p.grad is not None]
+        if not grads:
+            return True
+        total = torch.stack([t.sum(dtype=torch.float64) for t in grads]).sum()
+        if bool(torch.isfinite(total)):
+            return True
+        return all(bool(torch.isfinite(t).all()) for t in grads)
 
     @torch.no_grad()
     def step(self, closure=None):
