@@ -90,7 +90,7 @@ endif
 # Sanitizer builds are for the tests; the shared library is built from the normal build only.
 ifeq ($(SAN),)
 TARGETS += $(LIBSUMO_SO) $(BUILD)/libsumo.so $(BUILD)/sumo.pc $(BUILD)/tests/combine_driver \
-           $(BUILD)/tests/slowmo_driver
+           $(BUILD)/tests/slowmo_driver $(BUILD)/tests/diloco_driver
 endif
 
 .PHONY: all test test-unit test-threads test-mpi test-cli clean

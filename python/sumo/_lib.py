@@ -68,6 +68,27 @@ class ShmOptions(ctypes.Structure):
                 ("error_bytes", ctypes.c_size_t)]
 
 
+class DiLoCoOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t),
+                ("sync_every", ctypes.c_int),
+                ("fragments", ctypes.c_int),
+                ("fragment_of", ctypes.POINTER(ctypes.c_int)),
+                ("delay", ctypes.c_int),
+                ("merge_alpha", ctypes.c_double),
+                ("outer", ctypes.c_int),
+                ("lr", ctypes.c_double),
+                ("momentum", ctypes.c_double),
+                ("combine", ctypes.c_int),
+                ("compression", ctypes.c_int),
+                ("block_size", ctypes.c_size_t),
+                ("acga", ctypes.POINTER(AcgaOptions))]
+
+
+class CommStats(ctypes.Structure):
+    _fields_ = [("rounds", ctypes.c_uint64),
+                ("bytes", ctypes.c_uint64)]
+
+
 def _candidates():
     # An explicit path first, then the build folder of the checkout this package sits in
     # (python/sumo -> build/), then the dynamic linker's search path (an installed copy).
@@ -155,6 +176,27 @@ _SIGS = {
     "sumo_slowmo_state_size": (_R, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]),
     "sumo_slowmo_state_save": (_R, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]),
     "sumo_slowmo_state_load": (_R, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]),
+    "sumo_diloco_options_preset": (_R, [ctypes.c_int, ctypes.POINTER(DiLoCoOptions)]),
+    "sumo_diloco_create": (_R, [_c_comm_p, ctypes.POINTER(ctypes.c_size_t), ctypes.c_size_t,
+                                ctypes.c_size_t, ctypes.c_int, ctypes.POINTER(DiLoCoOptions),
+                                ctypes.POINTER(ctypes.c_void_p)]),
+    "sumo_diloco_destroy": (_R, [ctypes.c_void_p]),
+    "sumo_diloco_begin": (_R, [ctypes.c_void_p, ctypes.c_void_p]),
+    "sumo_diloco_end": (_R, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_double,
+                             ctypes.POINTER(ctypes.c_int)]),
+    "sumo_diloco_due": (_R, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int),
+                             ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]),
+    "sumo_diloco_fragment": (_R, [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_size_t),
+                                  ctypes.POINTER(ctypes.c_size_t)]),
+    "sumo_diloco_fragment_runs": (_R, [ctypes.c_void_p, ctypes.c_int,
+                                       ctypes.POINTER(ctypes.c_size_t),
+                                       ctypes.POINTER(ctypes.c_size_t), ctypes.c_size_t]),
+    "sumo_diloco_synchronized": (_R, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]),
+    "sumo_diloco_state_size": (_R, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]),
+    "sumo_diloco_state_save": (_R, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]),
+    "sumo_diloco_state_load": (_R, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]),
+    "sumo_diloco_stats": (_R, [ctypes.c_void_p, ctypes.POINTER(CommStats)]),
+    "sumo_diloco_extra_memory": (_R, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]),
     "sumo_delta_compute": (_R, [_c_comm_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                 ctypes.c_size_t, ctypes.c_int]),
     "sumo_delta_apply": (_R, [_c_comm_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
@@ -198,10 +240,12 @@ def _check_abi():
         raise ImportError("sumo: %s is libsumo %d.%d.%d, this binding was made for %d.%d "
                           "(rebuild with `make`, or point SUMO_LIBRARY at a matching build)"
                           % ((lib._name,) + have + ABI))
-    for struct in (AdasumOptions, AcgaOptions, AggregatorOptions, ShmOptions):
+    for struct in (AdasumOptions, AcgaOptions, AggregatorOptions, ShmOptions, DiLoCoOptions,
+                   CommStats):
         name = "sumo_" + {"AdasumOptions": "adasum_options", "AcgaOptions": "acga_options",
                           "AggregatorOptions": "aggregator_options",
-                          "ShmOptions": "shm_options"}[struct.__name__]
+                          "ShmOptions": "shm_options", "DiLoCoOptions": "diloco_options",
+                          "CommStats": "comm_stats"}[struct.__name__]
         n = ctypes.c_size_t()
         if lib.sumo_struct_size(name.encode(), ctypes.byref(n)) != SUCCESS \
                 or n.value != ctypes.sizeof(struct):

@@ -160,6 +160,26 @@ for py in "${pythons[@]}"; do
   summary+=("torch $version ($py): $verdict in $(( $(date +%s) - start )) s")
 done
 
+# torchft's DiLoCo next to sumo's on the same model and data (tests/python/diloco_torchft.py),
+# where build/torchft-venv holds torchft over the torch 2.x above: nothing here makes it
+# (docs/torch.md says how), so without it the comparison is reported as skipped.
+ft=build/torchft-venv/bin/python
+if [ "$skip" != venv ] && [ -z "${SUMO_PYTHON:-}" ] && [ -x "$ft" ] && "$ft" -c "import torchft" 2> /dev/null; then
+  for options in "--F 1" "--F 2 --merge 0.5"; do
+    echo "=== sumo.torch.DiLoCo against torchft's DiLoCo, $options (torchrun, 2 replicas)"
+    # shellcheck disable=SC2086
+    job 300 "$ft" -m torch.distributed.run --standalone --nproc_per_node 2 tests/python/diloco_torchft.py $options
+    grep -E "^(torch [0-9]|max \||per outer step|  (sumo|torchft|local)|sumo's exchanges|PASS|FAIL)" <<< "$out"
+    if [ "$rc" -ne 0 ]; then
+      tail -20 <<< "$out"; summary+=("torchft comparison, $options: FAILED (exit $rc)"); status=1
+    else
+      summary+=("torchft comparison, $options: passed in ${took} s")
+    fi
+  done
+else
+  summary+=("torchft comparison: skipped (no build/torchft-venv with torchft)")
+fi
+
 echo "=== python tests:"
 printf '  %s\n' "${summary[@]}"
 exit $status

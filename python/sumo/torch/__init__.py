@@ -1,5 +1,5 @@
 """sumo for PyTorch: a Horovod-style surface (import sumo.torch as hvd) plus DDP
-communication hooks and SlowMo.
+communication hooks, SlowMo and DiLoCo.
 
     import sumo, sumo.torch as st
     st.init()                                   # MPI under mpirun, else one process
@@ -25,6 +25,7 @@ from .compression import Compression
 from .hooks import HookState, average_hook, sum_hook, adasum_hook, acga_hook
 from .optimizer import DistributedOptimizer
 from .slowmo import SlowMo, LocalSGD, BMUF
+from .diloco import DiLoCo, StreamingDiLoCo
 
 __all__ = ["init", "shutdown", "is_initialized", "set_timeout", "rank", "size", "local_rank",
            "local_size", "transport", "allreduce", "allreduce_", "allreduce_async",
@@ -36,6 +37,7 @@ __all__ = ["init", "shutdown", "is_initialized", "set_timeout", "rank", "size", 
            "cuda_built", "rocm_built", "ddl_built", "ccl_built", "Compression", "Sum",
            "Average", "Adasum", "SumoError", "HookState", "average_hook", "sum_hook",
            "adasum_hook", "acga_hook", "DistributedOptimizer", "SlowMo", "LocalSGD", "BMUF",
+           "DiLoCo", "StreamingDiLoCo",
            "take_timeline", "union_seconds"]
 
 

@@ -1,0 +1,374 @@
+"""DiLoCo (Douillard et al., arXiv 2311.08105) and Streaming DiLoCo (arXiv 2501.18512) as an
+optimizer wrapper around any torch optimizer, which takes the inner (local) steps.
+
+Every rank steps locally on its own data. The parameters are cut into F fragments of whole
+tensors; fragment f is exchanged every sync_every (H) local steps, at the ends of steps
+floor((f + 1) H / F) + j H, and its outer step is applied `delay` steps later:
+    Delta = mean over ranks of (anchor - theta_r)     (or their Adasum, or ACGA)
+    Nesterov:   v = mu v + Delta;  anchor = anchor - outer_lr (Delta + mu v)
+    heavy ball: u = mu u + Delta / lr;  anchor = anchor - outer_lr lr u   (SlowMo's, lr inner)
+    theta = merge_alpha theta + (1 - merge_alpha) anchor
+F = 1, delay 0, merge 0 is DiLoCo; the outer gradients may travel as bf16, fp8 (e4m3) or
+4-bit (e3m0) with a power-of-two scale per block.
+
+All of it is the C library's sumo_diloco (the object `sumo train` runs): the schedule, the
+default fragment split, the exchange, the outer step and its checkpoint. This wrapper only
+moves parameters between the model's tensors and the flat buffer that object reads, and calls
+it around each local step. The exchange runs on sumo's progress thread while the next
+`delay` local steps run here. Between exchanges nothing is communicated; a step whose
+gradients hold inf or NaN on this rank (skip_nonfinite) is skipped here alone and still
+counted, so every rank stays on the schedule.
+"""
+import atexit
+import ctypes
+import weakref
+
+import torch
+
+from .. import _lib
+from .._lib import lib
+from . import _runtime as rt
+from ._wrapped import WrappedOptimizer
+
+_PRESETS = {"diloco": 0, "streaming": 1, "localsgd": 2, "slowmo": 3, "bmuf": 4}
+_OUTER = {"nesterov": 0, "heavy_ball": 1}
+_COMBINE = {"average": 0, "adasum": 1, "acga": 2}
+_QUANTIZE = {"none": 0, "fp32": 0, "bf16": 1, "fp8": 2, "e4m3": 2, "fp8_e4m3": 2, "e3m0": 3,
+             "fp4": 3}
+_INVALID_ARGUMENT = 1
+
+_APPLY, _START = 1, 2
+
+# Objects whose exchange may still be in flight when the process ends: they are destroyed
+# (which waits for it) before sumo.torch's own exit handler destroys the communicator under
+# them (atexit runs the handler registered last first, and this one registers after init()).
+_live = weakref.WeakSet()
+_exit_hook = [False]
+
+
+def _close_all():
+    for d in list(_live):
+        d.close()
+
+
+def _choice(table, value, what):
+    key = "none" if value is False else str(value).lower()
+    if key not in table:
+        raise ValueError("sumo.DiLoCo: %s must be one of %s, not %r"
+                         % (what, ", ".join(sorted(table)), value))
+    return table[key]
+
+
+class DiLoCo(WrappedOptimizer):
+    """DiLoCo around `optimizer` (the inner optimizer, any torch optimizer). Options left None
+    take the preset's value (the C library's sumo_diloco_options_preset): "diloco" (H 500,
+    Nesterov outer_lr 0.7, momentum 0.9), "streaming" (that with 4 fragments, delay 1,
+    merge_alpha 0.5 and e3m0 in blocks of 128), "localsgd", "slowmo", "bmuf".
+
+    fragments: an int F (contiguous runs of whole tensors in the optimizer's parameter order,
+    which is the model's for model.parameters()), or a list of F groups, each an nn.Module, a
+    parameter or a list of parameters, covering every parameter once (the paper's strided
+    split: [layers[i::F] ...]). quantize: "none", "bf16", "e4m3" (fp8) or "e3m0" (4-bit).
+    combine: "average", "adasum" (per tensor) or "acga" (over the fragment, rescaled to the
+    mean change's norm)."""
+
+    def __init__(self, optimizer, sync_every=None, *, fragments=None, delay=None,
+                 merge_alpha=None, outer=None, outer_lr=None, outer_momentum=None, combine=None,
+                 quantize=None, block_size=None, skip_nonfinite=True, preset="diloco"):
+        rt.require_init()
+        self._opt = optimizer
+        self._handle = ctypes.c_void_p()
+        try:
+            o, self._params, fragment_of = self._options(
+                preset, sync_every, fragments, delay, merge_alpha, outer, outer_lr,
+                outer_momentum, combine, quantize, block_size)
+        except (TypeError, ValueError) as e:
+            rt.fail_together(e)  # the peers are heading into create: they fail now too
+        self.skip_nonfinite = bool(skip_nonfinite)
+        self.sync_every, self.fragments, self.delay = o.sync_every, o.fragments, o.delay
+        self.merge_alpha, self.outer_lr, self.outer_momentum = o.merge_alpha, o.lr, o.momentum
+        self.outer = [k for k, v in _OUTER.items() if v == o.outer][0]
+        self.steps = 0    # local steps taken (skipped ones not counted)
+        self.skipped = 0
+        self.dtype = self._params[0].dtype
+        counts = [p.numel() for p in self._params]
+        self._offsets = [0]
+        for c in counts:
+            self._offsets.append(self._offsets[-1] + c)
+        n = self._offsets[-1]
+        self._flat = torch.zeros(n, dtype=self.dtype)
+        dt = rt.tensor_args(self._flat, "the parameters")[2]
+        layout = (ctypes.c_size_t * len(counts))(*counts)
+        if fragment_of is not None:
+            self._fragment_of = (ctypes.c_int * len(fragment_of))(*fragment_of)
+            o.fragment_of = ctypes.cast(self._fragment_of, ctypes.POINTER(ctypes.c_int))
+        rt.sync()
+        code = lib.sumo_diloco_create(rt.state.comm, layout, len(counts), n, dt,
+                                      ctypes.byref(o), ctypes.byref(self._handle))
+        if code == _INVALID_ARGUMENT:
+            # The library checks the options (every rank fails alike); its reason says which.
+            why = ctypes.c_char_p()
+            lib.sumo_comm_error_message(rt.state.comm, ctypes.byref(why))
+            raise ValueError("sumo.DiLoCo: %s" % (why.value.decode(errors="replace")
+                                                  if why.value else "invalid options"))
+        rt.raise_for(code, "sumo_diloco_create (every rank needs the same model and options)")
+        self._frag_tensors = [self._tensors_of(f) for f in range(self.fragments)]
+        self._anchored = False
+        _live.add(self)
+        if not _exit_hook[0]:
+            atexit.register(_close_all)
+            _exit_hook[0] = True
+
+    def _options(self, preset, sync_every, fragments, delay, merge_alpha, outer, outer_lr,
+                 outer_momentum, combine, quantize, block_size):
+        o = _lib.DiLoCoOptions()
+        rt.raise_for(lib.sumo_diloco_options_preset(_choice(_PRESETS, preset, "preset"),
+                                                    ctypes.byref(o)))
+        params = []
+        for gi, g in enumerate(self._opt.param_groups):
+            for pi, p in enumerate(g["params"]):
+                name = "param_groups[%d].params[%d]" % (gi, pi)
+                if not isinstance(p, torch.Tensor):
+                    raise TypeError("sumo.DiLoCo: %s is not a tensor" % name)
+                if p.device.type != "cpu":
+                    raise ValueError("sumo.DiLoCo: %s is on %s; this build of sumo works on CPU "
+                                     "tensors only" % (name, p.device))
+                if p.dtype not in (torch.float32, torch.float64):
+                    raise TypeError("sumo.DiLoCo: parameters must be float32 or float64 (%s is "
+                                    "%s)" % (name, p.dtype))
+                if params and p.dtype != params[0].dtype:
+                    raise TypeError("sumo.DiLoCo: the parameters mix %s and %s (%s); the outer "
+                                    "loop runs on one dtype" % (params[0].dtype, p.dtype, name))
+                params.append(p)
+        if not params:
+            raise ValueError("sumo.DiLoCo: the optimizer has no parameters")
+        fragment_of = None
+        if fragments is not None and not isinstance(fragments, int):
+            fragment_of = self._split(params, fragments)
+            o.fragments = max(fragment_of) + 1
+        elif fragments is not None:
+            o.fragments = fragments
+        if sync_every is not None:
+            o.sync_every = int(sync_every)
+        if delay is not None:
+            o.delay = int(delay)
+        if merge_alpha is not None:
+            o.merge_alpha = float(merge_alpha)
+        if outer is not None:
+            o.outer = _choice(_OUTER, outer, "outer")
+        if outer_lr is not None:
+            o.lr = float(outer_lr)
+        if outer_momentum is not None:
+            o.momentum = float(outer_momentum)
+        if combine is not None:
+            o.combine = _choice(_COMBINE, combine, "combine")
+        if quantize is not None:
+            o.compression = _choice(_QUANTIZE, quantize, "quantize")
+        if block_size is not None:
+            o.block_size = int(block_size)
+        return o, params, fragment_of
+
+    @staticmethod
+    def _split(params, groups):
+        """fragment_of per tensor from the caller's groups."""
+        index = {id(p): i for i, p in enumerate(params)}
+        fragment_of = [-1] * len(params)
+        groups = list(groups)
+        for f, g in enumerate(groups):
+            members = []
+            for m in ([g] if isinstance(g, (torch.nn.Module, torch.Tensor)) else g):
+                if isinstance(m, torch.nn.Module):
+                    members.extend(m.parameters())
+                elif isinstance(m, torch.Tensor):
+                    members.append(m)
+                else:
+                    raise TypeError("sumo.DiLoCo: fragment %d holds a %s; a fragment is a "
+                                    "module, a parameter or a list of them"
+                                    % (f, type(m).__name__))
+            if not members:
+                raise ValueError("sumo.DiLoCo: fragment %d has no parameters" % f)
+            for p in members:
+                i = index.get(id(p))
+                if i is None:
+                    raise ValueError("sumo.DiLoCo: fragment %d holds a parameter the optimizer "
+                                     "does not" % f)
+                if fragment_of[i] >= 0:
+                    raise ValueError("sumo.DiLoCo: parameter %d is in fragments %d and %d"
+                                     % (i, fragment_of[i], f))
+                fragment_of[i] = f
+        missing = [i for i, f in enumerate(fragment_of) if f < 0]
+        if missing:
+            raise ValueError("sumo.DiLoCo: parameters %s of the optimizer are in no fragment"
+                             % missing[:8])
+        return fragment_of
+
+    def _tensors_of(self, f):
+        """The tensors of fragment f, from the library's runs (it chose the split)."""
+        count, nruns = ctypes.c_size_t(), ctypes.c_size_t()
+        rt.raise_for(lib.sumo_diloco_fragment(self._handle, f, ctypes.byref(count),
+                                              ctypes.byref(nruns)))
+        offs = (ctypes.c_size_t * nruns.value)()
+        lens = (ctypes.c_size_t * nruns.value)()
+        rt.raise_for(lib.sumo_diloco_fragment_runs(self._handle, f, offs, lens, nruns.value))
+        out = []
+        for off, length in zip(offs, lens):
+            out.extend(t for t in range(len(self._params))
+                       if off <= self._offsets[t] < off + length)
+        return out
+
+    def close(self):
+        """Frees the C object (waiting for an exchange in flight); the wrapper is then unusable."""
+        if self._handle:
+            lib.sumo_diloco_destroy(self._handle)
+            self._handle = ctypes.c_void_p()
+        _live.discard(self)
+
+    def __del__(self):
+        if getattr(self, "_handle", None):
+            self.close()
+
+    # -- moving parameters ---------------------------------------------------------------------
+    def _gather(self, tensors):
+        for t in tensors:
+            a, b = self._offsets[t], self._offsets[t + 1]
+            self._flat[a:b].copy_(self._params[t].detach().reshape(-1))
+
+    def _scatter(self, tensors):
+        for t in tensors:
+            a, b = self._offsets[t], self._offsets[t + 1]
+            p = self._params[t]
+            p.detach().copy_(self._flat[a:b].view_as(p))
+
+    def _ptr(self):
+        return ctypes.c_void_p(self._flat.data_ptr())
+
+    # -- the step ------------------------------------------------------------------------------
+    def _due(self):
+        what, applied, started = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+        rt.raise_for(lib.sumo_diloco_due(self._handle, ctypes.byref(what), ctypes.byref(applied),
+                                         ctypes.byref(started)))
+        return what.value, applied.value, started.value
+
+    def _inner_rate(self, started):
+        """The rate handed to the library: the heavy-ball outer step divides by it where an
+        exchange starts, so the groups must agree on one there; Nesterov does not read it."""
+        rates = {float(g["lr"]) for g in self._opt.param_groups}
+        if self.outer != "heavy_ball":
+            return 0.0
+        if started >= 0:
+            if len(rates) != 1:
+                rt.fail_together(ValueError(
+                    "sumo.DiLoCo: the heavy-ball outer step takes one inner lr, the parameter "
+                    "groups have %s" % sorted(rates)))
+            lr = rates.pop()
+            if not lr > 0:
+                rt.fail_together(ValueError(
+                    "sumo.DiLoCo: an exchange starts at lr %r; the heavy-ball outer step "
+                    "divides by the rate" % lr))
+            return lr
+        return max(0.0, min(rates))
+
+    def _finite_locally(self):
+        """Whether this rank's gradients are finite: no collective (the schedule, not an
+        agreement, keeps the ranks together). A float64 sum of each gradient is finite exactly
+        when every element is (an inf or NaN makes it inf or NaN; float32 values cannot
+        overflow it), and costs one read instead of a mask per tensor: isfinite per tensor took
+        about half as long as an AdamW step on a small model. Float64 gradients could
+        overflow it; only then is each element checked."""
+        grads = [p.grad for g in self._opt.param_groups for p in g["params"]
+                 if p.grad is not None]
+        if not grads:
+            return True
+        total = torch.stack([t.sum(dtype=torch.float64) for t in grads]).sum()
+        if bool(torch.isfinite(total)):
+            return True
+        return all(bool(torch.isfinite(t).all()) for t in grads)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One local step, then the exchange or outer step due at its end. Returns the
+        closure's loss; a step skipped for non-finite gradients sets self.last_skipped."""
+        if not self._handle:
+            raise RuntimeError("sumo.DiLoCo: step() after close()")
+        what, applied, started = self._due()
+        lr = self._inner_rate(started)
+        if not self._anchored:
+            self._gather(range(len(self._params)))
+            rt.raise_for(lib.sumo_diloco_begin(self._handle, self._ptr()), "DiLoCo anchors")
+            self._anchored = True
+        self.last_skipped = self.skip_nonfinite and not self._finite_locally()
+        loss = None
+        if self.last_skipped:
+            self.skipped += 1
+        else:
+            loss = self._opt.step(closure)
+            self.steps += 1
+        moved = sorted(set((self._frag_tensors[applied] if what & _APPLY else []) +
+                           (self._frag_tensors[started] if what & _START else [])))
+        if what:
+            self._gather(moved)
+            rt.sync()  # the exchange is ordered after collectives already queued
+        rt.raise_for(lib.sumo_diloco_end(self._handle, self._ptr(), ctypes.c_double(lr), None),
+                     "DiLoCo step %d%s%s" % (
+                         self.steps + self.skipped,
+                         ", outer step of fragment %d" % applied if what & _APPLY else "",
+                         ", exchange of fragment %d" % started if what & _START else ""))
+        if what & _APPLY:
+            self._scatter(self._frag_tensors[applied])
+        return loss
+
+    # -- what it cost, and whether the replicas agree ------------------------------------------
+    def stats(self):
+        """Exchanges so far: {"rounds": ..., "bytes": ...} (payload bytes this rank sent)."""
+        s = _lib.CommStats()
+        rt.raise_for(lib.sumo_diloco_stats(self._handle, ctypes.byref(s)))
+        return {"rounds": s.rounds, "bytes": s.bytes}
+
+    def extra_memory(self):
+        """Bytes the outer loop keeps beyond the parameters (anchors, momenta, the exchange
+        buffer), plus this wrapper's flat copy of the parameters."""
+        b = ctypes.c_size_t()
+        rt.raise_for(lib.sumo_diloco_extra_memory(self._handle, ctypes.byref(b)))
+        return b.value + self._flat.numel() * self._flat.element_size()
+
+    @property
+    def synchronized(self):
+        """Whether every rank holds the same parameters after the last step."""
+        s = ctypes.c_int()
+        rt.raise_for(lib.sumo_diloco_synchronized(self._handle, ctypes.byref(s)))
+        return bool(s.value)
+
+    # -- state ---------------------------------------------------------------------------------
+    def state_dict(self):
+        """The inner optimizer's state and the outer loop's (anchors, momenta, the position in
+        the fragment schedule, an exchange in flight: saving waits for it and keeps its
+        result, which the resumed run applies at the same step)."""
+        n = ctypes.c_size_t()
+        rt.raise_for(lib.sumo_diloco_state_size(self._handle, ctypes.byref(n)))
+        buf = ctypes.create_string_buffer(n.value)
+        rt.raise_for(lib.sumo_diloco_state_save(self._handle, buf, n.value), "DiLoCo state")
+        return {"optimizer": self._opt.state_dict(),
+                "diloco": {"state": buf.raw, "steps": self.steps, "skipped": self.skipped}}
+
+    def load_state_dict(self, state_dict):
+        s = state_dict.get("diloco")
+        if not isinstance(s, dict) or "state" not in s:
+            raise ValueError("sumo.DiLoCo: not a DiLoCo state_dict (no 'diloco' entry)")
+        blob = s["state"]
+        buf = ctypes.create_string_buffer(blob, len(blob))
+        rt.raise_for(lib.sumo_diloco_state_load(self._handle, buf, len(blob)),
+                     "DiLoCo state (saved with another model, fragments, sync_every, delay, "
+                     "combine, quantize or dtype?)")
+        self._opt.load_state_dict(state_dict["optimizer"])
+        self.steps, self.skipped = int(s["steps"]), int(s["skipped"])
+        # begin() takes the anchors unless the state holds them: one gather decides nothing.
+        self._anchored = False
+
+
+class StreamingDiLoCo(DiLoCo):
+    """Streaming DiLoCo: DiLoCo with the "streaming" preset (4 fragments, delay 1, merge_alpha
+    0.5, e3m0 outer gradients in blocks of 128), each option overridable as in DiLoCo."""
+
+    def __init__(self, optimizer, sync_every=None, **kw):
+        kw.setdefault("preset", "streaming")
+        super().__init__(optimizer, sync_every, **kw)
