@@ -160,6 +160,7 @@ typedef struct rank_state {
     char config[2048];      /* config_text of cfg */
     double t0, elapsed_before; /* wall clock; elapsed_before carries over a resume */
     sumo_comm_stats comm_before; /* communication counted before a resume */
+    uint64_t peak_step_bytes;    /* the most bytes one step put on the wire (resumes keep it) */
     sumo__train_summary *summary;
     char *err;
     size_t errlen;
@@ -471,6 +472,7 @@ typedef struct train_counters {
     int64_t loss_count;
     double elapsed;
     sumo_comm_stats comm;      /* communication before the checkpoint, carried over */
+    uint64_t peak_step_bytes;
     double best_accuracy;
     int64_t steps_to_target;
     double epochs_to_target;
@@ -507,6 +509,7 @@ static sumo_result save_checkpoint(rank_state *s)
     train_counters tc = {.step = s->step, .loss_sum = s->loss_sum, .loss_count = s->loss_count,
                          .elapsed = s->elapsed_before + now_s() - s->t0,
                          .comm = comm_so_far(s),
+                         .peak_step_bytes = s->peak_step_bytes,
                          .best_accuracy = s->summary->best_accuracy,
                          .steps_to_target = s->summary->steps_to_target,
                          .epochs_to_target = s->summary->epochs_to_target};
@@ -582,6 +585,7 @@ static sumo_result load_checkpoint(rank_state *s)
     s->loss_count = tc.loss_count;
     s->elapsed_before = tc.elapsed;
     s->comm_before = tc.comm;
+    s->peak_step_bytes = tc.peak_step_bytes;
     s->summary->best_accuracy = tc.best_accuracy;
     s->summary->steps_to_target = tc.steps_to_target;
     s->summary->epochs_to_target = tc.epochs_to_target;
@@ -729,8 +733,13 @@ sumo_result sumo__train_rank(sumo_comm *comm, const sumo__train_config *cfg,
         sumo__model_forward_backward(s.model, s.xbatch, s.ybatch, (size_t)cfg->batch, &loss);
         double lr = 0, t2 = now_s();
         sumo_lr_at(&s.sched, (uint64_t)s.step, &lr);
+        uint64_t sent = method_stats(&s).bytes;
         r = method_step(&s, params, grads, lr);
         double t3 = now_s();
+        /* The stats count an exchange when it starts, so this step's share is the payload it
+         * started. */
+        sent = method_stats(&s).bytes - sent;
+        if (sent > s.peak_step_bytes) s.peak_step_bytes = sent;
         compute += t2 - t1;
         aggregate += t3 - t2;
         s.loss_sum += loss;
@@ -785,6 +794,7 @@ sumo_result sumo__train_rank(sumo_comm *comm, const sumo__train_config *cfg,
     summary->aggregation_seconds = aggregate;
     summary->nparams = s.nparams;
     summary->comm = comm_so_far(&s);
+    summary->peak_bytes_in_flight = s.peak_step_bytes;
     summary->extra_memory_bytes = method_extra_memory(&s);
     summary->param_checksum = checksum(params, s.nparams);
     teardown(&s);

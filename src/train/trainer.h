@@ -106,6 +106,13 @@ typedef struct sumo__train_summary {
     double aggregation_seconds;  /* time inside sumo_distributed_step (rank 0) */
     double compute_seconds;      /* time in forward/backward (rank 0) */
     sumo_comm_stats comm;
+    /* The most payload bytes (as comm counts them) that one step started. Each method here
+     * has at most one exchange on the wire at a time (DDP's allreduce completes inside its
+     * step; a DiLoCo fragment's exchange is applied, delay <= H / F steps on, before the next
+     * one starts), so this is the peak in flight; where one step runs several blocking
+     * collectives in turn (SlowMo averaging its buffers after the model) it adds them: an
+     * upper bound. */
+    uint64_t peak_bytes_in_flight;
     size_t extra_memory_bytes;
     size_t nparams;
     uint64_t param_checksum;     /* FNV-1a of the final parameters' bits */

@@ -266,6 +266,28 @@ else fail "streaming-diloco resume ($(checksum "$tmp/s2.out") vs $S)"; tail -3 "
 [ $? -ne 0 ] && grep -q -- "--delay" "$tmp/s3.out" && ok "resume with another --delay refused, naming it" \
   || { fail "resume with another --delay"; tail -3 "$tmp/s3.out"; }
 
+# Bytes per step and peak bytes in flight against a hand count. The MLP 784-128-10 has
+# tensors of 100352, 128, 1280 and 10 elements (101770); 2 workers x 32 over 4000 items is 62
+# steps. DDP: 101770 x 4 = 407080 bytes every step. DiLoCo, H 8, fp32: the whole model at
+# steps 8, 16, ..., 56, 7 x 407080 / 62 = 45960.6 a step, 407080 at once. Streaming, F 2,
+# E3M0 in blocks of 128 (a 4-byte scale and 64 bytes of codes, a short block padded):
+# fragment 0 closes at the first tensor boundary reaching ceil(101770 / 2), so it is the first
+# weight, 100352 elements = 784 blocks = 53312 bytes, synced at 4, 12, ..., 60 (8 times);
+# fragment 1 is the other 1418 elements = 12 blocks = 816 bytes, at 8, ..., 56 (7 times):
+# (8 x 53312 + 7 x 816) / 62 = 6971.1 a step, 53312 at most in flight.
+bytes=(--workers 2 --epochs 1 --batch 32 --train-limit 4000 --test-limit 200 --no-progress --sync-every 8)
+rm -f "$tmp/bytes.csv"
+"$sumo" train "${bytes[@]}" --reduce avg --summary "$tmp/bytes.csv" > /dev/null 2>&1
+"$sumo" train "${bytes[@]}" --reduce diloco --summary "$tmp/bytes.csv" > /dev/null 2>&1
+"$sumo" train "${bytes[@]}" --reduce streaming-diloco --fragments 2 --delay 1 --quantize e3m0 \
+  --quantize-block 128 --summary "$tmp/bytes.csv" > "$tmp/bytes.out" 2>&1
+got=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
+  { printf "%s %s %s %s;", $c["method"], $c["steps"], $c["bytes_per_step"], $c["peak_bytes_in_flight"] }' "$tmp/bytes.csv")
+[ "$got" = "avg 62 407080.0 407080;diloco 62 45960.6 407080;streaming-diloco 62 6971.1 53312;" ] \
+  && grep -q "^streaming-diloco: .*, 6971.1 bytes sent per step, at most 53312 in flight$" "$tmp/bytes.out" \
+  && ok "bytes per step and peak bytes in flight: DDP, DiLoCo H 8, Streaming F 2 E3M0 as counted by hand" \
+  || fail "bytes per step and peak in flight: $got; $(grep '^streaming-diloco:' "$tmp/bytes.out")"
+
 for m in adasum adasum-delta acga slowmo localsgd bmuf diloco streaming-diloco; do
   "$sumo" train "${common[@]}" --workers 3 --epochs 1 --reduce $m --sync-every 8 --verify-ranks > "$tmp/$m.out" 2>&1 \
     && grep -q "^$m " "$tmp/$m.out" && ok "--reduce $m runs, ranks agree after every synchronised step" \

@@ -486,7 +486,8 @@ static FILE *open_summary(const char *path)
     }
     if (fresh)
         fprintf(f, "method,workers,batch,total_batch,optimizer,peak_lr,final_accuracy,best_accuracy,"
-                   "steps_to_target,epochs_to_target,steps,rounds,bytes,diverged,wall_s,"
+                   "steps_to_target,epochs_to_target,steps,rounds,bytes,bytes_per_step,"
+                   "peak_bytes_in_flight,diverged,wall_s,"
                    "aggregation_s,compute_s,extra_memory_bytes,params,fnv1a,blas_core,kernel_isa\n");
     if (fflush(f) != 0) {
         fprintf(stderr, "sumo train: %s: cannot write the summary file: %s\n", path, strerror(errno));
@@ -505,13 +506,15 @@ static int write_summaries(FILE *f, const char *path, const char (*labels)[64],
         const sumo__train_config *c = &configs[k];
         /* One worker exchanges nothing (its calls are counted all the same). */
         bool alone = c->workers == 1;
-        fprintf(f, "%s,%d,%d,%d,%s,%.6g,%.4f,%.4f,%ld,%.3f,%ld,%llu,%llu,%d,%.2f,%.3f,%.3f,%zu,%zu,%016llx,%s,%s\n",
+        fprintf(f, "%s,%d,%d,%d,%s,%.6g,%.4f,%.4f,%ld,%.3f,%ld,%llu,%llu,%.1f,%llu,%d,%.2f,%.3f,%.3f,%zu,%zu,"
+                   "%016llx,%s,%s\n",
                 labels[k], c->workers, c->batch, c->workers * c->batch,
                 sumo_optimizer_kind_name(c->optim.kind), c->lr * c->lr_scale, s->final_accuracy,
                 s->best_accuracy, s->steps_to_target, s->steps_to_target >= 0 ? s->epochs_to_target : -1.0,
                 s->steps, alone ? 0ull : (unsigned long long)s->comm.rounds,
                 alone ? 0ull : (unsigned long long)s->comm.bytes,
-                s->diverged, s->wall_seconds, s->aggregation_seconds, s->compute_seconds,
+                alone || s->steps < 1 ? 0.0 : (double)s->comm.bytes / (double)s->steps,
+                alone ? 0ull : (unsigned long long)s->peak_bytes_in_flight, s->diverged, s->wall_seconds, s->aggregation_seconds, s->compute_seconds,
                 s->extra_memory_bytes, s->nparams, (unsigned long long)s->param_checksum,
                 sumo_tool_blas_core(), sumo_tool_kernel_isa());
     }
@@ -744,10 +747,16 @@ int sumo_cmd_train(int argc, char **argv)
         print_table(&o, configs, summaries);
         for (int k = 0; k < o.nmethods; k++)
             note_unsynchronised_end(o.labels[k], &configs[k], summaries[k].steps);
-        for (int k = 0; k < o.nmethods; k++)
-            printf("%s: %zu parameters, fnv1a %016llx, extra memory %zu bytes\n",
-                   o.labels[k], summaries[k].nparams,
-                   (unsigned long long)summaries[k].param_checksum, summaries[k].extra_memory_bytes);
+        for (int k = 0; k < o.nmethods; k++) {
+            printf("%s: %zu parameters, fnv1a %016llx, extra memory %zu bytes", o.labels[k],
+                   summaries[k].nparams, (unsigned long long)summaries[k].param_checksum,
+                   summaries[k].extra_memory_bytes);
+            const sumo__train_summary *s = &summaries[k];
+            if (configs[k].workers > 1 && s->steps > 0)
+                printf(", %.1f bytes sent per step, at most %llu in flight", (double)s->comm.bytes / (double)s->steps,
+                       (unsigned long long)s->peak_bytes_in_flight);
+            printf("\n");
+        }
         /* The hashes hold for machines that agree on these (machine.h says why). */
         printf("bits depend on the code, the flags and: OpenBLAS core %s, sumo kernels %s\n",
                sumo_tool_blas_core(), sumo_tool_kernel_isa());
