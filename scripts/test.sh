@@ -37,10 +37,10 @@ step make -j"$jobs" SAN=asan test-unit
 step make -j"$jobs" SAN=tsan test-threads
 step ./build/sumo bench --quick
 # The experiments' small versions: each checks its table and plot are produced and well formed.
-for e in e1 e2 e3; do step ./scripts/experiment $e --quick; done
+for e in e1 e2 e3 e4; do step ./scripts/experiment $e --quick; done
 # The scripts: deps.sh's SUMO_NO_PYTHON switch, check-recorded's verdicts, experiment's refusals.
 step tests/cli/test_scripts.sh
-# A recorded E1 and E2 row per method, re-run: a change of training bits needs new results.
+# A recorded E1, E2 and E4 row per method, re-run: a change of training bits needs new results.
 step ./scripts/check-recorded
 
 echo "=== tests finished in $(( $(date +%s) - start )) s"

@@ -1,8 +1,8 @@
 """sumo.torch.DiLoCo next to torchft's DiLoCo (torchft.local_sgd.DiLoCo) on the same model,
 data and options: two replicas on CPU, each a process of its own (torchrun --nproc_per_node 2),
 every replica's parameters compared after a few outer steps, and the time per outer step of
-each printed side by side. Not a pytest test: it needs torchft, which sumo's test environments
-do not install (docs/torch.md says how to run it).
+each printed side by side. Not a pytest test: it needs two processes and torchft, which
+scripts/torch-venv.sh adds to the torch 2.x environment; tests/python/run.sh runs it.
 
 The configurations compared are the ones whose schedules coincide: torchft starts a fragment's
 exchange `fragment_sync_delay` steps before its slot and sumo at its slot, so only delay 0

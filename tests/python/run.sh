@@ -161,14 +161,23 @@ for py in "${pythons[@]}"; do
 done
 
 # torchft's DiLoCo next to sumo's on the same model and data (tests/python/diloco_torchft.py),
-# where build/torchft-venv holds torchft over the torch 2.x above: nothing here makes it
-# (docs/torch.md says how), so without it the comparison is reported as skipped.
-ft=build/torchft-venv/bin/python
-if [ "$skip" != venv ] && [ -z "${SUMO_PYTHON:-}" ] && [ -x "$ft" ] && "$ft" -c "import torchft" 2> /dev/null; then
+# in build/torch-venv, where scripts/torch-venv.sh adds torchft when its torch is new enough.
+if [ "$skip" = venv ] || [ -n "${SUMO_PYTHON:-}" ]; then
+  summary+=("torchft comparison: skipped (${SUMO_PYTHON:+SUMO_PYTHON=$SUMO_PYTHON}${SUMO_PYTHON:-SUMO_SKIP_TORCH=venv})")
+elif [ -z "${venv_py:-}" ]; then
+  summary+=("torchft comparison: FAILED, no torch 2.x environment"); status=1
+elif ! "$venv_py" -c "import torchft" 2> /dev/null; then
+  if "$venv_py" -c "import sys, torch; sys.exit(0 if tuple(int(x) for x in torch.__version__.split('+')[0].split('.')[:2]) < (2, 7) else 1)"; then
+    summary+=("torchft comparison: skipped (torchft 0.2.0 needs torch >= 2.7; SUMO_TORCH_SPEC asked for an older one)")
+  else
+    echo "FAIL - torchft does not import in $venv_py (scripts/torch-venv.sh installs it)"
+    summary+=("torchft comparison: FAILED, torchft does not import"); status=1
+  fi
+else
   for options in "--F 1" "--F 2 --merge 0.5"; do
     echo "=== sumo.torch.DiLoCo against torchft's DiLoCo, $options (torchrun, 2 replicas)"
     # shellcheck disable=SC2086
-    job 300 "$ft" -m torch.distributed.run --standalone --nproc_per_node 2 tests/python/diloco_torchft.py $options
+    job 300 "$venv_py" -m torch.distributed.run --standalone --nproc_per_node 2 tests/python/diloco_torchft.py $options
     grep -E "^(torch [0-9]|max \||per outer step|  (sumo|torchft|local)|sumo's exchanges|PASS|FAIL)" <<< "$out"
     if [ "$rc" -ne 0 ]; then
       tail -20 <<< "$out"; summary+=("torchft comparison, $options: FAILED (exit $rc)"); status=1
@@ -176,8 +185,6 @@ if [ "$skip" != venv ] && [ -z "${SUMO_PYTHON:-}" ] && [ -x "$ft" ] && "$ft" -c 
       summary+=("torchft comparison, $options: passed in ${took} s")
     fi
   done
-else
-  summary+=("torchft comparison: skipped (no build/torchft-venv with torchft)")
 fi
 
 echo "=== python tests:"
