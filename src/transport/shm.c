@@ -43,14 +43,25 @@ uint32_t sumo__shm_default_spin_limit(int ranks_sharing_cores)
 {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (cores < 1) cores = 1;
-    /* Spinning only helps when the peer we wait for is running on another core, and even with
-     * no more ranks than cores nothing promises that: ranks nobody pinned (torchrun's, threads)
-     * land on one core often enough, and a long spin then burns the slice the peer needs. A
-     * short spin and then yields, which cost nothing when the peer does run elsewhere, serve
-     * both: on 2 cores, 16 MiB sum at P 2, unpinned, 49 ms median with 20000 spins (as with both
-     * ranks on one core) against 8.6 ms with 200 (pinned: 8.8 ms either way), and no slower
-     * pinned from 4 KiB to 1 MiB (bench/shm_allreduce, medians of 5 runs). */
-    return ranks_sharing_cores <= cores ? 200 : 50;
+    /* More ranks than cores: a spinning rank always keeps a peer off a core. Otherwise the
+     * first wait decides (spin_for_caller), from the thread that waits. */
+    return ranks_sharing_cores <= cores ? 0 : 50;
+}
+
+/* Spinning pays only while the peer we wait for runs on another core. A thread bound to one
+ * core (mpirun's binding, sumo's pinned workers) has its peers elsewhere, and there a short spin
+ * loses: with another busy process on a core, each early yield hands that process a whole
+ * slice. A thread free to move (torchrun's ranks, a progress thread nobody pinned) may share a
+ * core with the peer, and there a long spin burns the slice the peer needs. Measured on 2 cores
+ * with one busy process beside, P 2, sum, three runs each (sumo bench, bench/shm_allreduce):
+ * bound, 1 MiB: 4.07, 3.98 and 0.06 ms spinning 200, 0.04 to 0.05 ms spinning 20000; free,
+ * 16 MiB: 6.4 to 8.3 ms spinning 200, 10.3 to 42.9 ms spinning 20000 (1 MiB: 0.26 to 0.30
+ * against 0.29 to 2.9 ms). With nothing else running the count made no difference. */
+static uint32_t spin_for_caller(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) == 1) return 20000;
+    return 200;
 }
 
 static long futex_wait(_Atomic uint32_t *word, uint32_t value, int64_t timeout_ns)
@@ -114,6 +125,8 @@ sumo_result sumo__shm_wait_change(sumo__transport *tp, sumo__shm *shm, _Atomic u
                                   uint32_t value, int peer, int64_t deadline_ns, const char *what)
 {
     sumo__shm_ctl *ctl = shm->ctl;
+    /* One rank's waits never run at once (its handle orders its calls), so this is no race. */
+    if (shm->spin_limit == 0) shm->spin_limit = spin_for_caller();
     for (uint32_t spin = 0; spin < shm->spin_limit; spin++) {
         if (atomic_load_explicit(word, memory_order_acquire) != value) return SUMO_SUCCESS;
         cpu_relax();

@@ -45,7 +45,8 @@ typedef struct sumo__shm {
     /* Processes: stage[r] is rank r's staging area (stage_bytes), mapped in this process. */
     unsigned char **stage;
     size_t stage_bytes;
-    /* Spins before sleeping: short when the ranks outnumber the cores. */
+    /* Spins before sleeping: short when the ranks outnumber the cores; 0 until the first wait
+     * sets it from the waiting thread's binding (shm.c). */
     uint32_t spin_limit;
     /* Announcements this rank made: picks the payload slot (every rank counts alike). */
     uint32_t announces;
