@@ -8,6 +8,8 @@ parameters) and each method, every rank trains on random MNIST-shaped batches; r
 per method the median step time, samples/s and the median time inside communication per
 step (the union of the buckets' intervals from the hook's call to its Future's completion,
 or the optimizer's collectives; overlapping buckets count once). Methods:
+  none           (--interleaved only) DDP with a hook that reduces nothing: the step without
+                 communication, which the other rows' "added ms" are measured against
   gloo           DDP's built-in reducer (gloo allreduce), step time only (no hook to time)
   gloo hook      DDP with torch's own allreduce_hook on gloo, timed like sumo's hooks
   sumo avg       sumo.torch.average_hook

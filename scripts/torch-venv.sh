@@ -28,9 +28,10 @@ if ! { [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$venv/bin/python" 
   "$base" -m venv "$venv" >&2
   "$venv/bin/python" -m pip install -q --upgrade pip >&2
   "$venv/bin/python" -m pip install -q "$spec" pytest >&2
-  "$venv/bin/python" -c "import torch, pytest" >&2
+  # -W: the wheel warns at import that numpy is missing, which sumo does not need.
+  "$venv/bin/python" -W "ignore:Failed to initialize NumPy" -c "import torch, pytest" >&2
   echo "$want" > "$stamp"
-  echo "torch-venv: $("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)') in $(( $(date +%s) - start )) s" >&2
+  echo "torch-venv: $("$venv/bin/python" -W "ignore:Failed to initialize NumPy" -c 'import torch; print("torch", torch.__version__)') in $(( $(date +%s) - start )) s" >&2
 fi
 
 # torchft, for tests/python/diloco_torchft.py (sumo's DiLoCo beside torchft's): added to an
