@@ -178,7 +178,7 @@ $(BUILD)/tests/mpi/%: tests/mpi/%.c tests/mpi/check.h $(TEST_SUPPORT) $(LIBSUMO_
 	$(MPICC) $(CPPFLAGS) -Itests $(CFLAGS) $< $(TEST_SUPPORT) $(LIBSUMO_TRAIN) $(LIBSUMO_MPI) $(LIBSUMO) $(LDFLAGS) $(TRAIN_LIBS) $(LDLIBS) -o $@
 
 # The C sides of the Python binding's parity tests (tests/python).
-$(BUILD)/tests/%_driver: tests/python/%_driver.c $(LIBSUMO)
+$(BUILD)/tests/%_driver: tests/python/%_driver.c tests/python/driver_io.h $(LIBSUMO)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $< $(LIBSUMO) $(LDFLAGS) $(LDLIBS) -o $@
 

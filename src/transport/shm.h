@@ -11,6 +11,8 @@
 #include "transport/transport.h"
 
 #include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
 
 /* One rank's slots for announcements (the collectives' agreement records), a cache line each.
  * Announcement g uses payload[g % 2]: a rank can only write announcement g + 2 after every
@@ -57,6 +59,14 @@ typedef struct sumo__shm {
     int (*watch)(struct sumo__shm *shm, int peer, char *why, size_t why_bytes);
     void *watch_ctx;
 } sumo__shm;
+
+/* Whether [address, address + bytes) lies inside a region of len bytes at lo, written so that no
+ * sum can overflow: the mapped-memory lookups of the MPI and shm transports share it. */
+static inline bool sumo__shm_range_inside(uint64_t lo, uint64_t len, uint64_t address,
+                                          uint64_t bytes)
+{
+    return address >= lo && address - lo <= len && bytes <= len - (address - lo);
+}
 
 size_t sumo__shm_ctl_bytes(int size);
 /* Initialises a zeroed control block for size ranks (done by one rank before the others use it). */

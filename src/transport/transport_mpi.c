@@ -306,9 +306,7 @@ static const shared_region *region_of(const mpi_transport *t, int rank, uint64_t
 {
     for (const shared_region *g = t->regions; g; g = g->next) {
         if (g->win == MPI_WIN_NULL) continue;
-        uint64_t lo = g->owner_address[rank];
-        if (address >= lo && address - lo <= g->owner_bytes[rank] &&
-            bytes <= g->owner_bytes[rank] - (address - lo))
+        if (sumo__shm_range_inside(g->owner_address[rank], g->owner_bytes[rank], address, bytes))
             return g;
     }
     return NULL;

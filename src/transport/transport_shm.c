@@ -623,9 +623,7 @@ static void shm_abort(sumo__transport *tp)
 static const region *region_of(const shm_transport *t, int rank, uint64_t address, size_t bytes)
 {
     for (const region *g = t->regions; g; g = g->next) {
-        uint64_t lo = g->owner_address[rank];
-        if (address >= lo && address - lo <= g->owner_bytes[rank] &&
-            bytes <= g->owner_bytes[rank] - (address - lo))
+        if (sumo__shm_range_inside(g->owner_address[rank], g->owner_bytes[rank], address, bytes))
             return g;
     }
     return NULL;

@@ -11,6 +11,7 @@
  *   OPTIONS: H,F,DELAY,MERGE,OUTER,LR,MOMENTUM,COMBINE,COMPRESSION,BLOCK,INNER_LR (the enums'
  *   numbers); START: N floats; DELTASr: STEPS x N floats, rank r's deltas step by step.
  */
+#include "driver_io.h"
 #include <sumo.h>
 #include <sumo_diloco.h>
 
@@ -47,18 +48,6 @@ static sumo_result rank_fn(sumo_comm *comm, int rank, void *arg)
     sumo_diloco_destroy(d);
     free(p);
     return r;
-}
-
-static float *read_floats(const char *path, size_t n)
-{
-    float *b = malloc(n * sizeof *b);
-    FILE *f = fopen(path, "rb");
-    if (f == NULL || fread(b, sizeof *b, n, f) != n) {
-        fprintf(stderr, "diloco_driver: cannot read %zu floats from %s\n", n, path);
-        exit(1);
-    }
-    fclose(f);
-    return b;
 }
 
 /* Comma-separated numbers into doubles; returns the count. */
@@ -116,9 +105,9 @@ int main(int argc, char **argv)
     j.o.block_size = (size_t)v[9];
     j.inner_lr = v[10];
     int nranks = argc - 7;
-    j.start = read_floats(argv[6], j.n);
+    j.start = driver_read_floats("diloco_driver", argv[6], j.n);
     j.deltas = calloc((size_t)nranks, sizeof *j.deltas);
-    for (int r = 0; r < nranks; r++) j.deltas[r] = read_floats(argv[7 + r], j.n * (size_t)j.steps);
+    for (int r = 0; r < nranks; r++) j.deltas[r] = driver_read_floats("diloco_driver", argv[7 + r], j.n * (size_t)j.steps);
     j.out = malloc((size_t)nranks * j.n * sizeof *j.out);
     sumo_result r = sumo_threads_run(nranks, rank_fn, &j, NULL);
     if (r != SUMO_SUCCESS) {

@@ -7,6 +7,7 @@
  *   slowmo_driver OUT N TAU INNER ALPHA BETA EFFICIENT LR STEPS START DELTAS0 [DELTAS1 ...]
  *   START: N floats; DELTASr: STEPS x N floats, rank r's deltas step by step
  */
+#include "driver_io.h"
 #include <sumo.h>
 #include <sumo_distributed.h>
 
@@ -43,18 +44,6 @@ static sumo_result rank_fn(sumo_comm *comm, int rank, void *arg)
     return r;
 }
 
-static float *read_floats(const char *path, size_t n)
-{
-    float *b = malloc(n * sizeof *b);
-    FILE *f = fopen(path, "rb");
-    if (f == NULL || fread(b, sizeof *b, n, f) != n) {
-        fprintf(stderr, "slowmo_driver: cannot read %zu floats from %s\n", n, path);
-        exit(1);
-    }
-    fclose(f);
-    return b;
-}
-
 int main(int argc, char **argv)
 {
     if (argc < 12) {
@@ -70,9 +59,9 @@ int main(int argc, char **argv)
     j.o.beta = atof(argv[6]);
     j.o.memory_efficient = atoi(argv[7]);
     int nranks = argc - 11;
-    j.start = read_floats(argv[10], j.n);
+    j.start = driver_read_floats("slowmo_driver", argv[10], j.n);
     j.deltas = calloc((size_t)nranks, sizeof *j.deltas);
-    for (int r = 0; r < nranks; r++) j.deltas[r] = read_floats(argv[11 + r], j.n * (size_t)j.steps);
+    for (int r = 0; r < nranks; r++) j.deltas[r] = driver_read_floats("slowmo_driver", argv[11 + r], j.n * (size_t)j.steps);
     j.out = malloc(j.n * sizeof *j.out);
     sumo_result r = sumo_threads_run(nranks, rank_fn, &j, NULL);
     if (r != SUMO_SUCCESS) {
