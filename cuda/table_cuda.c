@@ -155,7 +155,8 @@ static sumo_result launched(int e, const char *what)
 
 /* ---- layouts ------------------------------------------------------------------------------ */
 
-/* The first tensor that ends after pos (kernel_table.c's first_tensor). */
+/* The first tensor that ends after pos (common.h's sumo__first_tensor: this plugin builds on the
+ * public headers alone, so it keeps its own copy). */
 static size_t first_tensor(const size_t *offsets, size_t ntensors, size_t pos)
 {
     size_t lo = 0, hi = ntensors;

@@ -23,19 +23,6 @@ static inline size_t sumo__seg_off(size_t n, int parts, int s)
     return (n / (size_t)parts) * (size_t)s + SUMO__MIN((size_t)s, n % (size_t)parts);
 }
 
-/* The first of ntensors tensors (offsets: ntensors + 1 prefix sums) that ends after element pos;
- * zero-length tensors at pos are skipped. */
-static inline size_t sumo__first_tensor(const size_t *offsets, size_t ntensors, size_t pos)
-{
-    size_t lo = 0, hi = ntensors;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (offsets[mid + 1] > pos) hi = mid;
-        else lo = mid + 1;
-    }
-    return lo;
-}
-
 /* What a sum is divided by: the group size for AVERAGE, else 1 (no division). */
 static inline int sumo__divisor_of(sumo_op op, int size) { return op == SUMO_OP_AVERAGE ? size : 1; }
 

@@ -104,6 +104,19 @@ static inline bool sumo__mul_overflows(size_t n, size_t size, size_t *out)
     return __builtin_mul_overflow(n, size, out);
 }
 
+/* The first of ntensors tensors (offsets: ntensors + 1 prefix sums) that ends after element pos;
+ * zero-length tensors at pos are skipped. */
+static inline size_t sumo__first_tensor(const size_t *offsets, size_t ntensors, size_t pos)
+{
+    size_t lo = 0, hi = ntensors;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (offsets[mid + 1] > pos) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
 #define SUMO__MIN(a, b) ((a) < (b) ? (a) : (b))
 #define SUMO__MAX(a, b) ((a) > (b) ? (a) : (b))
 

@@ -150,18 +150,6 @@ static sumo_result host_scaled_add(void *ctx, void *exec, sumo_dtype dtype, void
     return SUMO_SUCCESS;
 }
 
-/* The first tensor that ends after pos (zero-length tensors at pos are skipped). */
-static size_t first_tensor(const size_t *offsets, size_t ntensors, size_t pos)
-{
-    size_t lo = 0, hi = ntensors;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (offsets[mid + 1] > pos) hi = mid;
-        else lo = mid + 1;
-    }
-    return lo;
-}
-
 static sumo_result host_gram_partials(void *ctx, void *exec, sumo_dtype dtype,
                                       const void *const *ins, int nin, const size_t *offsets,
                                       size_t ntensors, size_t lo, size_t hi, double *gram)
@@ -172,7 +160,7 @@ static sumo_result host_gram_partials(void *ctx, void *exec, sumo_dtype dtype,
     size_t esz = sumo__dtype_bytes(dtype), L = (size_t)nin * (size_t)(nin + 1) / 2;
     const void *in_at[SUMO__GRAM_MAX_IN];
     double piece[SUMO__GRAM_MAX_IN * (SUMO__GRAM_MAX_IN + 1) / 2];
-    for (size_t t = hi > lo ? first_tensor(offsets, ntensors, lo) : ntensors;
+    for (size_t t = hi > lo ? sumo__first_tensor(offsets, ntensors, lo) : ntensors;
          t < ntensors && offsets[t] < hi; t++) {
         size_t s = SUMO__MAX(lo, offsets[t]), e = SUMO__MIN(hi, offsets[t + 1]);
         if (e <= s) continue;
@@ -195,7 +183,7 @@ static sumo_result host_weighted_sum(void *ctx, void *exec, sumo_dtype dtype, vo
     size_t esz = sumo__dtype_bytes(dtype);
     const void *in_at[SUMO__GRAM_MAX_IN];
     void *out_at[SUMO__GRAM_MAX_IN];
-    for (size_t t = hi > lo ? first_tensor(offsets, ntensors, lo) : ntensors;
+    for (size_t t = hi > lo ? sumo__first_tensor(offsets, ntensors, lo) : ntensors;
          t < ntensors && offsets[t] < hi; t++) {
         size_t s = SUMO__MAX(lo, offsets[t]), e = SUMO__MIN(hi, offsets[t + 1]);
         if (e <= s) continue;
