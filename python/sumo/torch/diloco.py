@@ -268,22 +268,6 @@ class DiLoCo(WrappedOptimizer):
             return lr
         return max(0.0, min(rates))
 
-    def _finite_locally(self):
-        """Whether this rank's gradients are finite: no collective (the schedule, not an
-        agreement, keeps the ranks together). A float64 sum of each gradient is finite exactly
-        when every element is (an inf or NaN makes it inf or NaN; float32 values cannot
-        overflow it), and costs one read instead of a mask per tensor: isfinite per tensor took
-        about half as long as an AdamW step on a small model. Float64 gradients could
-        overflow it; only then is each element checked."""
-        grads = [p.grad for g in self._opt.param_groups for p in g["params"]
-                 if p.grad is not None]
-        if not grads:
-            return True
-        total = torch.stack([t.sum(dtype=torch.float64) for t in grads]).sum()
-        if bool(torch.isfinite(total)):
-            return True
-        return all(bool(torch.isfinite(t).all()) for t in grads)
-
     @torch.no_grad()
     def step(self, closure=None):
         """One local step, then the exchange or outer step due at its end. Returns the
@@ -296,13 +280,7 @@ class DiLoCo(WrappedOptimizer):
             self._gather(range(len(self._params)))
             rt.raise_for(lib.sumo_diloco_begin(self._handle, self._ptr()), "DiLoCo anchors")
             self._anchored = True
-        self.last_skipped = self.skip_nonfinite and not self._finite_locally()
-        loss = None
-        if self.last_skipped:
-            self.skipped += 1
-        else:
-            loss = self._opt.step(closure)
-            self.steps += 1
+        loss = self._local_step(closure)
         moved = sorted(set((self._frag_tensors[applied] if what & _APPLY else []) +
                            (self._frag_tensors[started] if what & _START else [])))
         if what:

@@ -129,15 +129,6 @@ class SlowMo(WrappedOptimizer):
             g.close()
 
     # -- the step ----------------------------------------------------------------------------
-    def _finite_locally(self):
-        """Whether this rank's gradients are finite: no collective (the schedule, not an
-        agreement, keeps the ranks together)."""
-        for g in self._opt.param_groups:
-            for p in g["params"]:
-                if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
-                    return False
-        return True
-
     @torch.no_grad()
     def step(self, closure=None):
         """One local step, then inner averaging or the outer step when due. Returns the
@@ -153,13 +144,7 @@ class SlowMo(WrappedOptimizer):
                 g.gather()
                 rt.raise_for(lib.sumo_slowmo_begin(g.handle, g.ptr()), "SlowMo anchor of " + g.what)
             self._anchored = True
-        self.last_skipped = self.skip_nonfinite and not self._finite_locally()
-        loss = None
-        if self.last_skipped:
-            self.skipped += 1
-        else:
-            loss = self._opt.step(closure)
-            self.steps += 1
+        loss = self._local_step(closure)
         rt.sync()
         for g, pg in zip(self._groups, self._opt.param_groups):
             if due.value:
