@@ -37,10 +37,12 @@ fi
 # torchft, for tests/python/diloco_torchft.py (sumo's DiLoCo beside torchft's): added to an
 # environment that lacks it, with the environment's torch pinned so pip cannot swap it. Its
 # 0.2.0 needs torch >= 2.7; an older SUMO_TORCH_SPEC goes without (run.sh says so).
-torch_version=$("$venv/bin/python" -c "import torch; print(torch.__version__.split('+')[0])" 2> /dev/null)
-if ! "$venv/bin/python" -c "import torchft" 2> /dev/null && "$venv/bin/python" -c "
+if ! "$venv/bin/python" -c "import torchft" 2> /dev/null; then
+  torch_version=$("$venv/bin/python" -c "import torch; print(torch.__version__.split('+')[0])" 2> /dev/null)
+  if "$venv/bin/python" -c "
 import sys; v = tuple(int(x) for x in '$torch_version'.split('.')[:2]); sys.exit(0 if v >= (2, 7) else 1)"; then
-  echo "torch-venv: adding torchft==0.2.0 to $venv" >&2
-  "$venv/bin/python" -m pip install -q torchft==0.2.0 "torch==$torch_version" >&2
+    echo "torch-venv: adding torchft==0.2.0 to $venv" >&2
+    "$venv/bin/python" -m pip install -q torchft==0.2.0 "torch==$torch_version" >&2
+  fi
 fi
 echo "$venv/bin/python"

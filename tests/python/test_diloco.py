@@ -6,7 +6,6 @@ The local step of the parity tests is SGD at lr 0.5 on grad = delta / lr, which 
 parameters by exactly delta (a power-of-two rate), so every rank's whole trajectory is known
 to the reference without running a model. Every test is collective: all ranks run the same
 tests in the same order."""
-import ctypes
 import math
 import os
 import shutil
@@ -19,6 +18,7 @@ import torch
 import sumo
 import sumo.torch as st
 
+from driver_files import floats_to_file
 from reference import adasum_per_tensor
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
@@ -236,12 +236,6 @@ def test_equals_float64_reference(name):
     assert err <= TOL, "%s: |sumo - float64 reference| = %.3g > %g" % (name, err, TOL)
 
 
-def _floats_to_file(t, path):
-    t = t.detach().contiguous().to(torch.float32)
-    with open(path, "wb") as f:
-        f.write(ctypes.string_at(t.data_ptr(), t.numel() * 4))
-
-
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_python_and_c_give_the_same_bits(name):
     cfg = CONFIGS[name]
@@ -250,13 +244,13 @@ def test_python_and_c_give_the_same_bits(name):
     got = run_python(cfg, start, deltas)
     folder = st.broadcast_object(tempfile.mkdtemp(prefix="sumo-diloco-") if st.rank() == 0 else None)
     try:
-        _floats_to_file(got, os.path.join(folder, "py.%d" % st.rank()))
+        floats_to_file(got, os.path.join(folder, "py.%d" % st.rank()))
         st.barrier()
         ok = torch.zeros(1, dtype=torch.float64)
         if st.rank() == 0:
-            _floats_to_file(start, os.path.join(folder, "start"))
+            floats_to_file(start, os.path.join(folder, "start"))
             for r in range(st.size()):
-                _floats_to_file(deltas[r], os.path.join(folder, "d.%d" % r))
+                floats_to_file(deltas[r], os.path.join(folder, "d.%d" % r))
             out = os.path.join(folder, "c.out")
             F = frags if isinstance(frags, int) else max(frags) + 1
             options = [H, F, delay, merge, _ENUM[outer], olr, mom, _ENUM[combine], _ENUM[fmt],

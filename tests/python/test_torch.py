@@ -18,6 +18,7 @@ import sumo
 import sumo.torch as st
 from sumo.torch import hooks as sumo_hooks
 
+from driver_files import floats_to_file
 from reference import adasum_per_tensor
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
@@ -491,12 +492,6 @@ def test_slowmo_local_steps_do_not_communicate():
     assert st.take_timeline() == []
 
 
-def _floats_to_file(t, path):
-    t = t.detach().contiguous().to(torch.float32)
-    with open(path, "wb") as f:
-        f.write(ctypes.string_at(t.data_ptr(), t.numel() * 4))
-
-
 @pytest.mark.parametrize("config", [(3, 0, 1.0, 0.5, 0), (3, 0, 1.0, 0.5, 1),
                                     (4, 2, 0.9, 0.6, 1), (2, 1, 1.0, 0.0, 0)])
 def test_slowmo_python_and_c_give_the_same_bits(config):
@@ -522,9 +517,9 @@ def test_slowmo_python_and_c_give_the_same_bits(config):
     try:
         ok = torch.zeros(1, dtype=torch.float64)
         if st.rank() == 0:
-            _floats_to_file(start, os.path.join(folder, "start"))
+            floats_to_file(start, os.path.join(folder, "start"))
             for r in range(st.size()):
-                _floats_to_file(deltas[r], os.path.join(folder, "d.%d" % r))
+                floats_to_file(deltas[r], os.path.join(folder, "d.%d" % r))
             out = os.path.join(folder, "c.out")
             subprocess.run([driver, out, str(n), str(tau), str(inner), repr(alpha), repr(beta),
                             str(efficient), repr(lr), str(steps), os.path.join(folder, "start")] +
