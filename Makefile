@@ -165,7 +165,7 @@ $(BUILD)/sumo: $(TOOL_SRCS) $(TOOL_HDRS) $(TOOL_LIBS)
 	@mkdir -p $(dir $@)
 	$(TOOL_CC) $(CPPFLAGS) $(TOOL_DEFS) $(CFLAGS) $(TOOL_SRCS) $(TOOL_LIBS) $(LDFLAGS) $(TRAIN_LIBS) $(LDLIBS) -o $@
 
-$(BUILD)/bench/%: bench/%.c $(LIBSUMO_TRAIN) $(LIBSUMO)
+$(BUILD)/bench/%: bench/%.c bench/bench_util.h $(LIBSUMO_TRAIN) $(LIBSUMO)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $< $(LIBSUMO_TRAIN) $(LIBSUMO) $(LDFLAGS) $(TRAIN_LIBS) $(LDLIBS) -o $@
 

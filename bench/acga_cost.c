@@ -12,6 +12,8 @@
 #include "sumo.h"
 #include "sumo_aggregation.h"
 
+#include "bench_util.h"
+
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,13 +32,6 @@ typedef struct rank_arg {
     sumo_comm *comm;
     int rank;
 } rank_arg;
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void *rank_main(void *p)
 {
@@ -63,7 +58,7 @@ static void *rank_main(void *p)
         for (int which = 0; which < 3; which++) {
             memcpy(work, grad, n * sizeof *work);
             sumo_barrier(ra->comm);
-            double t0 = now();
+            double t0 = bench_now();
             sumo_result r;
             if (which == 0)
                 r = sumo_aggregator_apply(acga, work, n, SUMO_FLOAT32);
@@ -72,7 +67,7 @@ static void *rank_main(void *p)
             else /* ACGA's first collective alone: a sum into another buffer */
                 r = sumo_allreduce(work, out, n, SUMO_FLOAT32, SUMO_OP_SUM, ra->comm);
             sumo_barrier(ra->comm);
-            double t = now() - t0;
+            double t = bench_now() - t0;
             if (r != SUMO_SUCCESS) sh->failed = 1;
             double *dst = which == 0 ? sh->acga_s : which == 1 ? sh->avg_s : sh->sum_s;
             if (ra->rank == 0 && rep >= 0) dst[rep] = t;
@@ -84,18 +79,6 @@ out:
     free(work);
     free(out);
     return NULL;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 int main(int argc, char **argv)
@@ -132,8 +115,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "a call failed\n");
         return 1;
     }
-    double a = median(sh.acga_s, repeats), v = median(sh.avg_s, repeats),
-           s = median(sh.sum_s, repeats);
+    double a = bench_median(sh.acga_s, repeats), v = bench_median(sh.avg_s, repeats),
+           s = bench_median(sh.sum_s, repeats);
     printf("ranks %d, %zu MiB fp32 per rank, %d repeats (median): acga %.4f s, average %.4f s, "
            "ratio %.2f (sum out of place %.4f s: acga - 2 x that = %.4f s of local passes)\n",
            nranks, mib, repeats, a, v, a / v, s, a - 2 * s);

@@ -15,6 +15,8 @@
 #include "kernels/kernels.h"
 #include "kernels/kernels_isa.h"
 
+#include "bench_util.h"
+
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -103,25 +105,6 @@ static void *worker(void *arg)
     }
 }
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 int main(int argc, char **argv)
 {
     size_t mib = argc > 1 ? (size_t)atol(argv[1]) : 64;
@@ -165,15 +148,15 @@ int main(int argc, char **argv)
             for (int r = -1; r < reps; r++)
                 for (int what = 0; what < 4; what++) {
                     s.what = what;
-                    double t0 = now();
+                    double t0 = bench_now();
                     pthread_barrier_wait(&s.start);
                     pthread_barrier_wait(&s.end);
-                    if (r >= 0) t[what][r] = now() - t0;
+                    if (r >= 0) t[what][r] = bench_now() - t0;
                 }
             double rd = (double)s.P * (double)s.n * (double)s.esz / 1e9;
             double wr = (double)s.n * (double)s.esz / 1e9;
-            double mr = median(t[0], reps), mg = median(t[1], reps), mw = median(t[2], reps),
-                   mrw = median(t[3], reps);
+            double mr = bench_median(t[0], reps), mg = bench_median(t[1], reps),
+                   mw = bench_median(t[2], reps), mrw = bench_median(t[3], reps);
             printf("  %2d %7d %12.2f %12.2f %6.0f%% %12.2f %12.2f %6.0f%%\n", s.P, T, rd / mr,
                    rd / mg, 100 * mr / mg, (rd + wr) / mrw, (rd + wr) / mw, 100 * mrw / mw);
             fflush(stdout);

@@ -17,6 +17,8 @@
  */
 #include "kernels/kernels.h"
 
+#include "bench_util.h"
+
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -181,25 +183,6 @@ static void *worker(void *arg)
     }
 }
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 /* Finite values of every dtype, so that no path takes a NaN or Inf shortcut. */
 static void fill(shared *s)
 {
@@ -277,13 +260,14 @@ int main(int argc, char **argv)
             for (int r = -1; r < reps; r++)
                 for (int b = 0; b < 2; b++) {
                     s.run_bound = b;
-                    double t0 = now();
+                    double t0 = bench_now();
                     pthread_barrier_wait(&s.start);
                     pthread_barrier_wait(&s.end);
-                    if (r >= 0) t[b][r] = now() - t0;
+                    if (r >= 0) t[b][r] = bench_now() - t0;
                 }
-            double kgbps = rows[k].passes * (double)s.bytes / median(t[0], reps) / 1e9;
-            double bgbps = bound_passes[rows[k].bound] * (double)s.bytes / median(t[1], reps) / 1e9;
+            double kgbps = rows[k].passes * (double)s.bytes / bench_median(t[0], reps) / 1e9;
+            double bgbps =
+                bound_passes[rows[k].bound] * (double)s.bytes / bench_median(t[1], reps) / 1e9;
             printf("  %-35s %7d %10.2f %8s %10.2f %6.0f%%\n", rows[k].name, T, kgbps,
                    bound_names[rows[k].bound], bgbps, 100 * kgbps / bgbps);
             fflush(stdout);

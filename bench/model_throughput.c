@@ -11,18 +11,13 @@
 #include "train/idx.h"
 #include "train/model.h"
 
+#include "bench_util.h"
+
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* Steps over consecutive slices of the data (wrapping), SGD with lr 0.01. */
 static double run(sumo__model *m, const sumo__dataset *ds, size_t batch, long steps,
@@ -31,7 +26,7 @@ static double run(sumo__model *m, const sumo__dataset *ds, size_t batch, long st
     float *p = sumo__model_params(m);
     const float *g = sumo__model_grads(m);
     const size_t n = sumo__model_num_params(m), pix = (size_t)ds->rows * ds->cols;
-    double t0 = now(), loss = 0;
+    double t0 = bench_now(), loss = 0;
     for (long s = 0; s < steps; s++) {
         if (*pos + batch > ds->n) *pos = 0;
         if (sumo__model_forward_backward(m, ds->images + *pos * pix, ds->labels + *pos, batch,
@@ -43,7 +38,7 @@ static double run(sumo__model *m, const sumo__dataset *ds, size_t batch, long st
         *pos += batch;
     }
     *loss_out = loss;
-    return now() - t0;
+    return bench_now() - t0;
 }
 
 int main(int argc, char **argv)
