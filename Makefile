@@ -90,7 +90,7 @@ endif
 # Sanitizer builds are for the tests; the shared library is built from the normal build only.
 ifeq ($(SAN),)
 TARGETS += $(LIBSUMO_SO) $(BUILD)/libsumo.so $(BUILD)/sumo.pc $(BUILD)/tests/combine_driver \
-           $(BUILD)/tests/slowmo_driver $(BUILD)/tests/diloco_driver
+           $(BUILD)/tests/diloco_driver
 endif
 
 .PHONY: all test test-unit test-threads test-mpi test-cli clean
@@ -140,7 +140,8 @@ install: $(TARGETS)
 	@rm -f $(BUILD)/sumo.pc && $(MAKE) --no-print-directory $(BUILD)/sumo.pc PREFIX=$(PREFIX)
 	install -d $(DESTDIR)$(INCDIR) $(DESTDIR)$(LIBDIR)/pkgconfig
 	install -m 644 include/sumo.h include/sumo_aggregation.h include/sumo_optim.h \
-	  include/sumo_distributed.h include/sumo_diloco.h include/sumo_ext.h include/sumo_shm.h \
+	  include/sumo_distributed.h include/sumo_diloco.h include/sumo_delta.h include/sumo_ext.h \
+	  include/sumo_shm.h \
 	  $(DESTDIR)$(INCDIR)/
 	install -m 644 $(LIBSUMO) $(DESTDIR)$(LIBDIR)/
 	install -m 755 $(LIBSUMO_SO) $(DESTDIR)$(LIBDIR)/

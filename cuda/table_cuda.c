@@ -583,19 +583,6 @@ static sumo_result k_apply_delta(void *ctx, void *exec, sumo_dtype dtype, void *
     LEAVE(ew_body(k, exec, &a, first));
 }
 
-static sumo_result k_slow_update(void *ctx, void *exec, sumo_dtype dtype, void *x, void *u,
-                                 void *x0, size_t n, double alpha, double beta, double gamma)
-{
-    sumo_cuda_kernels *k = of(ctx);
-    /* fp32 and fp64, as the host table. */
-    if (dtype != SUMO_FLOAT32 && dtype != SUMO_FLOAT64) return SUMO_ERR_INVALID_ARGUMENT;
-    if (n == 0) return SUMO_SUCCESS;
-    sumo_cuda__ew_args a = {.op = SUMO_CUDA__EW_SLOW, .dtype = dtype, .n = n, .dst = x, .c = u,
-                            .d = x0, .beta = beta, .gamma = gamma, .step = alpha * gamma};
-    ENTER(k);
-    LEAVE(ew_body(k, exec, &a, NULL));
-}
-
 static sumo_result k_outer_update(void *ctx, void *exec, sumo_dtype dtype, void *x, const void *c,
                                   void *v, void *x0, size_t n, const sumo_outer_step *st)
 {
@@ -682,7 +669,6 @@ static void fill_table(sumo_cuda_kernels *k)
         .weighted_sum = k_weighted_sum,
         .delta = k_delta,
         .apply_delta = k_apply_delta,
-        .slow_update = k_slow_update,
         .quantize = k_quantize,
         .dequantize = k_dequantize,
         .outer_update = k_outer_update,

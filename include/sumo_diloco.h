@@ -1,13 +1,20 @@
 /*
- * sumo DiLoCo: the DiLoCo family's outer loop (DiLoCo, Douillard et al., arXiv 2311.08105;
- * Streaming DiLoCo, arXiv 2501.18512) as an object driven around the caller's own local step,
- * like sumo_slowmo of sumo_distributed.h (which it generalises: with one fragment, no delay,
- * no compression and the heavy-ball outer step it gives SlowMo's bits).
+ * sumo's outer loop: local steps, then an exchange and an outer optimizer step, as an object
+ * driven around the caller's own local step. One loop serves the whole family:
+ *   SlowMo (Wang et al., ICLR 2020): the heavy-ball outer step, optional inner averaging
+ *     every inner_period steps, optionally sharded state (memory_efficient); Local SGD and
+ *     BMUF are its presets;
+ *   DiLoCo (Douillard et al., arXiv 2311.08105): the Nesterov outer step;
+ *   Streaming DiLoCo (arXiv 2501.18512): fragments synced in turn, overlapped exchanges,
+ *     merged results, compressed outer gradients.
+ * The distributed optimizer (sumo_distributed.h) drives this object around sumo's own base
+ * optimizers; a binding drives it around its own (sumo.torch's SlowMo and DiLoCo).
  *
  * Every rank takes local steps on its own data. The parameters are cut into F fragments
- * (whole tensors of the layout); fragment f is synchronised every H local steps, at the ends
- * of steps k = floor((f + 1) H / F) + j H, j >= 0 (fragment F - 1 at H, 2H, ...: with F = 1
- * DiLoCo's schedule). A synchronisation of fragment f:
+ * (whole tensors of the layout, or F equal ranges of the flat vector: `split`); fragment f is
+ * synchronised every H local steps, at the ends of steps k = floor((f + 1) H / F) + j H,
+ * j >= 0 (fragment F - 1 at H, 2H, ...: with F = 1 DiLoCo's schedule). A synchronisation of
+ * fragment f:
  *   at its step k:     the exchange starts (asynchronously): the fragment's parameters, or its
  *                      outer gradient Delta_r = anchor_f - theta_f, combined over the ranks;
  *   at step k + delay: the result (Delta = anchor_f - average, or the combined Delta) makes
@@ -23,6 +30,14 @@
  *               SGD(nesterov=True), DiLoCo's outer optimizer)
  *   HEAVY_BALL  u = beta u + Delta / gamma; theta = anchor - alpha gamma u      (SlowMo, gamma
  *               the rate passed to end on the synchronisation step; lr is alpha, momentum beta)
+ *
+ * Between synchronisations (F 1, delay 0 only), inner_period > 0 averages every parameter
+ * exactly at the end of every inner_period-th step that is not a synchronisation (SlowMo's
+ * Local SGD base). memory_efficient shards the anchors and momenta over the ranks: rank r keeps
+ * the elements [r s, (r + 1) s), s = floor(n / N), and every rank the n mod N last ones; the
+ * synchronisation averages the whole vector in place, each rank takes the outer step of its
+ * own elements, and an allgather rebuilds the vector: the same bits, 2 (s + n mod N) elements
+ * of state instead of 2 n + the exchange buffer.
  *
  * What travels, and the combine:
  *   AVERAGE, no compression: the fragment's parameters, averaged exactly (SlowMo's exchange,
@@ -62,13 +77,27 @@ typedef enum sumo_outer_combine {
     SUMO_COMBINE_ACGA = 2,
 } sumo_outer_combine;
 
+/* How the parameters are cut into fragments. */
+typedef enum sumo_fragment_split {
+    /* Whole tensors: contiguous runs in model order, each as near n / F elements as the tensors
+     * allow, or the caller's fragment_of. F is at most the number of tensors, and a tensor
+     * larger than n / F makes its fragment (and the peak in flight) larger. */
+    SUMO_SPLIT_TENSORS = 0,
+    /* F ranges of the flat parameter vector, [floor(f n / F), floor((f + 1) n / F)), cutting
+     * tensors where a boundary falls: every fragment n / F elements, whatever the layout.
+     * Adasum and ACGA then see the pieces of tensors in a fragment as its tensors. */
+    SUMO_SPLIT_RANGES = 1,
+} sumo_fragment_split;
+
 typedef struct sumo_diloco_options {
     size_t struct_size;          /* sizeof(sumo_diloco_options); the presets set it */
     int sync_every;              /* H >= 1: local steps between two syncs of one fragment */
-    int fragments;               /* F in [1, H], at most the number of tensors */
-    /* NULL: contiguous fragments of whole tensors in model order, each as near n / F elements
-     * as the tensors allow. Else tensor t belongs to fragment_of[t] (ntensors entries, every
-     * fragment non-empty; e.g. t % F for the paper's strided pattern). Copied at create. */
+    int fragments;               /* F in [1, H]; with SUMO_SPLIT_TENSORS at most the number of
+                                    tensors, with SUMO_SPLIT_RANGES at most n */
+    sumo_fragment_split split;
+    /* SUMO_SPLIT_TENSORS only. NULL: the contiguous split above. Else tensor t belongs to
+     * fragment_of[t] (ntensors entries, every fragment non-empty; e.g. t % F for the paper's
+     * strided pattern). Copied at create. */
     const int *fragment_of;
     int delay;                   /* tau in [0, H / F]: local steps between start and use */
     double merge_alpha;          /* in [0, 1]: 0 takes the global value */
@@ -81,6 +110,11 @@ typedef struct sumo_diloco_options {
     const sumo_acga_options *acga; /* ACGA's options, copied; NULL: sumo's defaults with
                                       rescale 1 (the outer step needs the change's size, not
                                       the unit norm of ACGA's plain result) */
+    int inner_period;            /* >= 0: average every inner_period steps between syncs (0:
+                                    never); > 0 needs F 1, delay 0, the uncompressed average,
+                                    and H a multiple of it */
+    int memory_efficient;        /* 0 or 1: shard the anchors and momenta (above); 1 needs F 1,
+                                    delay 0, merge 0 and the uncompressed average */
 } sumo_diloco_options;
 
 typedef enum sumo_diloco_preset {
@@ -88,9 +122,11 @@ typedef enum sumo_diloco_preset {
     SUMO_DILOCO_PRESET_STREAMING = 1, /* DiLoCo's, with F 4, delay 1, merge 0.5 and E3M0 in
                                          blocks of 128: a starting point, not the paper's tuned
                                          values (set F from the model's tensors) */
-    SUMO_DILOCO_PRESET_LOCALSGD = 2,  /* H 12, Nesterov lr 1 momentum 0: model averaging */
-    SUMO_DILOCO_PRESET_SLOWMO = 3,    /* H 12, heavy ball alpha 1 beta 0.5 (sumo_slowmo's) */
-    SUMO_DILOCO_PRESET_BMUF = 4,      /* the same block momentum as SLOWMO (sumo's preset) */
+    SUMO_DILOCO_PRESET_LOCALSGD = 2,  /* H 12, heavy ball alpha 1 beta 0: model averaging */
+    SUMO_DILOCO_PRESET_SLOWMO = 3,    /* H 12, heavy ball alpha 1 beta 0.5, no inner averaging
+                                         (the paper's alpha, fairscale's beta) */
+    SUMO_DILOCO_PRESET_BMUF = 4,      /* block momentum over plain local steps: SLOWMO's values
+                                         (Chen and Huo's block learning rate 1, momentum 0.5) */
 } sumo_diloco_preset;
 
 SUMO_API sumo_result sumo_diloco_options_preset(sumo_diloco_preset preset,
@@ -123,10 +159,12 @@ SUMO_API sumo_result sumo_diloco_end(sumo_diloco *diloco, void *params, double l
                                      int *communicated);
 
 /* What the next end does: a mask of SUMO_DILOCO_APPLY (it reads and writes the parameters of
- * fragment *applied) and SUMO_DILOCO_START (it reads those of fragment *started; with delay 0
- * the same fragment, applied at once), or SUMO_DILOCO_LOCAL (params are not touched). A
- * fragment not concerned is -1; either pointer may be NULL. */
-enum { SUMO_DILOCO_LOCAL = 0, SUMO_DILOCO_APPLY = 1, SUMO_DILOCO_START = 2 };
+ * fragment *applied), SUMO_DILOCO_START (it reads those of fragment *started; with delay 0
+ * the same fragment, applied at once) and SUMO_DILOCO_AVERAGE (an inner average: it reads and
+ * writes every parameter), or SUMO_DILOCO_LOCAL (params are not touched). A fragment not
+ * concerned is -1; either pointer may be NULL. */
+enum { SUMO_DILOCO_LOCAL = 0, SUMO_DILOCO_APPLY = 1, SUMO_DILOCO_START = 2,
+       SUMO_DILOCO_AVERAGE = 4 };
 SUMO_API sumo_result sumo_diloco_due(const sumo_diloco *diloco, int *what, int *applied,
                                      int *started);
 
@@ -137,26 +175,30 @@ SUMO_API sumo_result sumo_diloco_fragment(const sumo_diloco *diloco, int f, size
 SUMO_API sumo_result sumo_diloco_fragment_runs(const sumo_diloco *diloco, int f, size_t *offsets,
                                                size_t *lengths, size_t nruns);
 
-/* Whether every rank holds the same parameters after the last end (one rank; or F = 1,
- * merge 0 and this end applied the exchange). */
+/* Whether every rank holds the same parameters after the last end (one rank; an inner
+ * average; or F = 1, merge 0 and this end applied the exchange). */
 SUMO_API sumo_result sumo_diloco_synchronized(const sumo_diloco *diloco, int *synchronized);
 
 /*
  * Anchors, outer momenta, the schedule's position and an exchange in flight (save waits for
  * it to complete and keeps its result: the run resumed from the state applies it at the same
- * step with the same bits), plus ACGA's state. Load refuses a state of another layout, F, H,
- * delay, combine, compression or dtype.
+ * step with the same bits), plus ACGA's state. Load refuses a state of another layout, F,
+ * split, H, delay, inner period, combine, compression or dtype, and a sharded state of
+ * another rank or number of ranks (an unsharded one is the same on every rank and loads with
+ * any number).
  */
 SUMO_API sumo_result sumo_diloco_state_size(const sumo_diloco *diloco, size_t *bytes);
 SUMO_API sumo_result sumo_diloco_state_save(sumo_diloco *diloco, void *buffer, size_t bytes);
 SUMO_API sumo_result sumo_diloco_state_load(sumo_diloco *diloco, const void *buffer,
                                             size_t bytes);
 
-/* Exchanges so far (the combine's rounds and payload bytes per rank; compressed: the payload
- * of this rank's input, sumo_compressed_bytes). */
+/* Exchanges so far (the combine's rounds and payload bytes per rank, inner averages and the
+ * sharded mode's allgathers included; compressed: the payload of this rank's input,
+ * sumo_compressed_bytes). */
 SUMO_API sumo_result sumo_diloco_stats(const sumo_diloco *diloco, sumo_comm_stats *stats);
-/* Extra memory beyond the parameters: anchors and momenta (2 n elements), the exchange buffer
- * (the largest fragment). */
+/* Extra memory beyond the parameters: anchors and momenta (2 n elements) and the exchange
+ * buffer (the largest fragment; none with one fragment, delay 0, merge 0 and the uncompressed
+ * average, which averages the parameters in place); sharded: 2 (s + n mod N) elements. */
 SUMO_API sumo_result sumo_diloco_extra_memory(const sumo_diloco *diloco, size_t *bytes);
 
 #ifdef __cplusplus

@@ -58,8 +58,8 @@ extern "C" {
  *   d  = from_average ? x0 - c : c          the averaged model change (the outer gradient);
  *   nesterov:   v' = mu v + d;        g = x0 - lr (d + mu v')     (torch's Nesterov SGD);
  *   heavy ball: v' = mu v + d / gamma; g = x0 - lr v'             (SlowMo: lr = alpha gamma);
- * g is formed from the unrounded v', and is NaN where the stored v' is not finite (as
- * slow_update); then v = v', x0 = g, and the local parameters x become g when merge is 0, else
+ * g is formed from the unrounded v', and is NaN where the stored v' is not finite; then
+ * v = v', x0 = g, and the local parameters x become g when merge is 0, else
  * merge x + (1 - merge) g (with the stored g). */
 typedef struct sumo_outer_step {
     int nesterov;
@@ -122,11 +122,6 @@ typedef struct sumo_kernel_table {
      * SIZE_MAX. */
     sumo_result (*apply_delta)(void *ctx, void *exec, sumo_dtype dtype, void *params,
                                const void *start, const void *delta, size_t n, size_t *first);
-    /* SlowMo's outer update per element, in double from the stored values, each store rounded
-     * once: u = beta u + (x0 - x) / gamma; x = x0 - alpha gamma u (from the unrounded u), NaN
-     * where the stored u is not finite; x0 = x. */
-    sumo_result (*slow_update)(void *ctx, void *exec, sumo_dtype dtype, void *x, void *u,
-                               void *x0, size_t n, double alpha, double beta, double gamma);
     /* The compressed allreduce's codec (sumo.h's sumo_compression; docs/design/diloco.md
      * gives the rounding). quantize: fp32 src[0, n) as ceil(n / block) blocks of payload at
      * dst (sumo_compressed_bytes of n), each block its scale then its codes (a short last

@@ -189,7 +189,7 @@ sumo_result sumo_struct_size(const char *name, size_t *bytes)
     } sizes[] = {
         SIZE_OF(sumo_adasum_options), SIZE_OF(sumo_acga_options), SIZE_OF(sumo_aggregator_options),
         SIZE_OF(sumo_comm_stats), SIZE_OF(sumo_optimizer_options), SIZE_OF(sumo_lr_schedule),
-        SIZE_OF(sumo_slowmo_options), SIZE_OF(sumo_distributed_options),
+        SIZE_OF(sumo_distributed_options),
         SIZE_OF(sumo_kernel_table), SIZE_OF(sumo_collective), SIZE_OF(sumo_transport_ops),
         SIZE_OF(sumo_transport_desc), SIZE_OF(sumo_shm_options), SIZE_OF(sumo_store),
         SIZE_OF(sumo_compression), SIZE_OF(sumo_diloco_options), SIZE_OF(sumo_outer_step),

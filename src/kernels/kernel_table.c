@@ -263,39 +263,6 @@ static sumo_result host_apply_delta(void *ctx, void *exec, sumo_dtype dtype, voi
     }
 }
 
-/* x is formed from the unrounded u, so that with alpha 1 and beta 0 (Local SGD) the new
- * parameters are the plain average up to one rounding of (x0 - x) / gamma * gamma in double,
- * instead of carrying the rounding of the stored u. A u that overflows the stored type poisons
- * the parameter, so the overflow reaches every rank's finiteness check (in SlowMo's sharded
- * mode only the slice's owner holds it). */
-#define SLOW_UPDATE(T)                                                 \
-    do {                                                               \
-        T *xs = x, *us = u, *x0s = x0;                                 \
-        double step = alpha * gamma;                                   \
-        for (size_t i = 0; i < n; i++) {                               \
-            double x0d = x0s[i];                                       \
-            double ud = beta * (double)us[i] + (x0d - (double)xs[i]) / gamma; \
-            T uf = (T)ud;                                              \
-            double xd = x0d - step * ud;                               \
-            if (!isfinite(uf)) xd = NAN;                               \
-            us[i] = uf;                                                \
-            xs[i] = (T)xd;                                             \
-            x0s[i] = xs[i];                                            \
-        }                                                              \
-    } while (0)
-
-static sumo_result host_slow_update(void *ctx, void *exec, sumo_dtype dtype, void *x, void *u,
-                                    void *x0, size_t n, double alpha, double beta, double gamma)
-{
-    (void)ctx;
-    (void)exec;
-    switch (dtype) {
-    case SUMO_FLOAT32: SLOW_UPDATE(float); return SUMO_SUCCESS;
-    case SUMO_FLOAT64: SLOW_UPDATE(double); return SUMO_SUCCESS;
-    default: return SUMO_ERR_INVALID_ARGUMENT;
-    }
-}
-
 static sumo_result host_quantize(void *ctx, void *exec, sumo_compression_format format,
                                  size_t block, void *dst, const float *src, size_t n,
                                  size_t *first)
@@ -320,9 +287,12 @@ static sumo_result host_dequantize(void *ctx, void *exec, sumo_compression_forma
     return SUMO_SUCCESS;
 }
 
-/* DiLoCo's outer step (sumo_ext.h's sumo_outer_step). The heavy-ball branch is SLOW_UPDATE's
- * arithmetic statement for statement, so that DiLoCo with SlowMo's settings gives SlowMo's
- * bits; merge 0 stores g itself, whatever the local value was (0 x would be NaN for x Inf). */
+/* The outer loop's step (sumo_ext.h's sumo_outer_step). g is formed from the unrounded v, so
+ * that with SlowMo's alpha 1 and beta 0 (Local SGD) the new parameters are the plain average
+ * up to one rounding of (x0 - x) / gamma * gamma in double, instead of carrying the rounding of
+ * the stored v. A v that overflows the stored type poisons the parameter, so the overflow
+ * reaches every rank's finiteness check. merge 0 stores g itself, whatever the local value was
+ * (0 x would be NaN for x Inf). */
 #define OUTER_UPDATE(T)                                                                  \
     do {                                                                                 \
         T *xs = x, *vs = v, *x0s = x0;                                                   \
@@ -379,7 +349,6 @@ static const sumo_kernel_table host_table = {
     .weighted_sum = host_weighted_sum,
     .delta = host_delta,
     .apply_delta = host_apply_delta,
-    .slow_update = host_slow_update,
     .quantize = host_quantize,
     .dequantize = host_dequantize,
     .outer_update = host_outer_update,
@@ -414,7 +383,6 @@ const char *sumo__kernel_table_missing(const sumo_kernel_table *t)
     NEED(weighted_sum);
     NEED(delta);
     NEED(apply_delta);
-    NEED(slow_update);
     NEED(quantize);
     NEED(dequantize);
     NEED(outer_update);

@@ -116,13 +116,6 @@ static inline sumo_result sumo__k_apply_delta(const sumo__exec *x, sumo_dtype dt
     return n ? x->k->apply_delta(x->k->ctx, x->stream, dtype, params, start, delta, n, first)
              : SUMO_SUCCESS;
 }
-static inline sumo_result sumo__k_slow_update(const sumo__exec *x, sumo_dtype dtype, void *p,
-                                              void *u, void *x0, size_t n, double alpha,
-                                              double beta, double gamma)
-{
-    return n ? x->k->slow_update(x->k->ctx, x->stream, dtype, p, u, x0, n, alpha, beta, gamma)
-             : SUMO_SUCCESS;
-}
 static inline sumo_result sumo__k_quantize(const sumo__exec *x, sumo_compression_format format,
                                            size_t block, void *dst, const float *src, size_t n,
                                            size_t *first)

@@ -1,11 +1,16 @@
 /*
- * The DiLoCo family's outer loop (sumo_diloco.h; docs/design/diloco.md) over the public
- * collectives of its communicator.
+ * sumo's one outer loop (sumo_diloco.h; docs/design/diloco.md and slowmo.md) over the public
+ * collectives of its communicator: SlowMo, Local SGD, BMUF, DiLoCo and Streaming DiLoCo are
+ * its presets. Checkpoints and the queries live in diloco_state.c.
  *
  * State, in the parameters' memory, in fragment order (each fragment's elements gathered in
  * model order): the anchors x0 (n), the outer momenta v (n), and the exchange buffer E (the
  * largest fragment), which holds the fragment's parameters or outer gradient while it is on
- * the wire. At most one exchange is in flight (delay <= H / F), so one E is enough.
+ * the wire. At most one exchange is in flight (delay <= H / F), so one E is enough. With one
+ * fragment, delay 0, merge 0 and the uncompressed average (SlowMo's and DiLoCo's settings)
+ * there is no E: the parameters are averaged in place, since the outer step overwrites them.
+ * Sharded (memory_efficient, which needs those settings), x0 and v hold this rank's slice and
+ * the tail.
  *
  * The end of local step k (counted from 1 over the whole run):
  *   1. the exchange that started at k - delay, if any, is waited for and applied: the kernel
@@ -14,60 +19,21 @@
  *      and Inf (the anchor is the same on every rank, so is the verdict);
  *   2. the fragment due at k (k = first_f mod H) starts: its parameters, or its outer gradient
  *      x0 - theta (the delta kernel, rounded once), are gathered into E and handed to the
- *      combine's asynchronous collective; with delay 0 it is applied at once (step 1).
+ *      combine's asynchronous collective; with delay 0 it is applied at once (step 1);
+ *   3. otherwise, with inner_period > 0 and k a multiple of it, every parameter is averaged.
  * The order matters where delay equals the spacing of two fragments: the one applied leaves
  * the wire before the next starts.
  *
- * Exchanging the parameters themselves (fp32 average) rather than their change keeps the bits
- * of sumo_slowmo, which averages parameters: the same allreduce, then the same arithmetic in
- * outer_update's heavy-ball branch as slow_update. The other combines (compression, Adasum,
- * ACGA) need the change: a quantised parameter would lose the small difference the outer step
- * lives on, and Adasum of parameters means nothing.
+ * Exchanging the parameters themselves (fp32 average) rather than their change is SlowMo's
+ * exchange, whose bits the heavy-ball outer step then keeps. The other combines (compression,
+ * Adasum, ACGA) need the change: a quantised parameter would lose the small difference the
+ * outer step lives on, and Adasum of parameters means nothing.
  */
-#include "sumo_diloco.h"
-#include "collectives/collectives.h"
+#include "optimizers/diloco_impl.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-typedef struct frag {
-    size_t n;          /* elements */
-    size_t base;       /* first element in the gathered state */
-    size_t nruns;
-    size_t *run_off;   /* runs of consecutive parameters, model order */
-    size_t *run_len;
-    size_t ntensors;
-    size_t *tcounts;   /* its tensors' element counts (Adasum's and ACGA's layout) */
-    uint64_t first;    /* its first sync step, floor((f + 1) H / F) */
-    sumo_aggregator *agg; /* ADASUM, ACGA */
-} frag;
-
-struct sumo_diloco {
-    sumo_comm *comm;
-    sumo_diloco_options o;
-    sumo_acga_options acga;
-    sumo_dtype dtype;
-    size_t esz, n, ntensors;
-    size_t *tcounts;
-    int *fragment_of;  /* per tensor */
-    int nranks, rank, log_level;
-    int nfrag;
-    frag *frags;
-    size_t maxfrag;
-    uint64_t layout_hash;
-    unsigned char *x0, *v, *e; /* one allocation in the memory of k */
-    const sumo_kernel_table *k;
-    uint64_t steps;
-    bool anchored, synchronized;
-    /* the exchange in flight or completed and not yet applied */
-    int pending;       /* fragment, -1 for none */
-    uint64_t apply_at;
-    double gamma;      /* the rate of its start step (HEAVY_BALL) */
-    sumo_request *req; /* NULL once completed: its result is then `result` */
-    sumo_result result;
-    sumo_comm_stats stats;
-};
 
 /* ---- options ---------------------------------------------------------------------------- */
 
@@ -87,23 +53,26 @@ sumo_result sumo_diloco_options_preset(sumo_diloco_preset preset, sumo_diloco_op
         o->compression = SUMO_COMPRESS_E3M0;
         return SUMO_SUCCESS;
     case SUMO_DILOCO_PRESET_LOCALSGD:
-        o->sync_every = 12;
-        o->lr = 1.0;
-        o->momentum = 0.0;
-        return SUMO_SUCCESS;
     case SUMO_DILOCO_PRESET_SLOWMO:
     case SUMO_DILOCO_PRESET_BMUF:
-        /* sumo_slowmo_options_preset's: tau 12, alpha 1, beta 0.5. */
+        /* SlowMo's paper: tau 12 for a Local SGD base, alpha 1 everywhere; beta 0.5 is
+         * fairscale's default, and BMUF's block momentum; Local SGD has none. */
         o->sync_every = 12;
         o->outer = SUMO_OUTER_HEAVY_BALL;
         o->lr = 1.0;
-        o->momentum = 0.5;
+        o->momentum = preset == SUMO_DILOCO_PRESET_LOCALSGD ? 0.0 : 0.5;
         return SUMO_SUCCESS;
     default: return SUMO_ERR_INVALID_ARGUMENT;
     }
 }
 
-static const char *check_options(const sumo_diloco_options *o, sumo_dtype dtype, size_t ntensors)
+static bool from_average(const sumo_diloco_options *o)
+{
+    return o->combine == SUMO_COMBINE_AVERAGE && o->compression == SUMO_COMPRESS_NONE;
+}
+
+static const char *check_options(const sumo_diloco_options *o, sumo_dtype dtype, size_t ntensors,
+                                 size_t n)
 {
     if (o->struct_size != sizeof *o)
         return "struct_size is not sizeof(sumo_diloco_options) of this library (fill the options "
@@ -112,8 +81,15 @@ static const char *check_options(const sumo_diloco_options *o, sumo_dtype dtype,
     if (o->sync_every < 1) return "sync_every (H) must be >= 1";
     if (o->fragments < 1 || o->fragments > o->sync_every)
         return "fragments (F) must be in [1, sync_every]: one fragment syncs at a time";
-    if ((size_t)o->fragments > ntensors)
-        return "fragments (F) exceeds the number of tensors (a fragment is whole tensors)";
+    if (o->split != SUMO_SPLIT_TENSORS && o->split != SUMO_SPLIT_RANGES)
+        return "split must be SUMO_SPLIT_TENSORS or SUMO_SPLIT_RANGES";
+    if (o->split == SUMO_SPLIT_TENSORS && (size_t)o->fragments > ntensors)
+        return "fragments (F) exceeds the number of tensors (a fragment is whole tensors; "
+               "SUMO_SPLIT_RANGES cuts them)";
+    if (o->split == SUMO_SPLIT_RANGES && (size_t)o->fragments > n)
+        return "fragments (F) exceeds the number of parameters";
+    if (o->split == SUMO_SPLIT_RANGES && o->fragment_of)
+        return "fragment_of assigns whole tensors: it needs SUMO_SPLIT_TENSORS";
     if (o->delay < 0 || o->delay > o->sync_every / o->fragments)
         return "delay must be in [0, sync_every / fragments]: at most one exchange in flight";
     if (!(o->merge_alpha >= 0 && o->merge_alpha <= 1)) return "merge_alpha must be in [0, 1]";
@@ -134,20 +110,30 @@ static const char *check_options(const sumo_diloco_options *o, sumo_dtype dtype,
         if (dtype != SUMO_FLOAT32) return "compression needs fp32 parameters";
     }
     if (o->combine == SUMO_COMBINE_ACGA && dtype != SUMO_FLOAT32) return "ACGA needs fp32 parameters";
+    if (o->inner_period < 0) return "inner_period must be >= 0 (0: no inner averaging)";
+    if (o->inner_period > 0 &&
+        (o->fragments != 1 || o->delay != 0 || !from_average(o) || o->sync_every % o->inner_period))
+        return "inner_period > 0 needs one fragment, delay 0, the uncompressed average and "
+               "sync_every a multiple of it (the sync must fall on an inner boundary)";
+    if (o->memory_efficient != 0 && o->memory_efficient != 1) return "memory_efficient must be 0 or 1";
+    if (o->memory_efficient && (o->fragments != 1 || o->delay != 0 || o->merge_alpha != 0 ||
+                                !from_average(o)))
+        return "memory_efficient needs one fragment, delay 0, merge_alpha 0 and the uncompressed "
+               "average (each rank updates its slice of the averaged parameters)";
     return NULL;
 }
 
 /* The fragment of every tensor: the caller's, or contiguous runs of whole tensors cut where the
  * running element count first reaches f n / F, each fragment at least one tensor. */
-static const char *assign(sumo_diloco *d)
+static const char *assign(sumo_diloco *d, const int *fragment_of)
 {
     int F = d->o.fragments;
     size_t T = d->ntensors;
-    if (d->o.fragment_of) {
+    if (fragment_of) {
         for (size_t t = 0; t < T; t++) {
-            if (d->o.fragment_of[t] < 0 || d->o.fragment_of[t] >= F)
+            if (fragment_of[t] < 0 || fragment_of[t] >= F)
                 return "fragment_of holds a value outside [0, fragments)";
-            d->fragment_of[t] = d->o.fragment_of[t];
+            d->fragment_of[t] = fragment_of[t];
         }
         return NULL;
     }
@@ -177,35 +163,53 @@ static void frags_free(sumo_diloco *d)
     d->frags = NULL;
 }
 
-/* Fragments from the assignment: runs, layouts, gathered offsets, first sync steps. */
+/* Appends [off, off + len) of tensor piece to fragment fr (runs merge when adjacent). */
+static void frag_add(sumo__frag *fr, size_t off, size_t len)
+{
+    fr->tcounts[fr->ntensors++] = len;
+    fr->n += len;
+    if (len == 0) return;
+    if (fr->nruns > 0 && fr->run_off[fr->nruns - 1] + fr->run_len[fr->nruns - 1] == off) {
+        fr->run_len[fr->nruns - 1] += len;
+    } else {
+        fr->run_off[fr->nruns] = off;
+        fr->run_len[fr->nruns++] = len;
+    }
+}
+
+/* [lo, hi) of fragment f under SUMO_SPLIT_RANGES: floor(f n / F) without overflow. */
+static size_t range_edge(size_t n, size_t F, size_t f)
+{
+    return n / F * f + n % F * f / F;
+}
+
+/* Fragments from the split: runs, layouts, gathered offsets, first sync steps. */
 static const char *build_frags(sumo_diloco *d)
 {
     int F = d->o.fragments;
+    bool ranges = d->o.split == SUMO_SPLIT_RANGES;
     d->nfrag = F;
     d->frags = calloc((size_t)F, sizeof *d->frags);
     if (d->frags == NULL) return "out of memory";
     size_t base = 0;
     for (int f = 0; f < F; f++) {
-        frag *fr = &d->frags[f];
-        size_t cap = 0;
-        for (size_t t = 0; t < d->ntensors; t++) cap += d->fragment_of[t] == f;
+        sumo__frag *fr = &d->frags[f];
+        size_t lo = ranges ? range_edge(d->n, (size_t)F, (size_t)f) : 0;
+        size_t hi = ranges ? range_edge(d->n, (size_t)F, (size_t)f + 1) : d->n;
+        size_t cap = 0, off = 0;
+        for (size_t t = 0; t < d->ntensors; off += d->tcounts[t], t++)
+            cap += ranges ? off < hi && off + d->tcounts[t] > lo : d->fragment_of[t] == f;
         if (cap == 0) return "a fragment has no tensor";
         fr->run_off = malloc(cap * sizeof *fr->run_off);
         fr->run_len = malloc(cap * sizeof *fr->run_len);
         fr->tcounts = malloc(cap * sizeof *fr->tcounts);
         if (!fr->run_off || !fr->run_len || !fr->tcounts) return "out of memory";
-        size_t off = 0;
+        off = 0;
         for (size_t t = 0; t < d->ntensors; off += d->tcounts[t], t++) {
-            if (d->fragment_of[t] != f) continue;
-            fr->tcounts[fr->ntensors++] = d->tcounts[t];
-            fr->n += d->tcounts[t];
-            if (d->tcounts[t] == 0) continue;
-            if (fr->nruns > 0 && fr->run_off[fr->nruns - 1] + fr->run_len[fr->nruns - 1] == off) {
-                fr->run_len[fr->nruns - 1] += d->tcounts[t];
-            } else {
-                fr->run_off[fr->nruns] = off;
-                fr->run_len[fr->nruns++] = d->tcounts[t];
-            }
+            size_t end = off + d->tcounts[t];
+            if (!ranges && d->fragment_of[t] == f) frag_add(fr, off, d->tcounts[t]);
+            if (ranges && off < hi && end > lo)
+                frag_add(fr, SUMO__MAX(off, lo), (end < hi ? end : hi) - SUMO__MAX(off, lo));
         }
         if (fr->n == 0) return "a fragment has no elements (only empty tensors)";
         fr->base = base;
@@ -221,7 +225,7 @@ static sumo_result alloc_state(sumo_diloco *d, const sumo_kernel_table *k)
 {
     const sumo__exec x = {.k = k};
     void *p = NULL;
-    size_t elems = 2 * d->n + d->maxfrag;
+    size_t elems = sumo__diloco_state_elems(d);
     SUMO__CHECK(k->alloc(k->ctx, elems * d->esz, &p));
     sumo_result r = sumo__k_fill(&x, d->dtype, p, 0.0, elems);
     if (r != SUMO_SUCCESS) {
@@ -229,8 +233,8 @@ static sumo_result alloc_state(sumo_diloco *d, const sumo_kernel_table *k)
         return r;
     }
     d->x0 = p;
-    d->v = d->x0 + d->n * d->esz;
-    d->e = d->v + d->n * d->esz;
+    d->v = d->x0 + d->local * d->esz;
+    d->e = d->v + d->local * d->esz;
     d->k = k;
     return SUMO_SUCCESS;
 }
@@ -238,11 +242,48 @@ static sumo_result alloc_state(sumo_diloco *d, const sumo_kernel_table *k)
 static uint64_t fingerprint(const sumo_diloco *d)
 {
     const sumo_diloco_options *o = &d->o;
-    double f[] = {o->sync_every, o->fragments, o->delay, o->merge_alpha, o->outer, o->lr,
-                  o->momentum, o->combine, o->compression, (double)o->block_size,
-                  (double)d->n, d->dtype, d->acga.beta, d->acga.per_tensor, d->acga.eps,
-                  d->acga.negative_guard, d->acga.rescale, d->acga.reference_permutation};
+    double f[] = {o->sync_every, o->fragments, o->split, o->delay, o->merge_alpha, o->outer,
+                  o->lr, o->momentum, o->combine, o->compression, (double)o->block_size,
+                  o->inner_period, o->memory_efficient, (double)d->n, d->dtype, d->acga.beta,
+                  d->acga.per_tensor, d->acga.eps, d->acga.negative_guard, d->acga.rescale,
+                  d->acga.reference_permutation};
     return sumo__fnv1a(d->layout_hash, f, sizeof f);
+}
+
+/* The layout, the split, the shard and the state; NULL or why not. */
+static const char *setup(sumo_diloco *d, const size_t *tensor_counts, size_t ntensors,
+                         const sumo_diloco_options *options)
+{
+    size_t T = d->ntensors;
+    d->tcounts = malloc(T * sizeof *d->tcounts);
+    d->fragment_of = malloc(T * sizeof *d->fragment_of);
+    if (d->tcounts == NULL || d->fragment_of == NULL) return "out of memory";
+    size_t sum = 0;
+    for (size_t t = 0; t < T; t++) {
+        d->tcounts[t] = ntensors ? tensor_counts[t] : d->n;
+        sum += d->tcounts[t];
+    }
+    if (sum != d->n) return "the tensor counts do not add up to nparams";
+    const char *why = d->o.split == SUMO_SPLIT_TENSORS ? assign(d, options->fragment_of) : NULL;
+    if (why == NULL) why = build_frags(d);
+    if (why != NULL) return why;
+    d->layout_hash = sumo__fnv1a(sumo__fnv1a(SUMO__FNV_OFFSET, d->tcounts, T * sizeof *d->tcounts),
+                                 d->fragment_of, d->o.split == SUMO_SPLIT_TENSORS ? T * sizeof *d->fragment_of : 0);
+    const sumo_diloco_options *o = &d->o;
+    d->in_place = o->fragments == 1 && o->delay == 0 && o->merge_alpha == 0 && from_average(o);
+    d->ebuf = d->in_place ? 0 : d->maxfrag;
+    if (o->memory_efficient) {
+        size_t N = (size_t)d->nranks;
+        d->shard = d->n / N;
+        d->tail = d->n % N;
+        d->offset = (size_t)d->rank * d->shard;
+    } else {
+        d->shard = d->n;
+    }
+    d->local = d->shard + d->tail; /* >= 1 since n >= 1 */
+    /* Host memory until the parameters say where they live (the first begin). */
+    if (alloc_state(d, sumo__host_kernels()) != SUMO_SUCCESS) return "no memory for the anchors and momenta";
+    return NULL;
 }
 
 sumo_result sumo_diloco_create(sumo_comm *comm, const size_t *tensor_counts, size_t ntensors,
@@ -258,10 +299,11 @@ sumo_result sumo_diloco_create(sumo_comm *comm, const size_t *tensor_counts, siz
     else if (options == NULL || out == NULL) why = "NULL options or out";
     else if (nparams == 0) why = "no parameters";
     else if (ntensors > 0 && tensor_counts == NULL) why = "NULL tensor_counts with ntensors > 0";
-    else why = check_options(options, dtype, T);
+    else why = check_options(options, dtype, T, nparams);
     if (why == NULL) {
         d->comm = comm;
         d->o = *options;
+        d->o.fragment_of = NULL; /* the copy in setup is the object's own */
         d->dtype = dtype;
         d->esz = sumo__dtype_bytes(dtype);
         d->n = nparams;
@@ -279,33 +321,11 @@ sumo_result sumo_diloco_create(sumo_comm *comm, const size_t *tensor_counts, siz
         d->acga.rescale = 1;
         if (options->acga) d->acga = *options->acga;
         d->o.acga = &d->acga;
-        d->tcounts = malloc(T * sizeof *d->tcounts);
-        d->fragment_of = malloc(T * sizeof *d->fragment_of);
-        d->o.fragment_of = NULL; /* the copy below is the object's own */
-        if (d->tcounts == NULL || d->fragment_of == NULL) why = "out of memory";
-    }
-    if (why == NULL) {
-        size_t sum = 0;
-        for (size_t t = 0; t < T; t++) {
-            d->tcounts[t] = ntensors ? tensor_counts[t] : nparams;
-            sum += d->tcounts[t];
-        }
-        if (sum != nparams) why = "the tensor counts do not add up to nparams";
-    }
-    if (why == NULL) {
-        d->o.fragment_of = options->fragment_of;
-        why = assign(d);
-        d->o.fragment_of = NULL;
-    }
-    if (why == NULL) why = build_frags(d);
-    if (why == NULL) {
-        d->layout_hash = sumo__fnv1a(sumo__fnv1a(SUMO__FNV_OFFSET, d->tcounts, T * sizeof *d->tcounts),
-                                     d->fragment_of, T * sizeof *d->fragment_of);
-        local = alloc_state(d, sumo__host_kernels());
-        if (local != SUMO_SUCCESS) why = "no memory for the anchors and momenta";
+        why = setup(d, tensor_counts, ntensors, options);
     }
     if (why != NULL) {
-        if (d == NULL || strcmp(why, "out of memory") == 0) local = SUMO_ERR_SYSTEM;
+        if (d == NULL || strncmp(why, "out of memory", 13) == 0 || strncmp(why, "no memory", 9) == 0)
+            local = SUMO_ERR_SYSTEM;
         SUMO__COMM_FAIL(comm, local, "diloco create: %s", why);
     }
     sumo_result r = sumo__agree_setup(comm, why ? local : SUMO_SUCCESS, why ? 0 : fingerprint(d),
@@ -346,8 +366,7 @@ sumo_result sumo_diloco_destroy(sumo_diloco *d)
 
 /* ---- the step ----------------------------------------------------------------------------- */
 
-/* The exchange in flight completes now; its result is kept for the apply. */
-static void settle(sumo_diloco *d)
+void sumo__diloco_settle(sumo_diloco *d)
 {
     if (d->req == NULL) return;
     d->result = sumo_request_wait(d->req);
@@ -360,11 +379,11 @@ static sumo_result params_exec(sumo_diloco *d, const void *params, sumo__exec *x
     x->k = sumo__kernels_for(d->comm, params, d->n * d->esz);
     x->stream = NULL;
     if (x->k == d->k) return SUMO_SUCCESS;
-    settle(d); /* E is about to move */
+    sumo__diloco_settle(d); /* E is about to move */
     unsigned char *old = d->x0;
     const sumo_kernel_table *oldk = d->k;
     SUMO__CHECK(alloc_state(d, x->k));
-    sumo_result r = sumo__k_copy(x, d->x0, old, (2 * d->n + d->maxfrag) * d->esz);
+    sumo_result r = sumo__k_copy(x, d->x0, old, sumo__diloco_state_elems(d) * d->esz);
     oldk->release(oldk->ctx, old);
     return r;
 }
@@ -375,17 +394,25 @@ sumo_result sumo_diloco_begin(sumo_diloco *d, const void *params)
     if (d->anchored) return SUMO_SUCCESS;
     sumo__exec x;
     SUMO__CHECK(params_exec(d, params, &x));
-    for (int f = 0; f < d->nfrag; f++) {
-        const frag *fr = &d->frags[f];
+    const unsigned char *p = params;
+    size_t esz = d->esz;
+    if (d->o.memory_efficient) { /* the slice, then the tail */
+        SUMO__CHECK(sumo__k_copy(&x, d->x0, p + d->offset * esz, d->shard * esz));
+        SUMO__CHECK(sumo__k_copy(&x, d->x0 + d->shard * esz, p + (d->n - d->tail) * esz, d->tail * esz));
+    }
+    for (int f = 0; f < d->nfrag && !d->o.memory_efficient; f++) {
+        const sumo__frag *fr = &d->frags[f];
         size_t at = fr->base;
         for (size_t r = 0; r < fr->nruns; at += fr->run_len[r], r++)
-            SUMO__CHECK(sumo__k_copy(&x, d->x0 + at * d->esz,
-                                     (const unsigned char *)params + fr->run_off[r] * d->esz,
-                                     fr->run_len[r] * d->esz));
+            SUMO__CHECK(sumo__k_copy(&x, d->x0 + at * esz, p + fr->run_off[r] * esz, fr->run_len[r] * esz));
     }
     d->anchored = true;
     return SUMO_SUCCESS;
 }
+
+void sumo__diloco_unanchor(sumo_diloco *d) { d->anchored = false; }
+
+bool sumo__diloco_anchored(const sumo_diloco *d) { return d->anchored; }
 
 /* The fragment whose exchange starts at the end of step k (>= 1), or -1. */
 static int starting(const sumo_diloco *d, uint64_t k)
@@ -396,6 +423,12 @@ static int starting(const sumo_diloco *d, uint64_t k)
     return -1;
 }
 
+/* Whether step k (>= 1) ends with an inner average (no exchange starts there). */
+static bool inner_due(const sumo_diloco *d, uint64_t k)
+{
+    return d->o.inner_period > 0 && k % (uint64_t)d->o.inner_period == 0 && starting(d, k) < 0;
+}
+
 sumo_result sumo_diloco_due(const sumo_diloco *d, int *what, int *applied, int *started)
 {
     if (d == NULL || what == NULL) return SUMO_ERR_INVALID_ARGUMENT;
@@ -403,46 +436,53 @@ sumo_result sumo_diloco_due(const sumo_diloco *d, int *what, int *applied, int *
     int a = d->pending >= 0 && d->apply_at == next ? d->pending : -1;
     int s = starting(d, next);
     if (a < 0 && s >= 0 && d->o.delay == 0) a = s;
-    *what = (a >= 0 ? SUMO_DILOCO_APPLY : 0) | (s >= 0 ? SUMO_DILOCO_START : 0);
+    *what = (a >= 0 ? SUMO_DILOCO_APPLY : 0) | (s >= 0 ? SUMO_DILOCO_START : 0) |
+            (inner_due(d, next) ? SUMO_DILOCO_AVERAGE : 0);
     if (applied) *applied = a;
     if (started) *started = s;
     return SUMO_SUCCESS;
 }
 
-static bool from_average(const sumo_diloco *d)
+static sumo_result average_all(sumo_diloco *d, void *params)
 {
-    return d->o.combine == SUMO_COMBINE_AVERAGE && d->o.compression == SUMO_COMPRESS_NONE;
+    d->stats.rounds++;
+    d->stats.bytes += (uint64_t)d->n * d->esz;
+    return sumo_allreduce(params, params, d->n, d->dtype, SUMO_OP_AVERAGE, d->comm);
 }
 
-static sumo_result start(sumo_diloco *d, const sumo__exec *x, const unsigned char *params, int f,
+static sumo_result start(sumo_diloco *d, const sumo__exec *x, unsigned char *params, int f,
                          double lr)
 {
-    const frag *fr = &d->frags[f];
+    const sumo__frag *fr = &d->frags[f];
     size_t esz = d->esz, at = 0;
-    for (size_t r = 0; r < fr->nruns; at += fr->run_len[r], r++) {
-        const unsigned char *p = params + fr->run_off[r] * esz;
-        unsigned char *e = d->e + at * esz;
-        if (from_average(d))
-            SUMO__CHECK(sumo__k_copy(x, e, p, fr->run_len[r] * esz));
-        else /* Delta_r = x0 - theta, rounded once */
-            SUMO__CHECK(sumo__k_delta(x, d->dtype, e, d->x0 + (fr->base + at) * esz, p, fr->run_len[r]));
-    }
-    d->stats.rounds++;
     sumo_result r;
-    if (d->o.compression != SUMO_COMPRESS_NONE) {
-        sumo_compression c = {.struct_size = sizeof c, .format = d->o.compression,
-                              .block_size = d->o.block_size, .op = SUMO_OP_AVERAGE};
-        size_t bytes = 0;
-        sumo_compressed_bytes(&c, fr->n, &bytes);
-        d->stats.bytes += bytes;
-        r = sumo_allreduce_compressed_start((const float *)(const void *)d->e, (float *)(void *)d->e,
-                                            fr->n, &c, d->comm, &d->req);
+    if (d->in_place) { /* delay 0: the average is applied at once */
+        r = average_all(d, params);
     } else {
-        d->stats.bytes += (uint64_t)fr->n * esz;
-        if (fr->agg)
-            r = sumo_aggregator_apply_start(fr->agg, d->e, d->e, fr->n, d->dtype, &d->req);
-        else
-            r = sumo_allreduce_start(d->e, d->e, fr->n, d->dtype, SUMO_OP_AVERAGE, d->comm, &d->req);
+        for (size_t i = 0; i < fr->nruns; at += fr->run_len[i], i++) {
+            const unsigned char *p = params + fr->run_off[i] * esz;
+            unsigned char *e = d->e + at * esz;
+            if (from_average(&d->o))
+                SUMO__CHECK(sumo__k_copy(x, e, p, fr->run_len[i] * esz));
+            else /* Delta_r = x0 - theta, rounded once */
+                SUMO__CHECK(sumo__k_delta(x, d->dtype, e, d->x0 + (fr->base + at) * esz, p, fr->run_len[i]));
+        }
+        d->stats.rounds++;
+        if (d->o.compression != SUMO_COMPRESS_NONE) {
+            sumo_compression c = {.struct_size = sizeof c, .format = d->o.compression,
+                                  .block_size = d->o.block_size, .op = SUMO_OP_AVERAGE};
+            size_t bytes = 0;
+            sumo_compressed_bytes(&c, fr->n, &bytes);
+            d->stats.bytes += bytes;
+            r = sumo_allreduce_compressed_start((const float *)(const void *)d->e,
+                                                (float *)(void *)d->e, fr->n, &c, d->comm, &d->req);
+        } else {
+            d->stats.bytes += (uint64_t)fr->n * esz;
+            if (fr->agg)
+                r = sumo_aggregator_apply_start(fr->agg, d->e, d->e, fr->n, d->dtype, &d->req);
+            else
+                r = sumo_allreduce_start(d->e, d->e, fr->n, d->dtype, SUMO_OP_AVERAGE, d->comm, &d->req);
+        }
     }
     if (r != SUMO_SUCCESS) {
         d->req = NULL;
@@ -455,32 +495,57 @@ static sumo_result start(sumo_diloco *d, const sumo__exec *x, const unsigned cha
     return SUMO_SUCCESS;
 }
 
+/* The sharded outer step: this rank's slice and the tail of the parameters, averaged in place,
+ * then the slices gathered from their owners. The scan runs on the rebuilt parameters,
+ * identical everywhere, so every rank reaches the same verdict. */
+static sumo_result apply_sharded(sumo_diloco *d, const sumo__exec *x, unsigned char *params,
+                                 const sumo_outer_step *st, size_t *bad)
+{
+    size_t esz = d->esz;
+    unsigned char *own = params + d->offset * esz, *tail = params + (d->n - d->tail) * esz;
+    SUMO__CHECK(sumo__k_outer_update(x, d->dtype, own, own, d->v, d->x0, d->shard, st));
+    SUMO__CHECK(sumo__k_outer_update(x, d->dtype, tail, tail, d->v + d->shard * esz,
+                                     d->x0 + d->shard * esz, d->tail, st));
+    if (d->shard > 0) {
+        d->stats.rounds++;
+        d->stats.bytes += (uint64_t)d->nranks * d->shard * esz;
+        SUMO__CHECK(sumo_allgather(own, params, d->shard, d->dtype, d->comm));
+    }
+    return sumo__k_first_nonfinite(x, d->dtype, params, d->n, bad);
+}
+
 static sumo_result apply(sumo_diloco *d, const sumo__exec *x, unsigned char *params)
 {
     int f = d->pending;
-    const frag *fr = &d->frags[f];
-    settle(d);
+    const sumo__frag *fr = &d->frags[f];
+    sumo__diloco_settle(d);
     d->pending = -1;
     if (d->result != SUMO_SUCCESS) return d->result;
     const sumo_diloco_options *o = &d->o;
     bool hb = o->outer == SUMO_OUTER_HEAVY_BALL;
-    /* SlowMo's step is alpha gamma, formed as slow_update forms it. */
-    sumo_outer_step st = {.nesterov = !hb, .from_average = from_average(d),
+    /* SlowMo's step is alpha gamma. */
+    sumo_outer_step st = {.nesterov = !hb, .from_average = from_average(o),
                           .lr = hb ? o->lr * d->gamma : o->lr, .mu = o->momentum,
                           .gamma = hb ? d->gamma : 1.0, .merge = o->merge_alpha};
-    size_t esz = d->esz, at = 0;
-    for (size_t r = 0; r < fr->nruns; at += fr->run_len[r], r++) {
-        size_t g = (fr->base + at) * esz;
-        SUMO__CHECK(sumo__k_outer_update(x, d->dtype, params + fr->run_off[r] * esz, d->e + at * esz,
-                                         d->v + g, d->x0 + g, fr->run_len[r], &st));
+    size_t esz = d->esz, at = 0, bad;
+    if (o->memory_efficient) {
+        SUMO__CHECK(apply_sharded(d, x, params, &st, &bad));
+    } else if (d->in_place) { /* one fragment: [0, n), the average in params */
+        SUMO__CHECK(sumo__k_outer_update(x, d->dtype, params, params, d->v, d->x0, d->n, &st));
+        SUMO__CHECK(sumo__k_first_nonfinite(x, d->dtype, d->x0, d->n, &bad));
+    } else {
+        for (size_t r = 0; r < fr->nruns; at += fr->run_len[r], r++) {
+            size_t g = (fr->base + at) * esz;
+            SUMO__CHECK(sumo__k_outer_update(x, d->dtype, params + fr->run_off[r] * esz,
+                                             d->e + at * esz, d->v + g, d->x0 + g, fr->run_len[r], &st));
+        }
+        SUMO__CHECK(sumo__k_first_nonfinite(x, d->dtype, d->x0 + fr->base * esz, fr->n, &bad));
     }
-    size_t bad;
-    SUMO__CHECK(sumo__k_first_nonfinite(x, d->dtype, d->x0 + fr->base * esz, fr->n, &bad));
     if (bad != SIZE_MAX) {
         SUMO__LOG(d->log_level, SUMO__LOG_WARN,
-                  "diloco outer step of fragment %d: element %zu of its anchor is not finite "
-                  "(diverged local steps, or an outer momentum beyond its type)",
-                  f, bad);
+                  "outer step of fragment %d: element %zu of its %s is not finite (diverged "
+                  "local steps, or an outer momentum beyond its type for lr %g)",
+                  f, bad, o->memory_efficient ? "parameters" : "anchor", d->gamma);
         return SUMO_ERR_NONFINITE;
     }
     return SUMO_SUCCESS;
@@ -505,7 +570,7 @@ sumo_result sumo_diloco_end(sumo_diloco *d, void *params, double lr, int *commun
     sumo__exec x;
     SUMO__CHECK(params_exec(d, params, &x));
     d->steps++;
-    bool applied = false, started = false;
+    bool applied = false, started = false, averaged = false;
     sumo_result r = SUMO_SUCCESS;
     if (d->pending >= 0 && d->apply_at == d->steps) {
         applied = true;
@@ -518,171 +583,12 @@ sumo_result sumo_diloco_end(sumo_diloco *d, void *params, double lr, int *commun
             applied = true;
             r = apply(d, &x, params);
         }
+    } else if (r == SUMO_SUCCESS && inner_due(d, d->steps)) {
+        averaged = true;
+        r = average_all(d, params);
     }
-    if (communicated) *communicated = applied || started;
-    d->synchronized = d->nranks == 1 ||
+    if (communicated) *communicated = applied || started || averaged;
+    d->synchronized = d->nranks == 1 || (averaged && r == SUMO_SUCCESS) ||
                       (d->nfrag == 1 && applied && d->o.merge_alpha == 0 && r == SUMO_SUCCESS);
     return r;
-}
-
-sumo_result sumo_diloco_synchronized(const sumo_diloco *d, int *synchronized)
-{
-    if (d == NULL || synchronized == NULL) return SUMO_ERR_INVALID_ARGUMENT;
-    *synchronized = d->synchronized;
-    return SUMO_SUCCESS;
-}
-
-sumo_result sumo_diloco_fragment(const sumo_diloco *d, int f, size_t *count, size_t *nruns)
-{
-    if (d == NULL || f < 0 || f >= d->nfrag) return SUMO_ERR_INVALID_ARGUMENT;
-    if (count) *count = d->frags[f].n;
-    if (nruns) *nruns = d->frags[f].nruns;
-    return SUMO_SUCCESS;
-}
-
-sumo_result sumo_diloco_fragment_runs(const sumo_diloco *d, int f, size_t *offsets,
-                                      size_t *lengths, size_t nruns)
-{
-    if (d == NULL || f < 0 || f >= d->nfrag || nruns != d->frags[f].nruns ||
-        (nruns && (offsets == NULL || lengths == NULL)))
-        return SUMO_ERR_INVALID_ARGUMENT;
-    memcpy(offsets, d->frags[f].run_off, nruns * sizeof *offsets);
-    memcpy(lengths, d->frags[f].run_len, nruns * sizeof *lengths);
-    return SUMO_SUCCESS;
-}
-
-/* ---- checkpoints ------------------------------------------------------------------------ */
-
-/* Fixed-width words in this machine's byte order, then x0, v and E (elements of the dtype),
- * then each fragment's aggregator state. */
-#define DILOCO_MAGIC 0x44494c4f434f3031ull /* "DILOCO01" */
-#define DILOCO_VERSION 1u
-enum {
-    H_MAGIC, H_VERSION, H_N, H_DTYPE, H_FRAGS, H_SYNC, H_DELAY, H_COMBINE, H_COMPRESSION,
-    H_LAYOUT, H_STEPS, H_ANCHORED, H_PENDING, H_APPLY_AT, H_GAMMA, H_RESULT, H_COUNT
-};
-
-static size_t agg_bytes(const sumo_diloco *d, int f)
-{
-    size_t b = 0;
-    if (d->frags[f].agg) sumo_aggregator_state_size(d->frags[f].agg, &b);
-    return b;
-}
-
-sumo_result sumo_diloco_state_size(const sumo_diloco *d, size_t *bytes)
-{
-    if (d == NULL || bytes == NULL) return SUMO_ERR_INVALID_ARGUMENT;
-    size_t b = H_COUNT * sizeof(uint64_t) + (2 * d->n + d->maxfrag) * d->esz;
-    for (int f = 0; f < d->nfrag; f++) b += agg_bytes(d, f);
-    *bytes = b;
-    return SUMO_SUCCESS;
-}
-
-sumo_result sumo_diloco_state_save(sumo_diloco *d, void *buffer, size_t bytes)
-{
-    size_t need;
-    SUMO__CHECK(sumo_diloco_state_size(d, &need));
-    if (buffer == NULL || bytes != need) return SUMO_ERR_INVALID_ARGUMENT;
-    /* An exchange in flight completes first: its result is part of the state. */
-    settle(d);
-    uint64_t gamma;
-    memcpy(&gamma, &d->gamma, sizeof gamma);
-    uint64_t h[H_COUNT] = {
-        [H_MAGIC] = DILOCO_MAGIC, [H_VERSION] = DILOCO_VERSION, [H_N] = d->n,
-        [H_DTYPE] = (uint64_t)d->dtype, [H_FRAGS] = (uint64_t)d->nfrag,
-        [H_SYNC] = (uint64_t)d->o.sync_every, [H_DELAY] = (uint64_t)d->o.delay,
-        [H_COMBINE] = (uint64_t)d->o.combine, [H_COMPRESSION] = (uint64_t)d->o.compression,
-        [H_LAYOUT] = d->layout_hash, [H_STEPS] = d->steps, [H_ANCHORED] = d->anchored,
-        [H_PENDING] = (uint64_t)(d->pending + 1), [H_APPLY_AT] = d->apply_at,
-        [H_GAMMA] = gamma, [H_RESULT] = (uint64_t)d->result,
-    };
-    unsigned char *p = buffer;
-    memcpy(p, h, sizeof h);
-    p += sizeof h;
-    size_t state = (2 * d->n + d->maxfrag) * d->esz;
-    const sumo__exec x = {.k = d->k};
-    SUMO__CHECK(sumo__k_copy(&x, p, d->x0, state));
-    p += state;
-    for (int f = 0; f < d->nfrag; f++) {
-        size_t b = agg_bytes(d, f);
-        if (b) SUMO__CHECK(sumo_aggregator_state_save(d->frags[f].agg, p, b));
-        p += b;
-    }
-    return SUMO_SUCCESS;
-}
-
-static const char *check_header(const sumo_diloco *d, const uint64_t *h)
-{
-    if (h[H_MAGIC] != DILOCO_MAGIC) return "not a DiLoCo state (bad magic)";
-    if (h[H_VERSION] != DILOCO_VERSION) return "unsupported DiLoCo state version";
-    if (h[H_N] != d->n || h[H_DTYPE] != (uint64_t)d->dtype) return "parameter count or dtype differs";
-    if (h[H_FRAGS] != (uint64_t)d->nfrag || h[H_LAYOUT] != d->layout_hash)
-        return "layout or fragments differ";
-    if (h[H_SYNC] != (uint64_t)d->o.sync_every || h[H_DELAY] != (uint64_t)d->o.delay)
-        return "sync_every or delay differs (the schedule would mean something else)";
-    if (h[H_COMBINE] != (uint64_t)d->o.combine || h[H_COMPRESSION] != (uint64_t)d->o.compression)
-        return "combine or compression differs (the exchange buffer would mean something else)";
-    if (h[H_ANCHORED] > 1) return "corrupt anchor flag";
-    if (h[H_ANCHORED] == 0 && h[H_STEPS] != 0) return "steps counted before the anchors were taken";
-    if (h[H_PENDING] > (uint64_t)d->nfrag) return "corrupt exchange in flight";
-    if (h[H_PENDING] &&
-        !(h[H_APPLY_AT] > h[H_STEPS] && h[H_APPLY_AT] <= h[H_STEPS] + (uint64_t)d->o.delay))
-        return "an exchange in flight outside its delay";
-    if (h[H_RESULT] >= SUMO_RESULT_COUNT) return "corrupt exchange result";
-    return NULL;
-}
-
-sumo_result sumo_diloco_state_load(sumo_diloco *d, const void *buffer, size_t bytes)
-{
-    size_t need;
-    SUMO__CHECK(sumo_diloco_state_size(d, &need));
-    if (buffer == NULL || bytes != need) return SUMO_ERR_INVALID_ARGUMENT;
-    uint64_t h[H_COUNT];
-    memcpy(h, buffer, sizeof h);
-    const unsigned char *body = (const unsigned char *)buffer + sizeof h;
-    const char *why = check_header(d, h);
-    if (why == NULL) {
-        /* A NaN in a loaded anchor or momentum would surface only as NaN parameters later. */
-        size_t bad;
-        const sumo__exec host = sumo__host_exec();
-        SUMO__CHECK(sumo__k_first_nonfinite(&host, d->dtype, body, 2 * d->n, &bad));
-        if (bad != SIZE_MAX) why = "non-finite value in an anchor or outer momentum";
-    }
-    if (why != NULL) {
-        SUMO__LOG(d->log_level, SUMO__LOG_WARN, "diloco state load: %s", why);
-        return SUMO_ERR_INVALID_ARGUMENT;
-    }
-    settle(d); /* a request of this object's own past is waited on, its result dropped */
-    size_t state = (2 * d->n + d->maxfrag) * d->esz;
-    const unsigned char *p = body + state;
-    for (int f = 0; f < d->nfrag; f++) {
-        size_t b = agg_bytes(d, f);
-        if (b) SUMO__CHECK(sumo_aggregator_state_load(d->frags[f].agg, p, b));
-        p += b;
-    }
-    const sumo__exec x = {.k = d->k};
-    SUMO__CHECK(sumo__k_copy(&x, d->x0, body, state));
-    d->steps = h[H_STEPS];
-    d->anchored = h[H_ANCHORED] != 0;
-    d->pending = (int)h[H_PENDING] - 1;
-    d->apply_at = h[H_APPLY_AT];
-    memcpy(&d->gamma, &h[H_GAMMA], sizeof d->gamma);
-    d->result = (sumo_result)h[H_RESULT];
-    /* Common parameters were saved if the last end applied a whole-model exchange. */
-    d->synchronized = d->nranks == 1;
-    return SUMO_SUCCESS;
-}
-
-sumo_result sumo_diloco_stats(const sumo_diloco *d, sumo_comm_stats *stats)
-{
-    if (d == NULL || stats == NULL) return SUMO_ERR_INVALID_ARGUMENT;
-    *stats = d->stats;
-    return SUMO_SUCCESS;
-}
-
-sumo_result sumo_diloco_extra_memory(const sumo_diloco *d, size_t *bytes)
-{
-    if (d == NULL || bytes == NULL) return SUMO_ERR_INVALID_ARGUMENT;
-    *bytes = (2 * d->n + d->maxfrag) * d->esz;
-    return SUMO_SUCCESS;
 }

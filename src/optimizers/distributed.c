@@ -1,11 +1,14 @@
 /*
  * The distributed optimizer: one call per training step, whatever the mode. GRADIENT combines
  * the gradients and steps; DELTA steps locally and combines the deltas (Horovod's Adasum
- * mode); SLOWMO runs the outer loop of slowmo.c around the base optimizer's local steps and
- * applies the buffer policy at each outer step. Every touch of the parameters goes through
+ * mode); OUTER runs the outer loop (diloco.c) around the base optimizer's local steps and
+ * applies the buffer policy after each outer step. Every touch of the parameters goes through
  * the kernel table of their memory.
  */
-#include "optimizers/slowmo.h"
+#include "optimizers/diloco.h"
+#include "optimizers/optimizer.h"
+#include "sumo_delta.h"
+#include "sumo_distributed.h"
 #include "collectives/comm.h"
 
 #include <math.h>
@@ -21,30 +24,15 @@ struct sumo_distributed {
     sumo_comm_stats stats; /* this layer's own collectives (the others count their own) */
     float *saved;          /* DELTA: parameters before the local step */
     bool synchronized;
-    sumo_slowmo *slowmo;   /* SLOWMO */
+    sumo_diloco *outer;    /* OUTER */
 };
-
-sumo_result sumo_slowmo_options_preset(sumo_slowmo_preset preset, sumo_slowmo_options *options)
-{
-    if (options == NULL) return SUMO_ERR_INVALID_ARGUMENT;
-    /* The paper's settings: tau 12 for a Local SGD base, alpha 1 everywhere, beta 0.5
-     * (fairscale's default); BMUF is block momentum over plain local steps. */
-    *options = (sumo_slowmo_options){.struct_size = sizeof *options, .tau = 12,
-                                     .inner_period = 0, .alpha = 1.0,
-                                     .buffers = SUMO_BUFFERS_KEEP};
-    switch (preset) {
-    case SUMO_SLOWMO_PRESET_SLOWMO: options->beta = 0.5; return SUMO_SUCCESS;
-    case SUMO_SLOWMO_PRESET_LOCALSGD: options->beta = 0.0; return SUMO_SUCCESS;
-    case SUMO_SLOWMO_PRESET_BMUF: options->beta = 0.5; return SUMO_SUCCESS;
-    default: return SUMO_ERR_INVALID_ARGUMENT;
-    }
-}
 
 sumo_result sumo_distributed_options_default(sumo_update_mode mode, sumo_distributed_options *options)
 {
     if (options == NULL || (unsigned)mode >= SUMO_UPDATE_MODE_COUNT) return SUMO_ERR_INVALID_ARGUMENT;
-    *options = (sumo_distributed_options){.struct_size = sizeof *options, .mode = mode};
-    return sumo_slowmo_options_preset(SUMO_SLOWMO_PRESET_SLOWMO, &options->slowmo);
+    *options = (sumo_distributed_options){.struct_size = sizeof *options, .mode = mode,
+                                          .buffers = SUMO_BUFFERS_KEEP};
+    return sumo_diloco_options_preset(SUMO_DILOCO_PRESET_SLOWMO, &options->outer);
 }
 
 sumo_result sumo_distributed_create(sumo_comm *comm, sumo_optimizer *optimizer,
@@ -53,9 +41,10 @@ sumo_result sumo_distributed_create(sumo_comm *comm, sumo_optimizer *optimizer,
                                     sumo_distributed **out)
 {
     if (comm == NULL || optimizer == NULL || options == NULL || out == NULL || nparams == 0 ||
-        options->struct_size != sizeof *options || (unsigned)options->mode >= SUMO_UPDATE_MODE_COUNT)
+        options->struct_size != sizeof *options || (unsigned)options->mode >= SUMO_UPDATE_MODE_COUNT ||
+        (unsigned)options->buffers > (unsigned)SUMO_BUFFERS_AVERAGE)
         return SUMO_ERR_INVALID_ARGUMENT;
-    if (options->mode != SUMO_UPDATE_SLOWMO && aggregator == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    if (options->mode != SUMO_UPDATE_OUTER && aggregator == NULL) return SUMO_ERR_INVALID_ARGUMENT;
     size_t n = 0, ntensors = 0;
     SUMO__CHECK(sumo_optimizer_size(optimizer, &n, &ntensors));
     if (n != nparams) return SUMO_ERR_INVALID_ARGUMENT;
@@ -67,9 +56,11 @@ sumo_result sumo_distributed_create(sumo_comm *comm, sumo_optimizer *optimizer,
     if (options->mode == SUMO_UPDATE_DELTA) {
         d->saved = malloc(nparams * sizeof *d->saved);
         if (d->saved == NULL) r = SUMO_ERR_SYSTEM;
-    } else if (options->mode == SUMO_UPDATE_SLOWMO) {
-        r = sumo_slowmo_create(comm, nparams, SUMO_FLOAT32, &options->slowmo, &d->slowmo);
+    } else if (options->mode == SUMO_UPDATE_OUTER) {
+        r = sumo_diloco_create(comm, sumo__optimizer_layout(optimizer), ntensors, nparams,
+                               SUMO_FLOAT32, &options->outer, &d->outer);
     }
+    d->options.outer.fragment_of = NULL; /* the outer loop keeps its own copy */
     if (r != SUMO_SUCCESS) {
         free(d->saved);
         free(d);
@@ -82,38 +73,10 @@ sumo_result sumo_distributed_create(sumo_comm *comm, sumo_optimizer *optimizer,
 sumo_result sumo_distributed_destroy(sumo_distributed *dist)
 {
     if (dist == NULL) return SUMO_SUCCESS;
-    sumo_slowmo_destroy(dist->slowmo);
+    sumo_diloco_destroy(dist->outer);
     free(dist->saved);
     free(dist);
     return SUMO_SUCCESS;
-}
-
-sumo_result sumo_delta_compute(sumo_comm *comm, void *delta, const void *params,
-                               const void *start, size_t count, sumo_dtype dtype)
-{
-    if (comm == NULL || !sumo__dtype_valid(dtype) ||
-        (count > 0 && (delta == NULL || params == NULL || start == NULL)))
-        return SUMO_ERR_INVALID_ARGUMENT;
-    const sumo__exec x = {.k = sumo__kernels_for(comm, params, count * sumo__dtype_bytes(dtype))};
-    return sumo__k_delta(&x, dtype, delta, params, start, count);
-}
-
-sumo_result sumo_delta_apply(sumo_comm *comm, void *params, const void *start, const void *delta,
-                             size_t count, sumo_dtype dtype)
-{
-    if (comm == NULL || !sumo__dtype_valid(dtype) ||
-        (count > 0 && (delta == NULL || params == NULL || start == NULL)))
-        return SUMO_ERR_INVALID_ARGUMENT;
-    size_t bytes = count * sumo__dtype_bytes(dtype), bad;
-    const sumo__exec x = {.k = sumo__kernels_for(comm, params, bytes)};
-    SUMO__CHECK(sumo__k_apply_delta(&x, dtype, params, start, delta, count, &bad));
-    if (bad == SIZE_MAX) return SUMO_SUCCESS;
-    /* Nothing half-done survives: the parameters are those from before the step. */
-    SUMO__CHECK(sumo__k_copy(&x, params, start, bytes));
-    return SUMO__FAIL_TOGETHER(comm->tp, SUMO_ERR_NONFINITE,
-                               "delta step: element %zu of start + combined delta is not finite; "
-                               "the parameters are back at the start of the step",
-                               bad);
 }
 
 /* Horovod's Adasum mode: a local step, the deltas combined, added to the saved parameters.
@@ -142,7 +105,7 @@ static sumo_result delta_step(sumo_distributed *d, float *params, float *grads, 
 
 static sumo_result apply_buffer_policy(sumo_distributed *dist)
 {
-    switch (dist->options.slowmo.buffers) {
+    switch (dist->options.buffers) {
     case SUMO_BUFFERS_RESET: return sumo_optimizer_state_reset(dist->optimizer);
     case SUMO_BUFFERS_AVERAGE: {
         float *bufs[SUMO_OPTIMIZER_MAX_STATE_BUFFERS] = {0};
@@ -160,28 +123,29 @@ static sumo_result apply_buffer_policy(sumo_distributed *dist)
     }
 }
 
-/* One local step of the base optimizer inside SlowMo's outer loop. A step the base optimizer
+/* One local step of the base optimizer inside the outer loop. A step the base optimizer
  * refuses (check_finite on a NaN gradient) changes nothing and does not count; if only some
- * ranks refuse, the ranks are out of step and the next average fails or times out, so such a
+ * ranks refuse, the ranks are out of step and the next exchange fails or times out, so such a
  * batch must be skipped on every rank (agree first). */
-static sumo_result slowmo_step(sumo_distributed *d, float *params, float *grads, double lr,
-                               int *communicated)
+static sumo_result outer_step(sumo_distributed *d, float *params, float *grads, double lr,
+                              int *communicated)
 {
     int due;
-    SUMO__CHECK(sumo_slowmo_due(d->slowmo, &due));
-    bool outer = due == SUMO_SLOWMO_OUTER;
-    if (outer && !(lr > 0)) return SUMO_ERR_INVALID_ARGUMENT; /* nothing may change before */
-    bool anchored = sumo__slowmo_anchored(d->slowmo);
-    SUMO__CHECK(sumo_slowmo_begin(d->slowmo, params));
+    SUMO__CHECK(sumo_diloco_due(d->outer, &due, NULL, NULL));
+    bool outer = (due & SUMO_DILOCO_APPLY) != 0;
+    if ((due & SUMO_DILOCO_START) && d->options.outer.outer == SUMO_OUTER_HEAVY_BALL && !(lr > 0))
+        return SUMO_ERR_INVALID_ARGUMENT; /* nothing may change before */
+    bool anchored = sumo__diloco_anchored(d->outer);
+    SUMO__CHECK(sumo_diloco_begin(d->outer, params));
     sumo_result r = sumo_optimizer_step(d->optimizer, params, grads, lr);
     if (r != SUMO_SUCCESS) {
-        if (!anchored) sumo__slowmo_unanchor(d->slowmo);
+        if (!anchored) sumo__diloco_unanchor(d->outer);
         return r;
     }
-    r = sumo_slowmo_end(d->slowmo, params, lr, communicated);
+    r = sumo_diloco_end(d->outer, params, lr, communicated);
     if (r == SUMO_SUCCESS && outer) r = apply_buffer_policy(d);
     int sync = 0;
-    sumo_slowmo_synchronized(d->slowmo, &sync);
+    sumo_diloco_synchronized(d->outer, &sync);
     d->synchronized = sync;
     return r;
 }
@@ -205,7 +169,7 @@ sumo_result sumo_distributed_step(sumo_distributed *dist, float *params, float *
         r = delta_step(dist, params, grads, lr);
         dist->synchronized = true;
         break;
-    default: r = slowmo_step(dist, params, grads, lr, &comm_flag); break;
+    default: r = outer_step(dist, params, grads, lr, &comm_flag); break;
     }
     if (communicated) *communicated = comm_flag;
     return r;
@@ -221,17 +185,17 @@ sumo_result sumo_distributed_synchronized(const sumo_distributed *dist, int *syn
 sumo_result sumo_distributed_state_size(const sumo_distributed *dist, size_t *bytes)
 {
     if (dist == NULL || bytes == NULL) return SUMO_ERR_INVALID_ARGUMENT;
-    if (dist->slowmo) return sumo_slowmo_state_size(dist->slowmo, bytes);
+    if (dist->outer) return sumo_diloco_state_size(dist->outer, bytes);
     *bytes = 0;
     return SUMO_SUCCESS;
 }
 
-sumo_result sumo_distributed_state_save(const sumo_distributed *dist, void *buffer, size_t bytes)
+sumo_result sumo_distributed_state_save(sumo_distributed *dist, void *buffer, size_t bytes)
 {
     size_t need;
     SUMO__CHECK(sumo_distributed_state_size(dist, &need));
     if (bytes != need || (need && buffer == NULL)) return SUMO_ERR_INVALID_ARGUMENT;
-    return need ? sumo_slowmo_state_save(dist->slowmo, buffer, bytes) : SUMO_SUCCESS;
+    return need ? sumo_diloco_state_save(dist->outer, buffer, bytes) : SUMO_SUCCESS;
 }
 
 sumo_result sumo_distributed_state_load(sumo_distributed *dist, const void *buffer, size_t bytes)
@@ -240,9 +204,9 @@ sumo_result sumo_distributed_state_load(sumo_distributed *dist, const void *buff
     SUMO__CHECK(sumo_distributed_state_size(dist, &need));
     if (bytes != need || (need && buffer == NULL)) return SUMO_ERR_INVALID_ARGUMENT;
     if (!need) return SUMO_SUCCESS;
-    SUMO__CHECK(sumo_slowmo_state_load(dist->slowmo, buffer, bytes));
+    SUMO__CHECK(sumo_diloco_state_load(dist->outer, buffer, bytes));
     int sync = 0;
-    sumo_slowmo_synchronized(dist->slowmo, &sync);
+    sumo_diloco_synchronized(dist->outer, &sync);
     dist->synchronized = sync;
     return SUMO_SUCCESS;
 }
@@ -257,8 +221,8 @@ sumo_result sumo_distributed_stats(const sumo_distributed *dist, sumo_comm_stats
         stats->rounds += more.rounds;
         stats->bytes += more.bytes;
     }
-    if (dist->slowmo) {
-        SUMO__CHECK(sumo_slowmo_stats(dist->slowmo, &more));
+    if (dist->outer) {
+        SUMO__CHECK(sumo_diloco_stats(dist->outer, &more));
         stats->rounds += more.rounds;
         stats->bytes += more.bytes;
     }
@@ -270,7 +234,7 @@ sumo_result sumo_distributed_extra_memory(const sumo_distributed *dist, size_t *
     if (dist == NULL || bytes == NULL) return SUMO_ERR_INVALID_ARGUMENT;
     switch (dist->options.mode) {
     case SUMO_UPDATE_DELTA: *bytes = dist->nparams * sizeof(float); break;
-    case SUMO_UPDATE_SLOWMO: return sumo_slowmo_extra_memory(dist->slowmo, bytes);
+    case SUMO_UPDATE_OUTER: return sumo_diloco_extra_memory(dist->outer, bytes);
     default: *bytes = 0; break;
     }
     return SUMO_SUCCESS;

@@ -4,6 +4,7 @@
  * depends on the step (first momentum step, Nesterov, bias corrections) is taken once per call
  * and turned into scalars or into the choice of loop.
  */
+#include "optimizers/optimizer.h"
 #include "sumo_optim.h"
 
 #include "common/common.h"
@@ -201,6 +202,11 @@ sumo_result sumo_optimizer_options_get(const sumo_optimizer *optimizer,
     if (optimizer == NULL || options == NULL) return SUMO_ERR_INVALID_ARGUMENT;
     *options = optimizer->opts; /* immutable after create: no lock needed */
     return SUMO_SUCCESS;
+}
+
+const size_t *sumo__optimizer_layout(const sumo_optimizer *optimizer)
+{
+    return optimizer->tensor_sizes;
 }
 
 sumo_result sumo_optimizer_size(const sumo_optimizer *optimizer, size_t *n, size_t *ntensors)

@@ -47,8 +47,8 @@ void sumo__train_config_default(sumo__train_config *cfg)
     sumo_aggregator_options agg;
     sumo_aggregator_options_default(SUMO_AGGREGATE_ACGA, &agg);
     cfg->acga = agg.acga;
-    sumo_slowmo_options_preset(SUMO_SLOWMO_PRESET_SLOWMO, &cfg->slowmo);
-    sumo_diloco_options_preset(SUMO_DILOCO_PRESET_DILOCO, &cfg->diloco);
+    sumo_diloco_options_preset(SUMO_DILOCO_PRESET_SLOWMO, &cfg->outer);
+    cfg->buffers = SUMO_BUFFERS_KEEP;
 }
 
 /*
@@ -87,9 +87,9 @@ static void config_text(const sumo__train_config *c, char *out, size_t len)
             c->acga.reference_permutation, c->acga.negative_guard, c->acga.rescale, c->acga.eps);
     if (sumo__method_is_slowmo(c->method))
         PUT("--tau %d\n--inner-period %d\n--alpha %.17g\n--slow-beta %.17g\n--buffers %s\n"
-            "--memory-efficient %d\n", c->slowmo.tau, c->slowmo.inner_period, c->slowmo.alpha,
-            c->slowmo.beta, (unsigned)c->slowmo.buffers < 3 ? buffers[c->slowmo.buffers] : "?",
-            c->slowmo.memory_efficient);
+            "--memory-efficient %d\n", c->outer.sync_every, c->outer.inner_period, c->outer.lr,
+            c->outer.momentum, (unsigned)c->buffers < 3 ? buffers[c->buffers] : "?",
+            c->outer.memory_efficient);
     if (sumo__method_is_diloco(c->method)) {
         static const char *const outers[] = {[SUMO_OUTER_NESTEROV] = "nesterov",
                                              [SUMO_OUTER_HEAVY_BALL] = "heavy-ball"};
@@ -99,10 +99,11 @@ static void config_text(const sumo__train_config *c, char *out, size_t len)
         static const char *const formats[] = {[SUMO_COMPRESS_NONE] = "none", [SUMO_COMPRESS_BF16] = "bf16",
                                               [SUMO_COMPRESS_FP8_E4M3] = "e4m3",
                                               [SUMO_COMPRESS_E3M0] = "e3m0"};
-        const sumo_diloco_options *d = &c->diloco;
-        PUT("--sync-every %d\n--fragments %d\n--strided-fragments %d\n--delay %d\n--merge-alpha %.17g\n"
-            "--outer %s\n--outer-lr %.17g\n--outer-momentum %.17g\n--outer-combine %s\n"
-            "--quantize %s\n--quantize-block %zu\n", d->sync_every, d->fragments, c->diloco_strided,
+        const sumo_diloco_options *d = &c->outer;
+        PUT("--sync-every %d\n--fragments %d\n--strided-fragments %d\n--fragment-ranges %d\n"
+            "--delay %d\n--merge-alpha %.17g\n--outer %s\n--outer-lr %.17g\n--outer-momentum %.17g\n"
+            "--outer-combine %s\n--quantize %s\n--quantize-block %zu\n", d->sync_every, d->fragments,
+            c->diloco_strided, d->split == SUMO_SPLIT_RANGES,
             d->delay, d->merge_alpha, (unsigned)d->outer < 2 ? outers[d->outer] : "?", d->lr,
             d->momentum, (unsigned)d->combine < 3 ? combines[d->combine] : "?",
             (unsigned)d->compression < 4 ? formats[d->compression] : "?", d->block_size);
@@ -143,8 +144,7 @@ typedef struct rank_state {
     sumo__model *model;
     sumo_optimizer *opt;
     sumo_aggregator *agg;
-    sumo_distributed *dist; /* every method but the DiLoCo family's */
-    sumo_diloco *diloco;    /* the DiLoCo family: its outer loop around the optimizer's step */
+    sumo_distributed *dist;
     sumo_lr_schedule sched;
     size_t nparams, pixels;
     long steps_per_epoch, total_steps;
@@ -191,7 +191,7 @@ static sumo_result build(rank_state *s)
     if (r != SUMO_SUCCESS) return fail(s, r, "optimizer options");
 
     sumo_distributed_options dopt = {.struct_size = sizeof dopt, .mode = SUMO_UPDATE_GRADIENT,
-                                     .slowmo = c->slowmo};
+                                     .outer = c->outer, .buffers = c->buffers};
     sumo_aggregator_options aopt;
     bool needs_agg = true;
     switch (c->method) {
@@ -204,7 +204,7 @@ static sumo_result build(rank_state *s)
         aopt.acga = c->acga;
         break;
     default:
-        dopt.mode = SUMO_UPDATE_SLOWMO;
+        dopt.mode = SUMO_UPDATE_OUTER;
         needs_agg = false;
         break;
     }
@@ -216,23 +216,19 @@ static sumo_result build(rank_state *s)
         r = sumo_aggregator_create(s->comm, &aopt, &s->agg);
         if (r != SUMO_SUCCESS) return fail(s, r, "aggregator");
     }
-    if (sumo__method_is_diloco(c->method)) {
-        sumo_diloco_options o = c->diloco;
-        int *strided = NULL;
-        if (c->diloco_strided) {
-            strided = malloc(ntensors * sizeof *strided);
-            if (strided == NULL) return SUMO_ERR_SYSTEM;
-            for (size_t t = 0; t < ntensors; t++) strided[t] = (int)(t % (size_t)SUMO__MAX(o.fragments, 1));
-            o.fragment_of = strided;
-        }
-        r = sumo_diloco_create(s->comm, layout, ntensors, s->nparams, SUMO_FLOAT32, &o, &s->diloco);
-        free(strided);
-        if (r != SUMO_SUCCESS)
-            return fail(s, r, "DiLoCo outer loop (check --sync-every/--fragments/--delay)");
-    } else {
-        r = sumo_distributed_create(s->comm, s->opt, s->agg, s->nparams, &dopt, &s->dist);
-        if (r != SUMO_SUCCESS) return fail(s, r, "distributed optimizer (check --tau/--inner-period)");
+    int *strided = NULL;
+    if (c->diloco_strided) {
+        strided = malloc(ntensors * sizeof *strided);
+        if (strided == NULL) return SUMO_ERR_SYSTEM;
+        for (size_t t = 0; t < ntensors; t++) strided[t] = (int)(t % (size_t)SUMO__MAX(c->outer.fragments, 1));
+        dopt.outer.fragment_of = strided;
     }
+    r = sumo_distributed_create(s->comm, s->opt, s->agg, s->nparams, &dopt, &s->dist);
+    free(strided);
+    if (r != SUMO_SUCCESS)
+        return fail(s, r, sumo__method_is_diloco(c->method)
+                              ? "DiLoCo outer loop (check --sync-every/--fragments/--delay)"
+                              : "distributed optimizer (check --tau/--inner-period)");
 
     size_t usable = c->train_limit && c->train_limit < s->train->n ? c->train_limit : s->train->n;
     s->steps_per_epoch = (long)(usable / ((size_t)s->size * (size_t)c->batch));
@@ -293,72 +289,22 @@ static void share_buffers(rank_state *s)
     s->shared_grads = grads;
 }
 
-/* ---- the step and its state, whichever object runs the method ---------------------------- */
-
-/* The DiLoCo family: the base optimizer's local step inside the outer loop. With check_finite
- * off (the trainer's setting) the base optimizer takes every step, so every rank counts every
- * step and stays on the schedule. */
-static sumo_result diloco_step(rank_state *s, float *params, float *grads, double lr)
-{
-    sumo_result r = sumo_diloco_begin(s->diloco, params);
-    if (r == SUMO_SUCCESS) r = sumo_optimizer_step(s->opt, params, grads, lr);
-    if (r == SUMO_SUCCESS) r = sumo_diloco_end(s->diloco, params, lr, NULL);
-    return r;
-}
-
-static sumo_result method_step(rank_state *s, float *params, float *grads, double lr)
-{
-    if (s->diloco) return diloco_step(s, params, grads, lr);
-    return sumo_distributed_step(s->dist, params, grads, lr, NULL);
-}
-
-static int method_synchronized(const rank_state *s)
+static int synchronized_now(const rank_state *s)
 {
     int synced = 1;
-    if (s->diloco) sumo_diloco_synchronized(s->diloco, &synced);
-    else sumo_distributed_synchronized(s->dist, &synced);
+    sumo_distributed_synchronized(s->dist, &synced);
     return synced;
 }
 
-static sumo_comm_stats method_stats(const rank_state *s)
+static sumo_comm_stats comm_stats(const rank_state *s)
 {
     sumo_comm_stats st = {0};
-    if (s->diloco) sumo_diloco_stats(s->diloco, &st);
-    else sumo_distributed_stats(s->dist, &st);
+    sumo_distributed_stats(s->dist, &st);
     return st;
-}
-
-static size_t method_state_size(const rank_state *s)
-{
-    size_t b = 0;
-    if (s->diloco) sumo_diloco_state_size(s->diloco, &b);
-    else sumo_distributed_state_size(s->dist, &b);
-    return b;
-}
-
-static sumo_result method_state_save(rank_state *s, void *p, size_t len)
-{
-    return s->diloco ? sumo_diloco_state_save(s->diloco, p, len)
-                     : sumo_distributed_state_save(s->dist, p, len);
-}
-
-static sumo_result method_state_load(rank_state *s, const void *p, size_t len)
-{
-    return s->diloco ? sumo_diloco_state_load(s->diloco, p, len)
-                     : sumo_distributed_state_load(s->dist, p, len);
-}
-
-static size_t method_extra_memory(const rank_state *s)
-{
-    size_t b = 0;
-    if (s->diloco) sumo_diloco_extra_memory(s->diloco, &b);
-    else sumo_distributed_extra_memory(s->dist, &b);
-    return b;
 }
 
 static void teardown(rank_state *s)
 {
-    sumo_diloco_destroy(s->diloco);
     sumo_distributed_destroy(s->dist);
     sumo_aggregator_destroy(s->agg);
     sumo_optimizer_destroy(s->opt);
@@ -382,7 +328,7 @@ static void teardown(rank_state *s)
  * different parameters (inside a SlowMo outer iteration) the average model is scored. */
 static sumo_result evaluate(rank_state *s, double *test_loss, double *accuracy, double *train_loss)
 {
-    int synced = method_synchronized(s);
+    int synced = synchronized_now(s);
     float *params = sumo__model_params(s->model);
     float *saved = NULL;
     sumo_result r;
@@ -419,7 +365,7 @@ static sumo_result evaluate(rank_state *s, double *test_loss, double *accuracy, 
 
 static sumo_comm_stats comm_so_far(const rank_state *s)
 {
-    sumo_comm_stats st = method_stats(s);
+    sumo_comm_stats st = comm_stats(s);
     st.bytes += s->comm_before.bytes;
     st.rounds += s->comm_before.rounds;
     return st;
@@ -489,7 +435,7 @@ static void state_sections(rank_state *s, section sec[5])
     sumo_optimizer_state_size(s->opt, &opt_bytes);
     agg_bytes = 0;
     if (s->agg) sumo_aggregator_state_size(s->agg, &agg_bytes);
-    dist_bytes = method_state_size(s);
+    sumo_distributed_state_size(s->dist, &dist_bytes);
     sec[0] = (section){sumo__model_params(s->model), s->nparams * sizeof(float)};
     sec[1] = (section){NULL, opt_bytes};
     sec[2] = (section){NULL, agg_bytes};
@@ -522,7 +468,7 @@ static sumo_result save_checkpoint(rank_state *s)
         case 0: memcpy(p, sec[0].ptr, len); break;
         case 1: r = sumo_optimizer_state_save(s->opt, p, len); break;
         case 2: if (s->agg) r = sumo_aggregator_state_save(s->agg, p, len); break;
-        case 3: r = method_state_save(s, p, len); break;
+        case 3: r = sumo_distributed_state_save(s->dist, p, len); break;
         default: memcpy(p, &tc, sizeof tc); break;
         }
         p += len;
@@ -569,7 +515,7 @@ static sumo_result load_checkpoint(rank_state *s)
         case 0: memcpy(sec[0].ptr, p, len); break;
         case 1: r = sumo_optimizer_state_load(s->opt, p, len); break;
         case 2: if (s->agg) r = sumo_aggregator_state_load(s->agg, p, len); break;
-        case 3: r = method_state_load(s, p, len); break;
+        case 3: r = sumo_distributed_state_load(s->dist, p, len); break;
         default: memcpy(&tc, p, sizeof tc); break;
         }
         p += len;
@@ -669,7 +615,7 @@ static uint64_t checksum(const float *p, size_t n)
  * copies bytes, so any bit pattern survives. */
 static sumo_result verify_ranks(rank_state *s, const float *params)
 {
-    if (!method_synchronized(s)) return SUMO_SUCCESS;
+    if (!synchronized_now(s)) return SUMO_SUCCESS;
     uint64_t mine = checksum(params, s->nparams);
     uint64_t *all = calloc((size_t)s->size, sizeof *all);
     if (all == NULL) return SUMO_ERR_SYSTEM;
@@ -733,12 +679,12 @@ sumo_result sumo__train_rank(sumo_comm *comm, const sumo__train_config *cfg,
         sumo__model_forward_backward(s.model, s.xbatch, s.ybatch, (size_t)cfg->batch, &loss);
         double lr = 0, t2 = now_s();
         sumo_lr_at(&s.sched, (uint64_t)s.step, &lr);
-        uint64_t sent = method_stats(&s).bytes;
-        r = method_step(&s, params, grads, lr);
+        uint64_t sent = comm_stats(&s).bytes;
+        r = sumo_distributed_step(s.dist, params, grads, lr, NULL);
         double t3 = now_s();
         /* The stats count an exchange when it starts, so this step's share is the payload it
          * started. */
-        sent = method_stats(&s).bytes - sent;
+        sent = comm_stats(&s).bytes - sent;
         if (sent > s.peak_step_bytes) s.peak_step_bytes = sent;
         compute += t2 - t1;
         aggregate += t3 - t2;
@@ -795,7 +741,7 @@ sumo_result sumo__train_rank(sumo_comm *comm, const sumo__train_config *cfg,
     summary->nparams = s.nparams;
     summary->comm = comm_so_far(&s);
     summary->peak_bytes_in_flight = s.peak_step_bytes;
-    summary->extra_memory_bytes = method_extra_memory(&s);
+    sumo_distributed_extra_memory(s.dist, &summary->extra_memory_bytes);
     summary->param_checksum = checksum(params, s.nparams);
     teardown(&s);
     return r;
@@ -864,7 +810,7 @@ sumo_result sumo__train_threads(const sumo__train_config *cfg, const sumo__datas
         for (int i = 0; i < n; i++) {
             /* Every rank must end with the same parameters (SlowMo only after its last sync). */
             if (jobs[i].summary.param_checksum != jobs[0].summary.param_checksum && r == SUMO_SUCCESS &&
-                !sumo__method_is_slowmo(cfg->method) && !sumo__method_is_diloco(cfg->method)) {
+                !sumo__method_is_outer(cfg->method)) {
                 snprintf(err, errlen, "rank %d ended with parameters different from rank 0", i);
                 r = SUMO_ERR_INTERNAL;
             }

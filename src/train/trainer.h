@@ -36,16 +36,20 @@ typedef enum sumo__method {
     SUMO__METHOD_COUNT
 } sumo__method;
 
-/* SlowMo and its presets (the distributed optimizer's SLOWMO mode). */
+/* SlowMo and its presets: the outer loop with SlowMo's options and flags (--tau, ...). */
 static inline bool sumo__method_is_slowmo(sumo__method m)
 {
     return m == SUMO__METHOD_SLOWMO || m == SUMO__METHOD_LOCALSGD || m == SUMO__METHOD_BMUF;
 }
-/* The DiLoCo family, whose outer loop (sumo_diloco) the trainer drives around the base
- * optimizer's local step itself. */
+/* The DiLoCo family: the outer loop with DiLoCo's options and flags (--sync-every, ...). */
 static inline bool sumo__method_is_diloco(sumo__method m)
 {
     return m == SUMO__METHOD_DILOCO || m == SUMO__METHOD_STREAMING_DILOCO;
+}
+/* The methods the distributed optimizer's OUTER mode runs. */
+static inline bool sumo__method_is_outer(sumo__method m)
+{
+    return sumo__method_is_slowmo(m) || sumo__method_is_diloco(m);
 }
 
 const char *sumo__method_name(sumo__method m);
@@ -68,8 +72,10 @@ typedef struct sumo__train_config {
     double warmup_epochs;
     sumo_lr_kind schedule;       /* constant, step (x0.1 at 50% and 75%), cosine to 0 */
     sumo_acga_options acga;
-    sumo_slowmo_options slowmo;
-    sumo_diloco_options diloco;  /* the DiLoCo methods (fragment_of: NULL, or strided below) */
+    /* The outer methods' loop (fragment_of: NULL, or strided below) and what happens to the
+     * base optimizer's buffers after each outer step. */
+    sumo_diloco_options outer;
+    sumo_buffer_policy buffers;
     bool diloco_strided;         /* fragment_of = tensor index mod fragments (the paper's) */
     int adasum_hierarchical;
     int adasum_group_size;

@@ -6,7 +6,7 @@
  * run on the host through the emulators (kernels_cuda.h: the kernels' own per-element and
  * per-thread functions in the device's order) behind the very table glue the device uses:
  *   - every exactly defined entry (fill, scan, reduce, convert, scaled_add, weighted_sum,
- *     delta, apply_delta, slow_update) equals sumo's host table bit for bit (NaN payloads
+ *     delta, apply_delta) equals sumo's host table bit for bit (NaN payloads
  *     aside), all 16-bit patterns and the wide paths included;
  *   - the Gram partials and dot products are within a stated bound of a float64 reference
  *     (compensated sums) and of the host table, and do not depend on addresses;
@@ -282,7 +282,7 @@ static void t_table_complete(void)
     const void *entries[] = {t->claims, t->alloc, t->release, t->synchronize, t->copy, t->fill,
                              t->first_nonfinite, t->reduce, t->convert, t->dot_norms,
                              t->scaled_add, t->gram_partials, t->weighted_sum, t->delta,
-                             t->apply_delta, t->slow_update, t->quantize, t->dequantize,
+                             t->apply_delta, t->quantize, t->dequantize,
                              t->outer_update};
     for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
         CHECK(entries[i] != NULL, "entry %zu missing", i);
@@ -589,7 +589,7 @@ static void check_reduce(const entry_run *er, sumo_dtype dt, size_t n, size_t of
     }
 }
 
-/* Two-buffer entries: convert, scaled_add, delta, apply_delta, slow_update. */
+/* Two-buffer entries: convert, scaled_add, delta, apply_delta. */
 static void check_elementwise(const entry_run *er, sumo_dtype dt, size_t n, size_t off)
 {
     size_t bytes = n * esz(dt);
@@ -654,33 +654,6 @@ static void check_elementwise(const entry_run *er, sumo_dtype dt, size_t n, size
         m_free(er->kind, x.base);
         m_free(er->kind, y.base);
         m_free(er->kind, z.base);
-    }
-    /* slow_update (fp32, fp64; the 16-bit formats are refused by both) */
-    {
-        gen(dt, a, n, 6, false);
-        gen(dt, b, n, 7, false);
-        gen(dt, c, n, 8, false);
-        if (n > 5 && dt == SUMO_FLOAT32) harness_set(dt, b, 5, 3e38); /* u overflows: x NaN */
-        tbuf x = t_upload(er->kind, dt, a, n, off), u = t_upload(er->kind, dt, b, n, off);
-        tbuf x0 = t_upload(er->kind, dt, c, n, off);
-        sumo_result r1 = er->k->slow_update(er->k->ctx, er->stream, dt, x.p, u.p, x0.p, n, 0.7, 0.9, 1e-3);
-        sumo_result r2 = g_host->slow_update(g_host->ctx, NULL, dt, a, b, c, n, 0.7, 0.9, 1e-3);
-        CHECK(r1 == r2, "slow_update %s: %s / %s", DT_NAME[dt], sumo_result_name(r1), sumo_result_name(r2));
-        if (r1 == SUMO_SUCCESS) {
-            const tbuf *mine[3] = {&x, &u, &x0};
-            void *want[3] = {a, b, c};
-            for (int i = 0; i < 3; i++) {
-                void *got = fetch(er->kind, dt, mine[i], n);
-                size_t at = first_diff(dt, got, want[i], n);
-                /* the NaN that a u overflow makes is the host's bit pattern too */
-                bool same_bits = memcmp(got, want[i], bytes) == 0 || er->kind == M_DEV;
-                free(got);
-                CHECK(at == SIZE_MAX && same_bits, "slow_update %s buffer %d at %zu", DT_NAME[dt], i, at);
-            }
-        }
-        m_free(er->kind, x.base);
-        m_free(er->kind, u.base);
-        m_free(er->kind, x0.base);
     }
     free(a);
     free(b);

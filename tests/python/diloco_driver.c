@@ -1,15 +1,16 @@
 /*
- * The C side of the DiLoCo parity test: P ranks of the threads transport run sumo_diloco
- * around local steps read from files (params -= delta, the step a plain SGD at a power-of-two
- * rate takes on grad = delta / lr), and every rank's final parameters are written out, rank
- * after rank. The Python test runs sumo.torch.DiLoCo with torch.optim.SGD on the same deltas
- * and compares bit for bit.
+ * The C side of the outer loop's parity tests (DiLoCo's and SlowMo's): P ranks of the threads
+ * transport run sumo_diloco around local steps read from files (params -= delta, the step a
+ * plain SGD at a power-of-two rate takes on grad = delta / lr), and every rank's final
+ * parameters are written out, rank after rank. The Python tests run sumo.torch.DiLoCo and
+ * SlowMo with torch.optim.SGD on the same deltas and compare bit for bit.
  *
  *   diloco_driver OUT LAYOUT FRAGMENT_OF OPTIONS STEPS START DELTAS0 [DELTAS1 ...]
  *   LAYOUT: tensor sizes, comma-separated; FRAGMENT_OF: one fragment per tensor, comma-
  *   separated, or "-" for the library's contiguous split;
- *   OPTIONS: H,F,DELAY,MERGE,OUTER,LR,MOMENTUM,COMBINE,COMPRESSION,BLOCK,INNER_LR (the enums'
- *   numbers); START: N floats; DELTASr: STEPS x N floats, rank r's deltas step by step.
+ *   OPTIONS: H,F,DELAY,MERGE,OUTER,LR,MOMENTUM,COMBINE,COMPRESSION,BLOCK,INNER_LR,INNER_PERIOD,
+ *   MEMORY_EFFICIENT,SPLIT (the enums' numbers); START: N floats; DELTASr: STEPS x N floats,
+ *   rank r's deltas step by step.
  */
 #include "driver_io.h"
 #include <sumo.h>
@@ -89,8 +90,8 @@ int main(int argc, char **argv)
         for (size_t t = 0; t < j.ntensors; t++) j.fragment_of[t] = (int)v[t];
         j.o.fragment_of = j.fragment_of;
     }
-    if (parse_list(argv[4], v, MAXT) != 11) {
-        fprintf(stderr, "diloco_driver: OPTIONS needs 11 numbers\n");
+    if (parse_list(argv[4], v, MAXT) != 14) {
+        fprintf(stderr, "diloco_driver: OPTIONS needs 14 numbers\n");
         return 2;
     }
     j.o.sync_every = (int)v[0];
@@ -104,6 +105,9 @@ int main(int argc, char **argv)
     j.o.compression = (sumo_compression_format)v[8];
     j.o.block_size = (size_t)v[9];
     j.inner_lr = v[10];
+    j.o.inner_period = (int)v[11];
+    j.o.memory_efficient = (int)v[12];
+    j.o.split = (sumo_fragment_split)v[13];
     int nranks = argc - 7;
     j.start = driver_read_floats("diloco_driver", argv[6], j.n);
     j.deltas = calloc((size_t)nranks, sizeof *j.deltas);

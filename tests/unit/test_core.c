@@ -346,8 +346,8 @@ static void test_versions_and_sizes(void **state)
     size_t b = 0;
     assert_int_equal(sumo_struct_size("sumo_aggregator_options", &b), SUMO_SUCCESS);
     assert_int_equal(b, sizeof(sumo_aggregator_options));
-    assert_int_equal(sumo_struct_size("sumo_slowmo_options", &b), SUMO_SUCCESS);
-    assert_int_equal(b, sizeof(sumo_slowmo_options));
+    assert_int_equal(sumo_struct_size("sumo_diloco_options", &b), SUMO_SUCCESS);
+    assert_int_equal(b, sizeof(sumo_diloco_options));
     assert_int_equal(sumo_struct_size("sumo_no_such_struct", &b), SUMO_ERR_INVALID_ARGUMENT);
 
     /* Options without their size (a caller built against another header, or that forgot the
@@ -374,11 +374,11 @@ static void test_versions_and_sizes(void **state)
     const char *m;
     sumo_comm_error_message(c, &m);
     assert_non_null(strstr(m, "struct_size"));
-    sumo_slowmo_options so;
-    sumo_slowmo_options_preset(SUMO_SLOWMO_PRESET_LOCALSGD, &so);
+    sumo_diloco_options so;
+    sumo_diloco_options_preset(SUMO_DILOCO_PRESET_LOCALSGD, &so);
     so.struct_size = 0;
-    sumo_slowmo *s = NULL;
-    assert_int_equal(sumo_slowmo_create(c, 10, SUMO_FLOAT32, &so, &s), SUMO_ERR_INVALID_ARGUMENT);
+    sumo_diloco *s = NULL;
+    assert_int_equal(sumo_diloco_create(c, NULL, 0, 10, SUMO_FLOAT32, &so, &s), SUMO_ERR_INVALID_ARGUMENT);
     sumo_comm_error_message(c, &m);
     assert_non_null(strstr(m, "struct_size"));
     sumo_comm_destroy(c);

@@ -25,8 +25,9 @@
  * times by the outer momentum (lr (1 + mu) / (1 - mu) with lr 0.7, mu 0.9 is 13). The DOC
  * comparison is the exact one; EXACT checks that the documented arithmetic is the paper's.
  *
- * Oracles of diloco.md: F = 1, delay 0, fp32, heavy ball == sumo_slowmo bit for bit; outer lr
- * 1, momentum 0 == Local SGD (the rank-order fp32 average every H steps) bit for bit.
+ * Oracles of diloco.md: outer lr 1, momentum 0 == Local SGD (the rank-order fp32 average every
+ * H steps) bit for bit; the sharded state and the split into ranges of the flat vector keep
+ * the reference's bits (SlowMo's own oracles are in test_slowmo.c).
  * Properties: every rank identical where the method makes them so; a checkpoint taken in the
  * middle of a fragment schedule, with an exchange in flight, resumes bit for bit; bad options
  * refused by name; NaN reported on every rank alike; an exchange overlaps local steps (a rank
@@ -88,6 +89,8 @@ typedef struct cfg {
     sumo_compression_format comp;
     size_t block;
     int strided; /* fragment_of = t % F */
+    int ranges;  /* SUMO_SPLIT_RANGES: F ranges of the flat vector, cutting tensors */
+    int sharded; /* memory_efficient */
     int steps;
 } cfg;
 
@@ -109,6 +112,8 @@ static sumo_diloco_options options_of(const cfg *c, int *fragment_of)
         for (size_t t = 0; t < NT; t++) fragment_of[t] = (int)(t % (size_t)c->F);
         o.fragment_of = fragment_of;
     }
+    if (c->ranges) o.split = SUMO_SPLIT_RANGES;
+    o.memory_efficient = c->sharded;
     return o;
 }
 
@@ -119,13 +124,13 @@ typedef struct ref {
     bool doc;                /* DOC precision (fp32 storage), else EXACT */
     int frag_of_elem[N];
     int tensor_frag[NT];
-    size_t first[4];         /* s_f */
+    size_t first[16];        /* s_f */
     double theta[MAXP][N], anchor[N], v[N], comb[N];
     int pending;
     int apply_at;
     double gamma;
     bool from_average;
-    ref_acga acga[4];
+    ref_acga acga[16];
 } ref;
 
 static double rnd(const ref *R, double x) { return R->doc ? (double)(float)x : x; }
@@ -159,6 +164,11 @@ static void ref_init(ref *R, const cfg *c, bool doc)
     size_t j = 0;
     for (size_t t = 0; t < NT; t++)
         for (size_t e = 0; e < LAYOUT[t]; e++) R->frag_of_elem[j++] = tf[t];
+    /* Ranges: element j belongs to the f with floor(f N / F) <= j < floor((f + 1) N / F). */
+    for (j = 0; c->ranges && j < N; j++)
+        for (int f = 0; f < c->F; f++)
+            if ((size_t)f * N / (size_t)c->F <= j && j < (size_t)(f + 1) * N / (size_t)c->F)
+                R->frag_of_elem[j] = f;
     for (int f = 0; f < c->F; f++) R->first[f] = (size_t)((f + 1) * c->H / c->F);
     for (int r = 0; r < c->P; r++)
         for (j = 0; j < N; j++) R->theta[r][j] = rnd(R, x_init(j));
@@ -244,13 +254,18 @@ static void ref_start(ref *R, int f, double lr)
     } else if (c->combine == SUMO_COMBINE_ADASUM) {
         /* Adasum per tensor of the fragment, in double. */
         double *u[MAXP], buf[MAXP][N];
-        size_t off[NT + 1], T = 0;
+        size_t off[NT + 1], T = 0, start = 0;
         off[0] = 0;
-        for (size_t t = 0; t < NT; t++)
-            if (R->tensor_frag[t] == f) {
-                off[T + 1] = off[T] + LAYOUT[t];
+        for (size_t t = 0; t < NT; start += LAYOUT[t], t++) {
+            /* The fragment's elements of tensor t (with ranges, the piece inside the range;
+             * an empty piece is no tensor of the fragment). */
+            size_t in = 0;
+            for (size_t e = start; e < start + LAYOUT[t]; e++) in += R->frag_of_elem[e] == f;
+            if (c->ranges ? in > 0 : R->tensor_frag[t] == f) {
+                off[T + 1] = off[T] + in;
                 T++;
             }
+        }
         for (int r = 0; r < P; r++) {
             for (size_t q = 0; q < nf; q++) buf[r][q] = R->anchor[idx[q]] - R->theta[r][idx[q]];
             u[r] = buf[r];
@@ -366,7 +381,8 @@ static void describe(const cfg *c, char *s, size_t len)
 {
     snprintf(s, len, "P %d H %d F %d delay %d merge %g %s lr %g mu %g combine %d comp %d%s", c->P,
              c->H, c->F, c->delay, c->merge, c->outer == SUMO_OUTER_NESTEROV ? "nesterov" : "heavy-ball",
-             c->lr, c->mu, (int)c->combine, (int)c->comp, c->strided ? " strided" : "");
+             c->lr, c->mu, (int)c->combine, (int)c->comp,
+             c->strided ? " strided" : c->ranges ? " ranges" : "");
 }
 
 /* The library against the references, every rank, every step. */
@@ -416,6 +432,7 @@ static void test_reference_average(void **state)
                 cfg c = {.P = P, .H = H, .F = F, .delay = delay, .merge = (P + F + delay) % 3 == 0 ? 0.0 : 0.3,
                          .outer = (P + delay) % 2 ? SUMO_OUTER_NESTEROV : SUMO_OUTER_HEAVY_BALL,
                          .lr = 0.7, .mu = 0.9, .strided = F > 1 && delay == 1,
+                         .ranges = F > 1 && delay != 1 && (P + F) % 2 == 0,
                          .steps = 2 * H + H / 2 + delay + 1};
                 if (c.outer == SUMO_OUTER_HEAVY_BALL) c.lr = 1.0, c.mu = 0.5;
                 check_against_references(&c, true);
@@ -435,7 +452,7 @@ static void test_reference_compressed(void **state)
                     if (delay > H / F || (fi + delay + P) % 2) continue; /* half the grid: CI time */
                     cfg c = {.P = P, .H = H, .F = F, .delay = delay, .merge = delay ? 0.3 : 0.0,
                              .outer = SUMO_OUTER_NESTEROV, .lr = 0.7, .mu = 0.9,
-                             .comp = fmts[fi], .block = 8, .strided = F == 3,
+                             .comp = fmts[fi], .block = 8, .strided = F == 3, .ranges = F == 2,
                              .steps = 2 * H + delay + 1};
                     /* Bit for bit against the documented arithmetic (the quantisation itself is
                      * bounded in test_compress.c); the float64 reference without quantisation
@@ -468,71 +485,40 @@ static void test_reference_adasum_acga(void **state)
             for (int combine = SUMO_COMBINE_ADASUM; combine <= SUMO_COMBINE_ACGA; combine++) {
                 cfg c = {.P = P, .H = 6, .F = F, .delay = F == 1 ? 2 : 1, .merge = 0.25,
                          .outer = SUMO_OUTER_NESTEROV, .lr = 0.7, .mu = 0.9,
-                         .combine = (sumo_outer_combine)combine, .steps = 20};
+                         .combine = (sumo_outer_combine)combine, .ranges = F == 3, .steps = 20};
                 check_against_references(&c, false);
             }
 }
 
 /* ---- the oracles ------------------------------------------------------------------------------ */
 
-typedef struct pair_run {
-    int P, H;
-    double alpha, beta;
-    float a[MAXP][MAXT + 1][N], b[MAXP][MAXT + 1][N];
-    sumo_result err[MAXP];
-} pair_run;
-
-/* sumo_slowmo and sumo_diloco side by side on the same local steps. */
-static void slowmo_pair_rank(sumo_comm *comm, int rank, int size, void *arg)
-{
-    (void)size;
-    pair_run *R = arg;
-    sumo_slowmo_options so;
-    sumo_slowmo_options_preset(SUMO_SLOWMO_PRESET_SLOWMO, &so);
-    so.tau = R->H;
-    so.alpha = R->alpha;
-    so.beta = R->beta;
-    sumo_diloco_options o;
-    sumo_diloco_options_preset(SUMO_DILOCO_PRESET_SLOWMO, &o);
-    o.sync_every = R->H;
-    o.lr = R->alpha;
-    o.momentum = R->beta;
-    sumo_slowmo *s = NULL;
-    sumo_diloco *d = NULL;
-    sumo_result r = sumo_slowmo_create(comm, N, SUMO_FLOAT32, &so, &s);
-    if (r == SUMO_SUCCESS) r = sumo_diloco_create(comm, LAYOUT, NT, N, SUMO_FLOAT32, &o, &d);
-    float x[N], y[N];
-    for (size_t j = 0; j < N; j++) x[j] = y[j] = (float)x_init(j);
-    for (int k = 1; r == SUMO_SUCCESS && k <= 3 * R->H + 1; k++) {
-        r = sumo_slowmo_begin(s, x);
-        local_step_f(rank, x, lr_at(k));
-        if (r == SUMO_SUCCESS) r = sumo_slowmo_end(s, x, lr_at(k), NULL);
-        if (r == SUMO_SUCCESS) r = sumo_diloco_begin(d, y);
-        local_step_f(rank, y, lr_at(k));
-        if (r == SUMO_SUCCESS) r = sumo_diloco_end(d, y, lr_at(k), NULL);
-        memcpy(R->a[rank][k], x, sizeof x);
-        memcpy(R->b[rank][k], y, sizeof y);
-    }
-    R->err[rank] = r;
-    sumo_slowmo_destroy(s);
-    sumo_diloco_destroy(d);
-}
-
-static void test_oracle_slowmo(void **state)
+/* The sharded state (memory_efficient) keeps the bits of the documented arithmetic, with the
+ * heavy ball (SlowMo's) and the Nesterov step, for any number of ranks (n mod P != 0 too). */
+static void test_sharded(void **state)
 {
     (void)state;
-    for (int P = 1; P <= MAXP; P++) {
-        pair_run *R = calloc(1, sizeof *R);
-        *R = (pair_run){.P = P, .H = 4 + P % 3, .alpha = P % 2 ? 1.0 : 0.8, .beta = 0.5};
-        assert_int_equal(harness_run_threads(P, slowmo_pair_rank, R), 0);
-        for (int r = 0; r < P; r++) assert_int_equal(R->err[r], SUMO_SUCCESS);
-        for (int r = 0; r < P; r++)
-            for (int k = 1; k <= 3 * R->H + 1; k++)
-                if (memcmp(R->a[r][k], R->b[r][k], sizeof R->a[r][k]) != 0)
-                    fail_msg("P %d rank %d step %d: DiLoCo with SlowMo's settings differs from sumo_slowmo",
-                             P, r, k);
-        free(R);
-    }
+    for (int P = 1; P <= MAXP; P++)
+        for (int nesterov = 0; nesterov <= 1; nesterov++) {
+            cfg c = {.P = P, .H = 4 + P % 3, .F = 1, .outer = nesterov ? SUMO_OUTER_NESTEROV : SUMO_OUTER_HEAVY_BALL,
+                     .lr = nesterov ? 0.7 : (P % 2 ? 1.0 : 0.8), .mu = nesterov ? 0.9 : 0.5,
+                     .sharded = 1, .steps = 20};
+            check_against_references(&c, true);
+        }
+}
+
+/* Ranges: F equal pieces of the flat vector whatever the tensors (more fragments than
+ * tensors, tensors cut), against the reference. */
+static void test_ranges(void **state)
+{
+    (void)state;
+    for (int P = 1; P <= 3; P++)
+        for (int F = 5; F <= 9; F += 4) {
+            cfg c = {.P = P, .H = 9, .F = F, .delay = 1, .merge = 0.5, .outer = SUMO_OUTER_NESTEROV,
+                     .lr = 0.7, .mu = 0.9, .ranges = 1, .steps = 2 * 9 + 2};
+            check_against_references(&c, true);
+            c.combine = SUMO_COMBINE_ADASUM;
+            check_against_references(&c, false);
+        }
 }
 
 /* Outer lr 1, momentum 0: every H steps the parameters become the rank-order fp32 average. */
@@ -737,6 +723,17 @@ static void test_refused(void **state)
     REFUSED("fragment_of", SUMO_FLOAT32, o.fragments = 2, o.fragment_of = bad_split);
     int empty_split[NT] = {0, 0, 1, 0, 0, 0, 0}; /* fragment 1: only the empty tensor */
     REFUSED("no elements", SUMO_FLOAT32, o.fragments = 2, o.fragment_of = empty_split);
+    REFUSED("SUMO_SPLIT_TENSORS", SUMO_FLOAT32, o.split = SUMO_SPLIT_RANGES, o.fragments = 2, o.fragment_of = bad_split);
+    REFUSED("split", SUMO_FLOAT32, o.split = (sumo_fragment_split)5);
+    REFUSED("number of parameters", SUMO_FLOAT32, o.split = SUMO_SPLIT_RANGES, o.sync_every = 40, o.fragments = 28);
+    REFUSED("inner_period", SUMO_FLOAT32, o.inner_period = -1);
+    REFUSED("inner_period", SUMO_FLOAT32, o.inner_period = 3); /* H 8 is not a multiple */
+    REFUSED("inner_period", SUMO_FLOAT32, o.inner_period = 2, o.fragments = 2);
+    REFUSED("inner_period", SUMO_FLOAT32, o.inner_period = 2, o.compression = SUMO_COMPRESS_BF16);
+    REFUSED("memory_efficient", SUMO_FLOAT32, o.memory_efficient = 2);
+    REFUSED("memory_efficient", SUMO_FLOAT32, o.memory_efficient = 1, o.merge_alpha = 0.5);
+    REFUSED("memory_efficient", SUMO_FLOAT32, o.memory_efficient = 1, o.delay = 1);
+    REFUSED("memory_efficient", SUMO_FLOAT32, o.memory_efficient = 1, o.combine = SUMO_COMBINE_ADASUM);
     /* A wrong layout, and the calls' own checks. */
     size_t wrong[NT];
     memcpy(wrong, LAYOUT, sizeof wrong);
@@ -911,7 +908,8 @@ int main(void)
         cmocka_unit_test(test_reference_average),
         cmocka_unit_test(test_reference_compressed),
         cmocka_unit_test(test_reference_adasum_acga),
-        cmocka_unit_test(test_oracle_slowmo),
+        cmocka_unit_test(test_sharded),
+        cmocka_unit_test(test_ranges),
         cmocka_unit_test(test_oracle_localsgd),
         cmocka_unit_test(test_resume_mid_schedule),
         cmocka_unit_test(test_due_and_ranks),

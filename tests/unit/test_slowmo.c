@@ -1,6 +1,6 @@
 /*
- * SlowMo (sumo_distributed_step in SUMO_UPDATE_SLOWMO mode) on the threads transport, with the
- * real SGD of sumo_optim.h as the base optimizer.
+ * SlowMo (sumo_distributed_step in SUMO_UPDATE_OUTER mode, the outer loop with SlowMo's preset)
+ * on the threads transport, with the real SGD of sumo_optim.h as the base optimizer.
  *
  * Every worker minimises its own separable quadratic f_i(x) = sum_j a_ij (x_j - c_ij)^2 / 2,
  * whose gradient a_ij (x_j - c_ij) the test computes itself; the full-batch gradient is the
@@ -56,11 +56,24 @@ static float x_init(size_t j) { return (float)hash_uniform(7, j, 3); }
 
 /* ---- running the library ---------------------------------------------------------------- */
 
+/* SlowMo's options in the outer loop's terms: tau local steps, inner averaging, alpha, beta. */
+static sumo_diloco_options slowmo_options(int tau, int inner, double alpha, double beta)
+{
+    sumo_diloco_options o;
+    sumo_diloco_options_preset(SUMO_DILOCO_PRESET_SLOWMO, &o);
+    o.sync_every = tau;
+    o.inner_period = inner;
+    o.lr = alpha;
+    o.momentum = beta;
+    return o;
+}
+
 typedef struct scenario {
     int nranks;
     size_t n;
     int steps;
-    sumo_slowmo_options slow;
+    sumo_diloco_options slow;
+    sumo_buffer_policy buffers;
     double momentum;         /* base SGD's */
     double lr[MAXT];         /* per step */
     int same_hessian;
@@ -83,8 +96,7 @@ static scenario *new_scenario(int nranks, size_t n, int steps, int tau, int inne
     sc->nranks = nranks;
     sc->n = n;
     sc->steps = steps;
-    sc->slow = (sumo_slowmo_options){.struct_size = sizeof(sumo_slowmo_options), .tau = tau, .inner_period = inner, .alpha = alpha,
-                                     .beta = beta, .buffers = SUMO_BUFFERS_KEEP};
+    sc->slow = slowmo_options(tau, inner, alpha, beta);
     for (int t = 0; t < MAXT; t++) sc->lr[t] = 1.0;
     return sc;
 }
@@ -112,8 +124,8 @@ static void run_rank(sumo_comm *comm, int rank, int size, void *arg)
     sc->failed_step[rank] = -1;
     sumo_optimizer *opt = make_sgd(sc->n, sc->momentum);
     sumo_distributed *dist = NULL;
-    sumo_distributed_options o = {.struct_size = sizeof o, .mode = SUMO_UPDATE_SLOWMO,
-                                  .slowmo = sc->slow};
+    sumo_distributed_options o = {.struct_size = sizeof o, .mode = SUMO_UPDATE_OUTER,
+                                  .outer = sc->slow, .buffers = sc->buffers};
     sumo_result r = opt ? sumo_distributed_create(comm, opt, NULL, sc->n, &o, &dist)
                         : SUMO_ERR_SYSTEM;
     float x[MAXN], g[MAXN];
@@ -293,7 +305,7 @@ static void test_memory_efficient_bitwise(void **state)
         for (int N = 1; N <= 4; N++) {
             scenario *plain = new_scenario(N, sizes[si], 25, 3, 0, 0.9, 0.6);
             plain->momentum = 0.8;
-            plain->slow.buffers = SUMO_BUFFERS_AVERAGE;
+            plain->buffers = SUMO_BUFFERS_AVERAGE;
             for (int t = 0; t < plain->steps; t++) plain->lr[t] = 0.3 / (1.0 + 0.1 * t);
             scenario *eff = malloc(sizeof *eff);
             assert_non_null(eff);
@@ -339,13 +351,13 @@ static void reference_policy(const scenario *sc, double mu, sumo_buffer_policy p
                 x[r][j] -= lr * buf[r][j];
             }
         fresh = 0;
-        if ((t + 1) % sc->slow.tau == 0) {
+        if ((t + 1) % sc->slow.sync_every == 0) {
             for (size_t j = 0; j < n; j++) {
                 double m = 0;
                 for (int r = 0; r < N; r++) m += x[r][j];
                 m /= N;
-                u[j] = sc->slow.beta * u[j] + (x0[j] - m) / lr;
-                x0[j] -= sc->slow.alpha * lr * u[j];
+                u[j] = sc->slow.momentum * u[j] + (x0[j] - m) / lr;
+                x0[j] -= sc->slow.lr * lr * u[j];
                 for (int r = 0; r < N; r++) x[r][j] = x0[j];
             }
             if (policy == SUMO_BUFFERS_RESET) fresh = 1;
@@ -371,7 +383,7 @@ static void test_buffer_policies(void **state)
         for (int eff = 0; eff <= 1; eff++) {
             scenario *sc = new_scenario(3, 8, 18, 3, 0, 0.9, 0.6);
             sc->momentum = 0.7;
-            sc->slow.buffers = policies[pi];
+            sc->buffers = policies[pi];
             sc->slow.memory_efficient = eff;
             for (int t = 0; t < sc->steps; t++) sc->lr[t] = 0.25 + 0.01 * (t % 4);
             run(sc);
@@ -395,10 +407,11 @@ static void test_buffer_policies(void **state)
 
 /* ---- (f) bad options, lr 0 at an outer step, non-finite slow buffer ---------------------- */
 
-#define NBAD 14
+#define NBAD 16
 
 typedef struct bad_run {
-    sumo_slowmo_options bad[NBAD];
+    sumo_diloco_options bad[NBAD];
+    sumo_buffer_policy bad_buffers[NBAD];
     sumo_result got[MAXR][NBAD];
     int untouched[MAXR][NBAD];
     /* lr 0 / mismatch / non-finite */
@@ -411,11 +424,19 @@ typedef struct bad_run {
     sumo_result nonfinite[MAXR];
 } bad_run;
 
-static sumo_result try_create(sumo_comm *comm, sumo_optimizer *opt, size_t n,
-                              const sumo_slowmo_options *s, sumo_distributed **out)
+static sumo_result try_create_with(sumo_comm *comm, sumo_optimizer *opt, size_t n,
+                                   const sumo_diloco_options *s, sumo_buffer_policy buffers,
+                                   sumo_distributed **out)
 {
-    sumo_distributed_options o = {.struct_size = sizeof o, .mode = SUMO_UPDATE_SLOWMO, .slowmo = *s};
+    sumo_distributed_options o = {.struct_size = sizeof o, .mode = SUMO_UPDATE_OUTER, .outer = *s,
+                                  .buffers = buffers};
     return sumo_distributed_create(comm, opt, NULL, n, &o, out);
+}
+
+static sumo_result try_create(sumo_comm *comm, sumo_optimizer *opt, size_t n,
+                              const sumo_diloco_options *s, sumo_distributed **out)
+{
+    return try_create_with(comm, opt, n, s, SUMO_BUFFERS_KEEP, out);
 }
 
 static void bad_rank(sumo_comm *comm, int rank, int size, void *arg)
@@ -428,21 +449,21 @@ static void bad_rank(sumo_comm *comm, int rank, int size, void *arg)
     for (int i = 0; i < NBAD; i++) {
         sumo_distributed *sentinel = (sumo_distributed *)&b; /* must stay untouched */
         sumo_distributed *d = sentinel;
-        b->got[rank][i] = try_create(comm, opt, n, &b->bad[i], &d);
+        b->got[rank][i] = try_create_with(comm, opt, n, &b->bad[i], b->bad_buffers[i], &d);
         b->untouched[rank][i] = d == sentinel;
         if (d != sentinel) sumo_distributed_destroy(d);
     }
-    sumo_slowmo_options good = {.struct_size = sizeof good, .tau = 2, .alpha = 1.0, .beta = 0.5};
+    sumo_diloco_options good = slowmo_options(2, 0, 1.0, 0.5);
     /* Ranks that disagree on alpha: refused everywhere. */
-    sumo_slowmo_options mine = good;
-    mine.alpha = rank == 0 ? 1.0 : 0.9;
+    sumo_diloco_options mine = good;
+    mine.lr = rank == 0 ? 1.0 : 0.9;
     sumo_distributed *d = NULL;
     b->mismatch[rank] = try_create(comm, opt, n, &mine, &d);
     if (d) sumo_distributed_destroy(d);
     d = NULL;
     /* One rank with an invalid option: refused everywhere, nobody left waiting. */
     mine = good;
-    if (rank == size - 1) mine.beta = 1.0;
+    if (rank == size - 1) mine.momentum = 1.0;
     b->one_bad[rank] = try_create(comm, opt, n, &mine, &d);
     if (d) sumo_distributed_destroy(d);
     d = NULL;
@@ -500,23 +521,26 @@ static void test_bad_options_and_lr0(void **state)
     (void)state;
     bad_run *b = calloc(1, sizeof *b);
     assert_non_null(b);
-    const sumo_slowmo_options good = {.struct_size = sizeof good, .tau = 4, .inner_period = 2,
-                                      .alpha = 1.0, .beta = 0.5};
+    const sumo_diloco_options good = slowmo_options(4, 2, 1.0, 0.5);
     for (int i = 0; i < NBAD; i++) b->bad[i] = good;
-    b->bad[0].tau = 0;
-    b->bad[1].tau = -3;
+    b->bad[0].sync_every = 0;
+    b->bad[1].sync_every = -3;
     b->bad[2].inner_period = -1;
     b->bad[3].inner_period = 3; /* 4 is not a multiple of 3 */
-    b->bad[4].alpha = 0.0;
-    b->bad[5].alpha = -1.0;
-    b->bad[6].alpha = INFINITY;
-    b->bad[7].alpha = NAN;
-    b->bad[8].beta = -0.1;
-    b->bad[9].beta = 1.0;
-    b->bad[10].beta = NAN;
-    b->bad[11].buffers = (sumo_buffer_policy)7;
+    b->bad[4].lr = 0.0;
+    b->bad[5].lr = -1.0;
+    b->bad[6].lr = INFINITY;
+    b->bad[7].lr = NAN;
+    b->bad[8].momentum = -0.1;
+    b->bad[9].momentum = 1.0;
+    b->bad[10].momentum = NAN;
+    b->bad_buffers[11] = (sumo_buffer_policy)7;
     b->bad[12].memory_efficient = 2;
     b->bad[13].inner_period = 8; /* larger than tau */
+    b->bad[14].inner_period = 2;
+    b->bad[14].compression = SUMO_COMPRESS_BF16; /* inner averaging needs the plain average */
+    b->bad[15].memory_efficient = 1;
+    b->bad[15].merge_alpha = 0.5; /* a shard cannot merge what its owner never saw */
     for (int N = 1; N <= 2; N++) {
         memset(b->got, 0, sizeof b->got);
         assert_int_equal(harness_run_threads(N, bad_rank, b), 0);
@@ -538,16 +562,26 @@ static void test_bad_options_and_lr0(void **state)
         }
     }
     free(b);
-    /* Every preset is valid. */
-    sumo_slowmo_options p;
-    for (int k = 0; k <= 2; k++) {
-        assert_int_equal(sumo_slowmo_options_preset((sumo_slowmo_preset)k, &p), SUMO_SUCCESS);
-        assert_true(p.tau >= 1 && p.alpha > 0 && p.beta >= 0 && p.beta < 1);
-        assert_true(p.inner_period == 0 || p.tau % p.inner_period == 0);
+    /* SlowMo's presets: the paper's tau 12 and alpha 1, beta 0.5 but for Local SGD, the
+     * heavy-ball step, no inner averaging. */
+    const sumo_diloco_preset presets[] = {SUMO_DILOCO_PRESET_SLOWMO, SUMO_DILOCO_PRESET_LOCALSGD,
+                                          SUMO_DILOCO_PRESET_BMUF};
+    for (int k = 0; k < 3; k++) {
+        sumo_diloco_options p;
+        assert_int_equal(sumo_diloco_options_preset(presets[k], &p), SUMO_SUCCESS);
+        assert_int_equal(p.outer, SUMO_OUTER_HEAVY_BALL);
+        assert_int_equal(p.sync_every, 12);
+        assert_true(p.lr == 1.0 && p.momentum == (k == 1 ? 0.0 : 0.5));
+        assert_int_equal(p.inner_period, 0);
+        assert_int_equal(p.fragments, 1);
     }
 }
 
 /* ---- (g) checkpoint mid outer iteration ------------------------------------------------- */
+
+/* Words of the outer loop's checkpoint header (diloco_state.c): what the corruptions hit. */
+#define HDR_RANK 14
+#define HDR_PENDING 17
 
 #define G_STEPS 14
 #define G_SAVE 6 /* after 6 steps: 2 into the second outer iteration of tau 4 */
@@ -565,8 +599,8 @@ typedef struct ckpt_run {
 static sumo_result make_pair(sumo_comm *comm, const ckpt_run *c, sumo_optimizer **opt,
                              sumo_distributed **dist)
 {
-    sumo_slowmo_options s = {.struct_size = sizeof s, .tau = 4, .inner_period = 2, .alpha = 0.9, .beta = 0.6,
-                             .buffers = SUMO_BUFFERS_KEEP, .memory_efficient = c->efficient};
+    sumo_diloco_options s = slowmo_options(4, 2, 0.9, 0.6);
+    s.memory_efficient = c->efficient;
     *opt = make_sgd(c->n, 0.7);
     *dist = NULL;
     if (*opt == NULL) return SUMO_ERR_SYSTEM;
@@ -628,7 +662,7 @@ static void ckpt_rank(sumo_comm *comm, int rank, int size, void *arg)
             uint64_t w;
             switch (k) {
             case 0: bad[0] ^= 1; break;                                      /* magic */
-            case 1: w = 4; memcpy(bad + 8 * 8, &w, 8); break;                /* k >= tau */
+            case 1: w = 5; memcpy(bad + HDR_PENDING * 8, &w, 8); break;      /* fragment */
             case 2: len = dbytes - 1; break;                                 /* size */
             case 3: { float nan = NAN; memcpy(bad + dbytes - 4, &nan, 4); break; }
             case 4: w = 1000; memcpy(bad + 2 * 8, &w, 8); break;             /* n */
@@ -699,7 +733,7 @@ static void swap_rank(sumo_comm *comm, int rank, int size, void *arg)
     unsigned char *buf = malloc(bytes);
     if (buf && sumo_distributed_state_save(dist, buf, bytes) == SUMO_SUCCESS) {
         uint64_t other = (uint64_t)((rank + 1) % size);
-        memcpy(buf + 4 * 8, &other, 8); /* the rank word */
+        memcpy(buf + HDR_RANK * 8, &other, 8);
         s->load_other[rank] = sumo_distributed_state_load(dist, buf, bytes);
     }
     free(buf);
@@ -732,8 +766,8 @@ static void mem_rank(sumo_comm *comm, int rank, int size, void *arg)
     mem_run *m = arg;
     sumo_optimizer *opt = make_sgd(m->n, 0.9);
     sumo_distributed *dist = NULL;
-    sumo_slowmo_options s;
-    sumo_slowmo_options_preset(SUMO_SLOWMO_PRESET_SLOWMO, &s);
+    sumo_diloco_options s;
+    sumo_diloco_options_preset(SUMO_DILOCO_PRESET_SLOWMO, &s);
     s.memory_efficient = m->efficient;
     sumo_result r = opt ? try_create(comm, opt, m->n, &s, &dist) : SUMO_ERR_SYSTEM;
     if (r == SUMO_SUCCESS) r = sumo_distributed_extra_memory(dist, &m->extra[rank]);

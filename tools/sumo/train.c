@@ -50,7 +50,8 @@ static void usage(FILE *out)
         "           --acga-no-guard --acga-rescale --acga-eps E\n"
         "  SlowMo:  --tau T --alpha A --slow-beta B --inner-period K --buffers keep|reset|average\n"
         "           --memory-efficient   (localsgd: beta 0; bmuf and slowmo: beta 0.5; tau 12)\n"
-        "  DiLoCo:  --sync-every H --fragments F --strided-fragments --delay T --merge-alpha A\n"
+        "  DiLoCo:  --sync-every H --fragments F --strided-fragments --fragment-ranges\n"
+        "           --delay T --merge-alpha A\n"
         "           --outer nesterov|heavy-ball --outer-lr X --outer-momentum M\n"
         "           --outer-combine average|adasum|acga --quantize none|bf16|e4m3|e3m0\n"
         "           --quantize-block B   (diloco: H 500, Nesterov 0.7/0.9; streaming-diloco:\n"
@@ -92,7 +93,7 @@ typedef struct options {
     int tau_override, inner_override;
     int buffers_override, memory_efficient;
     /* DiLoCo: -1 (or NaN for the doubles) where the preset's value stands */
-    int sync_every, fragments, delay, outer, combine, quantize, strided;
+    int sync_every, fragments, delay, outer, combine, quantize, strided, ranges;
     double merge_alpha, outer_lr, outer_momentum;
     int64_t quantize_block;
     int have_momentum;
@@ -285,6 +286,7 @@ static int parse(int argc, char **argv, options *o)
         else if (FLAG("--sync-every")) INT(o->sync_every, 1, 1000000);
         else if (FLAG("--fragments")) INT(o->fragments, 1, 1000000);
         else if (FLAG("--strided-fragments")) o->strided = 1;
+        else if (FLAG("--fragment-ranges")) o->ranges = 1;
         else if (FLAG("--delay")) INT(o->delay, 0, 1000000);
         else if (FLAG("--merge-alpha")) DBL(o->merge_alpha, 0, false, 1, false);
         else if (FLAG("--outer-lr")) DBL(o->outer_lr, 0, true, 1e3, false);
@@ -390,20 +392,21 @@ static int configure_method(options *o, sumo__method m, const char *scaling, sum
 {
     *c = o->cfg;
     c->method = m;
-    if (m == SUMO__METHOD_SLOWMO || m == SUMO__METHOD_LOCALSGD || m == SUMO__METHOD_BMUF) {
-        sumo_slowmo_options_preset(m == SUMO__METHOD_LOCALSGD ? SUMO_SLOWMO_PRESET_LOCALSGD
-                                   : m == SUMO__METHOD_BMUF   ? SUMO_SLOWMO_PRESET_BMUF
-                                                              : SUMO_SLOWMO_PRESET_SLOWMO,
-                                   &c->slowmo);
-        if (o->tau_override >= 0) c->slowmo.tau = (int)o->tau_override;
-        if (o->alpha_override >= 0) c->slowmo.alpha = o->alpha_override;
-        if (o->slow_beta_override >= 0 && m != SUMO__METHOD_LOCALSGD) c->slowmo.beta = o->slow_beta_override;
-        if (o->inner_override >= 0) c->slowmo.inner_period = (int)o->inner_override;
-        if (o->buffers_override >= 0) c->slowmo.buffers = (sumo_buffer_policy)o->buffers_override;
-        c->slowmo.memory_efficient = o->memory_efficient;
+    if (sumo__method_is_slowmo(m)) {
+        sumo_diloco_options *so = &c->outer;
+        sumo_diloco_options_preset(m == SUMO__METHOD_LOCALSGD ? SUMO_DILOCO_PRESET_LOCALSGD
+                                   : m == SUMO__METHOD_BMUF   ? SUMO_DILOCO_PRESET_BMUF
+                                                              : SUMO_DILOCO_PRESET_SLOWMO,
+                                   so);
+        if (o->tau_override >= 0) so->sync_every = (int)o->tau_override;
+        if (o->alpha_override >= 0) so->lr = o->alpha_override;
+        if (o->slow_beta_override >= 0 && m != SUMO__METHOD_LOCALSGD) so->momentum = o->slow_beta_override;
+        if (o->inner_override >= 0) so->inner_period = (int)o->inner_override;
+        if (o->buffers_override >= 0) c->buffers = (sumo_buffer_policy)o->buffers_override;
+        so->memory_efficient = o->memory_efficient;
     }
     if (sumo__method_is_diloco(m)) {
-        sumo_diloco_options *d = &c->diloco;
+        sumo_diloco_options *d = &c->outer;
         sumo_diloco_options_preset(m == SUMO__METHOD_STREAMING_DILOCO ? SUMO_DILOCO_PRESET_STREAMING
                                                                       : SUMO_DILOCO_PRESET_DILOCO,
                                    d);
@@ -418,6 +421,12 @@ static int configure_method(options *o, sumo__method m, const char *scaling, sum
         if (o->quantize >= 0) d->compression = (sumo_compression_format)o->quantize;
         if (o->quantize_block >= 0) d->block_size = (size_t)o->quantize_block;
         c->diloco_strided = o->strided;
+        if (o->ranges) d->split = SUMO_SPLIT_RANGES;
+        if (o->ranges && o->strided) {
+            fprintf(stderr, "sumo train: %s: --strided-fragments assigns whole tensors; "
+                            "--fragment-ranges cuts the flat vector: give one\n", sumo__method_name(m));
+            return 2;
+        }
         /* What the outer loop would refuse at create, refused here by the flags' names. */
         if (d->fragments > d->sync_every) {
             fprintf(stderr, "sumo train: %s: --fragments %d exceeds --sync-every %d (one fragment "
@@ -531,10 +540,6 @@ static int write_summaries(FILE *f, const char *path, const char (*labels)[64],
     return 0;
 }
 
-static bool is_slowmo(sumo__method m)
-{
-    return m == SUMO__METHOD_SLOWMO || m == SUMO__METHOD_LOCALSGD || m == SUMO__METHOD_BMUF;
-}
 
 /* The trainer's own count: whole total batches per epoch, times the epochs. */
 static long planned_steps(const sumo__train_config *c, const sumo__dataset *train)
@@ -550,12 +555,12 @@ static int check_outer_steps(const sumo__train_config *c, const char *label, con
                              bool say)
 {
     long steps = planned_steps(c, train);
-    if (!is_slowmo(c->method) || steps < 1 || steps >= c->slowmo.tau) return 0;
+    if (!sumo__method_is_slowmo(c->method) || steps < 1 || steps >= c->outer.sync_every) return 0;
     if (say)
         fprintf(stderr, "sumo train: --reduce %s: the run has %ld step(s) (%d epoch(s) of %ld), fewer than "
                         "--tau %d: its outer step (the exact average and the slow momentum) would never "
                         "run%s. Give --tau %ld or less, more --epochs or a smaller --batch\n",
-                label, steps, c->epochs, steps / c->epochs, c->slowmo.tau,
+                label, steps, c->epochs, steps / c->epochs, c->outer.sync_every,
                 c->workers > 1 ? " and the workers would end unsynchronised" : "", steps);
     return 2;
 }
@@ -565,13 +570,13 @@ static int check_outer_steps(const sumo__train_config *c, const char *label, con
  * hash rank 0's own. Said after the table, so that no reader takes them for one model. */
 static void note_unsynchronised_end(const char *label, const sumo__train_config *c, long steps)
 {
-    const sumo_slowmo_options *so = &c->slowmo;
-    if (!is_slowmo(c->method) || c->workers < 2 || steps < so->tau) return;
-    long after = steps % so->tau;
+    const sumo_diloco_options *so = &c->outer;
+    if (!sumo__method_is_slowmo(c->method) || c->workers < 2 || steps < so->sync_every) return;
+    long after = steps % so->sync_every;
     if (after == 0 || (so->inner_period > 0 && after % so->inner_period == 0)) return;
     printf("%s: the last %ld of %ld steps came after the last exchange (every %d steps): the workers "
            "end with different parameters; the accuracy is their average's, the parameter hash rank 0's\n",
-           label, after, steps, so->inner_period > 0 ? so->inner_period : so->tau);
+           label, after, steps, so->inner_period > 0 ? so->inner_period : so->sync_every);
 }
 
 static void print_table(const options *o, const sumo__train_config *configs, const sumo__train_summary *sums)
