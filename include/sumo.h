@@ -171,6 +171,13 @@ SUMO_API sumo_result sumo_comm_size(const sumo_comm *comm, int *size);
 /* The transport's name: "threads", "mpi", "shm", or what a caller-supplied transport calls itself. */
 SUMO_API sumo_result sumo_comm_transport(const sumo_comm *comm, const char **name);
 
+/* Communication a component has made so far (an aggregator's, the outer loop's, the
+ * distributed optimizer's): collective calls and payload bytes per rank. */
+typedef struct sumo_comm_stats {
+    uint64_t rounds;
+    uint64_t bytes;
+} sumo_comm_stats;
+
 /*
  * The environment every communicator reads when it is created: SUMO_TIMEOUT (the deadline in
  * seconds, a number > 0 and <= 1e8; 300 when unset) and SUMO_DEBUG (NONE, WARN or INFO, any

@@ -106,10 +106,6 @@ SUMO_API sumo_result sumo_aggregator_state_load(sumo_aggregator *aggregator, con
                                        size_t bytes);
 
 /* What apply has sent so far: collective calls and payload bytes per rank. */
-typedef struct sumo_comm_stats {
-    uint64_t rounds;
-    uint64_t bytes;
-} sumo_comm_stats;
 SUMO_API sumo_result sumo_aggregator_stats(const sumo_aggregator *aggregator, sumo_comm_stats *stats);
 
 #ifdef __cplusplus
