@@ -71,6 +71,7 @@ UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 MPI_TEST_SRCS := $(wildcard tests/mpi/test_*.c)
 MPI_TEST_BINS := $(MPI_TEST_SRCS:tests/mpi/%.c=$(BUILD)/tests/mpi/%)
 TEST_SUPPORT := $(wildcard tests/support/*.c)
+TEST_SUPPORT_HDRS := $(wildcard tests/support/*.h)
 
 ifneq ($(MPICC),)
 TARGETS := $(LIBSUMO) $(LIBSUMO_MPI) $(BUILD)/sumo $(UNIT_BINS) $(MPI_TEST_BINS) $(BENCH_BINS)
@@ -169,7 +170,7 @@ $(BUILD)/bench/%: bench/%.c bench/bench_util.h $(LIBSUMO_TRAIN) $(LIBSUMO)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $< $(LIBSUMO_TRAIN) $(LIBSUMO) $(LDFLAGS) $(TRAIN_LIBS) $(LDLIBS) -o $@
 
-$(BUILD)/tests/%: tests/unit/%.c $(TEST_SUPPORT) $(LIBSUMO_TRAIN) $(LIBSUMO)
+$(BUILD)/tests/%: tests/unit/%.c $(TEST_SUPPORT) $(TEST_SUPPORT_HDRS) $(LIBSUMO_TRAIN) $(LIBSUMO)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $< $(TEST_SUPPORT) $(LIBSUMO_TRAIN) $(LIBSUMO) $(LDFLAGS) -lcmocka $(TRAIN_LIBS) $(LDLIBS) -o $@
 
