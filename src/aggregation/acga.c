@@ -31,7 +31,7 @@
  * arithmetic, the final allreduce gives every rank the same bits, and whatever runs after it
  * (division by N, NaN fill, rescale by a broadcast factor) is elementwise on identical inputs.
  *
- * DEGENERATE STEPS (decided here; each has a test in tests/unit/test_acga.c):
+ * DEGENERATE STEPS (decided here; each has a test in tests/unit/test_acga_degenerate.c):
  *   - One rank's gradient is zero: a_r = 0, an ordinary step, SUMO_SUCCESS.
  *   - Coefficient sum vanishes: when sum(a') <= 1e-6 * sum|a'| after the guard (which covers
  *     sum <= 0, and all a' == 0, e.g. every gradient zero or gradients that cancel to s = 0),

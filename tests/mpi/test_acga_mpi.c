@@ -1,7 +1,7 @@
 /*
  * ACGA over the MPI transport (run under mpirun -np 2, 3, 4): every step equals an independent
  * double-precision reference of docs/design/acga.md (support/reference.c, the one
- * tests/unit/test_acga.c uses), every rank holds the same bits, a NaN step is NONFINITE on every
+ * tests/unit/test_acga_*.c use), every rank holds the same bits, a NaN step is NONFINITE on every
  * rank and leaves the momentum alone, and a checkpointed aggregator continues bit for bit; in
  * place, and out of place from private buffers into sumo_mem_alloc's (staged into the outputs
  * on one node) with the send buffers left as they were.
@@ -32,7 +32,7 @@ static float input(uint64_t seed, int step, int rank, size_t i)
     return harness_correlated(seed, step, rank, i, 0.6);
 }
 
-/* The reference is support/reference.c's, the one tests/unit/test_acga.c uses. */
+/* The reference is support/reference.c's, the one tests/unit/test_acga_*.c use. */
 
 /* ---- one configuration -------------------------------------------------------------------- */
 

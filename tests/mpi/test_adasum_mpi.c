@@ -24,7 +24,7 @@
 #include <string.h>
 
 
-/* ---- the reference: support/reference.c, the one tests/unit/test_adasum.c uses ---------- */
+/* ---- the reference: support/reference.c, the one tests/unit/test_adasum_*.c use -------- */
 
 /* Rank r's element i, the generator of the unit test (support/harness.c). */
 static double input(uint64_t seed, int rank, size_t i)

@@ -1,7 +1,7 @@
 /*
  * The Gram form of Adasum: its kernels, and Adasum's weights against the float64 reference
- * tree of support/reference.c. (ACGA, which runs in Gram form, is held against test_acga.c's
- * own reference of the two-exchange algorithm.)
+ * tree of support/reference.c. (ACGA, which runs in Gram form, is held against the test_acga_*
+ * tests' own reference of the two-exchange algorithm.)
  *
  * References: the kernels are held against plain loops written here; Adasum against
  * ref_adasum_tree (the documented tree, sharing no code with the library).

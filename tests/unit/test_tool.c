@@ -102,7 +102,7 @@ static void test_usage_errors(void **state)
 }
 
 /* Out of place into sumo_mem_alloc memory: every sum, average and Adasum row checked against
- * the sequential reference, ACGA's measured (its values are test_acga's). */
+ * the sequential reference, ACGA's measured (its values are the test_acga_* tests'). */
 static void test_bench_shared_outputs_checked(void **state)
 {
     (void)state;

@@ -87,7 +87,8 @@ static int check_collective(bench_group *g, const bench_report *rep, coll_call *
     if (call->op == SUMO_OP_ADASUM)
         return bench_check_adasum(call->dtype, g->size, res, call->count, why, whylen);
     if (call->op == BENCH_OP_ACGA) {
-        snprintf(why, whylen, "acga: ranks agree bit for bit; its values are checked by test_acga");
+        snprintf(why, whylen,
+                 "acga: ranks agree bit for bit; its values are checked by test_acga_*");
         return BENCH_CHECK_NA;
     }
     return bench_check_sum(call->dtype, call->op, g->size, res, call->count, why, whylen);

@@ -1,7 +1,6 @@
 /*
- * The shm transport (sumo_shm.h) between real processes: each test forks its ranks, which
- * meet through a store of files in a temporary directory (support/file_store.h) as torchrun's
- * processes meet through a TCPStore.
+ * The shm transport (sumo_shm.h) between real processes, working: each test forks its ranks
+ * (support/shm_group.h).
  *
  * What the tests prove:
  *   - the transport's sendrecv moves messages of any size (empty, about a chunk, many chunks),
@@ -18,18 +17,10 @@
  *     one rank cannot make fails on every rank and leaves the handle usable;
  *   - the named fallback (SUMO_SHM_NAMED=1) works and removes its names as soon as every rank
  *     mapped them; a rank 0 that forbids inspection (undumpable) still meets its peers;
- *   - a rank killed in the middle of a collective makes the others fail with
- *     SUMO_ERR_PEER_FAILURE long before their deadline; a rank that leaves early makes its
- *     waiting peers fail at once, and a rank that stays long after the others left still
- *     destroys its handle cleanly;
- *   - a rank 0 killed while the group meets makes the others fail at once, whether they had
- *     attached already or arrive after its death;
- *   - a store that never delivers gives SUMO_ERR_TIMEOUT at the SUMO_TIMEOUT deadline with a
- *     message; options this library does not know are refused with a message;
  *   - after every test, no object named for any of its processes is left in /dev/shm.
  *
- * cmocka's assertions run in the parent only: a child reports through its exit status and
- * prints what failed on stderr.
+ * Its failures (ranks that die or leave, creation that cannot complete) are tested in
+ * test_shm_procs_failures.c.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -42,226 +33,14 @@
 #include "support/file_store.h"
 #include "support/harness.h"
 #include "support/reference.h"
+#include "support/shm_group.h"
 
 #include <dirent.h>
-#include <errno.h>
 #include <math.h>
-#include <poll.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <linux/capability.h>
-#include <sys/prctl.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
-
-#define MAXP 5
-/* What a child exits with when a scenario ends on a sumo_result: this plus the result. */
-#define EXIT_RESULT 100
-/* How long a group may run before the parent kills it: a hang, never a timing check. */
-#define GROUP_LIMIT_S 300.0
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* ---- running a group of processes ----------------------------------------------------------- */
-
-typedef struct group group;
-/* A rank's part; owns *comm (destroying it sets NULL). Returns the child's exit status. */
-typedef int (*scenario_fn)(sumo_comm **comm, int rank, int size, group *g);
-
-struct group {
-    int size;
-    scenario_fn fn;
-    bool named;         /* SUMO_SHM_NAMED=1 */
-    bool undumpable_0;  /* rank 0 forbids inspection (no /proc/<pid>/fd for its peers) */
-    size_t stage_bytes; /* options.stage_bytes */
-    const char *timeout; /* SUMO_TIMEOUT for the children, NULL: unset */
-    int late_rank, late_ms; /* this rank sleeps this long before sumo_comm_create_shm */
-    /* Called by the parent once the children run (NULL: none). */
-    void (*parent_hook)(group *g);
-    int ready[2]; /* a pipe: a child writes a byte when the parent_hook may act */
-    char dir[160];
-    pid_t pid[MAXP];
-    int status[MAXP];
-    double killed_at, ended_at;
-};
-
-/* Gives up the right to inspect any process (root has it), as an ordinary user lacks it. */
-static void drop_ptrace_capability(void)
-{
-    struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3};
-    struct __user_cap_data_struct d[2];
-    if (syscall(SYS_capget, &h, d) != 0) return;
-    d[0].effective &= ~(1u << CAP_SYS_PTRACE);
-    d[0].permitted &= ~(1u << CAP_SYS_PTRACE);
-    if (syscall(SYS_capset, &h, d) != 0) perror("capset");
-}
-
-static int child(group *g, int rank)
-{
-    close(g->ready[0]);
-    if (g->named) setenv("SUMO_SHM_NAMED", "1", 1);
-    if (g->timeout) setenv("SUMO_TIMEOUT", g->timeout, 1);
-    if (g->undumpable_0) {
-        if (rank == 0) prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
-        else drop_ptrace_capability();
-    }
-    if (g->late_ms && rank == g->late_rank)
-        nanosleep(&(struct timespec){g->late_ms / 1000, (g->late_ms % 1000) * 1000000L}, NULL);
-    file_store fs;
-    file_store_init(&fs, g->dir);
-    char err[256] = "unset";
-    sumo_shm_options o = {.struct_size = sizeof o, .rank = rank, .size = g->size,
-                          .store = &fs.store, .key_prefix = "test/", .stage_bytes = g->stage_bytes,
-                          .error = err, .error_bytes = sizeof err};
-    sumo_comm *comm = NULL;
-    sumo_result r = sumo_comm_create_shm(&o, &comm);
-    if (r != SUMO_SUCCESS) {
-        fprintf(stderr, "rank %d/%d: sumo_comm_create_shm: %s (%s)\n", rank, g->size,
-                sumo_result_name(r), err);
-        return EXIT_RESULT + (int)r;
-    }
-    if (err[0] != '\0') {
-        fprintf(stderr, "rank %d: error message \"%s\" after a success\n", rank, err);
-        return 1;
-    }
-    int status = g->fn(&comm, rank, g->size, g);
-    if (comm) {
-        r = sumo_comm_destroy(comm);
-        if (r != SUMO_SUCCESS && status == 0) {
-            fprintf(stderr, "rank %d: sumo_comm_destroy: %s\n", rank, sumo_result_name(r));
-            status = 1;
-        }
-    }
-    return status;
-}
-
-/* Names in /dev/shm made by one of pids ("sumo.<pid>.<nonce>"), printed; returns how many. */
-static int leftovers(const pid_t *pids, int n)
-{
-    DIR *d = opendir("/dev/shm");
-    if (d == NULL) return 0;
-    int found = 0;
-    for (struct dirent *e; (e = readdir(d)) != NULL;) {
-        int pid = 0;
-        if (sscanf(e->d_name, "sumo.%d.", &pid) != 1) continue;
-        for (int i = 0; i < n; i++)
-            if (pids[i] == pid) {
-                fprintf(stderr, "left behind: /dev/shm/%s\n", e->d_name);
-                found++;
-            }
-    }
-    closedir(d);
-    return found;
-}
-
-/* A fresh directory for a store, under TMPDIR as mkdtemp(3) users expect. */
-static void make_store_dir(char *dir, size_t len)
-{
-    const char *base = getenv("TMPDIR");
-    snprintf(dir, len, "%s/sumo-shm-test.XXXXXX", base && *base ? base : "/tmp");
-    assert_non_null(mkdtemp(dir));
-}
-
-static void remove_dir(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (d == NULL) return;
-    char path[512];
-    for (struct dirent *e; (e = readdir(d)) != NULL;) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        unlink(path);
-    }
-    closedir(d);
-    rmdir(dir);
-}
-
-/* Forks g->size ranks, runs the hook, waits for all (killing them past GROUP_LIMIT_S), and
- * checks that nothing named is left. */
-static void run_group(group *g)
-{
-    make_store_dir(g->dir, sizeof g->dir);
-    assert_int_equal(pipe(g->ready), 0);
-    fflush(NULL);
-    for (int r = 0; r < g->size; r++) {
-        g->pid[r] = fork();
-        assert_true(g->pid[r] >= 0);
-        if (g->pid[r] == 0) exit(child(g, r));
-    }
-    close(g->ready[1]);
-    double start = now_s();
-    if (g->parent_hook) g->parent_hook(g);
-    int running = g->size;
-    bool ended[MAXP] = {false};
-    while (running > 0) {
-        for (int r = 0; r < g->size; r++) {
-            int st;
-            if (ended[r] || waitpid(g->pid[r], &st, WNOHANG) != g->pid[r]) continue;
-            ended[r] = true;
-            running--;
-            g->status[r] = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
-        }
-        if (running > 0 && now_s() - start > GROUP_LIMIT_S) {
-            fprintf(stderr, "group of %d still running after %.0f s: killed\n", g->size,
-                    GROUP_LIMIT_S);
-            for (int r = 0; r < g->size; r++)
-                if (!ended[r]) kill(g->pid[r], SIGKILL);
-            start = now_s() + 1e9;
-        }
-        if (running > 0) nanosleep(&(struct timespec){0, 2000000}, NULL);
-    }
-    g->ended_at = now_s();
-    close(g->ready[0]);
-    remove_dir(g->dir);
-    assert_int_equal(leftovers(g->pid, g->size), 0);
-}
-
-static void expect_all(const group *g, int status)
-{
-    for (int r = 0; r < g->size; r++) {
-        if (g->status[r] != status)
-            fprintf(stderr, "rank %d of %d ended with %d, expected %d\n", r, g->size,
-                    g->status[r], status);
-        assert_int_equal(g->status[r], status);
-    }
-}
-
-static void signal_ready(group *g)
-{
-    char b = 1;
-    if (write(g->ready[1], &b, 1) != 1) perror("ready pipe");
-}
-
-/* ---- checks inside a child ------------------------------------------------------------------- */
-
-typedef struct tally {
-    int rank;
-    int failed;
-} tally;
-
-static void check(tally *t, bool ok, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static void check(tally *t, bool ok, const char *fmt, ...)
-{
-    if (ok) return;
-    t->failed++;
-    if (t->failed > 20) return;
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "rank %d FAIL: ", t->rank);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-}
 
 /* Whether a name of this process is in /dev/shm now (the fallback's names must be gone as
  * soon as every rank has mapped them). */
@@ -295,14 +74,6 @@ static char mapped_from(void)
 
 static const sumo_dtype dtypes[] = {SUMO_FLOAT32, SUMO_FLOAT64, SUMO_FLOAT16, SUMO_BFLOAT16};
 static const char *const dtype_names[] = {"fp32", "fp64", "fp16", "bf16"};
-
-/* The documented sum or average over every rank of the integer inputs, as stored in dtype. */
-static double expected_sum(sumo_dtype dtype, sumo_op op, int size, size_t i)
-{
-    double v[MAXP];
-    for (int k = 0; k < size; k++) v[k] = harness_collective_value(k, i, true);
-    return ref_round_to(dtype, ref_sum_in_order(dtype, v, size, op == SUMO_OP_AVERAGE ? size : 1));
-}
 
 enum { PRIVATE, SHARED, OUT_SHARED, KINDS };
 static const char *const kind_names[] = {"private buffers", "sumo_mem_alloc buffers",
@@ -638,262 +409,13 @@ static void test_transport_messages(void **state)
     run_group(&g);
     expect_all(&g, 0);
 }
-
-/* ---- a rank dies --------------------------------------------------------------------------- */
-
-/* Allreduces until one fails; rank 0 signals the parent after the first. Exits with
- * EXIT_RESULT + the failure (a rank never failing gives up after a minute). */
-static int until_failure(sumo_comm **commp, int rank, int size, group *g)
-{
-    (void)size;
-    size_t n = (size_t)1 << 20;
-    float *x = malloc(n * sizeof *x);
-    for (size_t i = 0; i < n; i++) x[i] = (float)harness_collective_value(rank, i, true);
-    double start = now_s();
-    sumo_result r = SUMO_SUCCESS;
-    for (int k = 0; r == SUMO_SUCCESS && now_s() - start < 60; k++) {
-        r = sumo_allreduce(x, x, n, SUMO_FLOAT32, SUMO_OP_AVERAGE, *commp);
-        if (k == 0 && rank == 0) signal_ready(g);
-    }
-    const char *m = "";
-    sumo_comm_error_message(*commp, &m);
-    fprintf(stderr, "rank %d after %.2f s: %s (%s)\n", rank, now_s() - start, sumo_result_name(r), m);
-    free(x);
-    return EXIT_RESULT + (int)r;
-}
-
-static void kill_rank_1(group *g)
-{
-    struct pollfd p = {.fd = g->ready[0], .events = POLLIN};
-    char b;
-    if (poll(&p, 1, 120000) == 1 && read(g->ready[0], &b, 1) == 1) {
-        nanosleep(&(struct timespec){0, 50000000}, NULL);
-        kill(g->pid[1], SIGKILL);
-    }
-    g->killed_at = now_s();
-}
-
-static void check_killed(const group *g)
-{
-    for (int r = 0; r < g->size; r++) {
-        int want = r == 1 ? -SIGKILL : EXIT_RESULT + SUMO_ERR_PEER_FAILURE;
-        if (g->status[r] != want) fprintf(stderr, "rank %d ended with %d\n", r, g->status[r]);
-        assert_int_equal(g->status[r], want);
-    }
-    /* The deadline is 120 s: ending well before it is the liveness check, not the deadline. */
-    double after = g->ended_at - g->killed_at;
-    fprintf(stderr, "the survivors ended %.2f s after the kill\n", after);
-    assert_true(after < 60);
-}
-
-static void test_killed_rank_staged(void **state)
-{
-    (void)state;
-    group g = {.size = 3, .fn = until_failure, .timeout = "120", .parent_hook = kill_rank_1};
-    run_group(&g);
-    check_killed(&g);
-}
-
-static int until_failure_ring(sumo_comm **commp, int rank, int size, group *g)
-{
-    sumo_comm_set_param(*commp, SUMO_PARAM_ALGORITHM, SUMO_ALGORITHM_RING);
-    return until_failure(commp, rank, size, g);
-}
-
-static void test_killed_rank_messages_named(void **state)
-{
-    (void)state;
-    group g = {.size = 4, .fn = until_failure_ring, .timeout = "120", .named = true,
-               .parent_hook = kill_rank_1};
-    run_group(&g);
-    check_killed(&g);
-}
-
-/* Rank 0 is killed while it waits for rank 2 to attach: rank 1, attached and waiting for rank
- * 0's word, and rank 2, arriving after the death, both fail at once instead of at the
- * deadline. */
-static int never_runs(sumo_comm **commp, int rank, int size, group *g)
-{
-    (void)commp;
-    (void)size;
-    (void)g;
-    fprintf(stderr, "rank %d: created a communicator without rank 0\n", rank);
-    return 1;
-}
-
-static void kill_rank_0_once_1_attached(group *g)
-{
-    char path[256];
-    /* The file store's name for the key "test/attach/0/1". */
-    snprintf(path, sizeof path, "%s/k.test_2Fattach_2F0_2F1", g->dir);
-    for (double start = now_s(); access(path, F_OK) != 0 && now_s() - start < 120;)
-        nanosleep(&(struct timespec){0, 5000000}, NULL);
-    kill(g->pid[0], SIGKILL);
-    g->killed_at = now_s();
-}
-
-static void test_rank_0_dies_while_meeting(void **state)
-{
-    (void)state;
-    group g = {.size = 3, .fn = never_runs, .timeout = "120", .late_rank = 2, .late_ms = 1500,
-               .parent_hook = kill_rank_0_once_1_attached};
-    run_group(&g);
-    assert_int_equal(g.status[0], -SIGKILL);
-    assert_int_equal(g.status[1], EXIT_RESULT + SUMO_ERR_PEER_FAILURE);
-    assert_int_equal(g.status[2], EXIT_RESULT + SUMO_ERR_PEER_FAILURE);
-    double after = g.ended_at - g.killed_at;
-    fprintf(stderr, "the others ended %.2f s after the kill\n", after);
-    assert_true(after < 60);
-}
-
-/* ---- leaving ------------------------------------------------------------------------------- */
-
-/* Rank 2 leaves after a collective; ranks 0 and 1 then wait on it in the next one and fail at
- * once; rank 1 leaves; rank 0 stays a while after every peer has gone, still reads its shared
- * buffer, and destroys its handle cleanly. */
-static int leaving(sumo_comm **commp, int rank, int size, group *g)
-{
-    (void)g;
-    tally t = {.rank = rank};
-    float *x = NULL;
-    sumo_result r = sumo_mem_alloc(*commp, 4096 * sizeof(float), (void **)&x);
-    check(&t, r == SUMO_SUCCESS, "sumo_mem_alloc: %s", sumo_result_name(r));
-    if (r != SUMO_SUCCESS) return 1;
-    for (size_t i = 0; i < 4096; i++) x[i] = (float)harness_collective_value(rank, i, true);
-    r = sumo_allreduce(x, x, 4096, SUMO_FLOAT32, SUMO_OP_SUM, *commp);
-    check(&t, r == SUMO_SUCCESS, "first allreduce: %s", sumo_result_name(r));
-    if (rank == 2) {
-        r = sumo_comm_destroy(*commp);
-        *commp = NULL;
-        check(&t, r == SUMO_SUCCESS, "rank 2's destroy: %s", sumo_result_name(r));
-        return t.failed ? 1 : 0;
-    }
-    double start = now_s();
-    r = sumo_allreduce(x, x, 4096, SUMO_FLOAT32, SUMO_OP_SUM, *commp);
-    double waited = now_s() - start;
-    check(&t, r == SUMO_ERR_PEER_FAILURE && waited < 30, "waiting on a rank that left: %s after %.2f s",
-          sumo_result_name(r), waited);
-    if (rank == 0) {
-        nanosleep(&(struct timespec){0, 500000000}, NULL);
-        size_t wrong = 0;
-        for (size_t i = 0; i < 4096; i++)
-            wrong += x[i] != expected_sum(SUMO_FLOAT32, SUMO_OP_SUM, size, i);
-        check(&t, wrong == 0, "the first sum in shared memory after the peers left: %zu wrong",
-              wrong);
-    }
-    start = now_s();
-    r = sumo_comm_destroy(*commp);
-    *commp = NULL;
-    check(&t, r == SUMO_SUCCESS && now_s() - start < 5, "rank %d's destroy: %s after %.2f s",
-          rank, sumo_result_name(r), now_s() - start);
-    return t.failed ? 1 : 0;
-}
-
-static void test_leave_early_and_linger(void **state)
-{
-    (void)state;
-    group g = {.size = 3, .fn = leaving, .timeout = "120"};
-    run_group(&g);
-    expect_all(&g, 0);
-}
-
-/* ---- creation failures (in this process) ----------------------------------------------------- */
-
-static sumo_result create_alone(file_store *fs, const char *prefix, int rank, int size,
-                                char *err, size_t errlen, sumo_comm **comm)
-{
-    sumo_shm_options o = {.struct_size = sizeof o, .rank = rank, .size = size,
-                          .store = &fs->store, .key_prefix = prefix, .error = err,
-                          .error_bytes = errlen};
-    return sumo_comm_create_shm(&o, comm);
-}
-
-static void test_store_never_delivers(void **state)
-{
-    (void)state;
-    char dir[160];
-    make_store_dir(dir, sizeof dir);
-    setenv("SUMO_TIMEOUT", "1", 1);
-    setenv("SUMO_SHM_NAMED", "1", 1);
-    file_store fs;
-    file_store_init(&fs, dir);
-    pid_t me = getpid();
-    for (int c = 0; c < 3; c++) {
-        /* rank 0 whose peer never attaches; rank 1 whose rank 0 never publishes; a store whose
-         * get never delivers anything. */
-        fs.never = c == 2;
-        char err[256] = "";
-        sumo_comm *comm = (sumo_comm *)&fs;
-        double start = now_s();
-        char prefix[32];
-        snprintf(prefix, sizeof prefix, "alone%d/", c);
-        sumo_result r = create_alone(&fs, prefix, c == 1 ? 1 : 0, 2, err, sizeof err, &comm);
-        double took = now_s() - start;
-        fprintf(stderr, "case %d: %s after %.2f s: %s\n", c, sumo_result_name(r), took, err);
-        assert_int_equal(r, SUMO_ERR_TIMEOUT);
-        assert_null(comm);
-        assert_non_null(strstr(err, "store key"));
-        assert_non_null(strstr(err, "SUMO_TIMEOUT"));
-        assert_true(took > 0.9 && took < 30);
-        assert_int_equal(leftovers(&me, 1), 0);
-    }
-    unsetenv("SUMO_TIMEOUT");
-    unsetenv("SUMO_SHM_NAMED");
-    remove_dir(dir);
-}
-
-static void test_options_refused(void **state)
-{
-    (void)state;
-    file_store fs;
-    file_store_init(&fs, "/nonexistent");
-    char err[256];
-    sumo_comm *comm = (sumo_comm *)&fs;
-    sumo_shm_options good = {.struct_size = sizeof good, .rank = 0, .size = 1,
-                             .store = &fs.store, .key_prefix = "x/", .error = err,
-                             .error_bytes = sizeof err};
-    sumo_shm_options o = good;
-    o.struct_size = sizeof o + 8;
-    strcpy(err, "untouched");
-    assert_int_equal(sumo_comm_create_shm(&o, &comm), SUMO_ERR_INVALID_ARGUMENT);
-    assert_null(comm);
-    /* An options struct of another size is not written into. */
-    assert_string_equal(err, "untouched");
-    sumo_shm_options bad[5];
-    for (int i = 0; i < 5; i++) bad[i] = good;
-    bad[0].store = NULL;
-    bad[1].rank = 1;
-    bad[2].size = 0;
-    bad[3].stage_bytes = 5000;
-    bad[4].key_prefix = NULL;
-    for (int i = 0; i < 5; i++) {
-        err[0] = '\0';
-        assert_int_equal(sumo_comm_create_shm(&bad[i], &comm), SUMO_ERR_INVALID_ARGUMENT);
-        assert_true(strlen(err) > 10);
-    }
-    sumo_store other = fs.store;
-    other.struct_size = 8;
-    o = good;
-    o.store = &other;
-    assert_int_equal(sumo_comm_create_shm(&o, &comm), SUMO_ERR_INVALID_ARGUMENT);
-    assert_non_null(strstr(err, "struct_size"));
-    assert_int_equal(sumo_comm_create_shm(NULL, &comm), SUMO_ERR_INVALID_ARGUMENT);
-    assert_int_equal(sumo_comm_create_shm(&good, NULL), SUMO_ERR_INVALID_ARGUMENT);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_options_refused),
-        cmocka_unit_test(test_store_never_delivers),
         cmocka_unit_test(test_transport_messages),
         cmocka_unit_test(test_collectives_1_to_5_processes),
         cmocka_unit_test(test_named_fallback_small_staging),
         cmocka_unit_test(test_undumpable_rank_0),
-        cmocka_unit_test(test_killed_rank_staged),
-        cmocka_unit_test(test_killed_rank_messages_named),
-        cmocka_unit_test(test_leave_early_and_linger),
-        cmocka_unit_test(test_rank_0_dies_while_meeting),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
