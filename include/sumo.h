@@ -132,6 +132,9 @@ typedef struct sumo_adasum_options {
                                     shared-memory node split, or all ranks for threads */
 } sumo_adasum_options;
 
+/* One tensor, flat: struct_size set, everything else 0. */
+SUMO_API sumo_result sumo_adasum_options_default(sumo_adasum_options *options);
+
 SUMO_API sumo_result sumo_op_create_adasum(sumo_comm *comm, const sumo_adasum_options *options,
                                   sumo_op *op);
 SUMO_API sumo_result sumo_op_destroy(sumo_comm *comm, sumo_op op);
@@ -382,6 +385,10 @@ typedef struct sumo_compression {
                                        for bf16, where it only sets the unit of the split) */
     sumo_op op;                     /* SUMO_OP_SUM or SUMO_OP_AVERAGE */
 } sumo_compression;
+
+/* format with blocks of 128 elements (the Streaming DiLoCo preset's) and SUMO_OP_AVERAGE. */
+SUMO_API sumo_result sumo_compression_default(sumo_compression_format format,
+                                              sumo_compression *options);
 
 SUMO_API sumo_result sumo_allreduce_compressed(const float *sendbuf, float *recvbuf, size_t count,
                                                const sumo_compression *options, sumo_comm *comm);

@@ -129,7 +129,7 @@ typedef enum sumo_diloco_preset {
                                          (Chen and Huo's block learning rate 1, momentum 0.5) */
 } sumo_diloco_preset;
 
-SUMO_API sumo_result sumo_diloco_options_preset(sumo_diloco_preset preset,
+SUMO_API sumo_result sumo_diloco_options_default(sumo_diloco_preset preset,
                                                 sumo_diloco_options *options);
 
 typedef struct sumo_diloco sumo_diloco;

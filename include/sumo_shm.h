@@ -65,6 +65,10 @@ typedef struct sumo_shm_options {
     size_t error_bytes;
 } sumo_shm_options;
 
+/* struct_size set, everything else 0 or NULL: the caller fills rank, size, store and
+ * key_prefix. */
+SUMO_API sumo_result sumo_shm_options_default(sumo_shm_options *options);
+
 /*
  * Collective over options->size processes: every rank calls it with its own rank, bounded by
  * SUMO_TIMEOUT (default 300 s). SUMO_ERR_INVALID_ARGUMENT for options this rank cannot use

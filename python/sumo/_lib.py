@@ -176,7 +176,7 @@ _SIGS = {
     "sumo_slowmo_state_size": (_R, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]),
     "sumo_slowmo_state_save": (_R, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]),
     "sumo_slowmo_state_load": (_R, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]),
-    "sumo_diloco_options_preset": (_R, [ctypes.c_int, ctypes.POINTER(DiLoCoOptions)]),
+    "sumo_diloco_options_default": (_R, [ctypes.c_int, ctypes.POINTER(DiLoCoOptions)]),
     "sumo_diloco_create": (_R, [_c_comm_p, ctypes.POINTER(ctypes.c_size_t), ctypes.c_size_t,
                                 ctypes.c_size_t, ctypes.c_int, ctypes.POINTER(DiLoCoOptions),
                                 ctypes.POINTER(ctypes.c_void_p)]),

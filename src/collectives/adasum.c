@@ -160,6 +160,13 @@ static sumo_result options_check(sumo_comm *comm, const sumo_adasum_options *o, 
     return SUMO_SUCCESS;
 }
 
+sumo_result sumo_adasum_options_default(sumo_adasum_options *options)
+{
+    if (options == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    *options = (sumo_adasum_options){.struct_size = sizeof *options};
+    return SUMO_SUCCESS;
+}
+
 sumo_result sumo_op_create_adasum(sumo_comm *comm, const sumo_adasum_options *options,
                                   sumo_op *op)
 {

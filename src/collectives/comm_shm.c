@@ -29,6 +29,13 @@ static sumo_result check_options(const sumo_shm_options *o, char *err, size_t er
     return SUMO_ERR_INVALID_ARGUMENT;
 }
 
+sumo_result sumo_shm_options_default(sumo_shm_options *options)
+{
+    if (options == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    *options = (sumo_shm_options){.struct_size = sizeof *options};
+    return SUMO_SUCCESS;
+}
+
 sumo_result sumo_comm_create_shm(const sumo_shm_options *options, sumo_comm **out)
 {
     if (out) *out = NULL;

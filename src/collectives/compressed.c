@@ -49,6 +49,14 @@ static const char *options_problem(const sumo_compression *o)
     return NULL;
 }
 
+sumo_result sumo_compression_default(sumo_compression_format format, sumo_compression *options)
+{
+    if (options == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    *options = (sumo_compression){.struct_size = sizeof *options, .format = format,
+                                  .block_size = 128, .op = SUMO_OP_AVERAGE};
+    return SUMO_SUCCESS;
+}
+
 sumo_result sumo_compressed_bytes(const sumo_compression *options, size_t count, size_t *bytes)
 {
     if (options == NULL || bytes == NULL || options->struct_size != sizeof *options ||

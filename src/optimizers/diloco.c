@@ -37,7 +37,7 @@
 
 /* ---- options ---------------------------------------------------------------------------- */
 
-sumo_result sumo_diloco_options_preset(sumo_diloco_preset preset, sumo_diloco_options *o)
+sumo_result sumo_diloco_options_default(sumo_diloco_preset preset, sumo_diloco_options *o)
 {
     if (o == NULL) return SUMO_ERR_INVALID_ARGUMENT;
     *o = (sumo_diloco_options){.struct_size = sizeof *o, .sync_every = 500, .fragments = 1,
@@ -76,7 +76,7 @@ static const char *check_options(const sumo_diloco_options *o, sumo_dtype dtype,
 {
     if (o->struct_size != sizeof *o)
         return "struct_size is not sizeof(sumo_diloco_options) of this library (fill the options "
-               "with sumo_diloco_options_preset)";
+               "with sumo_diloco_options_default)";
     if (dtype != SUMO_FLOAT32 && dtype != SUMO_FLOAT64) return "parameters must be fp32 or fp64";
     if (o->sync_every < 1) return "sync_every (H) must be >= 1";
     if (o->fragments < 1 || o->fragments > o->sync_every)

@@ -32,7 +32,7 @@ sumo_result sumo_distributed_options_default(sumo_update_mode mode, sumo_distrib
     if (options == NULL || (unsigned)mode >= SUMO_UPDATE_MODE_COUNT) return SUMO_ERR_INVALID_ARGUMENT;
     *options = (sumo_distributed_options){.struct_size = sizeof *options, .mode = mode,
                                           .buffers = SUMO_BUFFERS_KEEP};
-    return sumo_diloco_options_preset(SUMO_DILOCO_PRESET_SLOWMO, &options->outer);
+    return sumo_diloco_options_default(SUMO_DILOCO_PRESET_SLOWMO, &options->outer);
 }
 
 sumo_result sumo_distributed_create(sumo_comm *comm, sumo_optimizer *optimizer,

@@ -47,7 +47,7 @@ void sumo__train_config_default(sumo__train_config *cfg)
     sumo_aggregator_options agg;
     sumo_aggregator_options_default(SUMO_AGGREGATE_ACGA, &agg);
     cfg->acga = agg.acga;
-    sumo_diloco_options_preset(SUMO_DILOCO_PRESET_SLOWMO, &cfg->outer);
+    sumo_diloco_options_default(SUMO_DILOCO_PRESET_SLOWMO, &cfg->outer);
     cfg->buffers = SUMO_BUFFERS_KEEP;
 }
 

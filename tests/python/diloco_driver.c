@@ -80,7 +80,7 @@ int main(int argc, char **argv)
         j.layout[t] = (size_t)v[t];
         j.n += j.layout[t];
     }
-    sumo_diloco_options_preset(SUMO_DILOCO_PRESET_DILOCO, &j.o);
+    sumo_diloco_options_default(SUMO_DILOCO_PRESET_DILOCO, &j.o);
     if (strcmp(argv[3], "-") != 0) {
         if (parse_list(argv[3], v, MAXT) != j.ntensors) {
             fprintf(stderr, "diloco_driver: FRAGMENT_OF needs one entry per tensor\n");

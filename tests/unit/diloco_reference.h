@@ -67,7 +67,7 @@ typedef struct cfg {
 static inline sumo_diloco_options options_of(const cfg *c, int *fragment_of)
 {
     sumo_diloco_options o;
-    sumo_diloco_options_preset(SUMO_DILOCO_PRESET_DILOCO, &o);
+    sumo_diloco_options_default(SUMO_DILOCO_PRESET_DILOCO, &o);
     o.sync_every = c->H;
     o.fragments = c->F;
     o.delay = c->delay;

@@ -375,7 +375,7 @@ static void test_versions_and_sizes(void **state)
     sumo_comm_error_message(c, &m);
     assert_non_null(strstr(m, "struct_size"));
     sumo_diloco_options so;
-    sumo_diloco_options_preset(SUMO_DILOCO_PRESET_LOCALSGD, &so);
+    sumo_diloco_options_default(SUMO_DILOCO_PRESET_LOCALSGD, &so);
     so.struct_size = 0;
     sumo_diloco *s = NULL;
     assert_int_equal(sumo_diloco_create(c, NULL, 0, 10, SUMO_FLOAT32, &so, &s), SUMO_ERR_INVALID_ARGUMENT);

@@ -113,7 +113,7 @@ static void test_fragments(void **state)
      * fragment takes the second tensor too. */
     const size_t three[] = {13, 1, 13};
     sumo_diloco_options o;
-    sumo_diloco_options_preset(SUMO_DILOCO_PRESET_DILOCO, &o);
+    sumo_diloco_options_default(SUMO_DILOCO_PRESET_DILOCO, &o);
     o.sync_every = 4;
     o.fragments = 2;
     sumo_diloco *d;
@@ -149,8 +149,8 @@ static void test_refused(void **state)
     assert_int_equal(sumo_struct_size("sumo_compression", &sz), SUMO_SUCCESS);
     assert_int_equal(sz, sizeof(sumo_compression));
     sumo_diloco_options base;
-    assert_int_equal(sumo_diloco_options_preset((sumo_diloco_preset)9, &base), SUMO_ERR_INVALID_ARGUMENT);
-    sumo_diloco_options_preset(SUMO_DILOCO_PRESET_DILOCO, &base);
+    assert_int_equal(sumo_diloco_options_default((sumo_diloco_preset)9, &base), SUMO_ERR_INVALID_ARGUMENT);
+    sumo_diloco_options_default(SUMO_DILOCO_PRESET_DILOCO, &base);
     base.sync_every = 8;
     const char *m = "";
     sumo_diloco_options o;
@@ -242,7 +242,7 @@ static void mismatch_rank(sumo_comm *comm, int rank, int size, void *arg)
     (void)size;
     mismatch *M = arg;
     sumo_diloco_options o;
-    sumo_diloco_options_preset(SUMO_DILOCO_PRESET_STREAMING, &o);
+    sumo_diloco_options_default(SUMO_DILOCO_PRESET_STREAMING, &o);
     o.sync_every = 8;
     if (rank == 2) o.delay = 2;
     sumo_diloco *d = NULL;
@@ -270,7 +270,7 @@ static void nan_rank(sumo_comm *comm, int rank, int size, void *arg)
     (void)size;
     nan_run *R = arg;
     sumo_diloco_options o;
-    sumo_diloco_options_preset(SUMO_DILOCO_PRESET_DILOCO, &o);
+    sumo_diloco_options_default(SUMO_DILOCO_PRESET_DILOCO, &o);
     o.sync_every = 3;
     o.compression = R->comp;
     sumo_diloco *d = NULL;
@@ -319,7 +319,7 @@ static void overlap_rank(sumo_comm *comm, int rank, int size, void *arg)
     (void)size;
     overlap *O = arg;
     sumo_diloco_options o;
-    sumo_diloco_options_preset(SUMO_DILOCO_PRESET_DILOCO, &o);
+    sumo_diloco_options_default(SUMO_DILOCO_PRESET_DILOCO, &o);
     o.sync_every = 4;
     o.delay = O->delay;
     sumo_diloco *d = NULL;

@@ -383,7 +383,7 @@ static void run_job(sumo_comm *comm, int rank, int size, void *arg)
         }
         case J_SLOWMO: {
             sumo_diloco_options o;
-            sumo_diloco_options_preset(SUMO_DILOCO_PRESET_SLOWMO, &o);
+            sumo_diloco_options_default(SUMO_DILOCO_PRESET_SLOWMO, &o);
             o.sync_every = 2;
             o.memory_efficient = 1;
             sumo_diloco *s = NULL;
@@ -410,7 +410,7 @@ static void run_job(sumo_comm *comm, int rank, int size, void *arg)
         case J_DILOCO: {
             /* Two fragments of the layout, an exchange in flight for one step, each combine. */
             sumo_diloco_options o;
-            sumo_diloco_options_preset(SUMO_DILOCO_PRESET_DILOCO, &o);
+            sumo_diloco_options_default(SUMO_DILOCO_PRESET_DILOCO, &o);
             o.sync_every = 4;
             o.fragments = 2;
             o.delay = 1;

@@ -60,7 +60,7 @@ static float x_init(size_t j) { return (float)hash_uniform(7, j, 3); }
 static sumo_diloco_options slowmo_options(int tau, int inner, double alpha, double beta)
 {
     sumo_diloco_options o;
-    sumo_diloco_options_preset(SUMO_DILOCO_PRESET_SLOWMO, &o);
+    sumo_diloco_options_default(SUMO_DILOCO_PRESET_SLOWMO, &o);
     o.sync_every = tau;
     o.inner_period = inner;
     o.lr = alpha;
@@ -568,7 +568,7 @@ static void test_bad_options_and_lr0(void **state)
                                           SUMO_DILOCO_PRESET_BMUF};
     for (int k = 0; k < 3; k++) {
         sumo_diloco_options p;
-        assert_int_equal(sumo_diloco_options_preset(presets[k], &p), SUMO_SUCCESS);
+        assert_int_equal(sumo_diloco_options_default(presets[k], &p), SUMO_SUCCESS);
         assert_int_equal(p.outer, SUMO_OUTER_HEAVY_BALL);
         assert_int_equal(p.sync_every, 12);
         assert_true(p.lr == 1.0 && p.momentum == (k == 1 ? 0.0 : 0.5));
@@ -767,7 +767,7 @@ static void mem_rank(sumo_comm *comm, int rank, int size, void *arg)
     sumo_optimizer *opt = make_sgd(m->n, 0.9);
     sumo_distributed *dist = NULL;
     sumo_diloco_options s;
-    sumo_diloco_options_preset(SUMO_DILOCO_PRESET_SLOWMO, &s);
+    sumo_diloco_options_default(SUMO_DILOCO_PRESET_SLOWMO, &s);
     s.memory_efficient = m->efficient;
     sumo_result r = opt ? try_create(comm, opt, m->n, &s, &dist) : SUMO_ERR_SYSTEM;
     if (r == SUMO_SUCCESS) r = sumo_distributed_extra_memory(dist, &m->extra[rank]);

@@ -394,7 +394,7 @@ static int configure_method(options *o, sumo__method m, const char *scaling, sum
     c->method = m;
     if (sumo__method_is_slowmo(m)) {
         sumo_diloco_options *so = &c->outer;
-        sumo_diloco_options_preset(m == SUMO__METHOD_LOCALSGD ? SUMO_DILOCO_PRESET_LOCALSGD
+        sumo_diloco_options_default(m == SUMO__METHOD_LOCALSGD ? SUMO_DILOCO_PRESET_LOCALSGD
                                    : m == SUMO__METHOD_BMUF   ? SUMO_DILOCO_PRESET_BMUF
                                                               : SUMO_DILOCO_PRESET_SLOWMO,
                                    so);
@@ -407,7 +407,7 @@ static int configure_method(options *o, sumo__method m, const char *scaling, sum
     }
     if (sumo__method_is_diloco(m)) {
         sumo_diloco_options *d = &c->outer;
-        sumo_diloco_options_preset(m == SUMO__METHOD_STREAMING_DILOCO ? SUMO_DILOCO_PRESET_STREAMING
+        sumo_diloco_options_default(m == SUMO__METHOD_STREAMING_DILOCO ? SUMO_DILOCO_PRESET_STREAMING
                                                                       : SUMO_DILOCO_PRESET_DILOCO,
                                    d);
         if (o->sync_every >= 0) d->sync_every = o->sync_every;

@@ -61,7 +61,7 @@ def _choice(table, value, what):
 
 class DiLoCo(WrappedOptimizer):
     """DiLoCo around `optimizer` (the inner optimizer, any torch optimizer). Options left None
-    take the preset's value (the C library's sumo_diloco_options_preset): "diloco" (H 500,
+    take the preset's value (the C library's sumo_diloco_options_default): "diloco" (H 500,
     Nesterov outer_lr 0.7, momentum 0.9), "streaming" (that with 4 fragments, delay 1,
     merge_alpha 0.5 and e3m0 in blocks of 128), "localsgd", "slowmo", "bmuf".
 
@@ -122,7 +122,7 @@ class DiLoCo(WrappedOptimizer):
     def _options(self, preset, sync_every, fragments, delay, merge_alpha, outer, outer_lr,
                  outer_momentum, combine, quantize, block_size):
         o = _lib.DiLoCoOptions()
-        rt.raise_for(lib.sumo_diloco_options_preset(_choice(_PRESETS, preset, "preset"),
+        rt.raise_for(lib.sumo_diloco_options_default(_choice(_PRESETS, preset, "preset"),
                                                     ctypes.byref(o)))
         params = []
         for gi, g in enumerate(self._opt.param_groups):
