@@ -262,11 +262,12 @@ def _directory():
         _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
                     ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
     info = DlInfo()
-    dladdr = ctypes.CDLL(None).dladdr
-    dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(DlInfo)]
-    if dladdr(ctypes.cast(lib.sumo_version, ctypes.c_void_p), ctypes.byref(info)) \
-            and info.dli_fname:
-        return os.path.dirname(os.path.normpath(os.fsdecode(info.dli_fname)))
+    dladdr = getattr(ctypes.CDLL(None), "dladdr", None)  # in libc from glibc 2.34, else libdl
+    if dladdr is not None:
+        dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(DlInfo)]
+        if dladdr(ctypes.cast(lib.sumo_version, ctypes.c_void_p), ctypes.byref(info)) \
+                and info.dli_fname:
+            return os.path.dirname(os.path.normpath(os.fsdecode(info.dli_fname)))
     return os.path.dirname(lib._name)
 
 
