@@ -2,8 +2,10 @@
 # tests (unit tests, then the MPI tests under mpirun when MPI is installed);
 # `make SAN=asan test` and `make SAN=tsan test-threads` run them under sanitizers.
 #
-# Layers live in src/<layer>/; a file ending in _mpi.c needs MPI and goes into libsumo_mpi.a,
-# everything else into libsumo.a, which builds and works without MPI.
+# Layers live in src/<layer>/; a file ending in _mpi.c needs MPI and goes into libsumo_mpi.a
+# and libsumo_mpi.so, everything else into libsumo.a and libsumo.so, which build and work
+# without MPI (and libsumo.so needs nothing but libc and libm, so a process that never
+# launches through MPI never loads it).
 
 CC      ?= cc
 MPICC   ?= $(shell command -v mpicc 2>/dev/null)
@@ -25,8 +27,9 @@ endif
 
 WARN     := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes
 CPPFLAGS := -Iinclude -Isrc -D_GNU_SOURCE
-# -fvisibility=hidden: the shared library exports what the headers mark SUMO_API, nothing of
-# sumo__ (tests link the static libraries, where hidden symbols still resolve).
+# -fvisibility=hidden: the shared library exports what the headers mark SUMO_API and, to the
+# MPI plugin alone, the few sumo__ functions marked SUMO__PLUGIN_API (unit tests link the
+# static libraries, where hidden symbols still resolve).
 CFLAGS   := -std=c11 $(OPT) -g $(WARN) -fPIC -pthread -fno-strict-aliasing -fno-math-errno \
             -fvisibility=hidden $(EXTRA_CFLAGS)
 LDLIBS   := -lm -pthread
@@ -54,12 +57,19 @@ LIBSUMO       := $(BUILD)/libsumo.a
 LIBSUMO_MPI   := $(BUILD)/libsumo_mpi.a
 LIBSUMO_TRAIN := $(BUILD)/libsumo_train.a
 
-# The shared library: the core and, when MPI is available, the MPI transport (linked with
-# mpicc, so it records its libmpi dependency). The soname changes with the major version.
+# The shared libraries: the core, and the MPI transport as a plugin of its own beside it
+# (linked with mpicc, so the plugin, not the core, records the libmpi dependency). Each soname
+# changes with the major version.
 SO_MAJOR      := $(shell sed -n 's/^\#define SUMO_VERSION_MAJOR \([0-9]*\).*/\1/p' include/sumo.h)
 SO_VERSION    := $(SO_MAJOR).$(shell sed -n 's/^\#define SUMO_VERSION_MINOR \([0-9]*\).*/\1/p' include/sumo.h).$(shell sed -n 's/^\#define SUMO_VERSION_PATCH \([0-9]*\).*/\1/p' include/sumo.h)
 SONAME        := libsumo.so.$(SO_MAJOR)
 LIBSUMO_SO    := $(BUILD)/libsumo.so.$(SO_VERSION)
+MPI_SONAME    := libsumo_mpi.so.$(SO_MAJOR)
+LIBSUMO_MPI_SO := $(BUILD)/libsumo_mpi.so.$(SO_VERSION)
+# The version node of what libsumo.so exports to its own plugins alone (SUMO__PLUGIN_API in
+# src/common/common.h): named after the exact version, so a plugin of another one is refused
+# by the dynamic linker instead of calling internals whose types may have changed.
+PRIVATE_NODE  := SUMO_PRIVATE_$(SO_VERSION)
 
 TOOL_SRCS := $(wildcard tools/sumo/*.c)
 TOOL_HDRS := $(wildcard tools/sumo/*.h)
@@ -75,22 +85,20 @@ TEST_SUPPORT_HDRS := $(wildcard tests/support/*.h)
 
 ifneq ($(MPICC),)
 TARGETS := $(LIBSUMO) $(LIBSUMO_MPI) $(BUILD)/sumo $(UNIT_BINS) $(MPI_TEST_BINS) $(BENCH_BINS)
-SO_CC   := $(MPICC)
-SO_OBJS := $(LIB_OBJS) $(MPI_OBJS)
 TOOL_CC := $(MPICC)
 TOOL_DEFS := -DSUMO_HAVE_MPI
 TOOL_LIBS := $(LIBSUMO_TRAIN) $(LIBSUMO_MPI) $(LIBSUMO)
+SO_TARGETS := $(LIBSUMO_MPI_SO) $(BUILD)/libsumo_mpi.so $(BUILD)/sumo-mpi.pc
 else
 TARGETS := $(LIBSUMO) $(BUILD)/sumo $(UNIT_BINS) $(BENCH_BINS)
-SO_CC   := $(CC)
-SO_OBJS := $(LIB_OBJS)
 TOOL_CC := $(CC)
 TOOL_DEFS :=
 TOOL_LIBS := $(LIBSUMO_TRAIN) $(LIBSUMO)
+SO_TARGETS :=
 endif
 # Sanitizer builds are for the tests; the shared library is built from the normal build only.
 ifeq ($(SAN),)
-TARGETS += $(LIBSUMO_SO) $(BUILD)/libsumo.so $(BUILD)/sumo.pc $(BUILD)/tests/combine_driver \
+TARGETS += $(LIBSUMO_SO) $(BUILD)/libsumo.so $(BUILD)/sumo.pc $(SO_TARGETS) $(BUILD)/tests/combine_driver \
            $(BUILD)/tests/diloco_driver
 endif
 
@@ -117,28 +125,49 @@ $(LIBSUMO_TRAIN): $(TRAIN_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
+# The linker script: the functions marked SUMO__PLUGIN_API under $(PRIVATE_NODE); the public
+# ones stay unversioned, as they always were.
+$(BUILD)/libsumo.map: $(wildcard src/*/*.h) include/sumo.h
+	@mkdir -p $(dir $@)
+	{ echo '$(PRIVATE_NODE) {'; echo '  global:'; \
+	  sed -n 's/^SUMO__PLUGIN_API [^(]*\b\(sumo__[a-z0-9_]*\)(.*/    \1;/p' $(sort $(wildcard src/*/*.h)); \
+	  echo '};'; } > $@
+
 # -z defs: an undefined symbol fails the link here rather than at a user's dlopen.
-$(LIBSUMO_SO): $(SO_OBJS)
-	$(SO_CC) -shared -Wl,-soname,$(SONAME) -Wl,-z,defs $(LDFLAGS) $^ $(LDLIBS) -o $@
+$(LIBSUMO_SO): $(LIB_OBJS) $(BUILD)/libsumo.map
+	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,-z,defs -Wl,--version-script,$(BUILD)/libsumo.map \
+	  $(LDFLAGS) $(LIB_OBJS) $(LDLIBS) -o $@
 
 $(BUILD)/libsumo.so: $(LIBSUMO_SO)
 	ln -sf $(notdir $<) $(BUILD)/$(SONAME)
 	ln -sf $(SONAME) $@
 
+# The MPI plugin links the libsumo.so beside it ($$ORIGIN, in build/ as where it is installed)
+# and binds its internals through $(PRIVATE_NODE).
+$(LIBSUMO_MPI_SO): $(MPI_OBJS) $(BUILD)/libsumo.so
+	$(MPICC) -shared -Wl,-soname,$(MPI_SONAME) -Wl,-z,defs $(LDFLAGS) $(MPI_OBJS) -L$(BUILD) -lsumo \
+	  -Wl,-rpath,'$$ORIGIN' $(LDLIBS) -o $@
+
+$(BUILD)/libsumo_mpi.so: $(LIBSUMO_MPI_SO)
+	ln -sf $(notdir $<) $(BUILD)/$(MPI_SONAME)
+	ln -sf $(MPI_SONAME) $@
+
 # pkg-config file; PREFIX is substituted at install time (this copy points at PREFIX too).
 PREFIX  ?= /usr/local
 LIBDIR  ?= $(PREFIX)/lib
 INCDIR  ?= $(PREFIX)/include
-$(BUILD)/sumo.pc: scripts/sumo.pc.in include/sumo.h
+$(BUILD)/sumo.pc $(BUILD)/sumo-mpi.pc: $(BUILD)/%.pc: scripts/%.pc.in include/sumo.h
 	@mkdir -p $(dir $@)
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@INCDIR@|$(INCDIR)|g' \
 	  -e 's|@VERSION@|$(SO_VERSION)|g' $< > $@
 
 # make install PREFIX=... [DESTDIR=...]: headers, static and shared libraries, sumo.pc.
-# sumo_mpi.h and libsumo_mpi.a are installed only when MPI was found.
+# sumo_mpi.h, libsumo_mpi.a, libsumo_mpi.so and sumo-mpi.pc are installed only when MPI was
+# found.
 .PHONY: install uninstall test-install
 install: $(TARGETS)
-	@rm -f $(BUILD)/sumo.pc && $(MAKE) --no-print-directory $(BUILD)/sumo.pc PREFIX=$(PREFIX)
+	@rm -f $(BUILD)/sumo.pc $(BUILD)/sumo-mpi.pc && $(MAKE) --no-print-directory $(BUILD)/sumo.pc \
+	  $(filter %.pc,$(SO_TARGETS)) PREFIX=$(PREFIX)
 	install -d $(DESTDIR)$(INCDIR) $(DESTDIR)$(LIBDIR)/pkgconfig
 	install -m 644 include/sumo.h include/sumo_aggregation.h include/sumo_optim.h \
 	  include/sumo_distributed.h include/sumo_diloco.h include/sumo_delta.h include/sumo_ext.h \
@@ -152,14 +181,21 @@ install: $(TARGETS)
 ifneq ($(MPICC),)
 	install -m 644 include/sumo_mpi.h $(DESTDIR)$(INCDIR)/
 	install -m 644 $(LIBSUMO_MPI) $(DESTDIR)$(LIBDIR)/
+	install -m 755 $(LIBSUMO_MPI_SO) $(DESTDIR)$(LIBDIR)/
+	ln -sf $(notdir $(LIBSUMO_MPI_SO)) $(DESTDIR)$(LIBDIR)/$(MPI_SONAME)
+	ln -sf $(MPI_SONAME) $(DESTDIR)$(LIBDIR)/libsumo_mpi.so
+	install -m 644 $(BUILD)/sumo-mpi.pc $(DESTDIR)$(LIBDIR)/pkgconfig/
 endif
 
 uninstall:
-	rm -f $(addprefix $(DESTDIR)$(INCDIR)/,sumo.h sumo_mpi.h sumo_aggregation.h sumo_optim.h sumo_distributed.h sumo_diloco.h sumo_ext.h sumo_shm.h)
+	rm -f $(addprefix $(DESTDIR)$(INCDIR)/,sumo.h sumo_mpi.h sumo_aggregation.h sumo_optim.h sumo_distributed.h sumo_diloco.h sumo_delta.h sumo_ext.h sumo_shm.h)
 	rm -f $(addprefix $(DESTDIR)$(LIBDIR)/,libsumo.a libsumo_mpi.a libsumo.so $(SONAME) $(notdir $(LIBSUMO_SO)) pkgconfig/sumo.pc)
+	rm -f $(addprefix $(DESTDIR)$(LIBDIR)/,libsumo_mpi.so $(MPI_SONAME) $(notdir $(LIBSUMO_MPI_SO)) pkgconfig/sumo-mpi.pc)
 
 # Installs into a scratch prefix and builds a program against it with pkg-config, once
-# linked to the shared library (run through the soname) and once statically.
+# linked to the shared library (run through the soname) and once statically, and with MPI an
+# MPI program the same two ways over sumo-mpi.pc; checks that libsumo.so needs libc alone and
+# exports the public functions and, under the private node, what the MPI plugin imports.
 test-install: $(TARGETS)
 	tests/install/run.sh
 
@@ -175,9 +211,12 @@ $(BUILD)/tests/%: tests/unit/%.c $(TEST_SUPPORT) $(TEST_SUPPORT_HDRS) $(LIBSUMO_
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $< $(TEST_SUPPORT) $(LIBSUMO_TRAIN) $(LIBSUMO) $(LDFLAGS) -lcmocka $(TRAIN_LIBS) $(LDLIBS) -o $@
 
-$(BUILD)/tests/mpi/%: tests/mpi/%.c tests/mpi/check.h $(TEST_SUPPORT) $(LIBSUMO_TRAIN) $(LIBSUMO_MPI) $(LIBSUMO)
+# The MPI tests (public API alone) run on the shared libraries, the MPI plugin over the core
+# as the Python binding and a C user of sumo-mpi.pc load them; `sumo` keeps the archives.
+$(BUILD)/tests/mpi/%: tests/mpi/%.c tests/mpi/check.h $(TEST_SUPPORT) $(BUILD)/libsumo_mpi.so $(BUILD)/libsumo.so
 	@mkdir -p $(dir $@)
-	$(MPICC) $(CPPFLAGS) -Itests $(CFLAGS) $< $(TEST_SUPPORT) $(LIBSUMO_TRAIN) $(LIBSUMO_MPI) $(LIBSUMO) $(LDFLAGS) $(TRAIN_LIBS) $(LDLIBS) -o $@
+	$(MPICC) $(CPPFLAGS) -Itests $(CFLAGS) $< $(TEST_SUPPORT) -L$(BUILD) -lsumo_mpi -lsumo \
+	  -Wl,-rpath,'$$ORIGIN/../..' $(LDFLAGS) $(LDLIBS) -o $@
 
 # The C sides of the Python binding's parity tests (tests/python).
 $(BUILD)/tests/%_driver: tests/python/%_driver.c tests/python/driver_io.h $(LIBSUMO)
@@ -227,9 +266,10 @@ test-cli: $(CRASHTEST)
 # allreduce program; every other rank must report within the deadline and the job must end.
 ifneq ($(MPICC),)
 FAULT_PROG := $(BUILD)/tests/faults/allreduce_fault
-$(FAULT_PROG): tests/faults/allreduce_fault.c $(LIBSUMO_MPI) $(LIBSUMO)
+$(FAULT_PROG): tests/faults/allreduce_fault.c $(BUILD)/libsumo_mpi.so $(BUILD)/libsumo.so
 	@mkdir -p $(dir $@)
-	$(MPICC) $(CPPFLAGS) $(CFLAGS) $< $(LIBSUMO_MPI) $(LIBSUMO) $(LDFLAGS) $(LDLIBS) -o $@
+	$(MPICC) $(CPPFLAGS) $(CFLAGS) $< -L$(BUILD) -lsumo_mpi -lsumo -Wl,-rpath,'$$ORIGIN/../..' \
+	  $(LDFLAGS) $(LDLIBS) -o $@
 .PHONY: test-faults
 test-faults: $(BUILD)/sumo $(FAULT_PROG)
 	tests/faults/run.sh $(BUILD)/sumo $(FAULT_PROG)

@@ -27,8 +27,9 @@
 extern "C" {
 #endif
 
-/* What the shared library exports: the public functions alone (it is built with
- * -fvisibility=hidden, so nothing with sumo__ leaves it). */
+/* What the shared library exports: the public functions (it is built with
+ * -fvisibility=hidden; of sumo__, only what its MPI plugin calls leaves it, under a private
+ * version node). */
 #if defined(__GNUC__) && !defined(SUMO_STATIC)
 #define SUMO_API __attribute__((visibility("default")))
 #else

@@ -1,6 +1,7 @@
 /*
  * sumo over MPI: ranks are the processes of an MPI communicator, on one machine or many.
- * Link libsumo_mpi.a before libsumo.a and build with mpicc.
+ * Build with mpicc and link libsumo_mpi before libsumo (-lsumo_mpi -lsumo, which pkg-config's
+ * sumo-mpi gives, or libsumo_mpi.a libsumo.a).
  *
  * On one node the collectives run through an MPI-3 shared-memory window (cache-sized chunks
  * staged through it: each user buffer is read once and written once), or straight between

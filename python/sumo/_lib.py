@@ -104,9 +104,9 @@ def _load():
     errors = []
     for path in _candidates():
         try:
-            # RTLD_GLOBAL: Open MPI loads its components with dlopen, and they resolve
-            # libmpi's symbols through the global namespace.
-            return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            # libsumo_mpi (mpi() below) binds to this copy: the dynamic linker matches its
+            # dependency on libsumo.so.0 with the soname of the library already loaded.
+            return ctypes.CDLL(path)
         except OSError as e:
             errors.append("%s: %s" % (path, e))
     raise ImportError("sumo: cannot load libsumo.so.0 (build it with `make`, or set "
@@ -209,7 +209,9 @@ _SIGS = {
     "sumo_env_check": (_R, [ctypes.c_char_p, ctypes.c_size_t]),
     "sumo_comm_create_transport": (_R, [ctypes.c_void_p, ctypes.POINTER(_c_comm_p)]),
     "sumo_comm_create_shm": (_R, [ctypes.c_void_p, ctypes.POINTER(_c_comm_p)]),
-    # Present only in a library built with MPI.
+}
+# libsumo_mpi's (mpi() below).
+_MPI_SIGS = {
     "sumo_mpi_world_create": (_R, [ctypes.POINTER(ctypes.c_int), ctypes.POINTER(_c_comm_p)]),
     "sumo_mpi_world_local": (_R, [ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]),
     "sumo_mpi_world_finalize": (_R, [_c_comm_p, ctypes.c_int]),
@@ -221,8 +223,6 @@ for _name, (_res, _args) in _SIGS.items():
     if _fn is not None:
         _fn.restype = _res
         _fn.argtypes = _args
-
-HAVE_MPI = hasattr(lib, "sumo_mpi_world_create")
 
 # The library's version this binding was written for: its structs and enums are mirrored by
 # hand above, so a library of another major.minor may read them differently.
@@ -254,6 +254,48 @@ def _check_abi():
 
 
 _check_abi()
+
+
+def _directory():
+    """Where the dynamic linker found libsumo (lib._name may be a bare soname)."""
+    class DlInfo(ctypes.Structure):
+        _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                    ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+    info = DlInfo()
+    dladdr = getattr(ctypes.CDLL(None), "dladdr", None)  # in libc from glibc 2.34, else libdl
+    if dladdr is not None:
+        dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(DlInfo)]
+        if dladdr(ctypes.cast(lib.sumo_version, ctypes.c_void_p), ctypes.byref(info)) \
+                and info.dli_fname:
+            return os.path.dirname(os.path.normpath(os.fsdecode(info.dli_fname)))
+    return os.path.dirname(lib._name)
+
+
+# The MPI transport is a library of its own beside libsumo, loaded only when a launch asks for
+# MPI: a process started by torchrun never loads Open MPI. It binds libsumo's internals under
+# the node SUMO_PRIVATE_<version>, so the dynamic linker refuses one of another version than
+# the libsumo checked above.
+MPI_LIBRARY = os.path.join(_directory(), "libsumo_mpi.so.%d" % ABI[0])
+HAVE_MPI = os.path.exists(MPI_LIBRARY)
+_mpi = None
+
+
+def mpi():
+    """libsumo_mpi, loaded on the first call."""
+    global _mpi
+    if _mpi is None:
+        try:
+            # RTLD_GLOBAL: Open MPI loads its components with dlopen, and they resolve
+            # libmpi's symbols through the global namespace.
+            handle = ctypes.CDLL(MPI_LIBRARY, mode=ctypes.RTLD_GLOBAL)
+        except OSError as e:
+            raise RuntimeError("sumo: cannot load the MPI transport beside %s (rebuild with "
+                               "`make`): %s" % (lib._name, e)) from None
+        for name, (res, args) in _MPI_SIGS.items():
+            fn = getattr(handle, name)
+            fn.restype, fn.argtypes = res, args
+        _mpi = handle
+    return _mpi
 
 
 def result_name(code):

@@ -101,7 +101,7 @@ struct sumo_comm {
 };
 
 /* Wraps a transport (taking ownership, and taking it back on failure) into a communicator. */
-sumo_result sumo__comm_wrap(sumo__transport *tp, sumo_comm **out);
+SUMO__PLUGIN_API sumo_result sumo__comm_wrap(sumo__transport *tp, sumo_comm **out);
 /* Frees what sumo__comm_wrap made, destroying the transport (the caller has stopped the
  * progress thread); returns the transport's verdict on leaving its peers. */
 sumo_result sumo__comm_free(sumo_comm *comm);

@@ -13,6 +13,6 @@ sumo_result sumo__submit(sumo_comm *comm, const sumo__call *call, sumo_request *
 
 /* sumo_comm_destroy at the end of the process: leaves without meeting the peers (see
  * sumo__transport.leaving_process). NULL is fine. */
-sumo_result sumo__comm_leave_process(sumo_comm *comm);
+SUMO__PLUGIN_API sumo_result sumo__comm_leave_process(sumo_comm *comm);
 
 #endif

@@ -20,6 +20,14 @@
 
 #define SUMO__CACHELINE 64
 
+/* An internal function that sumo's own MPI plugin (libsumo_mpi.so) calls in libsumo.so. The
+ * MPI transport fills the internal transport table (staging areas, shared windows, offload)
+ * that the public seam of sumo_ext.h does not carry, so it stays on the inside: libsumo.so
+ * exports the functions marked here, and only these, under the version node
+ * SUMO_PRIVATE_<version> (the Makefile makes the linker script from these marks), which a
+ * plugin of another version cannot bind, as glibc keeps GLIBC_PRIVATE for its own. */
+#define SUMO__PLUGIN_API __attribute__((visibility("default")))
+
 enum sumo__log_level { SUMO__LOG_NONE = 0, SUMO__LOG_WARN = 1, SUMO__LOG_INFO = 2 };
 
 /* The level asked for by SUMO_DEBUG (NONE, WARN, INFO). Read when a communicator is created
@@ -39,7 +47,7 @@ static inline void *sumo__aligned_alloc(size_t align, size_t bytes)
 }
 
 /* Monotonic clock in nanoseconds. */
-int64_t sumo__now_ns(void);
+SUMO__PLUGIN_API int64_t sumo__now_ns(void);
 
 /* The settings a communicator takes from the environment when it is created. */
 typedef struct sumo__env {
@@ -53,7 +61,7 @@ sumo_result sumo__env_read(sumo__env *env, char *why, size_t why_bytes);
 
 /* sumo__env_read for constructors that have no handle to carry the message yet: prints the
  * sentence on stderr (one line) when the environment is malformed. */
-sumo_result sumo__env_for_create(sumo__env *env);
+SUMO__PLUGIN_API sumo_result sumo__env_for_create(sumo__env *env);
 
 static inline size_t sumo__dtype_bytes(sumo_dtype dtype)
 {
@@ -68,8 +76,8 @@ static inline size_t sumo__dtype_bytes(sumo_dtype dtype)
 
 static inline bool sumo__dtype_valid(int dtype) { return dtype >= 0 && dtype < SUMO_DTYPE_COUNT; }
 
-const char *sumo__dtype_name(sumo_dtype dtype);
-const char *sumo__op_name(sumo_op op);
+SUMO__PLUGIN_API const char *sumo__dtype_name(sumo_dtype dtype);
+SUMO__PLUGIN_API const char *sumo__op_name(sumo_op op);
 
 /* True when [a, a+abytes) and [b, b+bbytes) share a byte. */
 static inline bool sumo__ranges_overlap(const void *a, size_t abytes, const void *b, size_t bbytes)

@@ -68,10 +68,10 @@ static inline bool sumo__shm_range_inside(uint64_t lo, uint64_t len, uint64_t ad
     return address >= lo && address - lo <= len && bytes <= len - (address - lo);
 }
 
-size_t sumo__shm_ctl_bytes(int size);
+SUMO__PLUGIN_API size_t sumo__shm_ctl_bytes(int size);
 /* Initialises a zeroed control block for size ranks (done by one rank before the others use it). */
-void sumo__shm_ctl_init(sumo__shm_ctl *ctl, int size);
-uint32_t sumo__shm_default_spin_limit(int ranks_sharing_cores);
+SUMO__PLUGIN_API void sumo__shm_ctl_init(sumo__shm_ctl *ctl, int size);
+SUMO__PLUGIN_API uint32_t sumo__shm_default_spin_limit(int ranks_sharing_cores);
 
 /* Blocks until *word != value. Fails with TIMEOUT at the transport's deadline (raising the
  * group's abort flag), or PEER_FAILURE when the abort flag is raised by someone else or when
@@ -82,13 +82,13 @@ sumo_result sumo__shm_wait_change(sumo__transport *tp, sumo__shm *shm, _Atomic u
 /* Wakes every sleeper on word (only issues the system call when someone sleeps). */
 void sumo__shm_wake(sumo__shm *shm, _Atomic uint32_t *word);
 
-sumo_result sumo__shm_barrier(sumo__transport *tp, sumo__shm *shm);
+SUMO__PLUGIN_API sumo_result sumo__shm_barrier(sumo__transport *tp, sumo__shm *shm);
 /* The transports' announce over the control block: one barrier. */
-sumo_result sumo__shm_announce(sumo__transport *tp, sumo__shm *shm, const void *record, void *all,
-                               size_t bytes);
+SUMO__PLUGIN_API sumo_result sumo__shm_announce(sumo__transport *tp, sumo__shm *shm,
+                                                const void *record, void *all, size_t bytes);
 /* Raises the abort flag on behalf of rank and wakes everyone. */
-void sumo__shm_abort(sumo__shm *shm, int rank);
+SUMO__PLUGIN_API void sumo__shm_abort(sumo__shm *shm, int rank);
 /* Marks rank as gone (it leaves between collectives) and wakes everyone. */
-void sumo__shm_depart(sumo__shm *shm, int rank);
+SUMO__PLUGIN_API void sumo__shm_depart(sumo__shm *shm, int rank);
 
 #endif

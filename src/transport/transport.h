@@ -137,14 +137,15 @@ struct sumo__transport {
  * this rank out of step with its peers (TIMEOUT, PEER_FAILURE, INTERNAL, SYSTEM) also marks
  * the status broken and aborts the group. Returns code.
  */
-sumo_result sumo__transport_fail(sumo__transport *tp, sumo_result code, const char *file,
-                                 int line, const char *fmt, ...)
+SUMO__PLUGIN_API sumo_result sumo__transport_fail(sumo__transport *tp, sumo_result code,
+                                                  const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 #define SUMO__FAIL(tp, code, ...) sumo__transport_fail((tp), (code), __FILE__, __LINE__, __VA_ARGS__)
 /* A failure every rank of the group reached together, in step (a collective allocation that
  * failed somewhere, as every rank learned): recorded, but the communicator stays usable. */
-sumo_result sumo__transport_fail_together(sumo__transport *tp, sumo_result code,
-                                          const char *file, int line, const char *fmt, ...)
+SUMO__PLUGIN_API sumo_result sumo__transport_fail_together(sumo__transport *tp,
+                                                           sumo_result code, const char *file,
+                                                           int line, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 #define SUMO__FAIL_TOGETHER(tp, code, ...) \
     sumo__transport_fail_together((tp), (code), __FILE__, __LINE__, __VA_ARGS__)

@@ -2,7 +2,8 @@
 # Checks of the project's scripts that do not fit a unit test: scripts/deps.sh's switch that
 # leaves out the Python packages, scripts/check-recorded (a recorded hash that no longer comes
 # out fails it, one from another machine is skipped, a command of another shape is refused),
-# and scripts/experiment's refusals. Run from anywhere; needs build/sumo (make).
+# scripts/experiment's refusals, and scripts/check-layers refusing a violation made in a copy
+# of the tree. Run from anywhere; needs build/sumo (make).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 tmp=$(mktemp -d)
@@ -72,6 +73,30 @@ scripts/experiment e2 --replot --resume > "$tmp/e.out" 2>&1
 code=$?
 [ $code -eq 2 ] && grep -q -- "give one" "$tmp/e.out" && ok "experiment: --replot with --resume refused" \
   || fail "experiment --replot --resume: exit $code: $(cat "$tmp/e.out")"
+
+# ---- scripts/check-layers ----
+# layers NAME FILE TEXT EXPECT: the tree copied, TEXT appended to FILE, must be refused with a
+# line matching EXPECT.
+layers() {
+  rm -rf "$tmp/tree" && mkdir "$tmp/tree" && cp -r src include cuda tools bench python "$tmp/tree/"
+  printf '%s\n' "$3" >> "$tmp/tree/$2"
+  scripts/check-layers "$tmp/tree" > "$tmp/l.out" 2>&1
+  code=$?
+  [ $code -eq 1 ] && grep -qE "$4" "$tmp/l.out" && ok "check-layers: $1 refused" \
+    || fail "check-layers, $1: exit $code: $(cat "$tmp/l.out")"
+}
+scripts/check-layers > "$tmp/l.out" 2>&1 && ok "check-layers: the tree passes" \
+  || fail "check-layers on the tree: $(tail -5 "$tmp/l.out")"
+layers "the CUDA plugin including an internal header" cuda/table_cuda.c '#include "collectives/comm.h"' \
+  '^cuda/table_cuda includes collectives/comm: cuda/ includes the public headers and its own alone$'
+layers "a public header including an internal one" include/sumo_shm.h '#include "transport/shm.h"' \
+  '^include/sumo_shm includes transport/shm: include/ includes the public headers alone$'
+layers "the command including bench's header" tools/sumo/main.c '#include "../../bench/bench_util.h"' \
+  '^tools/sumo/main includes bench/bench_util: tools/ includes'
+layers "the ctypes binding importing sumo.torch" python/sumo/_lib.py 'from .torch import _runtime' \
+  '^sumo._lib imports sumo.torch._runtime, a layer above it$'
+layers "two sumo.torch modules importing each other" python/sumo/torch/compression.py \
+  'from .optimizer import DistributedOptimizer' '^circle: .*sumo.torch.compression -> sumo.torch.optimizer'
 
 echo "scripts: $passed passed, $failed failed"
 [ $failed -eq 0 ]

@@ -91,6 +91,9 @@ def test_init_matches_launcher():
         want = "threads"
     assert st.transport() == want
     assert dist.is_initialized() and dist.get_world_size() == st.size()
+    # The MPI transport (and with it Open MPI) is loaded for an MPI launch alone.
+    with open("/proc/self/maps") as f:
+        assert ("/libsumo_mpi.so" in f.read()) == (want == "mpi")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])

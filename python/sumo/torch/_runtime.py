@@ -283,15 +283,17 @@ def _adopt(comm, transport, local_rank, local_size):
 def _init_mpi(process_group):
     if not _lib.HAVE_MPI:
         raise RuntimeError("sumo.torch.init: launched by mpirun but libsumo was built "
-                           "without MPI (install libopenmpi-dev and rebuild)")
+                           "without MPI: no %s (install libopenmpi-dev and rebuild)"
+                           % _lib.MPI_LIBRARY)
+    mpi = _lib.mpi()
     comm = ctypes.c_void_p()
     initialized = ctypes.c_int(0)
-    check(lib.sumo_mpi_world_create(ctypes.byref(initialized), ctypes.byref(comm)), None,
+    check(mpi.sumo_mpi_world_create(ctypes.byref(initialized), ctypes.byref(comm)), None,
           "sumo_mpi_world_create (MPI with MPI_THREAD_MULTIPLE on MPI_COMM_WORLD)")
     state.initialized_mpi = initialized.value
     r, s = ctypes.c_int(), ctypes.c_int()
     _adopt(comm, "mpi", 0, 1)
-    check(lib.sumo_mpi_world_local(ctypes.byref(r), ctypes.byref(s)), comm)
+    check(mpi.sumo_mpi_world_local(ctypes.byref(r), ctypes.byref(s)), comm)
     state.local_rank, state.local_size = r.value, s.value
     if process_group and not dist.is_initialized():
         _init_gloo()
@@ -490,7 +492,7 @@ def _teardown():
     comm, state.comm = state.comm, None
     if comm is not None:
         if state.transport == "mpi":
-            lib.sumo_mpi_world_finalize(comm, state.initialized_mpi)
+            _lib.mpi().sumo_mpi_world_finalize(comm, state.initialized_mpi)
         else:
             lib.sumo_comm_destroy(comm)
     if state.made_group and dist.is_initialized():
@@ -518,12 +520,12 @@ def shutdown():
     state.comm = None
     if state.transport == "mpi":
         if state.broken:
-            lib.sumo_mpi_world_abort(1)
+            _lib.mpi().sumo_mpi_world_abort(1)
         # Closing the group's connections first lets a peer blocked in it (DDP's constructor
         # checking shapes) fail at once rather than at its timeout.
         if state.made_group and dist.is_initialized():
             dist.destroy_process_group()
-        lib.sumo_mpi_world_finalize(comm, state.initialized_mpi)
+        _lib.mpi().sumo_mpi_world_finalize(comm, state.initialized_mpi)
     else:
         lib.sumo_comm_destroy(comm)
         if state.made_group and dist.is_initialized():

@@ -645,7 +645,7 @@ def broadcast_optimizer_state(optimizer, root_rank=0, model=None):
 # -- what this build has --------------------------------------------------------------------------
 
 def mpi_built():
-    """Whether libsumo was built with its MPI transport."""
+    """Whether libsumo was built with its MPI transport (libsumo_mpi beside it)."""
     return bool(_lib.HAVE_MPI)
 
 
