@@ -349,6 +349,20 @@ static void test_versions_and_sizes(void **state)
     assert_int_equal(sumo_struct_size("sumo_slowmo_options", &b), SUMO_SUCCESS);
     assert_int_equal(b, sizeof(sumo_slowmo_options));
     assert_int_equal(sumo_struct_size("sumo_no_such_struct", &b), SUMO_ERR_INVALID_ARGUMENT);
+    /* Constants, for the same bindings: each name gives this build's own value. */
+    int64_t v = -1;
+    for (int r = 0; r < SUMO_RESULT_COUNT; r++) { /* every result code, by the name it reports */
+        assert_int_equal(sumo_enum_value(sumo_result_name((sumo_result)r), &v), SUMO_SUCCESS);
+        assert_int_equal(v, r);
+    }
+    assert_int_equal(sumo_enum_value("SUMO_OP_AVERAGE", &v), SUMO_SUCCESS);
+    assert_int_equal(v, SUMO_OP_AVERAGE);
+    assert_int_equal(sumo_enum_value("SUMO_BUFFERS_AVERAGE", &v), SUMO_SUCCESS);
+    assert_int_equal(v, SUMO_BUFFERS_AVERAGE);
+    assert_int_equal(sumo_enum_value("SUMO_LR_COSINE", &v), SUMO_SUCCESS);
+    assert_int_equal(v, SUMO_LR_COSINE);
+    assert_int_equal(sumo_enum_value("SUMO_RESULT_COUNT", &v), SUMO_ERR_INVALID_ARGUMENT);
+    assert_int_equal(sumo_enum_value("SUMO_NO_SUCH_VALUE", NULL), SUMO_ERR_INVALID_ARGUMENT);
 
     /* Options without their size (a caller built against another header, or that forgot the
      * default) are refused, not read. */
