@@ -43,6 +43,7 @@ import weakref
 import torch
 
 from .. import Sum, Average, Adasum
+from .._abi import sumo_adasum_options
 from .._lib import lib
 from . import _runtime as rt
 from .collectives import announce, ALLREDUCE
@@ -521,9 +522,8 @@ def _grad_hook(ref, i):
 
 
 def _adasum_op(comm, layout):
-    from .. import _lib
     counts = (ctypes.c_size_t * len(layout))(*layout)
-    opts = _lib.AdasumOptions(ctypes.sizeof(_lib.AdasumOptions), counts, len(layout), 0, 0)
+    opts = sumo_adasum_options(ctypes.sizeof(sumo_adasum_options), counts, len(layout), 0, 0)
     out = ctypes.c_uint32()
     rt.raise_for(lib.sumo_op_create_adasum(comm, ctypes.byref(opts), ctypes.byref(out)),
                  "sumo_op_create_adasum (%d tensors)" % len(layout))
