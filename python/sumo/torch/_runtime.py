@@ -27,7 +27,7 @@ import torch.distributed as dist
 from .. import _lib
 from .._abi import (SUMO_SUCCESS, SUMO_ERR_INVALID_ARGUMENT, SUMO_ERR_TIMEOUT,
                     SUMO_ERR_PEER_FAILURE, SUMO_FLOAT32, SUMO_FLOAT64, SUMO_FLOAT16,
-                    SUMO_BFLOAT16, sumo_shm_options)
+                    SUMO_BFLOAT16, sumo_adasum_options, sumo_shm_options)
 from .._lib import lib, check, SumoError
 
 _DTYPES = {
@@ -109,6 +109,18 @@ def raise_for(code, what=None):
     if code in (SUMO_ERR_TIMEOUT, SUMO_ERR_PEER_FAILURE):
         state.broken = True
     raise _lib.error(code, state.comm, what)
+
+
+def adasum_op(comm, layout, what):
+    """A sumo op for Adasum per tensor on buffers packing tensors of `layout` (their element
+    counts, in order), valid on comm until sumo_op_destroy. Collective: every rank creates
+    the same ops in the same order."""
+    counts = (ctypes.c_size_t * len(layout))(*layout)
+    opts = sumo_adasum_options(ctypes.sizeof(sumo_adasum_options), counts, len(layout), 0, 0)
+    out = ctypes.c_uint32()
+    raise_for(lib.sumo_op_create_adasum(comm, ctypes.byref(opts), ctypes.byref(out)),
+              "sumo_op_create_adasum for " + what)
+    return out.value
 
 
 def tensor_args(t, name):

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from .._abi import (SUMO_AGGREGATE_ACGA, SUMO_FLOAT32, SUMO_OP_AVERAGE, SUMO_OP_SUM,
-                    sumo_adasum_options, sumo_aggregator_options)
+                    sumo_aggregator_options)
 from .._lib import lib
 from . import _runtime as rt
 
@@ -63,12 +63,8 @@ class HookState:
     def adasum_op(self, layout):
         op = self._ops.get(layout)
         if op is None:
-            counts = (ctypes.c_size_t * len(layout))(*layout)
-            opts = sumo_adasum_options(ctypes.sizeof(sumo_adasum_options), counts, len(layout), 0, 0)
-            out = ctypes.c_uint32()
-            rt.raise_for(lib.sumo_op_create_adasum(self.comm, ctypes.byref(opts), ctypes.byref(out)),
-                         "sumo_op_create_adasum for a bucket of %d tensors" % len(layout))
-            op = self._ops[layout] = out.value
+            op = self._ops[layout] = rt.adasum_op(self.comm, layout,
+                                                  "a bucket of %d tensors" % len(layout))
         return op
 
     # -- ACGA ---------------------------------------------------------------------------------
