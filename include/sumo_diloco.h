@@ -78,9 +78,11 @@ typedef struct sumo_diloco_options {
     sumo_outer_combine combine;
     sumo_compression_format compression; /* SUMO_COMPRESS_NONE: fp32; else AVERAGE only */
     size_t block_size;           /* compression's elements per scale (sumo_compression) */
-    const sumo_acga_options *acga; /* ACGA's options, copied; NULL: sumo's defaults with
-                                      rescale 1 (the outer step needs the change's size, not
-                                      the unit norm of ACGA's plain result) */
+    const sumo_acga_options *acga; /* ACGA's options (start from those of
+                                      sumo_aggregator_options_default, which set struct_size),
+                                      copied; NULL: sumo's defaults with rescale 1 (the outer
+                                      step needs the change's size, not the unit norm of
+                                      ACGA's plain result) */
 } sumo_diloco_options;
 
 typedef enum sumo_diloco_preset {

@@ -62,7 +62,8 @@ SUMO_AGGREGATE_ACGA = 3
 
 
 class sumo_acga_options(ctypes.Structure):
-    _fields_ = [("beta", ctypes.c_double),
+    _fields_ = [("struct_size", ctypes.c_size_t),
+                ("beta", ctypes.c_double),
                 ("per_tensor", ctypes.c_int),
                 ("reference_permutation", ctypes.c_int),
                 ("negative_guard", ctypes.c_int),

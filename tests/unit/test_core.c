@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "sumo_aggregation.h"
+#include "sumo_diloco.h"
 #include "sumo_distributed.h"
 #include "sumo_optim.h"
 #include "support/harness.h"
@@ -395,6 +396,27 @@ static void test_versions_and_sizes(void **state)
     assert_int_equal(sumo_slowmo_create(c, 10, SUMO_FLOAT32, &so, &s), SUMO_ERR_INVALID_ARGUMENT);
     sumo_comm_error_message(c, &m);
     assert_non_null(strstr(m, "struct_size"));
+    /* ACGA's options carry their own (the aggregator's default sets it), checked where ACGA is
+     * made: by an aggregator, or by DiLoCo from its acga pointer. */
+    sumo_aggregator_options_default(SUMO_AGGREGATE_ACGA, &ao);
+    assert_int_equal(ao.acga.struct_size, sizeof(sumo_acga_options));
+    sumo_diloco_options dopt;
+    sumo_diloco_options_preset(SUMO_DILOCO_PRESET_DILOCO, &dopt);
+    dopt.combine = SUMO_COMBINE_ACGA;
+    dopt.acga = &ao.acga;
+    const size_t layout[] = {3, 5};
+    sumo_diloco *d = NULL;
+    assert_int_equal(sumo_diloco_create(c, layout, 2, 8, SUMO_FLOAT32, &dopt, &d), SUMO_SUCCESS);
+    sumo_diloco_destroy(d);
+    ao.acga.struct_size = sizeof ao.acga - 8;
+    assert_int_equal(sumo_aggregator_create(c, &ao, &agg), SUMO_ERR_INVALID_ARGUMENT);
+    sumo_comm_error_message(c, &m);
+    assert_non_null(strstr(m, "acga: options struct_size"));
+    d = NULL;
+    assert_int_equal(sumo_diloco_create(c, layout, 2, 8, SUMO_FLOAT32, &dopt, &d), SUMO_ERR_INVALID_ARGUMENT);
+    assert_null(d);
+    sumo_comm_error_message(c, &m);
+    assert_non_null(strstr(m, "acga->struct_size"));
     sumo_comm_destroy(c);
 }
 
