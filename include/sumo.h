@@ -83,6 +83,14 @@ SUMO_API sumo_result sumo_version(int *major, int *minor, int *patch);
  */
 SUMO_API sumo_result sumo_struct_size(const char *name, size_t *bytes);
 
+/*
+ * The value of the public constant `name` ("SUMO_ERR_TIMEOUT", "SUMO_FLOAT16",
+ * "SUMO_OP_AVERAGE", "SUMO_DILOCO_APPLY", ...) in this library, for the same bindings, which
+ * restate the constants too: every enumerator of these headers but the *_COUNT bounds (and
+ * sumo_cuda.h's), and the predefined ops. SUMO_ERR_INVALID_ARGUMENT for an unknown name.
+ */
+SUMO_API sumo_result sumo_enum_value(const char *name, int64_t *value);
+
 /* Bytes per element of dtype, or SUMO_ERR_INVALID_ARGUMENT for an unknown dtype. */
 SUMO_API sumo_result sumo_dtype_size(sumo_dtype dtype, size_t *size);
 

@@ -34,6 +34,8 @@ typedef enum sumo_aggregation {
  * except the permutation, whose reference form is a bug for N >= 3 (docs/design/acga.md).
  */
 typedef struct sumo_acga_options {
+    size_t struct_size;        /* sizeof(sumo_acga_options); sumo_aggregator_options_default
+                                  sets it */
     double beta;               /* coefficient momentum in [0, 1); default 0 (the reference) */
     int per_tensor;            /* 1: one coefficient per worker and tensor; default 0 (whole model) */
     int reference_permutation; /* 1: map smoothed sorted values back as the sample code does

@@ -107,9 +107,10 @@ typedef struct sumo_diloco_options {
     sumo_outer_combine combine;
     sumo_compression_format compression; /* SUMO_COMPRESS_NONE: fp32; else AVERAGE only */
     size_t block_size;           /* compression's elements per scale (sumo_compression) */
-    const sumo_acga_options *acga; /* ACGA's options, copied; NULL: sumo's defaults with
-                                      rescale 1 (the outer step needs the change's size, not
-                                      the unit norm of ACGA's plain result) */
+    const sumo_acga_options *acga; /* ACGA's options (start from sumo_acga_options_default,
+                                      which sets struct_size), copied; NULL: sumo's defaults
+                                      with rescale 1 (the outer step needs the change's size,
+                                      not the unit norm of ACGA's plain result) */
     int inner_period;            /* >= 0: average every inner_period steps between syncs (0:
                                     never); > 0 needs F 1, delay 0, the uncompressed average,
                                     and H a multiple of it */

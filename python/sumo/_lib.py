@@ -1,4 +1,6 @@
 """ctypes binding of libsumo: the library handle, function signatures, status -> exception.
+The structs and constants the signatures name are _abi's, which checks them against the
+library loaded here before anything is called.
 
 The C API is flat (opaque handles, pointers, counts and a status code per call), so ctypes
 covers it without a compiled extension, and every foreign call releases the GIL: a thread
@@ -7,14 +9,9 @@ blocked in sumo_request_wait does not stop the training loop.
 import ctypes
 import os
 
-SUCCESS = 0
-IN_PROGRESS = 8
-
-# sumo_dtype
-FLOAT32, FLOAT64, FLOAT16, BFLOAT16 = 0, 1, 2, 3
-
-# sumo_aggregation
-AGGREGATE_SUM, AGGREGATE_AVERAGE, AGGREGATE_ADASUM, AGGREGATE_ACGA = 0, 1, 2, 3
+from . import _abi
+from ._abi import (SUMO_SUCCESS, sumo_adasum_options, sumo_aggregator_options,
+                   sumo_comm_stats, sumo_diloco_options)
 
 _c_comm_p = ctypes.c_void_p
 _c_req_p = ctypes.c_void_p
@@ -28,65 +25,6 @@ class SumoError(RuntimeError):
         super().__init__(message)
         self.code = code
         self.name = name
-
-
-class AdasumOptions(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t),
-                ("tensor_counts", ctypes.POINTER(ctypes.c_size_t)),
-                ("ntensors", ctypes.c_size_t),
-                ("hierarchical", ctypes.c_int),
-                ("group_size", ctypes.c_int)]
-
-
-class AcgaOptions(ctypes.Structure):
-    _fields_ = [("beta", ctypes.c_double),
-                ("per_tensor", ctypes.c_int),
-                ("reference_permutation", ctypes.c_int),
-                ("negative_guard", ctypes.c_int),
-                ("rescale", ctypes.c_int),
-                ("eps", ctypes.c_double)]
-
-
-class AggregatorOptions(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t),
-                ("method", ctypes.c_int),
-                ("tensor_counts", ctypes.POINTER(ctypes.c_size_t)),
-                ("ntensors", ctypes.c_size_t),
-                ("adasum_hierarchical", ctypes.c_int),
-                ("adasum_group_size", ctypes.c_int),
-                ("acga", AcgaOptions)]
-
-
-class ShmOptions(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t),
-                ("rank", ctypes.c_int),
-                ("size", ctypes.c_int),
-                ("store", ctypes.c_void_p),
-                ("key_prefix", ctypes.c_char_p),
-                ("stage_bytes", ctypes.c_size_t),
-                ("error", ctypes.c_char_p),
-                ("error_bytes", ctypes.c_size_t)]
-
-
-class DiLoCoOptions(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t),
-                ("sync_every", ctypes.c_int),
-                ("fragments", ctypes.c_int),
-                ("fragment_of", ctypes.POINTER(ctypes.c_int)),
-                ("delay", ctypes.c_int),
-                ("merge_alpha", ctypes.c_double),
-                ("outer", ctypes.c_int),
-                ("lr", ctypes.c_double),
-                ("momentum", ctypes.c_double),
-                ("combine", ctypes.c_int),
-                ("compression", ctypes.c_int),
-                ("block_size", ctypes.c_size_t),
-                ("acga", ctypes.POINTER(AcgaOptions))]
-
-
-class CommStats(ctypes.Structure):
-    _fields_ = [("rounds", ctypes.c_uint64),
-                ("bytes", ctypes.c_uint64)]
 
 
 def _candidates():
@@ -115,10 +53,11 @@ def _load():
 
 lib = _load()
 
-_R = ctypes.c_int  # sumo_result
+_R = _abi.sumo_result
 _SIGS = {
     "sumo_version": (_R, [ctypes.POINTER(ctypes.c_int)] * 3),
     "sumo_struct_size": (_R, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)]),
+    "sumo_enum_value": (_R, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64)]),
     "sumo_strerror": (ctypes.c_char_p, [_R]),
     "sumo_result_name": (ctypes.c_char_p, [_R]),
     "sumo_comm_create_threads": (_R, [ctypes.c_int, ctypes.POINTER(_c_comm_p)]),
@@ -129,7 +68,7 @@ _SIGS = {
     "sumo_comm_set_timeout": (_R, [_c_comm_p, ctypes.c_double]),
     "sumo_comm_get_timeout": (_R, [_c_comm_p, ctypes.POINTER(ctypes.c_double)]),
     "sumo_comm_error_message": (_R, [_c_comm_p, ctypes.POINTER(ctypes.c_char_p)]),
-    "sumo_op_create_adasum": (_R, [_c_comm_p, ctypes.POINTER(AdasumOptions),
+    "sumo_op_create_adasum": (_R, [_c_comm_p, ctypes.POINTER(sumo_adasum_options),
                                    ctypes.POINTER(ctypes.c_uint32)]),
     "sumo_op_destroy": (_R, [_c_comm_p, ctypes.c_uint32]),
     "sumo_allreduce": (_R, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
@@ -155,8 +94,9 @@ _SIGS = {
                                        ctypes.POINTER(_c_req_p)]),
     "sumo_mem_alloc": (_R, [_c_comm_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)]),
     "sumo_mem_free": (_R, [_c_comm_p, ctypes.c_void_p]),
-    "sumo_aggregator_options_default": (_R, [ctypes.c_int, ctypes.POINTER(AggregatorOptions)]),
-    "sumo_aggregator_create": (_R, [_c_comm_p, ctypes.POINTER(AggregatorOptions),
+    "sumo_aggregator_options_default": (_R, [ctypes.c_int,
+                                             ctypes.POINTER(sumo_aggregator_options)]),
+    "sumo_aggregator_create": (_R, [_c_comm_p, ctypes.POINTER(sumo_aggregator_options),
                                     ctypes.POINTER(ctypes.c_void_p)]),
     "sumo_aggregator_destroy": (_R, [ctypes.c_void_p]),
     "sumo_aggregator_apply": (_R, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
@@ -176,9 +116,9 @@ _SIGS = {
     "sumo_slowmo_state_size": (_R, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]),
     "sumo_slowmo_state_save": (_R, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]),
     "sumo_slowmo_state_load": (_R, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]),
-    "sumo_diloco_options_default": (_R, [ctypes.c_int, ctypes.POINTER(DiLoCoOptions)]),
+    "sumo_diloco_options_default": (_R, [ctypes.c_int, ctypes.POINTER(sumo_diloco_options)]),
     "sumo_diloco_create": (_R, [_c_comm_p, ctypes.POINTER(ctypes.c_size_t), ctypes.c_size_t,
-                                ctypes.c_size_t, ctypes.c_int, ctypes.POINTER(DiLoCoOptions),
+                                ctypes.c_size_t, ctypes.c_int, ctypes.POINTER(sumo_diloco_options),
                                 ctypes.POINTER(ctypes.c_void_p)]),
     "sumo_diloco_destroy": (_R, [ctypes.c_void_p]),
     "sumo_diloco_begin": (_R, [ctypes.c_void_p, ctypes.c_void_p]),
@@ -195,7 +135,7 @@ _SIGS = {
     "sumo_diloco_state_size": (_R, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]),
     "sumo_diloco_state_save": (_R, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]),
     "sumo_diloco_state_load": (_R, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]),
-    "sumo_diloco_stats": (_R, [ctypes.c_void_p, ctypes.POINTER(CommStats)]),
+    "sumo_diloco_stats": (_R, [ctypes.c_void_p, ctypes.POINTER(sumo_comm_stats)]),
     "sumo_diloco_extra_memory": (_R, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]),
     "sumo_delta_compute": (_R, [_c_comm_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                 ctypes.c_size_t, ctypes.c_int]),
@@ -224,36 +164,7 @@ for _name, (_res, _args) in _SIGS.items():
         _fn.restype = _res
         _fn.argtypes = _args
 
-# The library's version this binding was written for: its structs and enums are mirrored by
-# hand above, so a library of another major.minor may read them differently.
-ABI = (0, 2)
-
-
-def _check_abi():
-    if not hasattr(lib, "sumo_version"):
-        raise ImportError("sumo: %s predates sumo_version(); this binding needs libsumo %d.%d "
-                          "(rebuild with `make`)" % (lib._name, ABI[0], ABI[1]))
-    v = [ctypes.c_int() for _ in range(3)]
-    lib.sumo_version(*[ctypes.byref(x) for x in v])
-    have = tuple(x.value for x in v)
-    if have[:2] != ABI:
-        raise ImportError("sumo: %s is libsumo %d.%d.%d, this binding was made for %d.%d "
-                          "(rebuild with `make`, or point SUMO_LIBRARY at a matching build)"
-                          % ((lib._name,) + have + ABI))
-    for struct in (AdasumOptions, AcgaOptions, AggregatorOptions, ShmOptions, DiLoCoOptions,
-                   CommStats):
-        name = "sumo_" + {"AdasumOptions": "adasum_options", "AcgaOptions": "acga_options",
-                          "AggregatorOptions": "aggregator_options",
-                          "ShmOptions": "shm_options", "DiLoCoOptions": "diloco_options",
-                          "CommStats": "comm_stats"}[struct.__name__]
-        n = ctypes.c_size_t()
-        if lib.sumo_struct_size(name.encode(), ctypes.byref(n)) != SUCCESS \
-                or n.value != ctypes.sizeof(struct):
-            raise ImportError("sumo: %s lays out %s in %d bytes, this binding in %d"
-                              % (lib._name, name, n.value, ctypes.sizeof(struct)))
-
-
-_check_abi()
+_abi.check(lib)
 
 
 def _directory():
@@ -275,7 +186,7 @@ def _directory():
 # MPI: a process started by torchrun never loads Open MPI. It binds libsumo's internals under
 # the node SUMO_PRIVATE_<version>, so the dynamic linker refuses one of another version than
 # the libsumo checked above.
-MPI_LIBRARY = os.path.join(_directory(), "libsumo_mpi.so.%d" % ABI[0])
+MPI_LIBRARY = os.path.join(_directory(), "libsumo_mpi.so.%d" % _abi.SUMO_VERSION[0])
 HAVE_MPI = os.path.exists(MPI_LIBRARY)
 _mpi = None
 
@@ -308,12 +219,12 @@ def error(code, comm=None, what=None):
     detail = ""
     if comm:
         msg = ctypes.c_char_p()
-        if lib.sumo_comm_error_message(comm, ctypes.byref(msg)) == SUCCESS and msg.value:
+        if lib.sumo_comm_error_message(comm, ctypes.byref(msg)) == SUMO_SUCCESS and msg.value:
             detail = msg.value.decode(errors="replace")
     parts = [p for p in (what, "%s: %s" % (result_name(code), text), detail) if p]
     return SumoError(code, result_name(code), " - ".join(parts))
 
 
 def check(code, comm=None, what=None):
-    if code != SUCCESS:
+    if code != SUMO_SUCCESS:
         raise error(code, comm, what)

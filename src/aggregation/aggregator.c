@@ -28,7 +28,8 @@ sumo_result sumo_aggregator_options_default(sumo_aggregation method, sumo_aggreg
     *options = (sumo_aggregator_options){
         .struct_size = sizeof *options,
         .method = method,
-        .acga = {.beta = 0.0, .negative_guard = 1, .eps = 1e-8},
+        .acga = {.struct_size = sizeof options->acga, .beta = 0.0, .negative_guard = 1,
+                 .eps = 1e-8},
     };
     return SUMO_SUCCESS;
 }

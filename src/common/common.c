@@ -180,13 +180,27 @@ sumo_result sumo_version(int *major, int *minor, int *patch)
     return SUMO_SUCCESS;
 }
 
+/* The tables a binding checks its hand-made mirror of the headers against: a struct's size or
+ * a constant's value, under its C name, as this build compiled it. */
+typedef struct abi_entry {
+    const char *name;
+    int64_t value;
+} abi_entry;
+
+static bool abi_find(const abi_entry *table, size_t n, const char *name, int64_t *value)
+{
+    for (size_t i = 0; name != NULL && i < n; i++)
+        if (strcmp(table[i].name, name) == 0) {
+            *value = table[i].value;
+            return true;
+        }
+    return false;
+}
+
 sumo_result sumo_struct_size(const char *name, size_t *bytes)
 {
-#define SIZE_OF(type) {#type, sizeof(type)}
-    static const struct {
-        const char *name;
-        size_t bytes;
-    } sizes[] = {
+#define SIZE_OF(type) {#type, (int64_t)sizeof(type)}
+    static const abi_entry sizes[] = {
         SIZE_OF(sumo_adasum_options), SIZE_OF(sumo_acga_options), SIZE_OF(sumo_aggregator_options),
         SIZE_OF(sumo_comm_stats), SIZE_OF(sumo_optimizer_options), SIZE_OF(sumo_lr_schedule),
         SIZE_OF(sumo_distributed_options),
@@ -195,11 +209,49 @@ sumo_result sumo_struct_size(const char *name, size_t *bytes)
         SIZE_OF(sumo_compression), SIZE_OF(sumo_diloco_options), SIZE_OF(sumo_outer_step),
     };
 #undef SIZE_OF
-    if (name == NULL || bytes == NULL) return SUMO_ERR_INVALID_ARGUMENT;
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
-        if (strcmp(sizes[i].name, name) == 0) {
-            *bytes = sizes[i].bytes;
-            return SUMO_SUCCESS;
-        }
-    return SUMO_ERR_INVALID_ARGUMENT;
+    int64_t v;
+    if (bytes == NULL || !abi_find(sizes, sizeof sizes / sizeof sizes[0], name, &v))
+        return SUMO_ERR_INVALID_ARGUMENT;
+    *bytes = (size_t)v;
+    return SUMO_SUCCESS;
+}
+
+sumo_result sumo_enum_value(const char *name, int64_t *value)
+{
+#define VALUE(constant) {#constant, (int64_t)(constant)}
+    static const abi_entry values[] = {
+        VALUE(SUMO_SUCCESS), VALUE(SUMO_ERR_INVALID_ARGUMENT), VALUE(SUMO_ERR_INVALID_USAGE),
+        VALUE(SUMO_ERR_MISMATCH), VALUE(SUMO_ERR_TIMEOUT), VALUE(SUMO_ERR_PEER_FAILURE),
+        VALUE(SUMO_ERR_SYSTEM), VALUE(SUMO_ERR_INTERNAL), VALUE(SUMO_IN_PROGRESS),
+        VALUE(SUMO_ERR_NONFINITE),
+        VALUE(SUMO_FLOAT32), VALUE(SUMO_FLOAT64), VALUE(SUMO_FLOAT16), VALUE(SUMO_BFLOAT16),
+        VALUE(SUMO_OP_SUM), VALUE(SUMO_OP_AVERAGE), VALUE(SUMO_OP_ADASUM),
+        VALUE(SUMO_PARAM_ALGORITHM),
+        VALUE(SUMO_ALGORITHM_AUTO), VALUE(SUMO_ALGORITHM_SHARED_MEMORY),
+        VALUE(SUMO_ALGORITHM_RING), VALUE(SUMO_ALGORITHM_RECURSIVE_DOUBLING),
+        VALUE(SUMO_ALGORITHM_PEER), VALUE(SUMO_ALGORITHM_RANKED),
+        VALUE(SUMO_COMPRESS_NONE), VALUE(SUMO_COMPRESS_BF16), VALUE(SUMO_COMPRESS_FP8_E4M3),
+        VALUE(SUMO_COMPRESS_E3M0),
+        VALUE(SUMO_AGGREGATE_SUM), VALUE(SUMO_AGGREGATE_AVERAGE), VALUE(SUMO_AGGREGATE_ADASUM),
+        VALUE(SUMO_AGGREGATE_ACGA),
+        VALUE(SUMO_OUTER_NESTEROV), VALUE(SUMO_OUTER_HEAVY_BALL),
+        VALUE(SUMO_COMBINE_AVERAGE), VALUE(SUMO_COMBINE_ADASUM), VALUE(SUMO_COMBINE_ACGA),
+        VALUE(SUMO_DILOCO_PRESET_DILOCO), VALUE(SUMO_DILOCO_PRESET_STREAMING),
+        VALUE(SUMO_DILOCO_PRESET_LOCALSGD), VALUE(SUMO_DILOCO_PRESET_SLOWMO),
+        VALUE(SUMO_DILOCO_PRESET_BMUF),
+        VALUE(SUMO_DILOCO_LOCAL), VALUE(SUMO_DILOCO_APPLY), VALUE(SUMO_DILOCO_START),
+        VALUE(SUMO_DILOCO_AVERAGE), VALUE(SUMO_SPLIT_TENSORS), VALUE(SUMO_SPLIT_RANGES),
+        VALUE(SUMO_UPDATE_GRADIENT), VALUE(SUMO_UPDATE_DELTA), VALUE(SUMO_UPDATE_OUTER),
+        VALUE(SUMO_BUFFERS_KEEP), VALUE(SUMO_BUFFERS_RESET), VALUE(SUMO_BUFFERS_AVERAGE),
+        VALUE(SUMO_OPTIM_SGD), VALUE(SUMO_OPTIM_ADAM), VALUE(SUMO_OPTIM_ADAMW),
+        VALUE(SUMO_OPTIM_LAMB),
+        VALUE(SUMO_LR_CONSTANT), VALUE(SUMO_LR_STEP), VALUE(SUMO_LR_COSINE),
+        VALUE(SUMO_COLLECTIVE_ALLREDUCE), VALUE(SUMO_COLLECTIVE_BROADCAST),
+        VALUE(SUMO_COLLECTIVE_ALLGATHER), VALUE(SUMO_COLLECTIVE_REDUCE_SCATTER),
+        VALUE(SUMO_COLLECTIVE_BARRIER),
+    };
+#undef VALUE
+    if (value == NULL || !abi_find(values, sizeof values / sizeof values[0], name, value))
+        return SUMO_ERR_INVALID_ARGUMENT;
+    return SUMO_SUCCESS;
 }

@@ -77,6 +77,9 @@ static const char *check_options(const sumo_diloco_options *o, sumo_dtype dtype,
     if (o->struct_size != sizeof *o)
         return "struct_size is not sizeof(sumo_diloco_options) of this library (fill the options "
                "with sumo_diloco_options_default)";
+    if (o->acga && o->acga->struct_size != sizeof *o->acga)
+        return "acga->struct_size is not sizeof(sumo_acga_options) of this library (take the ACGA "
+               "options from sumo_acga_options_default)";
     if (dtype != SUMO_FLOAT32 && dtype != SUMO_FLOAT64) return "parameters must be fp32 or fp64";
     if (o->sync_every < 1) return "sync_every (H) must be >= 1";
     if (o->fragments < 1 || o->fragments > o->sync_every)

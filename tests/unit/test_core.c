@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "sumo_aggregation.h"
+#include "sumo_diloco.h"
 #include "sumo_distributed.h"
 #include "sumo_optim.h"
 #include "support/harness.h"
@@ -349,6 +350,20 @@ static void test_versions_and_sizes(void **state)
     assert_int_equal(sumo_struct_size("sumo_diloco_options", &b), SUMO_SUCCESS);
     assert_int_equal(b, sizeof(sumo_diloco_options));
     assert_int_equal(sumo_struct_size("sumo_no_such_struct", &b), SUMO_ERR_INVALID_ARGUMENT);
+    /* Constants, for the same bindings: each name gives this build's own value. */
+    int64_t v = -1;
+    for (int r = 0; r < SUMO_RESULT_COUNT; r++) { /* every result code, by the name it reports */
+        assert_int_equal(sumo_enum_value(sumo_result_name((sumo_result)r), &v), SUMO_SUCCESS);
+        assert_int_equal(v, r);
+    }
+    assert_int_equal(sumo_enum_value("SUMO_OP_AVERAGE", &v), SUMO_SUCCESS);
+    assert_int_equal(v, SUMO_OP_AVERAGE);
+    assert_int_equal(sumo_enum_value("SUMO_BUFFERS_AVERAGE", &v), SUMO_SUCCESS);
+    assert_int_equal(v, SUMO_BUFFERS_AVERAGE);
+    assert_int_equal(sumo_enum_value("SUMO_LR_COSINE", &v), SUMO_SUCCESS);
+    assert_int_equal(v, SUMO_LR_COSINE);
+    assert_int_equal(sumo_enum_value("SUMO_RESULT_COUNT", &v), SUMO_ERR_INVALID_ARGUMENT);
+    assert_int_equal(sumo_enum_value("SUMO_NO_SUCH_VALUE", NULL), SUMO_ERR_INVALID_ARGUMENT);
 
     /* Options without their size (a caller built against another header, or that forgot the
      * default) are refused, not read. */
@@ -381,6 +396,27 @@ static void test_versions_and_sizes(void **state)
     assert_int_equal(sumo_diloco_create(c, NULL, 0, 10, SUMO_FLOAT32, &so, &s), SUMO_ERR_INVALID_ARGUMENT);
     sumo_comm_error_message(c, &m);
     assert_non_null(strstr(m, "struct_size"));
+    /* ACGA's options carry their own (the aggregator's default sets it), checked where ACGA is
+     * made: by an aggregator, or by DiLoCo from its acga pointer. */
+    sumo_aggregator_options_default(SUMO_AGGREGATE_ACGA, &ao);
+    assert_int_equal(ao.acga.struct_size, sizeof(sumo_acga_options));
+    sumo_diloco_options dopt;
+    sumo_diloco_options_default(SUMO_DILOCO_PRESET_DILOCO, &dopt);
+    dopt.combine = SUMO_COMBINE_ACGA;
+    dopt.acga = &ao.acga;
+    const size_t layout[] = {3, 5};
+    sumo_diloco *d = NULL;
+    assert_int_equal(sumo_diloco_create(c, layout, 2, 8, SUMO_FLOAT32, &dopt, &d), SUMO_SUCCESS);
+    sumo_diloco_destroy(d);
+    ao.acga.struct_size = sizeof ao.acga - 8;
+    assert_int_equal(sumo_aggregator_create(c, &ao, &agg), SUMO_ERR_INVALID_ARGUMENT);
+    sumo_comm_error_message(c, &m);
+    assert_non_null(strstr(m, "acga: options struct_size"));
+    d = NULL;
+    assert_int_equal(sumo_diloco_create(c, layout, 2, 8, SUMO_FLOAT32, &dopt, &d), SUMO_ERR_INVALID_ARGUMENT);
+    assert_null(d);
+    sumo_comm_error_message(c, &m);
+    assert_non_null(strstr(m, "acga->struct_size"));
     sumo_comm_destroy(c);
 }
 

@@ -18,40 +18,20 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .. import _lib
-
-_R = ctypes.c_int
-SENDRECV = ctypes.CFUNCTYPE(_R, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
-                            ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int64)
-ALLGATHER = ctypes.CFUNCTYPE(_R, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                             ctypes.c_size_t, ctypes.c_int64)
-BARRIER = ctypes.CFUNCTYPE(_R, ctypes.c_void_p, ctypes.c_int64)
-ABORT = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-DESTROY = ctypes.CFUNCTYPE(_R, ctypes.c_void_p)
-# Returns the address of a buffer the transport keeps (a callback cannot hand out a Python
-# bytes object: it would be freed on return).
-ERROR_MESSAGE = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
-CARRIES = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_void_p, ctypes.c_char_p)
-
-SUCCESS, TIMEOUT, PEER_FAILURE, INTERNAL = 0, 4, 5, 7
-
-
-class TransportOps(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("name", ctypes.c_char_p),
-                ("sendrecv", SENDRECV), ("allgather", ALLGATHER), ("barrier", BARRIER),
-                ("abort", ABORT), ("destroy", DESTROY), ("error_message", ERROR_MESSAGE),
-                ("carries", CARRIES)]
-
-
-class TransportDesc(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("rank", ctypes.c_int), ("size", ctypes.c_int),
-                ("node_local_size", ctypes.c_int), ("ops", ctypes.POINTER(TransportOps)),
-                ("ctx", ctypes.c_void_p)]
+from .._abi import (ABORT, ALLGATHER, BARRIER, CARRIES, DESTROY, ERROR_MESSAGE, SENDRECV,
+                    STORE_GET, STORE_SET, SUMO_ERR_PEER_FAILURE, SUMO_ERR_TIMEOUT, SUMO_SUCCESS,
+                    sumo_store, sumo_transport_desc, sumo_transport_ops)
 
 
 def _remaining(deadline_ns):
     # sumo's deadlines are CLOCK_MONOTONIC nanoseconds, which time.monotonic_ns reads on Linux.
     return max(0.0, (deadline_ns - time.monotonic_ns()) / 1e9)
+
+
+def _code_of(exc):
+    """The sumo_result for what torch raised: a deadline passed, else a peer gone."""
+    text = str(exc).lower()
+    return SUMO_ERR_TIMEOUT if "timed out" in text or "timeout" in text else SUMO_ERR_PEER_FAILURE
 
 
 def _bytes_at(ptr, n):
@@ -85,25 +65,20 @@ class GroupTransport:
         self.name = name.encode()
         # The callbacks stay referenced for the transport's life: ctypes frees a CFUNCTYPE
         # object's thunk with it.
-        self.ops = TransportOps(ctypes.sizeof(TransportOps), self.name,
-                                SENDRECV(self._sendrecv), ALLGATHER(self._allgather),
-                                BARRIER(self._barrier), ABORT(self._abort),
-                                DESTROY(self._destroy), ERROR_MESSAGE(self._error_message),
-                                CARRIES(self._carries))
+        self.ops = sumo_transport_ops(ctypes.sizeof(sumo_transport_ops), self.name,
+                                      SENDRECV(self._sendrecv), ALLGATHER(self._allgather),
+                                      BARRIER(self._barrier), ABORT(self._abort),
+                                      DESTROY(self._destroy), ERROR_MESSAGE(self._error_message),
+                                      CARRIES(self._carries))
 
     def desc(self, node_local_size=0):
-        return TransportDesc(ctypes.sizeof(TransportDesc), self.rank, self.size, node_local_size,
-                             ctypes.pointer(self.ops), None)
+        return sumo_transport_desc(ctypes.sizeof(sumo_transport_desc), self.rank, self.size,
+                                   node_local_size, ctypes.pointer(self.ops), None)
 
     # -- the operations: never raise (ctypes would print and return 0, sumo's success) ------
     def _fail(self, code, what, exc):
         self.error.value = ("%s: %s" % (what, exc)).encode(errors="replace")[:250]
         return code
-
-    @staticmethod
-    def _code_of(exc):
-        text = str(exc).lower()
-        return TIMEOUT if "timed out" in text or "timeout" in text else PEER_FAILURE
 
     def _wait(self, works, deadline_ns):
         for w in works:
@@ -111,7 +86,7 @@ class GroupTransport:
 
     def _sendrecv(self, ctx, sbuf, sbytes, dst, rbuf, rbytes, src, deadline_ns):
         if self.aborted:
-            return self._fail(PEER_FAILURE, "sendrecv", "this rank aborted the group")
+            return self._fail(SUMO_ERR_PEER_FAILURE, "sendrecv", "this rank aborted the group")
         try:
             works = []
             if src >= 0:
@@ -121,9 +96,9 @@ class GroupTransport:
                 send = _bytes_at(sbuf, sbytes)
                 works.append(dist.isend(send, self.global_of[dst], group=self.group))
             self._wait(works, deadline_ns)
-            return SUCCESS
+            return SUMO_SUCCESS
         except Exception as e:  # a timeout, a peer that went away
-            return self._fail(self._code_of(e), "sendrecv with ranks %d/%d" % (dst, src), e)
+            return self._fail(_code_of(e), "sendrecv with ranks %d/%d" % (dst, src), e)
 
     def _allgather(self, ctx, record, all_, nbytes, deadline_ns):
         try:
@@ -132,24 +107,24 @@ class GroupTransport:
             self._wait([dist.all_gather(out, mine, group=self.group, async_op=True)], deadline_ns)
             joined = torch.cat(out)  # held: its memory must outlive the copy
             ctypes.memmove(all_, joined.data_ptr(), nbytes * self.size)
-            return SUCCESS
+            return SUMO_SUCCESS
         except Exception as e:
-            return self._fail(self._code_of(e), "allgather", e)
+            return self._fail(_code_of(e), "allgather", e)
 
     def _barrier(self, ctx, deadline_ns):
         try:
             t = torch.zeros(1)
             self._wait([dist.all_reduce(t, group=self.group, async_op=True)], deadline_ns)
-            return SUCCESS
+            return SUMO_SUCCESS
         except Exception as e:
-            return self._fail(self._code_of(e), "barrier", e)
+            return self._fail(_code_of(e), "barrier", e)
 
     def _abort(self, ctx):
         # The peers learn of it through their own deadlines or gloo's broken connections.
         self.aborted = True
 
     def _destroy(self, ctx):
-        return SUCCESS
+        return SUMO_SUCCESS
 
     def _error_message(self, ctx):
         return ctypes.addressof(self.error)
@@ -160,29 +135,20 @@ class GroupTransport:
 
 # ---- the store sumo's shared-memory transport rendezvouses through ------------------------
 
-STORE_SET = ctypes.CFUNCTYPE(_R, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t)
-STORE_GET = ctypes.CFUNCTYPE(_R, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p,
-                             ctypes.POINTER(ctypes.c_size_t), ctypes.c_int64)
-
-
-class Store(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("ctx", ctypes.c_void_p),
-                ("set", STORE_SET), ("get", STORE_GET)]
-
-
 class StoreAdapter:
     """sumo_store over a torch.distributed Store (torchrun's TCPStore, the group's)."""
 
     def __init__(self, store):
         self.store = store
-        self.struct = Store(ctypes.sizeof(Store), None, STORE_SET(self._set), STORE_GET(self._get))
+        self.struct = sumo_store(ctypes.sizeof(sumo_store), None, STORE_SET(self._set),
+                                 STORE_GET(self._get))
 
     def _set(self, ctx, key, value, nbytes):
         try:
             self.store.set(key.decode(), ctypes.string_at(value, nbytes) if nbytes else b"")
-            return SUCCESS
+            return SUMO_SUCCESS
         except Exception:
-            return PEER_FAILURE
+            return SUMO_ERR_PEER_FAILURE
 
     def _get(self, ctx, key, value, nbytes, deadline_ns):
         try:
@@ -193,7 +159,6 @@ class StoreAdapter:
             if n:
                 ctypes.memmove(value, data, n)
             nbytes[0] = len(data)
-            return SUCCESS
+            return SUMO_SUCCESS
         except Exception as e:
-            return TIMEOUT if "timeout" in str(e).lower() or "timed out" in str(e).lower() \
-                else PEER_FAILURE
+            return _code_of(e)

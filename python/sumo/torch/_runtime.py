@@ -25,13 +25,16 @@ import torch
 import torch.distributed as dist
 
 from .. import _lib
+from .._abi import (SUMO_SUCCESS, SUMO_ERR_INVALID_ARGUMENT, SUMO_ERR_TIMEOUT,
+                    SUMO_ERR_PEER_FAILURE, SUMO_FLOAT32, SUMO_FLOAT64, SUMO_FLOAT16,
+                    SUMO_BFLOAT16, sumo_adasum_options, sumo_shm_options)
 from .._lib import lib, check, SumoError
 
 _DTYPES = {
-    torch.float32: _lib.FLOAT32,
-    torch.float64: _lib.FLOAT64,
-    torch.float16: _lib.FLOAT16,
-    torch.bfloat16: _lib.BFLOAT16,
+    torch.float32: SUMO_FLOAT32,
+    torch.float64: SUMO_FLOAT64,
+    torch.float16: SUMO_FLOAT16,
+    torch.bfloat16: SUMO_BFLOAT16,
 }
 
 # Launchers that start one process per rank set one of these.
@@ -101,11 +104,23 @@ def require_init():
 
 def raise_for(code, what=None):
     """Raises the SumoError for `code`; a timeout or dead peer marks the job as broken."""
-    if code == _lib.SUCCESS:
+    if code == SUMO_SUCCESS:
         return
-    if code in (4, 5):  # SUMO_ERR_TIMEOUT, SUMO_ERR_PEER_FAILURE
+    if code in (SUMO_ERR_TIMEOUT, SUMO_ERR_PEER_FAILURE):
         state.broken = True
     raise _lib.error(code, state.comm, what)
+
+
+def adasum_op(comm, layout, what):
+    """A sumo op for Adasum per tensor on buffers packing tensors of `layout` (their element
+    counts, in order), valid on comm until sumo_op_destroy. Collective: every rank creates
+    the same ops in the same order."""
+    counts = (ctypes.c_size_t * len(layout))(*layout)
+    opts = sumo_adasum_options(ctypes.sizeof(sumo_adasum_options), counts, len(layout), 0, 0)
+    out = ctypes.c_uint32()
+    raise_for(lib.sumo_op_create_adasum(comm, ctypes.byref(opts), ctypes.byref(out)),
+              "sumo_op_create_adasum for " + what)
+    return out.value
 
 
 def tensor_args(t, name):
@@ -127,10 +142,10 @@ def tensor_args(t, name):
     return ctypes.c_void_p(t.data_ptr()), t.numel(), _DTYPES[t.dtype]
 
 
-def fail_together(exc, code=1):
+def fail_together(exc, code=SUMO_ERR_INVALID_ARGUMENT):
     """Raises exc here after failing this rank's peers at once: they are entering (or will
-    enter) the collective this rank cannot make, and get `code` (SUMO_ERR_INVALID_ARGUMENT by
-    default) naming this rank instead of waiting out the deadline."""
+    enter) the collective this rank cannot make, and get `code` naming this rank instead of
+    waiting out the deadline."""
     if state.comm is not None and state.size > 1:
         sync()
         lib.sumo_comm_fail(state.comm, code, str(exc).encode(errors="replace")[:200])
@@ -213,7 +228,7 @@ def _deadline_s():
 
 def _check_environment():
     msg = ctypes.create_string_buffer(256)
-    if lib.sumo_env_check(msg, len(msg)) != _lib.SUCCESS:
+    if lib.sumo_env_check(msg, len(msg)) != SUMO_SUCCESS:
         raise ValueError("sumo.torch.init: " + msg.value.decode())
 
 
@@ -334,11 +349,11 @@ def _init_group(group, transport):
         store = pgt.StoreAdapter(_store_of(base))
         state.store = store
         err = ctypes.create_string_buffer(256)
-        opts = _lib.ShmOptions(ctypes.sizeof(_lib.ShmOptions), rank, size,
-                               ctypes.addressof(store.struct), _key_prefix(base).encode(), 0,
-                               ctypes.cast(err, ctypes.c_char_p), len(err))
+        opts = sumo_shm_options(ctypes.sizeof(sumo_shm_options), rank, size,
+                                ctypes.pointer(store.struct), _key_prefix(base).encode(), 0,
+                                ctypes.cast(err, ctypes.c_char_p), len(err))
         code = lib.sumo_comm_create_shm(ctypes.byref(opts), ctypes.byref(comm))
-        if code != _lib.SUCCESS:
+        if code != SUMO_SUCCESS:
             raise _lib.error(code, None, "sumo_comm_create_shm over the group's store: "
                              + err.value.decode(errors="replace"))
     else:

@@ -25,6 +25,7 @@ import torch
 
 from .. import Sum, Average, Adasum
 from .. import _lib
+from .._abi import SUMO_FLOAT64
 from .._lib import lib, SumoError
 from . import _runtime as rt
 from .compression import Compression, check as check_compression
@@ -76,7 +77,7 @@ def _exchange(values, what):
     _msg[:] = values
     rt.sync()
     t0 = time.perf_counter()
-    rt.raise_for(lib.sumo_allreduce(_msg, _msg, _MSG, _lib.FLOAT64, Sum, rt.state.comm), what)
+    rt.raise_for(lib.sumo_allreduce(_msg, _msg, _MSG, SUMO_FLOAT64, Sum, rt.state.comm), what)
     rt.record(t0, time.perf_counter(), 8 * _MSG)
     _join.rounds += 1
     return list(_msg)
@@ -171,7 +172,7 @@ def _allreduce_inplace(t, op, name, prescale, postscale):
         raise ValueError("sumo: tensor %s is not contiguous (strides %s)"
                          % (name, tuple(t.stride())))
     staged = t.to(torch.float64)
-    announce(ALLREDUCE, "allreduce of %s" % name, staged.numel(), _lib.FLOAT64, Sum)
+    announce(ALLREDUCE, "allreduce of %s" % name, staged.numel(), SUMO_FLOAT64, Sum)
     rt.allreduce_tensor(staged, Sum, name)
     if op == Average:
         staged = torch.div(staged, rt.state.size, rounding_mode="trunc")

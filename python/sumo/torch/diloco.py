@@ -25,19 +25,27 @@ import weakref
 
 import torch
 
-from .. import _lib
+from .._abi import (
+    SUMO_COMBINE_ACGA, SUMO_COMBINE_ADASUM, SUMO_COMBINE_AVERAGE, SUMO_COMPRESS_BF16,
+    SUMO_COMPRESS_E3M0, SUMO_COMPRESS_FP8_E4M3, SUMO_COMPRESS_NONE, SUMO_DILOCO_APPLY,
+    SUMO_DILOCO_PRESET_BMUF, SUMO_DILOCO_PRESET_DILOCO, SUMO_DILOCO_PRESET_LOCALSGD,
+    SUMO_DILOCO_PRESET_SLOWMO, SUMO_DILOCO_PRESET_STREAMING, SUMO_DILOCO_START,
+    SUMO_ERR_INVALID_ARGUMENT, SUMO_OUTER_HEAVY_BALL, SUMO_OUTER_NESTEROV, sumo_comm_stats,
+    sumo_diloco_options)
 from .._lib import lib
 from . import _runtime as rt
 from ._wrapped import WrappedOptimizer
 
-_PRESETS = {"diloco": 0, "streaming": 1, "localsgd": 2, "slowmo": 3, "bmuf": 4}
-_OUTER = {"nesterov": 0, "heavy_ball": 1}
-_COMBINE = {"average": 0, "adasum": 1, "acga": 2}
-_QUANTIZE = {"none": 0, "fp32": 0, "bf16": 1, "fp8": 2, "e4m3": 2, "fp8_e4m3": 2, "e3m0": 3,
-             "fp4": 3}
-_INVALID_ARGUMENT = 1
-
-_APPLY, _START = 1, 2
+_PRESETS = {"diloco": SUMO_DILOCO_PRESET_DILOCO, "streaming": SUMO_DILOCO_PRESET_STREAMING,
+            "localsgd": SUMO_DILOCO_PRESET_LOCALSGD, "slowmo": SUMO_DILOCO_PRESET_SLOWMO,
+            "bmuf": SUMO_DILOCO_PRESET_BMUF}
+_OUTER = {"nesterov": SUMO_OUTER_NESTEROV, "heavy_ball": SUMO_OUTER_HEAVY_BALL}
+_COMBINE = {"average": SUMO_COMBINE_AVERAGE, "adasum": SUMO_COMBINE_ADASUM,
+            "acga": SUMO_COMBINE_ACGA}
+_QUANTIZE = {"none": SUMO_COMPRESS_NONE, "fp32": SUMO_COMPRESS_NONE, "bf16": SUMO_COMPRESS_BF16,
+             "fp8": SUMO_COMPRESS_FP8_E4M3, "e4m3": SUMO_COMPRESS_FP8_E4M3,
+             "fp8_e4m3": SUMO_COMPRESS_FP8_E4M3, "e3m0": SUMO_COMPRESS_E3M0,
+             "fp4": SUMO_COMPRESS_E3M0}
 
 # Objects whose exchange may still be in flight when the process ends: they are destroyed
 # (which waits for it) before sumo.torch's own exit handler destroys the communicator under
@@ -105,7 +113,7 @@ class DiLoCo(WrappedOptimizer):
         rt.sync()
         code = lib.sumo_diloco_create(rt.state.comm, layout, len(counts), n, dt,
                                       ctypes.byref(o), ctypes.byref(self._handle))
-        if code == _INVALID_ARGUMENT:
+        if code == SUMO_ERR_INVALID_ARGUMENT:
             # The library checks the options (every rank fails alike); its reason says which.
             why = ctypes.c_char_p()
             lib.sumo_comm_error_message(rt.state.comm, ctypes.byref(why))
@@ -121,7 +129,7 @@ class DiLoCo(WrappedOptimizer):
 
     def _options(self, preset, sync_every, fragments, delay, merge_alpha, outer, outer_lr,
                  outer_momentum, combine, quantize, block_size):
-        o = _lib.DiLoCoOptions()
+        o = sumo_diloco_options()
         rt.raise_for(lib.sumo_diloco_options_default(_choice(_PRESETS, preset, "preset"),
                                                     ctypes.byref(o)))
         params = []
@@ -281,24 +289,25 @@ class DiLoCo(WrappedOptimizer):
             rt.raise_for(lib.sumo_diloco_begin(self._handle, self._ptr()), "DiLoCo anchors")
             self._anchored = True
         loss = self._local_step(closure)
-        moved = sorted(set((self._frag_tensors[applied] if what & _APPLY else []) +
-                           (self._frag_tensors[started] if what & _START else [])))
+        moved = sorted(set((self._frag_tensors[applied] if what & SUMO_DILOCO_APPLY else []) +
+                           (self._frag_tensors[started] if what & SUMO_DILOCO_START else [])))
         if what:
             self._gather(moved)
             rt.sync()  # the exchange is ordered after collectives already queued
         rt.raise_for(lib.sumo_diloco_end(self._handle, self._ptr(), ctypes.c_double(lr), None),
                      "DiLoCo step %d%s%s" % (
                          self.steps + self.skipped,
-                         ", outer step of fragment %d" % applied if what & _APPLY else "",
-                         ", exchange of fragment %d" % started if what & _START else ""))
-        if what & _APPLY:
+                         ", outer step of fragment %d" % applied
+                         if what & SUMO_DILOCO_APPLY else "",
+                         ", exchange of fragment %d" % started if what & SUMO_DILOCO_START else ""))
+        if what & SUMO_DILOCO_APPLY:
             self._scatter(self._frag_tensors[applied])
         return loss
 
     # -- what it cost, and whether the replicas agree ------------------------------------------
     def stats(self):
         """Exchanges so far: {"rounds": ..., "bytes": ...} (payload bytes this rank sent)."""
-        s = _lib.CommStats()
+        s = sumo_comm_stats()
         rt.raise_for(lib.sumo_diloco_stats(self._handle, ctypes.byref(s)))
         return {"rounds": s.rounds, "bytes": s.bytes}
 

@@ -29,7 +29,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from .. import _lib
+from .._abi import (SUMO_AGGREGATE_ACGA, SUMO_FLOAT32, SUMO_OP_AVERAGE, SUMO_OP_SUM,
+                    sumo_aggregator_options)
 from .._lib import lib
 from . import _runtime as rt
 
@@ -62,20 +63,17 @@ class HookState:
     def adasum_op(self, layout):
         op = self._ops.get(layout)
         if op is None:
-            counts = (ctypes.c_size_t * len(layout))(*layout)
-            opts = _lib.AdasumOptions(ctypes.sizeof(_lib.AdasumOptions), counts, len(layout), 0, 0)
-            out = ctypes.c_uint32()
-            rt.raise_for(lib.sumo_op_create_adasum(self.comm, ctypes.byref(opts), ctypes.byref(out)),
-                         "sumo_op_create_adasum for a bucket of %d tensors" % len(layout))
-            op = self._ops[layout] = out.value
+            op = self._ops[layout] = rt.adasum_op(self.comm, layout,
+                                                  "a bucket of %d tensors" % len(layout))
         return op
 
     # -- ACGA ---------------------------------------------------------------------------------
     def acga_aggregator(self, key, layout):
         agg = self._aggregators.get(key)
         if agg is None:
-            opts = _lib.AggregatorOptions()
-            rt.raise_for(lib.sumo_aggregator_options_default(_lib.AGGREGATE_ACGA, ctypes.byref(opts)))
+            opts = sumo_aggregator_options()
+            rt.raise_for(lib.sumo_aggregator_options_default(SUMO_AGGREGATE_ACGA,
+                                                             ctypes.byref(opts)))
             counts = (ctypes.c_size_t * len(layout))(*layout)
             opts.tensor_counts = counts
             opts.ntensors = len(layout)
@@ -194,12 +192,12 @@ def _start(state, index, buf, op, what, gram_form):
 
 def average_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The average of the ranks' gradients (sum in rank order divided by the rank count)."""
-    return _start(state, bucket.index(), bucket.buffer(), 1,
+    return _start(state, bucket.index(), bucket.buffer(), SUMO_OP_AVERAGE,
                   "bucket %d (average)" % bucket.index(), gram_form=False)
 
 
 def sum_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    return _start(state, bucket.index(), bucket.buffer(), 0,
+    return _start(state, bucket.index(), bucket.buffer(), SUMO_OP_SUM,
                   "bucket %d (sum)" % bucket.index(), gram_form=False)
 
 
@@ -218,7 +216,7 @@ def acga_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
     buf, layout = _bucket_layout(bucket)
     what = "bucket %d (ACGA)" % bucket.index()
     ptr, n, dt = rt.checked_tensor(buf, what)
-    if dt != _lib.FLOAT32:
+    if dt != SUMO_FLOAT32:
         rt.fail_together(TypeError("sumo: ACGA combines float32 gradients only; %s is %s"
                                    % (what, buf.dtype)))
     agg = state.acga_aggregator((bucket.index(), layout), layout)

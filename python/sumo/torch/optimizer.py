@@ -151,7 +151,8 @@ class DistributedOptimizer(WrappedOptimizer):
         elif op == Adasum:
             # The tensor sizes are the Adasum layout.
             for g in self._groups.values():
-                g.op = _adasum_op(comm, g.layout())
+                g.op = rt.adasum_op(comm, g.layout(), "the %d %s parameters"
+                                    % (len(g.params), g.dtype))
 
     def _wire(self, dtype):
         """What a delta of this dtype travels as (Adasum)."""
@@ -210,7 +211,7 @@ class DistributedOptimizer(WrappedOptimizer):
             wire = self._wire(b.dtype)
             single = len(b.slots) == 1 and not rt.node_maps_memory() and wire == b.dtype
             b.delta = None if single else rt.shared_empty(b.numel, wire, b.what)
-            b.op = _adasum_op(comm, tuple(params[i].numel() for i in b.slots))
+            b.op = rt.adasum_op(comm, tuple(params[i].numel() for i in b.slots), b.what)
         self._reset()
         # The hook on a parameter's gradient accumulator (Horovod's way: torch 1.13 has no
         # post-accumulate hook). The nodes are kept so the same one serves every graph; the
@@ -518,16 +519,6 @@ def _grad_hook(ref, i):
         if opt is not None:
             opt._on_grad(i)
     return hook
-
-
-def _adasum_op(comm, layout):
-    from .. import _lib
-    counts = (ctypes.c_size_t * len(layout))(*layout)
-    opts = _lib.AdasumOptions(ctypes.sizeof(_lib.AdasumOptions), counts, len(layout), 0, 0)
-    out = ctypes.c_uint32()
-    rt.raise_for(lib.sumo_op_create_adasum(comm, ctypes.byref(opts), ctypes.byref(out)),
-                 "sumo_op_create_adasum (%d tensors)" % len(layout))
-    return out.value
 
 
 def _names_of(params, named_parameters):

@@ -19,24 +19,16 @@ import ctypes
 
 import torch
 
-from .. import _lib
+from .._abi import (SUMO_BUFFERS_AVERAGE, SUMO_BUFFERS_KEEP, SUMO_BUFFERS_RESET,
+                    SUMO_OP_AVERAGE, SUMO_SLOWMO_LOCAL, SUMO_SLOWMO_OUTER, sumo_slowmo_options)
 from .._lib import lib
 from . import _runtime as rt
 from ._wrapped import WrappedOptimizer
 
 _POLICIES = ("keep", "reset", "average")
 
-_BUFFERS = {"keep": 0, "reset": 1, "average": 2}
-
-
-class _SlowMoOptions(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t),
-                ("tau", ctypes.c_int),
-                ("inner_period", ctypes.c_int),
-                ("alpha", ctypes.c_double),
-                ("beta", ctypes.c_double),
-                ("buffers", ctypes.c_int),
-                ("memory_efficient", ctypes.c_int)]
+_BUFFERS = {"keep": SUMO_BUFFERS_KEEP, "reset": SUMO_BUFFERS_RESET,
+            "average": SUMO_BUFFERS_AVERAGE}
 
 
 class _Group:
@@ -111,9 +103,9 @@ class SlowMo(WrappedOptimizer):
         if inner and self.slowmo_frequency % inner:
             # fairscale's rule, and sumo's (the outer average falls on an inner boundary).
             raise ValueError("slowmo_frequency must be a multiple of localsgd_frequency")
-        options = _SlowMoOptions(ctypes.sizeof(_SlowMoOptions), self.slowmo_frequency, inner,
-                                 self.slowmo_lr, self.slowmo_momentum, _BUFFERS[buffers],
-                                 int(self.slowmo_memory_efficient))
+        options = sumo_slowmo_options(ctypes.sizeof(sumo_slowmo_options), self.slowmo_frequency,
+                                      inner, self.slowmo_lr, self.slowmo_momentum,
+                                      _BUFFERS[buffers], int(self.slowmo_memory_efficient))
         self._groups = []
         for gi, g in enumerate(optimizer.param_groups):
             for pi, p in enumerate(g["params"]):
@@ -136,7 +128,7 @@ class SlowMo(WrappedOptimizer):
         due = ctypes.c_int()
         rt.raise_for(lib.sumo_slowmo_due(self._groups[0].handle, ctypes.byref(due)))
         for g, pg in zip(self._groups, self._opt.param_groups):
-            if due.value == 2 and not float(pg["lr"]) > 0:
+            if due.value == SUMO_SLOWMO_OUTER and not float(pg["lr"]) > 0:
                 raise ValueError("sumo.SlowMo: an outer step at lr %r; it divides by the rate"
                                  % pg["lr"])
         if not self._anchored:
@@ -147,15 +139,16 @@ class SlowMo(WrappedOptimizer):
         loss = self._local_step(closure)
         rt.sync()
         for g, pg in zip(self._groups, self._opt.param_groups):
-            if due.value:
+            if due.value != SUMO_SLOWMO_LOCAL:
                 g.gather()
             rt.raise_for(lib.sumo_slowmo_end(g.handle, g.ptr(), ctypes.c_double(float(pg["lr"])),
                                              None),
-                         "SlowMo %s step of %s" % ("outer" if due.value == 2 else "inner"
-                                                   if due.value else "local", g.what))
-            if due.value:
+                         "SlowMo %s step of %s" % ("outer" if due.value == SUMO_SLOWMO_OUTER
+                                                   else "inner" if due.value != SUMO_SLOWMO_LOCAL
+                                                   else "local", g.what))
+            if due.value != SUMO_SLOWMO_LOCAL:
                 g.scatter()
-        if due.value == 2:
+        if due.value == SUMO_SLOWMO_OUTER:
             self._apply_buffer_policy()
         return loss
 
@@ -166,7 +159,7 @@ class SlowMo(WrappedOptimizer):
             for p, st in self._opt.state.items():
                 for k, v in st.items():
                     if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() > 0:
-                        rt.allreduce_tensor(v, 1, "optimizer state %s" % k)
+                        rt.allreduce_tensor(v, SUMO_OP_AVERAGE, "optimizer state %s" % k)
 
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self):

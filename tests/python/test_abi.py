@@ -1,0 +1,78 @@
+"""The binding's mirror of the C headers (sumo/_abi.py) and the check that compares it with the
+library at import: the headers themselves are the reference for the constants, and a mirror
+made wrong on purpose must be refused, naming what differs. Local: no collective."""
+import ctypes
+import glob
+import os
+import re
+
+import pytest
+
+from sumo import _abi, _lib
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+
+
+def header_constants():
+    """Every SUMO_ enumerator with an explicit value, and the predefined ops, as the public
+    headers write them (not the CUDA plugin's, not the *_COUNT bounds)."""
+    found = {}
+    for path in glob.glob(os.path.join(ROOT, "include", "sumo*.h")):
+        if path.endswith("sumo_cuda.h"):
+            continue
+        with open(path) as f:
+            text = f.read()
+        for name, value in re.findall(r"\b(SUMO_[A-Z0-9_]+) = (\d+)\b", text):
+            found[name] = int(value)
+        for name, value in re.findall(r"#define (SUMO_OP_[A-Z]+) \(\(sumo_op\)(\d+)\)", text):
+            found[name] = int(value)
+    return found
+
+
+def test_library_knows_every_header_constant():
+    headers = header_constants()
+    assert len(headers) > 60  # the parse found the headers' enums
+    value = ctypes.c_int64()
+    for name, expected in headers.items():
+        code = _lib.lib.sumo_enum_value(name.encode(), ctypes.byref(value))
+        assert code == _abi.SUMO_SUCCESS, name
+        assert value.value == expected, name
+
+
+def test_mirror_agrees_with_headers():
+    constants, structs = _abi._mirrored()
+    headers = header_constants()
+    assert constants == {k: headers.get(k) for k in constants}
+    assert structs
+    _abi.check(_lib.lib)  # what import did
+
+
+def test_wrong_constant_refused(monkeypatch):
+    monkeypatch.setattr(_abi, "SUMO_ERR_TIMEOUT", 5)
+    with pytest.raises(ImportError, match="SUMO_ERR_TIMEOUT is 4 there, 5 here"):
+        _abi.check(_lib.lib)
+    monkeypatch.undo()
+    monkeypatch.setattr(_abi, "SUMO_NOT_A_CONSTANT", 3, raising=False)
+    with pytest.raises(ImportError, match="SUMO_NOT_A_CONSTANT is not a constant it knows"):
+        _abi.check(_lib.lib)
+
+
+def _struct(name, fields):
+    """A Structure as the mirror would define it (check() takes the module's own)."""
+    return type(name, (ctypes.Structure,), {"_fields_": fields, "__module__": _abi.__name__})
+
+
+def test_wrong_size_and_unknown_struct_refused(monkeypatch):
+    # sumo_acga_options without its last field: the library's size is the mirror's (checked
+    # at import), this one's is a double short.
+    size = ctypes.sizeof(_abi.sumo_acga_options)
+    fields = _abi.sumo_acga_options._fields_[:-1]
+    monkeypatch.setattr(_abi, "sumo_acga_options", _struct("sumo_acga_options", fields))
+    with pytest.raises(ImportError, match="sumo_acga_options is %d bytes there, %d here"
+                       % (size, size - ctypes.sizeof(ctypes.c_double))):
+        _abi.check(_lib.lib)
+    monkeypatch.undo()
+    extra = _struct("sumo_no_such_options", [("struct_size", ctypes.c_size_t)])
+    monkeypatch.setattr(_abi, "sumo_no_such_options", extra, raising=False)
+    with pytest.raises(ImportError, match="sumo_no_such_options is not a struct it knows"):
+        _abi.check(_lib.lib)
