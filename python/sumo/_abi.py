@@ -107,12 +107,18 @@ SUMO_DILOCO_PRESET_BMUF = 4
 SUMO_DILOCO_LOCAL = 0
 SUMO_DILOCO_APPLY = 1
 SUMO_DILOCO_START = 2
+SUMO_DILOCO_AVERAGE = 4
+
+# sumo_fragment_split
+SUMO_SPLIT_TENSORS = 0
+SUMO_SPLIT_RANGES = 1
 
 
 class sumo_diloco_options(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t),
                 ("sync_every", ctypes.c_int),
                 ("fragments", ctypes.c_int),
+                ("split", ctypes.c_int),
                 ("fragment_of", ctypes.POINTER(ctypes.c_int)),
                 ("delay", ctypes.c_int),
                 ("merge_alpha", ctypes.c_double),
@@ -122,28 +128,8 @@ class sumo_diloco_options(ctypes.Structure):
                 ("combine", ctypes.c_int),
                 ("compression", ctypes.c_int),
                 ("block_size", ctypes.c_size_t),
-                ("acga", ctypes.POINTER(sumo_acga_options))]
-
-
-# -- sumo_distributed.h: SlowMo (sumo.torch.SlowMo) ----------------------------------------------
-# sumo_buffer_policy
-SUMO_BUFFERS_KEEP = 0
-SUMO_BUFFERS_RESET = 1
-SUMO_BUFFERS_AVERAGE = 2
-
-# sumo_slowmo_due's answer
-SUMO_SLOWMO_LOCAL = 0
-SUMO_SLOWMO_INNER = 1
-SUMO_SLOWMO_OUTER = 2
-
-
-class sumo_slowmo_options(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t),
-                ("tau", ctypes.c_int),
+                ("acga", ctypes.POINTER(sumo_acga_options)),
                 ("inner_period", ctypes.c_int),
-                ("alpha", ctypes.c_double),
-                ("beta", ctypes.c_double),
-                ("buffers", ctypes.c_int),
                 ("memory_efficient", ctypes.c_int)]
 
 

@@ -77,7 +77,10 @@ sumo_result sumo_diloco_state_save(sumo_diloco *d, void *buffer, size_t bytes)
         [H_DELAY] = (uint64_t)d->o.delay, [H_INNER] = (uint64_t)d->o.inner_period,
         [H_COMBINE] = (uint64_t)d->o.combine, [H_COMPRESSION] = (uint64_t)d->o.compression,
         [H_LAYOUT] = d->layout_hash, [H_SHARDED] = (uint64_t)d->o.memory_efficient,
-        [H_NRANKS] = (uint64_t)d->nranks, [H_RANK] = (uint64_t)d->rank, [H_STEPS] = d->steps,
+        /* Only a shard is this rank's own: an unsharded state is the same bytes on every
+         * rank, so any rank's checkpoint serves all of them. */
+        [H_NRANKS] = d->o.memory_efficient ? (uint64_t)d->nranks : 0,
+        [H_RANK] = d->o.memory_efficient ? (uint64_t)d->rank : 0, [H_STEPS] = d->steps,
         [H_ANCHORED] = d->anchored, [H_PENDING] = (uint64_t)(d->pending + 1),
         [H_APPLY_AT] = d->apply_at, [H_GAMMA] = gamma, [H_RESULT] = (uint64_t)d->result,
     };

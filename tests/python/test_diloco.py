@@ -28,8 +28,9 @@ N = sum(SIZES)
 INNER_LR = 0.5
 STEPS = 13
 
-# name: (H, fragments (an int: the contiguous split; a list: fragment of each tensor), delay,
-#        merge_alpha, outer, outer_lr, outer_momentum, combine, quantize, block_size)
+# name: (H, fragments (an int: the contiguous split; a list: fragment of each tensor; ("ranges",
+#        F): F ranges of the flat vector, cutting tensors), delay, merge_alpha, outer,
+#        outer_lr, outer_momentum, combine, quantize, block_size)
 CONFIGS = {
     "diloco": (4, 1, 0, 0.0, "nesterov", 0.7, 0.9, "average", "none", 128),
     "heavy-ball": (3, 1, 0, 0.0, "heavy_ball", 1.0, 0.5, "average", "none", 128),
@@ -40,6 +41,8 @@ CONFIGS = {
     "e3m0": (6, 3, 2, 0.5, "nesterov", 0.7, 0.9, "average", "e3m0", 8),
     "adasum": (4, 2, 1, 0.5, "nesterov", 0.7, 0.9, "adasum", "none", 128),
     "acga": (4, 2, 1, 0.5, "nesterov", 0.7, 0.9, "acga", "none", 128),
+    "ranges-F6": (6, ("ranges", 6), 1, 0.5, "nesterov", 0.7, 0.9, "average", "none", 128),
+    "ranges-e3m0": (4, ("ranges", 3), 1, 0.5, "nesterov", 0.7, 0.9, "average", "e3m0", 8),
 }
 _ENUM = {"nesterov": 0, "heavy_ball": 1, "average": 0, "adasum": 1, "acga": 2, "none": 0,
          "bf16": 1, "e4m3": 2, "e3m0": 3}
@@ -54,7 +57,9 @@ def inputs(steps=STEPS):
 
 def wrap(params, cfg, **kw):
     H, frags, delay, merge, outer, olr, mom, combine, quantize, block = cfg
-    if not isinstance(frags, int):
+    if isinstance(frags, tuple):
+        kw["split"], frags = frags
+    elif not isinstance(frags, int):
         frags = [[p for p, f in zip(params, frags) if f == g] for g in range(max(frags) + 1)]
     return st.DiLoCo(torch.optim.SGD(params, lr=INNER_LR), sync_every=H, fragments=frags,
                      delay=delay, merge_alpha=merge, outer=outer, outer_lr=olr,
@@ -226,7 +231,8 @@ def reference(cfg, start, deltas, steps=STEPS):
 TOL = 2e-6
 
 
-@pytest.mark.parametrize("name", [n for n in CONFIGS if n != "acga"])
+@pytest.mark.parametrize("name", [n for n in CONFIGS
+                                  if n != "acga" and not isinstance(CONFIGS[n][1], tuple)])
 def test_equals_float64_reference(name):
     cfg = CONFIGS[name]
     start, deltas = inputs()
@@ -252,12 +258,14 @@ def test_python_and_c_give_the_same_bits(name):
             for r in range(st.size()):
                 floats_to_file(deltas[r], os.path.join(folder, "d.%d" % r))
             out = os.path.join(folder, "c.out")
-            F = frags if isinstance(frags, int) else max(frags) + 1
+            ranges = isinstance(frags, tuple)
+            F = frags[1] if ranges else frags if isinstance(frags, int) else max(frags) + 1
+            # ... the inner lr, no inner averaging, unsharded, the split.
             options = [H, F, delay, merge, _ENUM[outer], olr, mom, _ENUM[combine], _ENUM[fmt],
-                       block, INNER_LR]
+                       block, INNER_LR, 0, 0, int(ranges)]
             subprocess.run([os.path.join(ROOT, "build", "tests", "diloco_driver"), out,
                             ",".join(map(str, SIZES)),
-                            "-" if isinstance(frags, int) else ",".join(map(str, frags)),
+                            "-" if isinstance(frags, (int, tuple)) else ",".join(map(str, frags)),
                             ",".join(map(repr, options)), str(STEPS),
                             os.path.join(folder, "start")] +
                            [os.path.join(folder, "d.%d" % r) for r in range(st.size())],

@@ -20,6 +20,8 @@ from sumo.torch import hooks as sumo_hooks
 
 from driver_files import floats_to_file
 from reference import adasum_per_tensor
+from sumo._abi import (SUMO_COMBINE_AVERAGE, SUMO_COMPRESS_NONE, SUMO_OUTER_HEAVY_BALL,
+                       SUMO_SPLIT_TENSORS)
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 
@@ -462,10 +464,10 @@ def test_slowmo_identical_after_outer_steps_and_checkpoint(memory_efficient):
                                                   slowmo_memory_efficient=memory_efficient), 8)
     assert_identical_across_ranks(params_of(model))
     sd = opt.state_dict()
-    blob = sd["slowmo"]["groups"][0]
+    blob = sd["diloco"]["state"]
     assert isinstance(blob, bytes) and len(blob) > 80
     opt.load_state_dict(sd)
-    assert opt.state_dict()["slowmo"]["groups"][0] == blob
+    assert opt.state_dict()["diloco"]["state"] == blob
     # A state for other options is refused, naming what differs.
     other = st.SlowMo(torch.optim.SGD(make_model().parameters(), lr=0.05), slowmo_frequency=5,
                       localsgd_frequency=0)
@@ -500,7 +502,8 @@ def test_slowmo_local_steps_do_not_communicate():
 def test_slowmo_python_and_c_give_the_same_bits(config):
     tau, inner, alpha, beta, efficient = config
     lr, steps, sizes = 0.5, 9, (37, 6)
-    driver = os.path.join(ROOT, "build", "tests", "slowmo_driver")
+    # The outer loop's driver (tests/python/diloco_driver.c) with SlowMo's options.
+    driver = os.path.join(ROOT, "build", "tests", "diloco_driver")
     n = sum(sizes)
     start = torch.randn(n, generator=torch.Generator().manual_seed(11))
     # Each rank's deltas, step by step; the local step is SGD at lr on grad = delta / lr, which
@@ -524,10 +527,15 @@ def test_slowmo_python_and_c_give_the_same_bits(config):
             for r in range(st.size()):
                 floats_to_file(deltas[r], os.path.join(folder, "d.%d" % r))
             out = os.path.join(folder, "c.out")
-            subprocess.run([driver, out, str(n), str(tau), str(inner), repr(alpha), repr(beta),
-                            str(efficient), repr(lr), str(steps), os.path.join(folder, "start")] +
+            # H, F, delay, merge, heavy ball, alpha, beta, average, no compression, block,
+            # the inner lr, inner period, sharded, whole tensors.
+            options = [tau, 1, 0, 0.0, SUMO_OUTER_HEAVY_BALL, alpha, beta, SUMO_COMBINE_AVERAGE,
+                       SUMO_COMPRESS_NONE, 128, lr, inner, efficient, SUMO_SPLIT_TENSORS]
+            subprocess.run([driver, out, ",".join(map(str, sizes)), "-",
+                            ",".join(map(repr, options)), str(steps), os.path.join(folder, "start")] +
                            [os.path.join(folder, "d.%d" % r) for r in range(st.size())], check=True)
-            c = torch.frombuffer(bytearray(open(out, "rb").read()), dtype=torch.float32)
+            # Rank 0's parameters, the first of the driver's rows.
+            c = torch.frombuffer(bytearray(open(out, "rb").read()[:n * 4]), dtype=torch.float32)
             ok[0] = float(torch.equal(c, got))
         st.broadcast_(ok, 0)
         assert ok.item() == 1, "sumo.torch.SlowMo and the C SlowMo differ"

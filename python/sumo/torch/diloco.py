@@ -1,15 +1,17 @@
 """DiLoCo (Douillard et al., arXiv 2311.08105) and Streaming DiLoCo (arXiv 2501.18512) as an
 optimizer wrapper around any torch optimizer, which takes the inner (local) steps.
 
-Every rank steps locally on its own data. The parameters are cut into F fragments of whole
-tensors; fragment f is exchanged every sync_every (H) local steps, at the ends of steps
+Every rank steps locally on its own data. The parameters are cut into F fragments (whole
+tensors, or with split="ranges" F equal ranges of the flat parameter vector, cutting tensors);
+fragment f is exchanged every sync_every (H) local steps, at the ends of steps
 floor((f + 1) H / F) + j H, and its outer step is applied `delay` steps later:
     Delta = mean over ranks of (anchor - theta_r)     (or their Adasum, or ACGA)
     Nesterov:   v = mu v + Delta;  anchor = anchor - outer_lr (Delta + mu v)
     heavy ball: u = mu u + Delta / lr;  anchor = anchor - outer_lr lr u   (SlowMo's, lr inner)
     theta = merge_alpha theta + (1 - merge_alpha) anchor
 F = 1, delay 0, merge 0 is DiLoCo; the outer gradients may travel as bf16, fp8 (e4m3) or
-4-bit (e3m0) with a power-of-two scale per block.
+4-bit (e3m0) with a power-of-two scale per block. The same loop is SlowMo's (slowmo.py: the
+heavy-ball step, inner averaging every inner_period steps, the sharded state).
 
 All of it is the C library's sumo_diloco (the object `sumo train` runs): the schedule, the
 default fragment split, the exchange, the outer step and its checkpoint. This wrapper only
@@ -28,10 +30,10 @@ import torch
 from .._abi import (
     SUMO_COMBINE_ACGA, SUMO_COMBINE_ADASUM, SUMO_COMBINE_AVERAGE, SUMO_COMPRESS_BF16,
     SUMO_COMPRESS_E3M0, SUMO_COMPRESS_FP8_E4M3, SUMO_COMPRESS_NONE, SUMO_DILOCO_APPLY,
-    SUMO_DILOCO_PRESET_BMUF, SUMO_DILOCO_PRESET_DILOCO, SUMO_DILOCO_PRESET_LOCALSGD,
-    SUMO_DILOCO_PRESET_SLOWMO, SUMO_DILOCO_PRESET_STREAMING, SUMO_DILOCO_START,
-    SUMO_ERR_INVALID_ARGUMENT, SUMO_OUTER_HEAVY_BALL, SUMO_OUTER_NESTEROV, sumo_comm_stats,
-    sumo_diloco_options)
+    SUMO_DILOCO_AVERAGE, SUMO_DILOCO_PRESET_BMUF, SUMO_DILOCO_PRESET_DILOCO,
+    SUMO_DILOCO_PRESET_LOCALSGD, SUMO_DILOCO_PRESET_SLOWMO, SUMO_DILOCO_PRESET_STREAMING,
+    SUMO_DILOCO_START, SUMO_ERR_INVALID_ARGUMENT, SUMO_OUTER_HEAVY_BALL, SUMO_OUTER_NESTEROV,
+    SUMO_SPLIT_RANGES, SUMO_SPLIT_TENSORS, sumo_comm_stats, sumo_diloco_options)
 from .._lib import lib
 from . import _runtime as rt
 from ._wrapped import WrappedOptimizer
@@ -40,6 +42,7 @@ _PRESETS = {"diloco": SUMO_DILOCO_PRESET_DILOCO, "streaming": SUMO_DILOCO_PRESET
             "localsgd": SUMO_DILOCO_PRESET_LOCALSGD, "slowmo": SUMO_DILOCO_PRESET_SLOWMO,
             "bmuf": SUMO_DILOCO_PRESET_BMUF}
 _OUTER = {"nesterov": SUMO_OUTER_NESTEROV, "heavy_ball": SUMO_OUTER_HEAVY_BALL}
+_SPLIT = {"tensors": SUMO_SPLIT_TENSORS, "ranges": SUMO_SPLIT_RANGES}
 _COMBINE = {"average": SUMO_COMBINE_AVERAGE, "adasum": SUMO_COMBINE_ADASUM,
             "acga": SUMO_COMBINE_ACGA}
 _QUANTIZE = {"none": SUMO_COMPRESS_NONE, "fp32": SUMO_COMPRESS_NONE, "bf16": SUMO_COMPRESS_BF16,
@@ -76,20 +79,27 @@ class DiLoCo(WrappedOptimizer):
     fragments: an int F (contiguous runs of whole tensors in the optimizer's parameter order,
     which is the model's for model.parameters()), or a list of F groups, each an nn.Module, a
     parameter or a list of parameters, covering every parameter once (the paper's strided
-    split: [layers[i::F] ...]). quantize: "none", "bf16", "e4m3" (fp8) or "e3m0" (4-bit).
-    combine: "average", "adasum" (per tensor) or "acga" (over the fragment, rescaled to the
-    mean change's norm)."""
+    split: [layers[i::F] ...]). split: "tensors" (the above) or "ranges" (F equal ranges of
+    the flat parameter vector: a fragment may cut a tensor, and the peak in flight is 1/F of
+    the model whatever its largest tensor). quantize: "none", "bf16", "e4m3" (fp8) or "e3m0"
+    (4-bit). combine: "average", "adasum" (per tensor) or "acga" (over the fragment, rescaled
+    to the mean change's norm). inner_period: average every parameter every inner_period
+    steps between synchronisations (SlowMo's Local SGD base; one fragment, no delay).
+    memory_efficient: shard the anchors and momenta over the ranks (one fragment, no delay,
+    no merge, the uncompressed average)."""
 
     def __init__(self, optimizer, sync_every=None, *, fragments=None, delay=None,
                  merge_alpha=None, outer=None, outer_lr=None, outer_momentum=None, combine=None,
-                 quantize=None, block_size=None, skip_nonfinite=True, preset="diloco"):
+                 quantize=None, block_size=None, split=None, inner_period=None,
+                 memory_efficient=None, skip_nonfinite=True, preset="diloco"):
         rt.require_init()
         self._opt = optimizer
         self._handle = ctypes.c_void_p()
         try:
             o, self._params, fragment_of = self._options(
                 preset, sync_every, fragments, delay, merge_alpha, outer, outer_lr,
-                outer_momentum, combine, quantize, block_size)
+                outer_momentum, combine, quantize, block_size, split, inner_period,
+                memory_efficient)
         except (TypeError, ValueError) as e:
             rt.fail_together(e)  # the peers are heading into create: they fail now too
         self.skip_nonfinite = bool(skip_nonfinite)
@@ -121,6 +131,8 @@ class DiLoCo(WrappedOptimizer):
                                                   if why.value else "invalid options"))
         rt.raise_for(code, "sumo_diloco_create (every rank needs the same model and options)")
         self._frag_tensors = [self._tensors_of(f) for f in range(self.fragments)]
+        self._all = list(range(len(self._params)))
+        self.last_due = 0
         self._anchored = False
         _live.add(self)
         if not _exit_hook[0]:
@@ -128,7 +140,8 @@ class DiLoCo(WrappedOptimizer):
             _exit_hook[0] = True
 
     def _options(self, preset, sync_every, fragments, delay, merge_alpha, outer, outer_lr,
-                 outer_momentum, combine, quantize, block_size):
+                 outer_momentum, combine, quantize, block_size, split, inner_period,
+                 memory_efficient):
         o = sumo_diloco_options()
         rt.raise_for(lib.sumo_diloco_options_default(_choice(_PRESETS, preset, "preset"),
                                                     ctypes.byref(o)))
@@ -174,6 +187,12 @@ class DiLoCo(WrappedOptimizer):
             o.compression = _choice(_QUANTIZE, quantize, "quantize")
         if block_size is not None:
             o.block_size = int(block_size)
+        if split is not None:
+            o.split = _choice(_SPLIT, split, "split")
+        if inner_period is not None:
+            o.inner_period = int(inner_period)
+        if memory_efficient is not None:
+            o.memory_efficient = int(bool(memory_efficient))
         return o, params, fragment_of
 
     @staticmethod
@@ -211,7 +230,8 @@ class DiLoCo(WrappedOptimizer):
         return fragment_of
 
     def _tensors_of(self, f):
-        """The tensors of fragment f, from the library's runs (it chose the split)."""
+        """The tensors fragment f touches, from the library's runs (it chose the split); with
+        ranges a tensor may be touched by two fragments, and moves whole for either."""
         count, nruns = ctypes.c_size_t(), ctypes.c_size_t()
         rt.raise_for(lib.sumo_diloco_fragment(self._handle, f, ctypes.byref(count),
                                               ctypes.byref(nruns)))
@@ -221,7 +241,8 @@ class DiLoCo(WrappedOptimizer):
         out = []
         for off, length in zip(offs, lens):
             out.extend(t for t in range(len(self._params))
-                       if off <= self._offsets[t] < off + length)
+                       if self._offsets[t] < off + length and self._offsets[t + 1] > off
+                       and t not in out)
         return out
 
     def close(self):
@@ -290,7 +311,8 @@ class DiLoCo(WrappedOptimizer):
             self._anchored = True
         loss = self._local_step(closure)
         moved = sorted(set((self._frag_tensors[applied] if what & SUMO_DILOCO_APPLY else []) +
-                           (self._frag_tensors[started] if what & SUMO_DILOCO_START else [])))
+                           (self._frag_tensors[started] if what & SUMO_DILOCO_START else []) +
+                           (self._all if what & SUMO_DILOCO_AVERAGE else [])))
         if what:
             self._gather(moved)
             rt.sync()  # the exchange is ordered after collectives already queued
@@ -300,8 +322,11 @@ class DiLoCo(WrappedOptimizer):
                          ", outer step of fragment %d" % applied
                          if what & SUMO_DILOCO_APPLY else "",
                          ", exchange of fragment %d" % started if what & SUMO_DILOCO_START else ""))
-        if what & SUMO_DILOCO_APPLY:
-            self._scatter(self._frag_tensors[applied])
+        if what & (SUMO_DILOCO_APPLY | SUMO_DILOCO_AVERAGE):
+            # An inner average writes every parameter; in place (one fragment, no delay, no
+            # merge) the exchange that starts writes the average too, applied at once.
+            self._scatter(moved)
+        self.last_due = what
         return loss
 
     # -- what it cost, and whether the replicas agree ------------------------------------------
