@@ -163,8 +163,9 @@ static void *m_alloc(int kind, size_t bytes)
         }
         break;
     default:
+        /* cudaMemset is asynchronous (on the legacy stream): wait for it, as m_put does. */
         if (cudaMalloc(&p, b) != cudaSuccess) p = NULL;
-        else if (cudaMemset(p, 0, b) != cudaSuccess) p = NULL;
+        else if (cudaMemset(p, 0, b) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) p = NULL;
         break;
     }
     if (p == NULL) {
@@ -189,16 +190,36 @@ static void m_free(int kind, void *p)
     }
 }
 
-static void m_put(int kind, void *dst, const void *src, size_t bytes)
+static void m_copy_failed(const char *what, cudaError_t e)
 {
-    if (kind == M_DEV) cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
-    else memcpy(dst, src, bytes);
+    fprintf(stderr, "test_cuda: %s: %s\n", what, cudaGetErrorString(e));
+    abort();
 }
 
+/* cudaMemcpy from pageable memory returns once the data is staged, not once it has landed,
+ * and it runs on the legacy default stream, which a stream made with cudaStreamNonBlocking
+ * (the checks' streams) does not wait for: a kernel there could read the buffer before the
+ * copy reaches it. So the upload is waited for here, device-wide. */
+static void m_put(int kind, void *dst, const void *src, size_t bytes)
+{
+    if (kind != M_DEV) {
+        memcpy(dst, src, bytes);
+        return;
+    }
+    cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) m_copy_failed("upload", e);
+}
+
+/* The entries wait for their stream before they return, so their results are complete. */
 static void m_get(int kind, void *dst, const void *src, size_t bytes)
 {
-    if (kind == M_DEV) cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
-    else memcpy(dst, src, bytes);
+    if (kind != M_DEV) {
+        memcpy(dst, src, bytes);
+        return;
+    }
+    cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess) m_copy_failed("download", e);
 }
 
 /* ---- data ------------------------------------------------------------------------------- */
