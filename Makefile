@@ -302,9 +302,9 @@ $(CUDA_C_OBJS): $(BUILD)/cuda/%.o: cuda/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CUDA_CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/cuda/kernels_cuda.o: cuda/kernels_cuda.cu cuda/kernels_cuda.h include/sumo.h
+$(BUILD)/cuda/kernels_cuda.o: cuda/kernels_cuda.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(CUDA_CPPFLAGS) $(NVCC_FLAGS) -c $< -o $@
+	$(NVCC) $(CUDA_CPPFLAGS) $(NVCC_FLAGS) -MMD -MP -c $< -o $@
 
 $(LIBSUMO_CUDA): $(CUDA_OBJS)
 	@rm -f $@

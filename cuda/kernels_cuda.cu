@@ -3,8 +3,8 @@
  * sumo_kernel_table, with the meaning of sumo's host table (src/kernels/kernel_table.c) entry
  * by entry:
  *   - fp16 and bf16 are combined in fp32 (or double, where the host kernels use double) and
- *     rounded once to nearest even, through integer conversions that match the host's bit for
- *     bit;
+ *     rounded once to nearest even, through the library's own conversions (codec.h, compiled
+ *     here for the device), so bit for bit the host's;
  *   - every sum runs in the host's order (reduce: left to right; weighted sum: w0 x0, then one
  *     fused multiply-add per input), so those results equal the host's bit for bit, NaN
  *     payloads aside (a GPU's arithmetic makes its own NaN);
@@ -31,6 +31,10 @@
 #include <string.h>
 
 #include "kernels_cuda.h"
+/* The one header of the library's that the plugin includes: the bits, the fp16/bf16
+ * conversions and the block codec, one source for the host's kernels and these (it says
+ * why). */
+#include "../src/kernels/codec.h"
 
 #define HD __host__ __device__ __forceinline__
 
@@ -46,85 +50,6 @@ constexpr int WSUM_ITERS = 8;
 /* The element-wise kernels' grid: enough blocks to fill any current GPU, grid-stride beyond. */
 constexpr unsigned EW_MAX_BLOCKS = 8192;
 
-/* ---- bits and conversions (kernels.c's, statement for statement) ------------------------- */
-
-HD uint32_t f32_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-HD float f32_from_bits(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-HD uint64_t f64_bits(double d)
-{
-    uint64_t u;
-    memcpy(&u, &d, sizeof u);
-    return u;
-}
-HD double f64_from_bits(uint64_t u)
-{
-    double d;
-    memcpy(&d, &u, sizeof d);
-    return d;
-}
-
-HD float half_to_float(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-    if (exp == 0x1f)
-        return f32_from_bits(sign | 0x7f800000u | (mant << 13) | (mant ? 0x00400000u : 0));
-    if (exp == 0) return f32_from_bits(sign | f32_bits((float)mant * 0x1p-24f));
-    return f32_from_bits(sign | ((exp + 112) << 23) | (mant << 13));
-}
-
-HD uint16_t float_to_half(float f)
-{
-    uint32_t u = f32_bits(f);
-    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-    uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
-    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
-    if (a >= 0x38800000u) {
-        uint32_t r = a - 0x38000000u;
-        r += 0x0fffu + ((r >> 13) & 1u);
-        return (uint16_t)(sign | (r >> 13));
-    }
-    uint32_t e = a >> 23;
-    if (e < 102) return sign;
-    uint32_t m = (a & 0x7fffffu) | 0x800000u, s = 126 - e;
-    uint32_t q = m >> s, rem = m & ((1u << s) - 1), halfway = 1u << (s - 1);
-    if (rem > halfway || (rem == halfway && (q & 1u))) q++;
-    return (uint16_t)(sign | q);
-}
-
-HD float bf16_to_float(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
-
-HD uint16_t float_to_bf16(float f)
-{
-    uint32_t u = f32_bits(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-/* fp64 -> fp32 rounded to odd, so that the second rounding to 16 bits is the only one. */
-HD float double_to_float_odd(double d)
-{
-    float f = (float)d;
-    if ((double)f == d || d != d) return f;
-    uint32_t u = f32_bits(f);
-    if (fabs((double)f) > fabs(d)) u -= 1;
-    return f32_from_bits(u | 1u);
-}
-
-HD uint16_t double_to_half(double d) { return float_to_half(double_to_float_odd(d)); }
-HD uint16_t double_to_bf16(double d) { return float_to_bf16(double_to_float_odd(d)); }
-
 /* ---- element access per dtype -------------------------------------------------------------- */
 
 template <int DT> struct dt_traits;
@@ -138,8 +63,8 @@ template <int DT> __host__ __device__ constexpr int vec_of() { return 16 / dt_tr
 /* fp32, fp16, bf16 as float (exact). */
 template <int DT> HD float load_f(const void *p, size_t i)
 {
-    if (DT == SUMO_FLOAT16) return half_to_float(((const uint16_t *)p)[i]);
-    if (DT == SUMO_BFLOAT16) return bf16_to_float(((const uint16_t *)p)[i]);
+    if (DT == SUMO_FLOAT16) return sumo__half_to_float(((const uint16_t *)p)[i]);
+    if (DT == SUMO_BFLOAT16) return sumo__bf16_to_float(((const uint16_t *)p)[i]);
     return ((const float *)p)[i];
 }
 /* Any dtype as double (exact). */
@@ -151,9 +76,9 @@ template <int DT> HD double load_d(const void *p, size_t i)
 /* A float rounded once to DT's storage bits (fp32: the float itself). */
 template <int DT> HD uint32_t narrow_f(float v)
 {
-    if (DT == SUMO_FLOAT16) return float_to_half(v);
-    if (DT == SUMO_BFLOAT16) return float_to_bf16(v);
-    return f32_bits(v);
+    if (DT == SUMO_FLOAT16) return sumo__float_to_half(v);
+    if (DT == SUMO_BFLOAT16) return sumo__float_to_bf16(v);
+    return sumo__f32_bits(v);
 }
 template <int DT> HD void store_bits(void *p, size_t i, uint64_t bits)
 {
@@ -164,10 +89,10 @@ template <int DT> HD void store_bits(void *p, size_t i, uint64_t bits)
 /* A double rounded once to DT's storage bits (fp16/bf16 through round-to-odd). */
 template <int DT> HD uint64_t narrow_d(double v)
 {
-    if (DT == SUMO_FLOAT64) return f64_bits(v);
-    if (DT == SUMO_FLOAT32) return f32_bits((float)v);
-    if (DT == SUMO_FLOAT16) return double_to_half(v);
-    return double_to_bf16(v);
+    if (DT == SUMO_FLOAT64) return sumo__f64_bits(v);
+    if (DT == SUMO_FLOAT32) return sumo__f32_bits((float)v);
+    if (DT == SUMO_FLOAT16) return sumo__double_to_half(v);
+    return sumo__double_to_bf16(v);
 }
 
 /* Element k of a 16-byte vector held as four words (little-endian, as memory). */
@@ -192,13 +117,13 @@ template <int DT> HD void word_set(uint32_t w[4], int k, uint64_t bits)
 /* A storage element's value as float (fp32/fp16/bf16) or double. */
 template <int DT> HD float bits_f(uint64_t b)
 {
-    if (DT == SUMO_FLOAT16) return half_to_float((uint16_t)b);
-    if (DT == SUMO_BFLOAT16) return bf16_to_float((uint16_t)b);
-    return f32_from_bits((uint32_t)b);
+    if (DT == SUMO_FLOAT16) return sumo__half_to_float((uint16_t)b);
+    if (DT == SUMO_BFLOAT16) return sumo__bf16_to_float((uint16_t)b);
+    return sumo__f32_from_bits((uint32_t)b);
 }
 template <int DT> HD double bits_d(uint64_t b)
 {
-    if (DT == SUMO_FLOAT64) return f64_from_bits(b);
+    if (DT == SUMO_FLOAT64) return sumo__f64_from_bits(b);
     return (double)bits_f<DT>(b);
 }
 template <int DT> HD uint64_t load_bits(const void *p, size_t i)
@@ -253,24 +178,24 @@ HD size_t piece_of(const sumo_cuda__piece *pieces, size_t npieces, size_t item)
  */
 template <int DC> HD float val_f(uint64_t b, bool bf)
 {
-    if (DC == SUMO_FLOAT16) return bf ? bf16_to_float((uint16_t)b) : half_to_float((uint16_t)b);
-    return f32_from_bits((uint32_t)b);
+    if (DC == SUMO_FLOAT16) return bf ? sumo__bf16_to_float((uint16_t)b) : sumo__half_to_float((uint16_t)b);
+    return sumo__f32_from_bits((uint32_t)b);
 }
 template <int DC> HD double val_d(uint64_t b, bool bf)
 {
-    if (DC == SUMO_FLOAT64) return f64_from_bits(b);
+    if (DC == SUMO_FLOAT64) return sumo__f64_from_bits(b);
     return (double)val_f<DC>(b, bf);
 }
 template <int DC> HD uint64_t round_f(float v, bool bf)
 {
-    if (DC == SUMO_FLOAT16) return bf ? float_to_bf16(v) : float_to_half(v);
-    return f32_bits(v);
+    if (DC == SUMO_FLOAT16) return bf ? sumo__float_to_bf16(v) : sumo__float_to_half(v);
+    return sumo__f32_bits(v);
 }
 template <int DC> HD uint64_t round_d(double v, bool bf)
 {
-    if (DC == SUMO_FLOAT64) return f64_bits(v);
-    if (DC == SUMO_FLOAT32) return f32_bits((float)v);
-    return bf ? double_to_bf16(v) : double_to_half(v);
+    if (DC == SUMO_FLOAT64) return sumo__f64_bits(v);
+    if (DC == SUMO_FLOAT32) return sumo__f32_bits((float)v);
+    return bf ? sumo__double_to_bf16(v) : sumo__double_to_half(v);
 }
 HD int dclass(sumo_dtype dt) { return dt == SUMO_BFLOAT16 ? SUMO_FLOAT16 : (int)dt; }
 
@@ -729,7 +654,7 @@ template <int DT> HD void reduce_elem(const sumo_cuda__ew_args &a, size_t i)
         double v = load_d<DT>(in_ptr(a, 0), i);
         for (int j = 1; j < a.nin; j++) v = v + load_d<DT>(in_ptr(a, j), i);
         if (a.divisor != 1) v = v / (double)a.divisor;
-        bits = f64_bits(v);
+        bits = sumo__f64_bits(v);
     } else {
         float v = load_f<DT>(in_ptr(a, 0), i);
         for (int j = 1; j < a.nin; j++) v = v + load_f<DT>(in_ptr(a, j), i);
@@ -743,10 +668,10 @@ template <int DT> HD void scaled_add_elem(const sumo_cuda__ew_args &a, size_t i)
 {
     if (DT == SUMO_FLOAT64) {
         double x = load_d<DT>(a.dst, i), y = load_d<DT>(a.a, i);
-        store_bits<DT>(a.dst, i, f64_bits(fma(a.ca, x, a.cb * y)));
+        store_bits<DT>(a.dst, i, sumo__f64_bits(fma(a.ca, x, a.cb * y)));
     } else if (DT == SUMO_FLOAT32) {
         double x = load_d<DT>(a.dst, i), y = load_d<DT>(a.a, i);
-        store_bits<DT>(a.dst, i, f32_bits((float)fma(a.ca, x, a.cb * y)));
+        store_bits<DT>(a.dst, i, sumo__f32_bits((float)fma(a.ca, x, a.cb * y)));
     } else if (a.wide) {
         double v = fma(a.ca, (double)load_f<DT>(a.dst, i), a.cb * (double)load_f<DT>(a.a, i));
         store_bits<DT>(a.dst, i, narrow_d<DT>(v));
@@ -760,7 +685,7 @@ template <int DT> HD void scaled_add_elem(const sumo_cuda__ew_args &a, size_t i)
 template <int DT> HD void delta_elem(const sumo_cuda__ew_args &a, size_t i)
 {
     if (DT == SUMO_FLOAT64)
-        store_bits<DT>(a.dst, i, f64_bits(load_d<DT>(a.a, i) - load_d<DT>(a.b, i)));
+        store_bits<DT>(a.dst, i, sumo__f64_bits(load_d<DT>(a.a, i) - load_d<DT>(a.b, i)));
     else
         store_bits<DT>(a.dst, i, narrow_f<DT>(load_f<DT>(a.a, i) - load_f<DT>(a.b, i)));
 }
@@ -778,7 +703,7 @@ template <int DT> HD bool nonfinite_bits(uint64_t b)
 template <int DT> HD bool apply_elem(const sumo_cuda__ew_args &a, size_t i)
 {
     uint64_t bits;
-    if (DT == SUMO_FLOAT64) bits = f64_bits(load_d<DT>(a.a, i) + load_d<DT>(a.b, i));
+    if (DT == SUMO_FLOAT64) bits = sumo__f64_bits(load_d<DT>(a.a, i) + load_d<DT>(a.b, i));
     else bits = narrow_f<DT>(load_f<DT>(a.a, i) + load_f<DT>(a.b, i));
     store_bits<DT>(a.dst, i, bits);
     return nonfinite_bits<DT>(bits);
@@ -904,7 +829,7 @@ template <int DT> __device__ __forceinline__ void reduce_vec(const sumo_cuda__ew
 #pragma unroll
         for (int e = 0; e < V; e++) {
             if (a.divisor != 1) v[e] = v[e] / (double)a.divisor;
-            word_set<DT>(y, e, f64_bits(v[e]));
+            word_set<DT>(y, e, sumo__f64_bits(v[e]));
         }
     } else {
         float v[V];
@@ -948,9 +873,9 @@ template <int DT> __device__ __forceinline__ void two_vec(const sumo_cuda__ew_ar
         uint64_t r;
         if (a.op == SUMO_CUDA__EW_SCALED_ADD) {
             if (DT == SUMO_FLOAT64)
-                r = f64_bits(fma(a.ca, bits_d<DT>(word_elem<DT>(wa, e)), a.cb * bits_d<DT>(word_elem<DT>(wb, e))));
+                r = sumo__f64_bits(fma(a.ca, bits_d<DT>(word_elem<DT>(wa, e)), a.cb * bits_d<DT>(word_elem<DT>(wb, e))));
             else if (DT == SUMO_FLOAT32)
-                r = f32_bits((float)fma(a.ca, bits_d<DT>(word_elem<DT>(wa, e)), a.cb * bits_d<DT>(word_elem<DT>(wb, e))));
+                r = sumo__f32_bits((float)fma(a.ca, bits_d<DT>(word_elem<DT>(wa, e)), a.cb * bits_d<DT>(word_elem<DT>(wb, e))));
             else if (a.wide)
                 r = narrow_d<DT>(fma(a.ca, (double)bits_f<DT>(word_elem<DT>(wa, e)),
                                      a.cb * (double)bits_f<DT>(word_elem<DT>(wb, e))));
@@ -959,7 +884,7 @@ template <int DT> __device__ __forceinline__ void two_vec(const sumo_cuda__ew_ar
                                       (float)a.cb * bits_f<DT>(word_elem<DT>(wb, e))));
         } else {
             if (DT == SUMO_FLOAT64)
-                r = f64_bits(bits_d<DT>(word_elem<DT>(wa, e)) - bits_d<DT>(word_elem<DT>(wb, e)));
+                r = sumo__f64_bits(bits_d<DT>(word_elem<DT>(wa, e)) - bits_d<DT>(word_elem<DT>(wb, e)));
             else
                 r = narrow_f<DT>(bits_f<DT>(word_elem<DT>(wa, e)) - bits_f<DT>(word_elem<DT>(wb, e)));
         }
@@ -1025,249 +950,75 @@ template <int DT> void ew_emulate_t(const sumo_cuda__ew_args *a)
         if (ew_elem<DT>(*a, i) && i < *a->first) *a->first = i;
 }
 
-/* ---- the compressed allreduce's codec (quantize.c, statement for statement) -------------- */
-
-struct qfmt {
-    int bits, mant, emin, emax;
-    uint32_t maxsig;
-    bool scaled;
-};
-
-HD bool qformat_of(int format, qfmt *q)
-{
-    switch (format) {
-    case SUMO_COMPRESS_BF16: *q = qfmt{16, 7, -126, 127, 255, false}; return true;
-    case SUMO_COMPRESS_FP8_E4M3: *q = qfmt{8, 3, -6, 8, 14, true}; return true;
-    case SUMO_COMPRESS_E3M0: *q = qfmt{4, 0, -2, 4, 1, true}; return true;
-    default: return false;
-    }
-}
-
-HD size_t q_block_bytes(const qfmt &q, size_t block) { return (q.scaled ? 4 : 0) + block * (size_t)q.bits / 8; }
-
-HD void q_decompose(uint32_t a, uint32_t *M, int *e)
-{
-    uint32_t fe = a >> 23, fm = a & 0x7fffffu;
-    if (fe == 0) {
-        *M = fm;
-        *e = -149;
-    } else {
-        *M = fm | 0x800000u;
-        *e = (int)fe - 150;
-    }
-}
-
-HD int q_bit_length(uint32_t m)
-{
-    int b = 0;
-    while (m) {
-        b++;
-        m >>= 1;
-    }
-    return b;
-}
-
-HD int q_scale_exponent(const qfmt &q, uint32_t amax)
-{
-    if (!q.scaled) return 0;
-    uint32_t M;
-    int e;
-    q_decompose(amax, &M, &e);
-    int t = 0;
-    if (M > q.maxsig) {
-        while (((uint64_t)q.maxsig << t) < M) t++;
-    } else {
-        while (((uint64_t)M << (1 - t)) <= q.maxsig) t--;
-    }
-    int s = t + e - (q.emax - q.mant);
-    return s < -149 ? -149 : s > 127 ? 127 : s;
-}
-
-HD uint32_t q_encode(const qfmt &q, uint32_t x, int s)
-{
-    uint32_t signbit = (x >> 31) << (q.bits - 1), a = x & 0x7fffffffu;
-    if (a == 0) return signbit;
-    uint32_t M;
-    int e;
-    q_decompose(a, &M, &e);
-    int L = e - s + q_bit_length(M) - 1;
-    int E = L > q.emin ? L : q.emin;
-    int sh = (E - q.mant) - (e - s);
-    uint64_t v;
-    if (sh <= 0) {
-        v = (uint64_t)M << -sh;
-    } else if (sh > 40) {
-        v = 0;
-    } else {
-        v = (uint64_t)M >> sh;
-        uint64_t rem = (uint64_t)M & ((1ull << sh) - 1), half = 1ull << (sh - 1);
-        bool odd = q.mant > 0 ? (v & 1) != 0 : v != 0 && ((E - q.emin + 1) & 1) != 0;
-        if (rem > half || (rem == half && odd)) v++;
-    }
-    if (v >> (q.mant + 1)) {
-        v >>= 1;
-        E++;
-    }
-    if (E + s >= 128) {
-        E = 127 - s;
-        v = (2ull << q.mant) - 1;
-    }
-    if (E > q.emax || (E == q.emax && v > q.maxsig)) {
-        E = q.emax;
-        v = q.maxsig;
-    }
-    if (v == 0) return signbit;
-    if (v < (1ull << q.mant)) return signbit | (uint32_t)v;
-    return signbit | ((uint32_t)(E - q.emin + 1) << q.mant) | (uint32_t)(v - (1ull << q.mant));
-}
-
-HD double q_pow2(int k) { return f64_from_bits((uint64_t)(k + 1023) << 52); }
-
-HD float q_decode(const qfmt &q, uint32_t code, int s)
-{
-    int ebits = q.bits - 1 - q.mant;
-    uint32_t sign = (code >> (q.bits - 1)) & 1u;
-    uint32_t field = (code >> q.mant) & ((1u << ebits) - 1);
-    uint32_t m = code & ((1u << q.mant) - 1);
-    if (!q.scaled && field == (1u << ebits) - 1) return f32_from_bits(0x7fc00000u);
-    uint32_t sig = field ? m | (1u << q.mant) : m;
-    int E = field ? (int)field - 1 + q.emin : q.emin;
-    float f = (float)((double)sig * q_pow2(E - q.mant + s));
-    return sign ? -f : f;
-}
-
-HD uint32_t q_scale_bits(int s) { return s >= -126 ? (uint32_t)(s + 127) << 23 : 1u << (s + 149); }
-
-HD int q_scale_of_bits(uint32_t b)
-{
-    if (b >= 0x00800000u) return (int)(b >> 23) - 127;
-    int t = 0;
-    while (!((b >> t) & 1u)) t++;
-    return t - 149;
-}
-
-/* What a block is, once its largest magnitude and first non-finite element are known. */
-enum { Q_VALUES = 0, Q_ZERO, Q_BAD };
-
-/* Code j of a block of len elements at src (j may run to the block size: padding is 0), as
- * quantize.c's loop leaves it. */
-HD uint32_t q_code_at(const qfmt &q, const float *src, size_t len, size_t j, int kind, int s)
-{
-    if (j >= len) return 0;
-    if (kind == Q_BAD) return q.scaled ? 0u : 0x7fc0u;
-    if (kind == Q_ZERO) return 0;
-    return q_encode(q, f32_bits(src[j]), s);
-}
-
-/* The scale word of a block. */
-HD uint32_t q_scale_word(int kind, int s)
-{
-    return kind == Q_BAD ? 0x7fc00000u : kind == Q_ZERO ? 0u : q_scale_bits(s);
-}
-
-HD int q_kind(const qfmt &q, uint32_t amax, uint32_t bad)
-{
-    if (bad != ~0u) return Q_BAD;
-    return q.scaled && amax == 0 ? Q_ZERO : Q_VALUES;
-}
-
-/* Unit u of a block's codes: element u (16 and 8 bits) or byte u (two 4-bit codes). */
-HD size_t q_units(const qfmt &q, size_t block) { return q.bits == 4 ? block / 2 : block; }
-
-HD void q_store_unit(const qfmt &q, unsigned char *codes, size_t u, const float *src, size_t len,
-                     int kind, int s)
-{
-    if (q.bits == 16) {
-        uint16_t h = (uint16_t)q_code_at(q, src, len, u, kind, s);
-        memcpy(codes + 2 * u, &h, 2);
-    } else if (q.bits == 8) {
-        codes[u] = (unsigned char)q_code_at(q, src, len, u, kind, s);
-    } else {
-        uint32_t lo = q_code_at(q, src, len, 2 * u, kind, s), hi = q_code_at(q, src, len, 2 * u + 1, kind, s);
-        codes[u] = (unsigned char)((lo & 0x0fu) | (hi << 4));
-    }
-}
-
-HD float q_load(const qfmt &q, const unsigned char *codes, size_t j, int s)
-{
-    uint32_t c;
-    if (q.bits == 16) {
-        uint16_t h;
-        memcpy(&h, codes + 2 * j, 2);
-        c = h;
-    } else if (q.bits == 8) {
-        c = codes[j];
-    } else {
-        c = j % 2 ? codes[j / 2] >> 4 : codes[j / 2] & 0x0fu;
-    }
-    return q_decode(q, c, s);
-}
-
-/* A block's decoded element j, from its scale word (bf16: none). */
-HD float q_value_at(const qfmt &q, const unsigned char *blk, size_t j)
-{
-    int s = 0;
-    if (q.scaled) {
-        uint32_t sb;
-        memcpy(&sb, blk, 4);
-        if ((sb & 0x7f800000u) == 0x7f800000u) return f32_from_bits(0x7fc00000u);
-        if (sb == 0) return 0.0f;
-        s = q_scale_of_bits(sb);
-    }
-    return q_load(q, blk + (q.scaled ? 4 : 0), j, s);
-}
+/* ---- the compressed allreduce's codec (codec.h's, its per-block steps over threads) ------ */
 
 constexpr unsigned Q_MAX_GRID = 65535;
 
-__global__ void __launch_bounds__(BLOCK) quantize_kernel(sumo_cuda__q_args a, qfmt q)
+__global__ void __launch_bounds__(BLOCK) quantize_kernel(sumo_cuda__q_args a, sumo__qformat q)
 {
     __shared__ unsigned int s_amax, s_bad;
-    const size_t nb = (a.n + a.block - 1) / a.block, bb = q_block_bytes(q, a.block);
+    const size_t nb = (a.n + a.block - 1) / a.block, bb = sumo__qblock_bytes(&q, a.block);
     for (size_t b = blockIdx.x; b < nb; b += gridDim.x) {
         if (threadIdx.x == 0) {
             s_amax = 0;
-            s_bad = ~0u;
+            s_bad = SUMO__QNONE;
         }
         __syncthreads();
         size_t lo = b * a.block, len = a.n - lo < a.block ? a.n - lo : a.block;
         const float *src = a.src + lo;
-        unsigned int mx = 0, bad = ~0u;
-        for (size_t j = threadIdx.x; j < len; j += BLOCK) {
-            uint32_t v = f32_bits(src[j]) & 0x7fffffffu;
-            if (v >= 0x7f800000u && (unsigned)j < bad) bad = (unsigned)j;
-            mx = v > mx ? v : mx;
-        }
+        uint32_t mx = 0, bad = SUMO__QNONE;
+        for (size_t j = threadIdx.x; j < len; j += BLOCK) sumo__qscan(src[j], (uint32_t)j, &mx, &bad);
         atomicMax(&s_amax, mx);
         atomicMin(&s_bad, bad);
         __syncthreads();
-        int kind = q_kind(q, s_amax, s_bad);
-        int s = kind == Q_VALUES ? q_scale_exponent(q, s_amax) : 0;
+        int kind = sumo__qblock_kind(&q, s_amax, s_bad);
+        int s = kind == SUMO__QVALUES ? sumo__qscale_exponent(&q, s_amax) : 0;
         unsigned char *blk = (unsigned char *)a.payload + b * bb;
         if (threadIdx.x == 0) {
             if (q.scaled) {
-                uint32_t w = q_scale_word(kind, s);
+                uint32_t w = sumo__qscale_word(kind, s);
                 memcpy(blk, &w, 4);
             }
-            if (kind == Q_BAD) atomicMin(a.first, (unsigned long long)(lo + s_bad));
+            if (kind == SUMO__QBAD) atomicMin(a.first, (unsigned long long)(lo + s_bad));
         }
         unsigned char *codes = blk + (q.scaled ? 4 : 0);
-        for (size_t u = threadIdx.x; u < q_units(q, a.block); u += BLOCK)
-            q_store_unit(q, codes, u, src, len, kind, s);
+        for (size_t u = threadIdx.x; u < sumo__qunits(&q, a.block); u += BLOCK)
+            sumo__qstore_unit(&q, codes, u, src, len, kind, s);
         __syncthreads(); /* s_amax and s_bad are reset for the next block */
     }
 }
 
-__global__ void __launch_bounds__(BLOCK) dequantize_kernel(sumo_cuda__q_args a, qfmt q)
+__global__ void __launch_bounds__(BLOCK) dequantize_kernel(sumo_cuda__q_args a, sumo__qformat q)
 {
-    const size_t nb = (a.n + a.block - 1) / a.block, bb = q_block_bytes(q, a.block);
+    const size_t nb = (a.n + a.block - 1) / a.block, bb = sumo__qblock_bytes(&q, a.block);
     for (size_t b = blockIdx.x; b < nb; b += gridDim.x) {
         size_t lo = b * a.block, len = a.n - lo < a.block ? a.n - lo : a.block;
         const unsigned char *blk = (const unsigned char *)a.payload + b * bb;
-        for (size_t j = threadIdx.x; j < len; j += BLOCK) a.dst[lo + j] = q_value_at(q, blk, j);
+        for (size_t j = threadIdx.x; j < len; j += BLOCK) {
+            int s;
+            int kind = sumo__qblock_scale(&q, blk, &s);
+            a.dst[lo + j] = sumo__qvalue_at(&q, blk, kind, s, j);
+        }
     }
 }
 
-unsigned q_grid(size_t nb) { return nb < Q_MAX_GRID ? (unsigned)nb : Q_MAX_GRID; }
+/* The format of a launch, or false (the table checked it: a value from elsewhere). */
+bool q_format(const sumo_cuda__q_args *a, sumo__qformat *q)
+{
+    return sumo__qformat_of((sumo_compression_format)a->format, q);
+}
+
+int q_launch(const sumo_cuda__q_args *a, cudaStream_t stream, bool decode)
+{
+    sumo__qformat q;
+    if (!q_format(a, &q)) return (int)cudaErrorInvalidValue;
+    size_t nb = (a->n + a->block - 1) / a->block;
+    if (nb == 0) return 0;
+    unsigned grid = nb < Q_MAX_GRID ? (unsigned)nb : Q_MAX_GRID;
+    if (decode) dequantize_kernel<<<grid, BLOCK, 0, stream>>>(*a, q);
+    else quantize_kernel<<<grid, BLOCK, 0, stream>>>(*a, q);
+    return (int)cudaGetLastError();
+}
 
 } // namespace
 
@@ -1349,70 +1100,27 @@ void sumo_cuda__ew_emulate(const sumo_cuda__ew_args *a)
 
 int sumo_cuda__quantize_launch(const sumo_cuda__q_args *a, void *stream)
 {
-    qfmt q;
-    if (!qformat_of(a->format, &q)) return (int)cudaErrorInvalidValue;
-    size_t nb = (a->n + a->block - 1) / a->block;
-    if (nb == 0) return 0;
-    quantize_kernel<<<q_grid(nb), BLOCK, 0, (cudaStream_t)stream>>>(*a, q);
-    return (int)cudaGetLastError();
+    return q_launch(a, (cudaStream_t)stream, false);
 }
 
-/* The kernel's order, one thread block after another: the block's maximum and first non-finite
- * element (a max and a min: the order of the threads cannot change them), then every unit. */
 void sumo_cuda__quantize_emulate(const sumo_cuda__q_args *a)
 {
-    qfmt q;
-    if (!qformat_of(a->format, &q)) return;
-    size_t nb = (a->n + a->block - 1) / a->block, bb = q_block_bytes(q, a->block);
-    for (size_t b = 0; b < nb; b++) {
-        size_t lo = b * a->block, len = a->n - lo < a->block ? a->n - lo : a->block;
-        const float *src = a->src + lo;
-        unsigned int mx = 0, bad = ~0u;
-        for (size_t j = 0; j < len; j++) {
-            uint32_t v = f32_bits(src[j]) & 0x7fffffffu;
-            if (v >= 0x7f800000u && (unsigned)j < bad) bad = (unsigned)j;
-            mx = v > mx ? v : mx;
-        }
-        int kind = q_kind(q, mx, bad);
-        int s = kind == Q_VALUES ? q_scale_exponent(q, mx) : 0;
-        unsigned char *blk = (unsigned char *)a->payload + b * bb;
-        if (q.scaled) {
-            uint32_t w = q_scale_word(kind, s);
-            memcpy(blk, &w, 4);
-        }
-        if (kind == Q_BAD && lo + bad < *a->first) *a->first = lo + bad;
-        for (size_t u = 0; u < q_units(q, a->block); u++)
-            q_store_unit(q, blk + (q.scaled ? 4 : 0), u, src, len, kind, s);
-    }
+    sumo__qformat q;
+    if (!q_format(a, &q)) return;
+    size_t first;
+    sumo__quantize(&q, a->block, a->payload, a->src, a->n, &first);
+    if (first != SIZE_MAX && first < *a->first) *a->first = first;
 }
 
 int sumo_cuda__dequantize_launch(const sumo_cuda__q_args *a, void *stream)
 {
-    qfmt q;
-    if (!qformat_of(a->format, &q)) return (int)cudaErrorInvalidValue;
-    size_t nb = (a->n + a->block - 1) / a->block;
-    if (nb == 0) return 0;
-    dequantize_kernel<<<q_grid(nb), BLOCK, 0, (cudaStream_t)stream>>>(*a, q);
-    return (int)cudaGetLastError();
+    return q_launch(a, (cudaStream_t)stream, true);
 }
 
 void sumo_cuda__dequantize_emulate(const sumo_cuda__q_args *a)
 {
-    qfmt q;
-    if (!qformat_of(a->format, &q)) return;
-    size_t nb = (a->n + a->block - 1) / a->block, bb = q_block_bytes(q, a->block);
-    for (size_t b = 0; b < nb; b++) {
-        size_t lo = b * a->block, len = a->n - lo < a->block ? a->n - lo : a->block;
-        const unsigned char *blk = (const unsigned char *)a->payload + b * bb;
-        for (size_t j = 0; j < len; j++) a->dst[lo + j] = q_value_at(q, blk, j);
-    }
+    sumo__qformat q;
+    if (q_format(a, &q)) sumo__dequantize(&q, a->block, a->dst, a->payload, a->n);
 }
-
-uint16_t sumo_cuda__double_to_half(double d) { return double_to_half(d); }
-uint16_t sumo_cuda__double_to_bf16(double d) { return double_to_bf16(d); }
-uint16_t sumo_cuda__float_to_half(float f) { return float_to_half(f); }
-uint16_t sumo_cuda__float_to_bf16(float f) { return float_to_bf16(f); }
-float sumo_cuda__half_to_float(uint16_t h) { return half_to_float(h); }
-float sumo_cuda__bf16_to_float(uint16_t h) { return bf16_to_float(h); }
 
 } // extern "C"

@@ -140,7 +140,7 @@ typedef struct sumo_cuda__ew_args {
 int sumo_cuda__ew_launch(const sumo_cuda__ew_args *a, void *stream);
 void sumo_cuda__ew_emulate(const sumo_cuda__ew_args *a);
 
-/* ---- the compressed allreduce's codec (src/kernels/quantize.c's rules, bit for bit) ------- */
+/* ---- the compressed allreduce's codec (src/kernels/codec.h's, compiled for the device) ---- */
 
 /* One launch covers ceil(n / block) blocks of one call: one thread block per codec block (its
  * largest magnitude and first non-finite element found with shared-memory atomics, exact and
@@ -158,23 +158,6 @@ int sumo_cuda__quantize_launch(const sumo_cuda__q_args *a, void *stream);
 void sumo_cuda__quantize_emulate(const sumo_cuda__q_args *a);
 int sumo_cuda__dequantize_launch(const sumo_cuda__q_args *a, void *stream);
 void sumo_cuda__dequantize_emulate(const sumo_cuda__q_args *a);
-
-/* ---- scalar conversions, shared with the device (exactly sumo's host kernels' rules) ---- */
-
-uint16_t sumo_cuda__double_to_half(double d);
-uint16_t sumo_cuda__double_to_bf16(double d);
-uint16_t sumo_cuda__float_to_half(float f);
-uint16_t sumo_cuda__float_to_bf16(float f);
-float sumo_cuda__half_to_float(uint16_t h);
-float sumo_cuda__bf16_to_float(uint16_t h);
-
-/* True when c narrows to float without becoming Inf or losing its digits (kernels_isa.h's
- * sumo__coef_fits_float): fp16/bf16 combines then run in fp32, else in double. */
-static inline bool sumo_cuda__coef_fits_float(double c)
-{
-    double m = c < 0 ? -c : c;
-    return !(m > 0x1.fffffep127) && !(m > 0 && m < 0x1p-126);
-}
 
 #ifdef __cplusplus
 }

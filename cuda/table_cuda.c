@@ -19,6 +19,9 @@
  */
 #include "cuda_internal.h"
 #include "kernels_cuda.h"
+/* The library's codec and conversions (it says why this one header is shared): the fill
+ * patterns and the wide-path test are the host table's own. */
+#include "../src/kernels/codec.h"
 
 #include <stdarg.h>
 #include <stdint.h>
@@ -326,16 +329,10 @@ static sumo_result k_fill(void *ctx, void *exec, sumo_dtype dtype, void *dst, do
     if (n == 0) return SUMO_SUCCESS;
     sumo_cuda__ew_args a = {.op = SUMO_CUDA__EW_FILL, .dtype = dtype, .n = n, .dst = dst};
     switch (dtype) {
-    case SUMO_FLOAT32: {
-        float f = (float)value;
-        uint32_t u;
-        memcpy(&u, &f, sizeof u);
-        a.pattern = u;
-        break;
-    }
-    case SUMO_FLOAT64: memcpy(&a.pattern, &value, sizeof value); break;
-    case SUMO_FLOAT16: a.pattern = sumo_cuda__double_to_half(value); break;
-    default: a.pattern = sumo_cuda__double_to_bf16(value); break;
+    case SUMO_FLOAT32: a.pattern = sumo__f32_bits((float)value); break;
+    case SUMO_FLOAT64: a.pattern = sumo__f64_bits(value); break;
+    case SUMO_FLOAT16: a.pattern = sumo__double_to_half(value); break;
+    default: a.pattern = sumo__double_to_bf16(value); break;
     }
     ENTER(k);
     LEAVE(ew_body(k, exec, &a, NULL));
@@ -415,8 +412,8 @@ static sumo_result k_scaled_add(void *ctx, void *exec, sumo_dtype dtype, void *a
     if (n == 0) return SUMO_SUCCESS;
     sumo_cuda__ew_args a = {.op = SUMO_CUDA__EW_SCALED_ADD, .dtype = dtype, .n = n, .dst = a_,
                             .a = b, .ca = ca, .cb = cb,
-                            .wide = !sumo_cuda__coef_fits_float(ca) ||
-                                    !sumo_cuda__coef_fits_float(cb)};
+                            .wide = !sumo__coef_fits_float(ca) ||
+                                    !sumo__coef_fits_float(cb)};
     ENTER(k);
     LEAVE(ew_body(k, exec, &a, NULL));
 }
@@ -519,7 +516,7 @@ static sumo_result wsum_body(sumo_cuda_kernels *k, cudaStream_t s, sumo_dtype dt
             bool fits = true;
             for (int i = 0; i < nin; i++) {
                 hw[p * (size_t)nin + (size_t)i] = wt[i];
-                fits = fits && sumo_cuda__coef_fits_float(wt[i]);
+                fits = fits && sumo__coef_fits_float(wt[i]);
             }
             hwide[p] = narrow && !fits;
         }
