@@ -20,7 +20,7 @@
 #include "cuda_internal.h"
 #include "kernels_cuda.h"
 /* The library's codec and conversions (it says why this one header is shared): the fill
- * patterns and the wide-path test are the host table's own. */
+ * patterns, the wide-path test and the codec's checks are the host table's own. */
 #include "../src/kernels/codec.h"
 
 #include <stdarg.h>
@@ -93,17 +93,12 @@ void sumo_cuda__device_leave(const sumo_cuda__device_guard *g)
 
 /* ---- memory: the device's, or the emulator's (host) ----------------------------------------- */
 
-static size_t dtype_bytes(sumo_dtype dt)
+/* The dtypes the library knows (sumo_dtype_size refuses the others). */
+static bool dtype_ok(sumo_dtype dt)
 {
-    switch (dt) {
-    case SUMO_FLOAT64: return 8;
-    case SUMO_FLOAT16:
-    case SUMO_BFLOAT16: return 2;
-    default: return 4;
-    }
+    size_t bytes;
+    return sumo_dtype_size(dt, &bytes) == SUMO_SUCCESS;
 }
-
-static bool dtype_ok(sumo_dtype dt) { return (int)dt >= 0 && dt < SUMO_DTYPE_COUNT; }
 
 static sumo_result scratch_alloc(sumo_cuda_kernels *k, size_t bytes, cudaStream_t s, void **p)
 {
@@ -395,10 +390,12 @@ static sumo_result k_convert(void *ctx, void *exec, sumo_dtype dst_dtype, void *
                              sumo_dtype src_dtype, const void *src, size_t n)
 {
     sumo_cuda_kernels *k = of(ctx);
-    if (!dtype_ok(dst_dtype) || !dtype_ok(src_dtype)) return SUMO_ERR_INVALID_ARGUMENT;
+    size_t esz;
+    if (sumo_dtype_size(dst_dtype, &esz) != SUMO_SUCCESS || !dtype_ok(src_dtype))
+        return SUMO_ERR_INVALID_ARGUMENT;
     if (n == 0) return SUMO_SUCCESS;
     ENTER(k);
-    if (dst_dtype == src_dtype) LEAVE(copy_body(k, exec, dst, src, n * dtype_bytes(dst_dtype)));
+    if (dst_dtype == src_dtype) LEAVE(copy_body(k, exec, dst, src, n * esz));
     sumo_cuda__ew_args a = {.op = SUMO_CUDA__EW_CONVERT, .dtype = dst_dtype,
                             .src_dtype = src_dtype, .n = n, .dst = dst, .a = src};
     LEAVE(ew_body(k, exec, &a, NULL));
@@ -608,12 +605,11 @@ static sumo_result k_outer_update(void *ctx, void *exec, sumo_dtype dtype, void 
     LEAVE(ew_body(k, exec, &a, NULL));
 }
 
-/* The codec's checks: the formats and block sizes the host table accepts. */
+/* The codec's checks: the host table's, the formats and block sizes codec.h defines. */
 static bool codec_ok(sumo_compression_format format, size_t block)
 {
-    return (format == SUMO_COMPRESS_BF16 || format == SUMO_COMPRESS_FP8_E4M3 ||
-            format == SUMO_COMPRESS_E3M0) &&
-           block >= 8 && block <= 65536 && block % 8 == 0;
+    sumo__qformat q;
+    return sumo__qformat_of(format, &q) && sumo__qblock_valid(block);
 }
 
 static sumo_result k_quantize(void *ctx, void *exec, sumo_compression_format format, size_t block,
