@@ -291,7 +291,8 @@ NVCC_FLAGS    ?= -std=c++17 -O3 $(CUDA_GENCODE) -fmad=false $(NVCC_WERROR) \
 # is reported, not fatal); its symbols are kept out of libsumo_cuda.so's exports.
 CUDA_LDLIBS   := -L$(CUDA_LIBDIR) -lcudart_static -ldl -lrt -lpthread -lm
 CUDA_C_OBJS   := $(patsubst cuda/%.c,$(BUILD)/cuda/%.o,$(wildcard cuda/*.c))
-CUDA_OBJS     := $(CUDA_C_OBJS) $(BUILD)/cuda/kernels_cuda.o
+CUDA_CU_OBJS  := $(patsubst cuda/%.cu,$(BUILD)/cuda/%.o,$(wildcard cuda/*.cu))
+CUDA_OBJS     := $(CUDA_C_OBJS) $(CUDA_CU_OBJS)
 LIBSUMO_CUDA  := $(BUILD)/libsumo_cuda.a
 LIBSUMO_CUDA_SO := $(BUILD)/libsumo_cuda.so
 CUDA_TARGETS  := $(LIBSUMO_CUDA) $(LIBSUMO_CUDA_SO) $(BUILD)/tests/test_cuda $(BUILD)/bench/cuda_adasum
@@ -302,7 +303,7 @@ $(CUDA_C_OBJS): $(BUILD)/cuda/%.o: cuda/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CUDA_CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/cuda/kernels_cuda.o: cuda/kernels_cuda.cu
+$(CUDA_CU_OBJS): $(BUILD)/cuda/%.o: cuda/%.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(CUDA_CPPFLAGS) $(NVCC_FLAGS) -MMD -MP -c $< -o $@
 

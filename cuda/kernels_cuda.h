@@ -1,8 +1,9 @@
 /*
- * The device kernels of sumo's CUDA plugin (kernels_cuda.cu) as the table glue
- * (table_cuda.c) calls them: one argument struct per kernel family, a launcher that queues the
- * kernel on a stream, and an emulator that runs the very same per-element and per-thread code
- * on the host, in the order the device runs it.
+ * The device kernels of sumo's CUDA plugin (kernels_cuda.cu, gram_cuda.cu, wsum_cuda.cu,
+ * codec_cuda.cu; kernels_cuda.cuh says what they share) as the table glue (table_cuda.c)
+ * calls them: one argument struct per kernel family, a launcher that queues the kernel on a
+ * stream, and an emulator that runs the very same per-element and per-thread code on the
+ * host, in the order the device runs it.
  *
  * The emulators exist so that every host-side part can be tested without a GPU: the index
  * arithmetic of the layout-aware launches (pieces, chunks, tails), the rounding of every

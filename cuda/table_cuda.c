@@ -1,6 +1,6 @@
 /*
  * The sumo_kernel_table of CUDA device memory: every entry of sumo_ext.h over the kernels of
- * kernels_cuda.cu, with the host table's meaning entry by entry (src/kernels/kernel_table.c).
+ * kernels_cuda.h, with the host table's meaning entry by entry (src/kernels/kernel_table.c).
  *
  * Each entry queues its work on the call's stream (`exec`, the stream of sumo_collective;
  * NULL: the legacy default stream) and waits for it before returning. sumo orders its ranks
