@@ -333,7 +333,9 @@ NVCC_FLAGS    ?= -std=c++17 -O3 $(CUDA_GENCODE) -fmad=false $(NVCC_WERROR) \
 # is reported, not fatal); its symbols are kept out of libsumo_cuda.so's exports.
 CUDA_LDLIBS   := -L$(CUDA_LIBDIR) -lcudart_static -ldl -lrt -lpthread -lm
 CUDA_C_OBJS   := $(patsubst cuda/%.c,$(BUILD)/cuda/%.o,$(wildcard cuda/*.c))
-CUDA_OBJS     := $(CUDA_C_OBJS) $(BUILD)/cuda/kernels_cuda.o
+CUDA_CU_OBJS  := $(patsubst cuda/%.cu,$(BUILD)/cuda/%.o,$(wildcard cuda/*.cu))
+CUDA_OBJS     := $(CUDA_C_OBJS) $(CUDA_CU_OBJS)
+TEST_CUDA_SRCS := $(wildcard tests/cuda/*.c)
 LIBSUMO_CUDA  := $(BUILD)/libsumo_cuda.a
 LIBSUMO_CUDA_SO := $(BUILD)/libsumo_cuda.so
 CUDA_TARGETS  := $(LIBSUMO_CUDA) $(LIBSUMO_CUDA_SO) $(BUILD)/tests/test_cuda $(BUILD)/bench/cuda_adasum
@@ -344,9 +346,9 @@ $(CUDA_C_OBJS): $(BUILD)/cuda/%.o: cuda/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CUDA_CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/cuda/kernels_cuda.o: cuda/kernels_cuda.cu cuda/kernels_cuda.h include/sumo.h
+$(CUDA_CU_OBJS): $(BUILD)/cuda/%.o: cuda/%.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(CUDA_CPPFLAGS) $(NVCC_FLAGS) -c $< -o $@
+	$(NVCC) $(CUDA_CPPFLAGS) $(NVCC_FLAGS) -MMD -MP -c $< -o $@
 
 $(LIBSUMO_CUDA): $(CUDA_OBJS)
 	@rm -f $@
@@ -356,9 +358,9 @@ $(LIBSUMO_CUDA_SO): $(CUDA_OBJS) $(BUILD)/libsumo.so
 	$(CC) -shared -Wl,-soname,libsumo_cuda.so -Wl,-z,defs -Wl,--exclude-libs,ALL $(LDFLAGS) \
 	  $(CUDA_OBJS) -L$(BUILD) -lsumo -Wl,-rpath,'$$ORIGIN' $(CUDA_LDLIBS) -o $@
 
-$(BUILD)/tests/test_cuda: tests/cuda/test_cuda.c $(TEST_SUPPORT) $(LIBSUMO_CUDA) $(LIBSUMO)
+$(BUILD)/tests/test_cuda: $(TEST_CUDA_SRCS) $(wildcard tests/cuda/*.h) $(TEST_SUPPORT) $(LIBSUMO_CUDA) $(LIBSUMO)
 	@mkdir -p $(dir $@)
-	$(CC) $(CUDA_CPPFLAGS) -Itests $(CFLAGS) $< $(TEST_SUPPORT) $(LIBSUMO_CUDA) $(LIBSUMO) $(LDFLAGS) $(CUDA_LDLIBS) -o $@
+	$(CC) $(CUDA_CPPFLAGS) -Itests $(CFLAGS) $(TEST_CUDA_SRCS) $(TEST_SUPPORT) $(LIBSUMO_CUDA) $(LIBSUMO) $(LDFLAGS) $(CUDA_LDLIBS) -o $@
 
 $(BUILD)/bench/cuda_adasum: bench/cuda_adasum.cu $(LIBSUMO_CUDA) $(LIBSUMO)
 	@mkdir -p $(dir $@)

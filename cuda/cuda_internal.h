@@ -33,6 +33,9 @@ struct sumo_cuda_kernels {
     cudaMemPool_t pool;
 };
 
+/* Fills k->table: every entry of sumo_kernel_table over k's kernels (table_cuda.c). */
+void sumo_cuda__fill_table(sumo_cuda_kernels *k);
+
 /* A kernels object whose kernels run on the host through the emulators (kernels_cuda.h), on
  * host memory, with the test's claims(): the table's glue, planning and arithmetic without a
  * GPU. Destroy with sumo_cuda_kernels_destroy. */

@@ -1,8 +1,9 @@
 /*
- * The device kernels of sumo's CUDA plugin (kernels_cuda.cu) as the table glue
- * (table_cuda.c) calls them: one argument struct per kernel family, a launcher that queues the
- * kernel on a stream, and an emulator that runs the very same per-element and per-thread code
- * on the host, in the order the device runs it.
+ * The device kernels of sumo's CUDA plugin (kernels_cuda.cu, gram_cuda.cu, wsum_cuda.cu,
+ * codec_cuda.cu; kernels_cuda.cuh says what they share) as the table glue (table_cuda.c)
+ * calls them: one argument struct per kernel family, a launcher that queues the kernel on a
+ * stream, and an emulator that runs the very same per-element and per-thread code on the
+ * host, in the order the device runs it.
  *
  * The emulators exist so that every host-side part can be tested without a GPU: the index
  * arithmetic of the layout-aware launches (pieces, chunks, tails), the rounding of every
@@ -111,8 +112,7 @@ typedef enum sumo_cuda__ew_op {
     SUMO_CUDA__EW_SCALED_ADD, /* dst = ca dst + cb a */
     SUMO_CUDA__EW_DELTA,      /* dst = a - b */
     SUMO_CUDA__EW_APPLY,      /* dst = a + b; *first = first non-finite result */
-    SUMO_CUDA__EW_SLOW,       /* SlowMo: x = dst, u = c, x0 = d */
-    SUMO_CUDA__EW_OUTER,      /* DiLoCo's outer step: x = dst, combined = a, v = c, x0 = d */
+    SUMO_CUDA__EW_OUTER,      /* the outer loop's step: x = dst, combined = a, v = c, x0 = d */
 } sumo_cuda__ew_op;
 
 typedef struct sumo_cuda__ew_args {
@@ -123,8 +123,7 @@ typedef struct sumo_cuda__ew_args {
     const void *a, *b;
     void *c, *d;
     double ca, cb;                  /* scaled_add */
-    double beta, gamma, step;       /* slow_update: step = alpha * gamma */
-    double lr, mu, merge;           /* outer_update (sumo_outer_step; gamma above) */
+    double lr, mu, gamma, merge;    /* outer_update (sumo_outer_step) */
     int nesterov, from_average;
     uint64_t pattern;               /* fill: the value's bits in dtype */
     int wide;                       /* scaled_add fp16/bf16: a coefficient outside float */
@@ -140,7 +139,7 @@ typedef struct sumo_cuda__ew_args {
 int sumo_cuda__ew_launch(const sumo_cuda__ew_args *a, void *stream);
 void sumo_cuda__ew_emulate(const sumo_cuda__ew_args *a);
 
-/* ---- the compressed allreduce's codec (src/kernels/quantize.c's rules, bit for bit) ------- */
+/* ---- the compressed allreduce's codec (src/kernels/codec.h's, compiled for the device) ---- */
 
 /* One launch covers ceil(n / block) blocks of one call: one thread block per codec block (its
  * largest magnitude and first non-finite element found with shared-memory atomics, exact and
@@ -158,23 +157,6 @@ int sumo_cuda__quantize_launch(const sumo_cuda__q_args *a, void *stream);
 void sumo_cuda__quantize_emulate(const sumo_cuda__q_args *a);
 int sumo_cuda__dequantize_launch(const sumo_cuda__q_args *a, void *stream);
 void sumo_cuda__dequantize_emulate(const sumo_cuda__q_args *a);
-
-/* ---- scalar conversions, shared with the device (exactly sumo's host kernels' rules) ---- */
-
-uint16_t sumo_cuda__double_to_half(double d);
-uint16_t sumo_cuda__double_to_bf16(double d);
-uint16_t sumo_cuda__float_to_half(float f);
-uint16_t sumo_cuda__float_to_bf16(float f);
-float sumo_cuda__half_to_float(uint16_t h);
-float sumo_cuda__bf16_to_float(uint16_t h);
-
-/* True when c narrows to float without becoming Inf or losing its digits (kernels_isa.h's
- * sumo__coef_fits_float): fp16/bf16 combines then run in fp32, else in double. */
-static inline bool sumo_cuda__coef_fits_float(double c)
-{
-    double m = c < 0 ? -c : c;
-    return !(m > 0x1.fffffep127) && !(m > 0 && m < 0x1p-126);
-}
 
 #ifdef __cplusplus
 }

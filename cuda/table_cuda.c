@@ -1,6 +1,6 @@
 /*
  * The sumo_kernel_table of CUDA device memory: every entry of sumo_ext.h over the kernels of
- * kernels_cuda.cu, with the host table's meaning entry by entry (src/kernels/kernel_table.c).
+ * kernels_cuda.h, with the host table's meaning entry by entry (src/kernels/kernel_table.c).
  *
  * Each entry queues its work on the call's stream (`exec`, the stream of sumo_collective;
  * NULL: the legacy default stream) and waits for it before returning. sumo orders its ranks
@@ -19,6 +19,9 @@
  */
 #include "cuda_internal.h"
 #include "kernels_cuda.h"
+/* The library's codec and conversions (it says why this one header is shared): the fill
+ * patterns, the wide-path test and the codec's checks are the host table's own. */
+#include "../src/kernels/codec.h"
 
 #include <stdarg.h>
 #include <stdint.h>
@@ -90,17 +93,12 @@ void sumo_cuda__device_leave(const sumo_cuda__device_guard *g)
 
 /* ---- memory: the device's, or the emulator's (host) ----------------------------------------- */
 
-static size_t dtype_bytes(sumo_dtype dt)
+/* The dtypes the library knows (sumo_dtype_size refuses the others). */
+static bool dtype_ok(sumo_dtype dt)
 {
-    switch (dt) {
-    case SUMO_FLOAT64: return 8;
-    case SUMO_FLOAT16:
-    case SUMO_BFLOAT16: return 2;
-    default: return 4;
-    }
+    size_t bytes;
+    return sumo_dtype_size(dt, &bytes) == SUMO_SUCCESS;
 }
-
-static bool dtype_ok(sumo_dtype dt) { return (int)dt >= 0 && dt < SUMO_DTYPE_COUNT; }
 
 static sumo_result scratch_alloc(sumo_cuda_kernels *k, size_t bytes, cudaStream_t s, void **p)
 {
@@ -326,16 +324,10 @@ static sumo_result k_fill(void *ctx, void *exec, sumo_dtype dtype, void *dst, do
     if (n == 0) return SUMO_SUCCESS;
     sumo_cuda__ew_args a = {.op = SUMO_CUDA__EW_FILL, .dtype = dtype, .n = n, .dst = dst};
     switch (dtype) {
-    case SUMO_FLOAT32: {
-        float f = (float)value;
-        uint32_t u;
-        memcpy(&u, &f, sizeof u);
-        a.pattern = u;
-        break;
-    }
-    case SUMO_FLOAT64: memcpy(&a.pattern, &value, sizeof value); break;
-    case SUMO_FLOAT16: a.pattern = sumo_cuda__double_to_half(value); break;
-    default: a.pattern = sumo_cuda__double_to_bf16(value); break;
+    case SUMO_FLOAT32: a.pattern = sumo__f32_bits((float)value); break;
+    case SUMO_FLOAT64: a.pattern = sumo__f64_bits(value); break;
+    case SUMO_FLOAT16: a.pattern = sumo__double_to_half(value); break;
+    default: a.pattern = sumo__double_to_bf16(value); break;
     }
     ENTER(k);
     LEAVE(ew_body(k, exec, &a, NULL));
@@ -398,10 +390,12 @@ static sumo_result k_convert(void *ctx, void *exec, sumo_dtype dst_dtype, void *
                              sumo_dtype src_dtype, const void *src, size_t n)
 {
     sumo_cuda_kernels *k = of(ctx);
-    if (!dtype_ok(dst_dtype) || !dtype_ok(src_dtype)) return SUMO_ERR_INVALID_ARGUMENT;
+    size_t esz;
+    if (sumo_dtype_size(dst_dtype, &esz) != SUMO_SUCCESS || !dtype_ok(src_dtype))
+        return SUMO_ERR_INVALID_ARGUMENT;
     if (n == 0) return SUMO_SUCCESS;
     ENTER(k);
-    if (dst_dtype == src_dtype) LEAVE(copy_body(k, exec, dst, src, n * dtype_bytes(dst_dtype)));
+    if (dst_dtype == src_dtype) LEAVE(copy_body(k, exec, dst, src, n * esz));
     sumo_cuda__ew_args a = {.op = SUMO_CUDA__EW_CONVERT, .dtype = dst_dtype,
                             .src_dtype = src_dtype, .n = n, .dst = dst, .a = src};
     LEAVE(ew_body(k, exec, &a, NULL));
@@ -415,8 +409,8 @@ static sumo_result k_scaled_add(void *ctx, void *exec, sumo_dtype dtype, void *a
     if (n == 0) return SUMO_SUCCESS;
     sumo_cuda__ew_args a = {.op = SUMO_CUDA__EW_SCALED_ADD, .dtype = dtype, .n = n, .dst = a_,
                             .a = b, .ca = ca, .cb = cb,
-                            .wide = !sumo_cuda__coef_fits_float(ca) ||
-                                    !sumo_cuda__coef_fits_float(cb)};
+                            .wide = !sumo__coef_fits_float(ca) ||
+                                    !sumo__coef_fits_float(cb)};
     ENTER(k);
     LEAVE(ew_body(k, exec, &a, NULL));
 }
@@ -519,7 +513,7 @@ static sumo_result wsum_body(sumo_cuda_kernels *k, cudaStream_t s, sumo_dtype dt
             bool fits = true;
             for (int i = 0; i < nin; i++) {
                 hw[p * (size_t)nin + (size_t)i] = wt[i];
-                fits = fits && sumo_cuda__coef_fits_float(wt[i]);
+                fits = fits && sumo__coef_fits_float(wt[i]);
             }
             hwide[p] = narrow && !fits;
         }
@@ -598,12 +592,11 @@ static sumo_result k_outer_update(void *ctx, void *exec, sumo_dtype dtype, void 
     LEAVE(ew_body(k, exec, &a, NULL));
 }
 
-/* The codec's checks: the formats and block sizes the host table accepts. */
+/* The codec's checks: the host table's, the formats and block sizes codec.h defines. */
 static bool codec_ok(sumo_compression_format format, size_t block)
 {
-    return (format == SUMO_COMPRESS_BF16 || format == SUMO_COMPRESS_FP8_E4M3 ||
-            format == SUMO_COMPRESS_E3M0) &&
-           block >= 8 && block <= 65536 && block % 8 == 0;
+    sumo__qformat q;
+    return sumo__qformat_of(format, &q) && sumo__qblock_valid(block);
 }
 
 static sumo_result k_quantize(void *ctx, void *exec, sumo_compression_format format, size_t block,
@@ -646,9 +639,9 @@ static sumo_result k_dequantize(void *ctx, void *exec, sumo_compression_format f
     LEAVE(r);
 }
 
-/* ---- the object ------------------------------------------------------------------------------ */
+/* ---- the table --------------------------------------------------------------------------- */
 
-static void fill_table(sumo_cuda_kernels *k)
+void sumo_cuda__fill_table(sumo_cuda_kernels *k)
 {
     k->table = (sumo_kernel_table){
         .struct_size = sizeof(sumo_kernel_table),
@@ -673,147 +666,4 @@ static void fill_table(sumo_cuda_kernels *k)
         .dequantize = k_dequantize,
         .outer_update = k_outer_update,
     };
-}
-
-sumo_result sumo_cuda_device_count(int *count, char *message, size_t bytes)
-{
-    if (count == NULL) return SUMO_ERR_INVALID_ARGUMENT;
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        n = 0;
-    }
-    *count = n;
-    if (message && bytes) {
-        /* The runtime's own words for a missing driver ("CUDA driver version is insufficient")
-         * mislead where there is no driver at all. */
-        const char *text = e == cudaErrorInsufficientDriver
-                               ? "no driver (libcuda.so), or one older than this runtime"
-                               : cudaGetErrorString(e);
-        if (e != cudaSuccess)
-            snprintf(message, bytes, "no CUDA device (cudaGetDeviceCount: %s: %s)",
-                     cudaGetErrorName(e), text);
-        else if (n == 0)
-            snprintf(message, bytes, "no CUDA device (cudaGetDeviceCount reports 0)");
-        else
-            snprintf(message, bytes, "%d CUDA device%s", n, n == 1 ? "" : "s");
-    }
-    return SUMO_SUCCESS;
-}
-
-sumo_result sumo_cuda_kernels_create(int device, sumo_cuda_kernels **out)
-{
-    if (out == NULL) return SUMO_ERR_INVALID_ARGUMENT;
-    *out = NULL;
-    /* No handle exists to carry a message yet: the reason goes to stderr, one line, as sumo's
-     * own constructors do. */
-    int n = 0;
-    char why[256];
-    sumo_cuda_device_count(&n, why, sizeof why);
-    if (n == 0) {
-        fprintf(stderr, "sumo: sumo_cuda_kernels_create: %s\n", why);
-        return SUMO_ERR_INVALID_USAGE;
-    }
-    cudaError_t e;
-    if (device == -1) CU(cudaGetDevice(&device));
-    if (device < 0 || device >= n) {
-        fprintf(stderr, "sumo: sumo_cuda_kernels_create: no device %d (%d CUDA device%s)\n", device,
-                n, n == 1 ? "" : "s");
-        return SUMO_ERR_INVALID_ARGUMENT;
-    }
-    sumo_cuda_kernels *k = calloc(1, sizeof *k);
-    if (k == NULL) return SUMO_ERR_SYSTEM;
-    k->device = device;
-    int pools = 0;
-    e = cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device);
-    if (e == cudaSuccess && pools) {
-        struct cudaMemPoolProps props;
-        memset(&props, 0, sizeof props);
-        props.allocType = cudaMemAllocationTypePinned;
-        props.location.type = cudaMemLocationTypeDevice;
-        props.location.id = device;
-        e = cudaMemPoolCreate(&k->pool, &props);
-        if (e == cudaSuccess) {
-            uint64_t keep = UINT64_MAX;
-            e = cudaMemPoolSetAttribute(k->pool, cudaMemPoolAttrReleaseThreshold, &keep);
-        }
-    }
-    if (e != cudaSuccess) {
-        sumo_result r = SUMO_CUDA__FAIL(e, "sumo_cuda_kernels_create: memory pool");
-        if (k->pool) (void)cudaMemPoolDestroy(k->pool);
-        free(k);
-        return r;
-    }
-    fill_table(k);
-    *out = k;
-    return SUMO_SUCCESS;
-}
-
-sumo_result sumo_cuda__kernels_create_emulated(bool (*claims)(void *ctx, const void *ptr,
-                                                              size_t bytes),
-                                               void *claims_ctx, sumo_cuda_kernels **out)
-{
-    if (out == NULL || claims == NULL) return SUMO_ERR_INVALID_ARGUMENT;
-    sumo_cuda_kernels *k = calloc(1, sizeof *k);
-    if (k == NULL) return SUMO_ERR_SYSTEM;
-    k->emulated = true;
-    k->claims_fn = claims;
-    k->claims_ctx = claims_ctx;
-    fill_table(k);
-    *out = k;
-    return SUMO_SUCCESS;
-}
-
-sumo_result sumo_cuda_kernels_destroy(sumo_cuda_kernels *kernels)
-{
-    if (kernels == NULL) return SUMO_SUCCESS;
-    if (kernels->pool) {
-        sumo_cuda__device_guard g;
-        if (sumo_cuda__device_enter(kernels, &g) == cudaSuccess) {
-            /* Scratch is freed on its streams: wait for them before the pool goes. */
-            (void)cudaDeviceSynchronize();
-            (void)cudaMemPoolDestroy(kernels->pool);
-            sumo_cuda__device_leave(&g);
-        }
-        (void)cudaGetLastError();
-    }
-    free(kernels);
-    return SUMO_SUCCESS;
-}
-
-sumo_result sumo_cuda_kernels_table(const sumo_cuda_kernels *kernels,
-                                    const struct sumo_kernel_table **table)
-{
-    if (kernels == NULL || table == NULL) return SUMO_ERR_INVALID_ARGUMENT;
-    *table = &kernels->table;
-    return SUMO_SUCCESS;
-}
-
-sumo_result sumo_comm_add_cuda(sumo_comm *comm, const sumo_cuda_kernels *kernels)
-{
-    if (comm == NULL || kernels == NULL) return SUMO_ERR_INVALID_ARGUMENT;
-    return sumo_comm_add_kernels(comm, &kernels->table);
-}
-
-sumo_result sumo_cuda_allreduce(const void *sendbuf, void *recvbuf, size_t count,
-                                sumo_dtype dtype, sumo_op op, sumo_comm *comm, void *stream)
-{
-    if (comm == NULL) return SUMO_ERR_INVALID_ARGUMENT;
-    /* The inputs must be complete before any peer reads them from its own stream. A rank that
-     * cannot tell fails the call on every rank, at once. */
-    cudaError_t e = cudaStreamSynchronize((cudaStream_t)stream);
-    if (e != cudaSuccess) {
-        char why[256];
-        snprintf(why, sizeof why, "cudaStreamSynchronize before the allreduce: %s: %s",
-                 cudaGetErrorName(e), cudaGetErrorString(e));
-        (void)cudaGetLastError();
-        return sumo_comm_fail(comm, e == cudaErrorMemoryAllocation ? SUMO_ERR_SYSTEM
-                                                                   : SUMO_ERR_INVALID_USAGE,
-                              why);
-    }
-    sumo_collective c = {.struct_size = sizeof c, .kind = SUMO_COLLECTIVE_ALLREDUCE,
-                         .sendbuf = sendbuf, .recvbuf = recvbuf, .count = count,
-                         .dtype = dtype, .op = op, .stream = stream};
-    return sumo_collective_run(comm, &c);
 }

@@ -16,6 +16,16 @@
  * run on the stream given, and the host waits for them (sumo orders ranks with host-side
  * barriers, which do not order device streams).
  *
+ * What a caller orders before a call: its kernels read the buffers on the stream given (a
+ * table entry: on its `exec` stream), so whatever wrote them must be complete, or queued
+ * earlier on that stream, or made to come first (cudaStreamWaitEvent). Work on other streams
+ * is not waited for, and note the legacy default stream: cudaMemcpy from pageable memory
+ * returns before the copy has landed and cudaMemset returns at once, both on the legacy
+ * stream, which a stream created with cudaStreamNonBlocking does not wait for. After such an
+ * upload, synchronise (cudaStreamSynchronize(0)) or record an event for the stream to wait on
+ * before calling with a non-blocking stream; a blocking stream is ordered after the legacy
+ * one, and NULL is the legacy stream itself.
+ *
  * Only the CUDA and NCCL handles' types appear as void * here, so that including this header
  * needs neither cuda_runtime.h nor nccl.h: pass a cudaStream_t as `stream` (NULL: the legacy
  * default stream) and an ncclComm_t as `nccl_comm`.

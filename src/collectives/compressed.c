@@ -1,6 +1,6 @@
 /*
  * The compressed allreduce (sumo.h's sumo_allreduce_compressed): fp32 in and out, a low-bit
- * payload on the wire (kernels/quantize.h, through the kernel table of the buffers' memory).
+ * payload on the wire (kernels/codec.h, through the kernel table of the buffers' memory).
  *
  * The input is cut into blocks of block_size elements and the blocks into P segments
  * (slices.h's split of the block count); rank s owns segment s. Every rank quantises its whole
@@ -25,7 +25,7 @@
 #include "collectives/requests.h"
 #include "collectives/p2p_algos.h"
 #include "collectives/slices.h"
-#include "kernels/quantize.h"
+#include "kernels/codec.h"
 
 #include <string.h>
 

@@ -6,7 +6,7 @@
  */
 #include "kernels/kernel_table.h"
 #include "kernels/kernels_isa.h"
-#include "kernels/quantize.h"
+#include "kernels/codec.h"
 
 #include <math.h>
 #include <string.h>

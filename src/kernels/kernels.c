@@ -1,5 +1,6 @@
 /*
- * Kernels: scalar conversions, the portable path, and the run-time choice of path.
+ * Kernels: the portable path and the run-time choice of path. The scalar conversions they
+ * round through are codec.h's (by way of kernels.h), the CUDA plugin's too.
  *
  * The vector paths (kernels_avx2.c, kernels_avx512.c) share one body, kernels_simd.h, so the
  * AVX-512 path runs the same logic the AVX2 path's tests exercise; only the primitives differ.
@@ -10,92 +11,6 @@
 #include "kernels/kernels_isa.h"
 
 #include <math.h>
-#include <string.h>
-
-/* ---- scalar conversions ------------------------------------------------------------------ */
-
-static inline uint32_t f32_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static inline float f32_from_bits(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline float half_to_float(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-    if (exp == 0x1f) /* NaNs come out quiet, as F16C's vcvtph2ps makes them: paths agree */
-        return f32_from_bits(sign | 0x7f800000u | (mant << 13) | (mant ? 0x00400000u : 0));
-    if (exp == 0) /* zero or subnormal: mant * 2^-24 is exact in fp32 */
-        return f32_from_bits(sign | f32_bits((float)mant * 0x1p-24f));
-    return f32_from_bits(sign | ((exp + 112) << 23) | (mant << 13));
-}
-
-/* Integer rounding, so the result does not depend on the FP environment (FTZ, rounding mode)
- * and matches vcvtps2ph with round-to-nearest-even bit for bit, NaN payloads included. */
-static inline uint16_t float_to_half(float f)
-{
-    uint32_t u = f32_bits(f);
-    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-    uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
-    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 ties up to Inf */
-    if (a >= 0x38800000u) {                                 /* a normal half */
-        uint32_t r = a - 0x38000000u;                       /* exponent bias 127 -> 15 */
-        r += 0x0fffu + ((r >> 13) & 1u);                    /* a carry may bump the exponent */
-        return (uint16_t)(sign | (r >> 13));
-    }
-    uint32_t e = a >> 23;
-    if (e < 102) return sign; /* below 2^-25: rounds to zero */
-    /* Half subnormal: the value in units of 2^-24 is m * 2^(e-126), here m >> s. A result
-     * of 1024 is the smallest normal's encoding, so rounding up across the boundary works. */
-    uint32_t m = (a & 0x7fffffu) | 0x800000u, s = 126 - e;
-    uint32_t q = m >> s, rem = m & ((1u << s) - 1), halfway = 1u << (s - 1);
-    if (rem > halfway || (rem == halfway && (q & 1u))) q++;
-    return (uint16_t)(sign | q);
-}
-
-static inline float bf16_to_float(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
-
-static inline uint16_t float_to_bf16(float f)
-{
-    uint32_t u = f32_bits(f);
-    /* The rounding add below would carry a NaN whose payload sits in the low half into Inf. */
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-/* The static versions let the portable loops inline them; the vector paths call these for
- * their tails only. */
-float sumo__half_to_float(uint16_t h) { return half_to_float(h); }
-uint16_t sumo__float_to_half(float f) { return float_to_half(f); }
-float sumo__bf16_to_float(uint16_t h) { return bf16_to_float(h); }
-uint16_t sumo__float_to_bf16(float f) { return float_to_bf16(f); }
-
-/*
- * fp64 -> fp32 rounded to odd: truncate, and set the last bit when anything was dropped. A
- * second rounding to a format at least two bits narrower (fp16, bf16) is then the correctly
- * rounded one, which double -> float -> half with two RNE steps is not.
- */
-static float double_to_float_odd(double d)
-{
-    float f = (float)d;
-    if ((double)f == d || isnan(d)) return f;
-    uint32_t u = f32_bits(f);
-    if (fabs((double)f) > fabs(d)) u -= 1; /* rounded away from zero (maybe to Inf): step back */
-    return f32_from_bits(u | 1u);
-}
-
-uint16_t sumo__double_to_half(double d) { return sumo__float_to_half(double_to_float_odd(d)); }
-uint16_t sumo__double_to_bf16(double d) { return sumo__float_to_bf16(double_to_float_odd(d)); }
 
 /* ---- portable path ------------------------------------------------------------------------ */
 
@@ -103,8 +18,8 @@ uint16_t sumo__double_to_bf16(double d) { return sumo__float_to_bf16(double_to_f
 static inline __attribute__((always_inline)) float load_f(sumo_dtype dt, const void *p, size_t i)
 {
     switch (dt) {
-    case SUMO_FLOAT16: return half_to_float(((const uint16_t *)p)[i]);
-    case SUMO_BFLOAT16: return bf16_to_float(((const uint16_t *)p)[i]);
+    case SUMO_FLOAT16: return sumo__half_to_float(((const uint16_t *)p)[i]);
+    case SUMO_BFLOAT16: return sumo__bf16_to_float(((const uint16_t *)p)[i]);
     default: return ((const float *)p)[i];
     }
 }
@@ -113,8 +28,8 @@ static inline __attribute__((always_inline)) void store_f(sumo_dtype dt, void *p
                                                           float v)
 {
     switch (dt) {
-    case SUMO_FLOAT16: ((uint16_t *)p)[i] = float_to_half(v); break;
-    case SUMO_BFLOAT16: ((uint16_t *)p)[i] = float_to_bf16(v); break;
+    case SUMO_FLOAT16: ((uint16_t *)p)[i] = sumo__float_to_half(v); break;
+    case SUMO_BFLOAT16: ((uint16_t *)p)[i] = sumo__float_to_bf16(v); break;
     default: ((float *)p)[i] = v; break;
     }
 }

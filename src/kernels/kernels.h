@@ -10,6 +10,9 @@
 #define SUMO_KERNELS_H
 
 #include "common/common.h"
+/* The scalar conversions (sumo__half_to_float, sumo__float_to_bf16, sumo__double_to_half, ..):
+ * exact references for tests, the portable loops' rounding and the vector paths' tails. */
+#include "kernels/codec.h"
 
 /*
  * outs[k][i] = (ins[0][i] + ins[1][i] + ... + ins[nin-1][i]) / divisor, for every k < nout.
@@ -72,11 +75,5 @@ void sumo__kernel_weighted_sum(sumo_dtype dtype, void *const *outs, int nout,
 /* The instruction set the dispatched kernels use on this machine: "avx512", "avx2" or
  * "portable". */
 const char *sumo__kernel_isa(void);
-
-/* Scalar conversions, exact references for tests and for odd tails. */
-float sumo__half_to_float(uint16_t h);
-uint16_t sumo__float_to_half(float f);
-float sumo__bf16_to_float(uint16_t h);
-uint16_t sumo__float_to_bf16(float f);
 
 #endif

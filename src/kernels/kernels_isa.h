@@ -13,6 +13,7 @@
 #define SUMO_KERNELS_ISA_H
 
 #include "common/common.h"
+#include "kernels/codec.h"
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #define SUMO__KERNELS_X86 1
@@ -68,26 +69,8 @@ SUMO__KERNEL_DECLARE_PATH(avx2);
 SUMO__KERNEL_DECLARE_PATH(avx512);
 #endif
 
-/* Scalar narrowing from double with a single rounding (fp64 -> fp16/bf16 must not round
- * twice through fp32). */
-uint16_t sumo__double_to_half(double d);
-uint16_t sumo__double_to_bf16(double d);
-
-/*
- * The fp16/bf16 scaled add evaluates in fp32 with its coefficients narrowed to float. A
- * coefficient outside float's normal range would become Inf (or lose its digits) although the
- * products it forms can be ordinary numbers: Adasum's coefficient of the shorter of two
- * parallel inputs is about minus half the ratio of their norms, past FLT_MAX for bf16 inputs
- * whose norms are 1e57 apart. Such calls take the wide path instead, on every ISA: double
- * arithmetic rounded once to the dtype (scalar: it is rare, and one body keeps the paths
- * bit-identical). Zero, Inf and NaN narrow exactly, so they stay on the fast path.
- */
-static inline int sumo__coef_fits_float(double c)
-{
-    double m = c < 0 ? -c : c;
-    return !(m > 0x1.fffffep127) && !(m > 0 && m < 0x1p-126);
-}
-/* True when every weight narrows to float without becoming Inf or losing its digits. */
+/* True when every weight narrows to float without becoming Inf or losing its digits
+ * (codec.h's sumo__coef_fits_float, which says why the fp16/bf16 combines ask). */
 static inline int sumo__coefs_fit_float(const double *w, int n)
 {
     for (int i = 0; i < n; i++)
