@@ -93,19 +93,12 @@ typedef struct adasum_op {
 
 /* ---- ops ---------------------------------------------------------------------------------- */
 
-static uint64_t hash_mix(uint64_t h, uint64_t v)
-{
-    /* FNV-1a over the 8 bytes of v. */
-    for (int i = 0; i < 8; i++) {
-        h ^= (v >> (8 * i)) & 0xff;
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
+/* v's bytes as they lie in memory: only ranks of one job compare the hash. */
+static uint64_t hash_mix(uint64_t h, uint64_t v) { return sumo__fnv1a(h, &v, sizeof v); }
 
 static uint64_t layout_hash(const size_t *counts, size_t ntensors, int group_size)
 {
-    uint64_t h = hash_mix(0xcbf29ce484222325ull, 0x41646173756d31ull); /* "Adasum1" */
+    uint64_t h = hash_mix(SUMO__FNV_OFFSET, 0x41646173756d31ull); /* "Adasum1" */
     h = hash_mix(h, (uint64_t)ntensors);
     for (size_t t = 0; t < ntensors; t++) h = hash_mix(h, (uint64_t)counts[t]);
     return hash_mix(h, (uint64_t)group_size);
