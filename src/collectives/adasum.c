@@ -657,7 +657,7 @@ sumo_result sumo__allreduce_adasum(sumo_comm *c, sumo__call_desc *d, const sumo_
         d->flags = sumo__shared_flag(c, sendbuf, count * a.esz, recvbuf, count * a.esz);
     SUMO__LOG(tp->log_level, SUMO__LOG_INFO,
               "rank %d allreduce count %zu %s adasum: %zu tensors, %d groups of %d, %s", tp->rank,
-              count, sumo__dtype_name(dtype), a.ntensors, a.ngroups, a.g,
+              count, sumo_dtype_name(dtype), a.ntensors, a.ngroups, a.g,
               a.direct ? "direct" : "point to point");
     const sumo__call_desc *all;
     SUMO__CHECK(sumo__agree(c, d, &all));

@@ -53,8 +53,8 @@ static sumo_result compare(sumo_comm *c, const sumo__call_desc *all, const sumo_
                                    (unsigned long long)mine->count);
         if (o->dtype != mine->dtype)
             return SUMO__COMM_FAIL(c, SUMO_ERR_MISMATCH, "%s: rank %d passed dtype %s, rank %d %s",
-                                   what, r, sumo__dtype_name(o->dtype), tp->rank,
-                                   sumo__dtype_name(mine->dtype));
+                                   what, r, sumo_dtype_name(o->dtype), tp->rank,
+                                   sumo_dtype_name(mine->dtype));
         if (o->op != mine->op)
             return SUMO__COMM_FAIL(c, SUMO_ERR_MISMATCH, "%s: rank %d passed op %s, rank %d %s",
                                    what, r, sumo__op_name(o->op), tp->rank,

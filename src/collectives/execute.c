@@ -194,12 +194,12 @@ static sumo_result allreduce(sumo_comm *c, sumo__call_desc *d, const sumo__op_en
     sumo_algorithm algo = pick_allreduce(c, d);
     if (algo == SUMO_ALGORITHM_PEER && !offload_supports(c, d)) {
         d->local_error = SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_USAGE, "allreduce: %s has no %s %s",
-                                         c->tp->offload->name, sumo__dtype_name(call->dtype),
+                                         c->tp->offload->name, sumo_dtype_name(call->dtype),
                                          sumo__op_name(d->op));
         return sumo__agree(c, d, NULL);
     }
     SUMO__LOG(c->tp->log_level, SUMO__LOG_INFO, "rank %d allreduce count %zu %s %s algo %d",
-              c->tp->rank, call->count, sumo__dtype_name(call->dtype), sumo__op_name(d->op),
+              c->tp->rank, call->count, sumo_dtype_name(call->dtype), sumo__op_name(d->op),
               (int)algo);
     switch (algo) {
     case SUMO_ALGORITHM_SHARED_MEMORY: return sumo__shm_allreduce(c, d, call->sendbuf, call->recvbuf);

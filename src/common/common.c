@@ -59,7 +59,7 @@ sumo_result sumo_dtype_size(sumo_dtype dtype, size_t *size)
     return SUMO_SUCCESS;
 }
 
-const char *sumo__dtype_name(sumo_dtype dtype)
+const char *sumo_dtype_name(sumo_dtype dtype)
 {
     switch (dtype) {
     case SUMO_FLOAT32: return "fp32";

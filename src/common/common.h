@@ -68,7 +68,6 @@ static inline size_t sumo__dtype_bytes(sumo_dtype dtype)
 
 static inline bool sumo__dtype_valid(int dtype) { return dtype >= 0 && dtype < SUMO_DTYPE_COUNT; }
 
-const char *sumo__dtype_name(sumo_dtype dtype);
 const char *sumo__op_name(sumo_op op);
 
 /* True when [a, a+abytes) and [b, b+bbytes) share a byte. */

@@ -164,7 +164,7 @@ static void expect_elem(sumo_dtype dt, const void *out, size_t i, double acc, co
     }
     if (!ok)
         fail_msg("%s: %s dtype %s element %zu: got %a, want %a", what, sumo__kernel_isa_name(isa),
-                 sumo__dtype_name(dt), i, get(dt, out, i), acc);
+                 sumo_dtype_name(dt), i, get(dt, out, i), acc);
 }
 
 /* The paths this CPU can run, portable first. */
@@ -434,7 +434,7 @@ static void test_convert_paths_exhaustive(void **state)
                 else want = fbits((float)v); /* exact: both formats fit in fp32; keeps -0 */
                 if (fbits(f[i]) != want)
                     fail_msg("%s %s->f32 %04x: %08x want %08x", sumo__kernel_isa_name(isas[p]),
-                             sumo__dtype_name(dt), i, fbits(f[i]), want);
+                             sumo_dtype_name(dt), i, fbits(f[i]), want);
             }
             size_t n = boundary_floats(xs, 100000, bf);
             /* plus every NaN shape and the specials */
@@ -451,7 +451,7 @@ static void test_convert_paths_exhaustive(void **state)
                 else want = bf ? ref_round_bf16(xs[i]) : ref_round_half(xs[i]);
                 if (hx[i] != want)
                     fail_msg("%s f32->%s %08x: %04x want %04x", sumo__kernel_isa_name(isas[p]),
-                             sumo__dtype_name(dt), fbits(xs[i]), hx[i], want);
+                             sumo_dtype_name(dt), fbits(xs[i]), hx[i], want);
             }
         }
     }
@@ -731,7 +731,7 @@ static void expect_close(double got, double want, double mag, size_t n, const ch
     double tol = (double)(n + 8) * DBL_EPSILON * mag + DBL_MIN;
     if (!(fabs(got - want) <= tol))
         fail_msg("%s %s %s n=%zu: got %.17g want %.17g (tol %g)", what, sumo__kernel_isa_name(isa),
-                 sumo__dtype_name(dt), n, got, want, tol);
+                 sumo_dtype_name(dt), n, got, want, tol);
 }
 
 static void test_dot_norms_random(void **state)
