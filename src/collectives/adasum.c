@@ -117,14 +117,9 @@ static sumo_result options_check(sumo_comm *comm, const sumo_adasum_options *o, 
                                  size_t *total)
 {
     sumo__transport *tp = comm->tp;
-    /* One version exists so far. A later library will accept this size and read only the
-     * fields it had; a larger size comes from a newer header whose fields this library would
-     * silently ignore. */
-    if (o->struct_size != sizeof *o)
-        return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
-                          "adasum options: struct_size %zu, but this library's options are %zu "
-                          "bytes (built against another sumo.h?)",
-                          o->struct_size, sizeof *o);
+    char why[256];
+    if (SUMO__STRUCT_SIZE_PROBLEM(o, sumo_adasum_options, why, sizeof why))
+        return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT, "adasum options: %s", why);
     if (o->ntensors > 0 && o->tensor_counts == NULL)
         return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
                           "adasum options: %zu tensors but tensor_counts is NULL", o->ntensors);

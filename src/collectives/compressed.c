@@ -51,7 +51,8 @@ static const char *options_problem(const sumo_compression *o)
 
 sumo_result sumo_compressed_bytes(const sumo_compression *options, size_t count, size_t *bytes)
 {
-    if (options == NULL || bytes == NULL || options->struct_size != sizeof *options ||
+    if (options == NULL || bytes == NULL ||
+        SUMO__STRUCT_SIZE_PROBLEM(options, sumo_compression, NULL, 0) != NULL ||
         options_problem(options) != NULL)
         return SUMO_ERR_INVALID_ARGUMENT;
     sumo__qformat q;
@@ -283,7 +284,7 @@ static sumo__call make_call(const float *sendbuf, float *recvbuf, size_t count,
                             const sumo_compression *options)
 {
     compressed_args a = {.sendbuf = sendbuf, .recvbuf = recvbuf, .count = count};
-    a.options_ok = options != NULL && options->struct_size == sizeof *options;
+    a.options_ok = options != NULL && SUMO__STRUCT_SIZE_PROBLEM(options, sumo_compression, NULL, 0) == NULL;
     if (a.options_ok) a.o = *options;
     return sumo__composite(run, &a, sizeof a);
 }

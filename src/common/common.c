@@ -80,6 +80,15 @@ const char *sumo__op_name(sumo_op op)
     }
 }
 
+const char *sumo__struct_size_problem(size_t given, size_t expected, const char *sentence,
+                                      char *why, size_t why_bytes)
+{
+    if (given == expected) return NULL;
+    if (why == NULL || why_bytes == 0) return sentence;
+    snprintf(why, why_bytes, "%s (%zu given, %zu here)", sentence, given, expected);
+    return why;
+}
+
 /* SUMO_DEBUG's value as a level, or -1 when it names none. */
 static int parse_level(const char *v)
 {
