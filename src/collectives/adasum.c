@@ -625,8 +625,7 @@ sumo_result sumo__allreduce_adasum(sumo_comm *c, sumo__call_desc *d, const sumo_
         a.g2 = 1;
         while (a.g2 * 2 <= a.ngroups) a.g2 *= 2;
         a.rem = a.ngroups - a.g2;
-        a.direct = tp->size > 1 && tp->reach == SUMO__REACH_DIRECT &&
-                   (c->algo == SUMO_ALGORITHM_AUTO || c->algo == SUMO_ALGORITHM_SHARED_MEMORY);
+        a.direct = tp->size > 1 && sumo__comm_direct(c);
         /* The bound on tensors keeps the Gram scratch's size arithmetic far from overflow. */
         a.gram = a.ngroups > 1 && dtype != SUMO_FLOAT64 && tp->size <= SUMO__GRAM_MAX_RANKS &&
                  a.ntensors <= ((size_t)1 << 32);

@@ -220,8 +220,7 @@ static sumo_result validate(sumo_comm *c, const compressed_args *a, sumo__exec *
     p->nb = a->count / p->block + (a->count % p->block != 0);
     p->P = tp->size;
     p->me = tp->rank;
-    p->direct = tp->reach == SUMO__REACH_DIRECT &&
-                (c->algo == SUMO_ALGORITHM_AUTO || c->algo == SUMO_ALGORITHM_SHARED_MEMORY);
+    p->direct = sumo__comm_direct(c);
     if (!p->direct && x->k != sumo__host_kernels() &&
         !(tp->ops->carries && tp->ops->carries(tp, x->k->memory)))
         return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_USAGE,

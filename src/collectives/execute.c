@@ -124,19 +124,16 @@ static sumo_result validate(sumo_comm *c, const sumo__call *call, sumo__call_des
     /* Another memory runs where no byte of it crosses the transport (ranks that share an
      * address space, with the shared-memory algorithms: the kernels read the peers' buffers),
      * or over a transport that carries it. */
-    if (x->k != sumo__host_kernels() && !(tp->ops->carries && tp->ops->carries(tp, x->k->memory))) {
-        bool direct = tp->reach == SUMO__REACH_DIRECT &&
-                      (c->algo == SUMO_ALGORITHM_AUTO || c->algo == SUMO_ALGORITHM_SHARED_MEMORY);
-        if (!direct)
-            return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_USAGE,
-                                   "%s: the %s transport cannot move %s memory (%s)", what,
-                                   tp->ops->name, x->k->memory,
-                                   tp->reach == SUMO__REACH_DIRECT
-                                       ? "a point-to-point algorithm was forced with "
-                                         "sumo_comm_set_param"
-                                       : "its ranks do not share an address space, and it does "
-                                         "not carry that memory");
-    }
+    if (x->k != sumo__host_kernels() && !sumo__comm_direct(c) &&
+        !(tp->ops->carries && tp->ops->carries(tp, x->k->memory)))
+        return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_USAGE,
+                               "%s: the %s transport cannot move %s memory (%s)", what,
+                               tp->ops->name, x->k->memory,
+                               tp->reach == SUMO__REACH_DIRECT
+                                   ? "a point-to-point algorithm was forced with "
+                                     "sumo_comm_set_param"
+                                   : "its ranks do not share an address space, and it does "
+                                     "not carry that memory");
     return SUMO_SUCCESS;
 }
 
@@ -174,12 +171,6 @@ static sumo_algorithm pick_allreduce(sumo_comm *c, const sumo__call_desc *d)
         if (c->tp->size > RANKED_MAX_SMALL_RANKS) return SUMO_ALGORITHM_RECURSIVE_DOUBLING;
     }
     return SUMO_ALGORITHM_RANKED;
-}
-
-static bool use_shared_memory(const sumo_comm *c)
-{
-    return c->tp->reach != SUMO__REACH_NONE &&
-           (c->algo == SUMO_ALGORITHM_AUTO || c->algo == SUMO_ALGORITHM_SHARED_MEMORY);
 }
 
 static sumo_result allreduce(sumo_comm *c, sumo__call_desc *d, const sumo__op_entry *op,
@@ -244,18 +235,18 @@ sumo_result sumo__execute(sumo_comm *c, const sumo__call *call)
         /* Only the root's send buffer is read. */
         d.flags = sumo__shared_flag(c, call->root == c->tp->rank ? call->sendbuf : NULL, bytes,
                                     call->recvbuf, bytes);
-        if (use_shared_memory(c)) return sumo__shm_broadcast(c, &d, call->sendbuf, call->recvbuf);
+        if (sumo__comm_shared_memory(c)) return sumo__shm_broadcast(c, &d, call->sendbuf, call->recvbuf);
         return sumo__tree_broadcast(c, &d, call->sendbuf, call->recvbuf);
     case SUMO__CALL_ALLGATHER:
         d.flags = sumo__shared_flag(c, call->sendbuf, bytes, call->recvbuf,
                                     bytes * (size_t)c->tp->size);
-        if (use_shared_memory(c)) return sumo__shm_allgather(c, &d, call->sendbuf, call->recvbuf);
+        if (sumo__comm_shared_memory(c)) return sumo__shm_allgather(c, &d, call->sendbuf, call->recvbuf);
         return sumo__ring_allgather(c, &d, call->sendbuf, call->recvbuf);
     case SUMO__CALL_REDUCE_SCATTER:
         d.op = op->kind == SUMO__OP_AVERAGE ? SUMO_OP_AVERAGE : SUMO_OP_SUM;
         d.flags = sumo__shared_flag(c, call->sendbuf, bytes * (size_t)c->tp->size, call->recvbuf,
                                     bytes);
-        if (use_shared_memory(c))
+        if (sumo__comm_shared_memory(c))
             return sumo__shm_reduce_scatter(c, &d, call->sendbuf, call->recvbuf);
         return sumo__ring_reduce_scatter(c, &d, call->sendbuf, call->recvbuf);
     case SUMO__CALL_GRAM:
