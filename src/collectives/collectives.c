@@ -75,6 +75,22 @@ sumo_result sumo_reduce_scatter_start(const void *sendbuf, void *recvbuf, size_t
     return sumo__submit(comm, &call, request);
 }
 
+sumo_result sumo_allreduce_compressed(const float *sendbuf, float *recvbuf, size_t count,
+                                      const sumo_compression *options, sumo_comm *comm)
+{
+    sumo__call call = sumo__allreduce_compressed_call(sendbuf, recvbuf, count, options);
+    return sumo__submit(comm, &call, NULL);
+}
+
+sumo_result sumo_allreduce_compressed_start(const float *sendbuf, float *recvbuf, size_t count,
+                                            const sumo_compression *options, sumo_comm *comm,
+                                            sumo_request **request)
+{
+    if (request == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    sumo__call call = sumo__allreduce_compressed_call(sendbuf, recvbuf, count, options);
+    return sumo__submit(comm, &call, request);
+}
+
 sumo_result sumo_barrier(sumo_comm *comm)
 {
     sumo__call call = {.kind = SUMO__CALL_BARRIER};

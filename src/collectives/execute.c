@@ -3,7 +3,7 @@
  * submits it (requests.c); sumo__execute validates it once (this file's validate: buffers, counts, dtype, root, the
  * op's kind, the memory the buffers live in), picks the algorithm, and the algorithm agrees
  * (agree.c) before any data moves. The algorithms live in shm_algos.c (ranks that reach each
- * other's memory), p2p_algos.c (messages only), adasum.c and gram.c.
+ * other's memory), p2p_algos.c (messages only), adasum.c, gram.c and compressed.c.
  *
  * One allreduce, from the call down to the bytes: sumo_allreduce -> sumo__submit (the handle,
  * after the queued requests) -> sumo__execute (validate, the kernel table, pick) -> an
@@ -13,6 +13,7 @@
  */
 #include "collectives/execute.h"
 #include "collectives/adasum.h"
+#include "collectives/compressed.h"
 #include "collectives/p2p_algos.h"
 #include "collectives/shm_algos.h"
 #include "collectives/slices.h"
@@ -20,18 +21,6 @@
 #include <string.h>
 
 #define SMALL_MESSAGE_BYTES (64 * 1024)
-
-static const char *kind_name(uint32_t kind)
-{
-    switch (kind) {
-    case SUMO__CALL_ALLREDUCE: return "allreduce";
-    case SUMO__CALL_BROADCAST: return "broadcast";
-    case SUMO__CALL_ALLGATHER: return "allgather";
-    case SUMO__CALL_REDUCE_SCATTER: return "reduce_scatter";
-    case SUMO__CALL_GRAM: return "gram combine";
-    default: return "barrier";
-    }
-}
 
 static size_t bytes_of(size_t count, sumo_dtype dtype)
 {
@@ -56,7 +45,7 @@ static sumo_result validate(sumo_comm *c, const sumo__call *call, sumo__call_des
                             const sumo__op_entry **op, sumo__exec *x)
 {
     sumo__transport *tp = c->tp;
-    const char *what = kind_name(call->kind);
+    const char *what = sumo__call_kind_name(call->kind);
     *op = NULL;
     *x = sumo__host_exec();
     if (call->kind == SUMO__CALL_BARRIER) return SUMO_SUCCESS;
@@ -75,6 +64,9 @@ static sumo_result validate(sumo_comm *c, const sumo__call *call, sumo__call_des
                                    "reduce_scatter: Adasum's result is not defined segment by "
                                    "segment; use SUMO_OP_SUM or SUMO_OP_AVERAGE");
     }
+    if (call->kind == SUMO__CALL_COMPRESSED)
+        SUMO__CHECK(sumo__compressed_check(c, call->has_compression ? &call->compression : NULL,
+                                           call->count));
     if (call->kind == SUMO__CALL_BROADCAST && (call->root < 0 || call->root >= tp->size))
         return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_ARGUMENT, "%s: root %d out of range [0, %d)",
                                what, call->root, tp->size);
@@ -100,13 +92,14 @@ static sumo_result validate(sumo_comm *c, const sumo__call *call, sumo__call_des
         /* NCCL's in-place forms: this rank's block of the larger buffer is the smaller one. */
         const unsigned char *s = call->sendbuf, *r = call->recvbuf;
         size_t mine = (size_t)tp->rank * bytes;
+        bool blocks = call->kind == SUMO__CALL_ALLGATHER || call->kind == SUMO__CALL_REDUCE_SCATTER;
         bool in_place = (call->kind == SUMO__CALL_ALLGATHER && s == r + mine) ||
                         (call->kind == SUMO__CALL_REDUCE_SCATTER && r == s + mine);
         if (!in_place && sumo__ranges_overlap(s, send_bytes, r, recv_bytes))
             return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_ARGUMENT,
                                    "%s: send and receive buffers overlap without being the same "
-                                   "pointer (or, for %s, this rank's block of the other)",
-                                   what, what);
+                                   "pointer%s",
+                                   what, blocks ? " (or this rank's block of the other)" : "");
     }
     /* The memory the buffers live in picks the kernels. */
     const sumo_kernel_table *ks = needs_send && send_bytes
@@ -249,6 +242,8 @@ sumo_result sumo__execute(sumo_comm *c, const sumo__call *call)
         if (sumo__comm_shared_memory(c))
             return sumo__shm_reduce_scatter(c, &d, call->sendbuf, call->recvbuf);
         return sumo__ring_reduce_scatter(c, &d, call->sendbuf, call->recvbuf);
+    case SUMO__CALL_COMPRESSED:
+        return sumo__allreduce_compressed(c, &d, &call->compression, call->sendbuf, call->recvbuf);
     case SUMO__CALL_GRAM:
         return sumo__gram_collective(c, &d, call->sendbuf, call->recvbuf, call->gram,
                                      call->applied);
