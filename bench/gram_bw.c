@@ -127,7 +127,7 @@ int main(int argc, char **argv)
     s.out = aligned_alloc(64, s.n * s.esz);
     memset(s.out, 0, s.n * s.esz);
     printf("# gram_bw: kernels %s, dtype %s, %zu MiB per input, median of %d alternating reps\n",
-           sumo__kernel_isa(), sumo__dtype_name(dt), mib, reps);
+           sumo__kernel_isa(), sumo_dtype_name(dt), mib, reps);
     printf("# %2s %7s %12s %12s %7s %12s %12s %7s\n", "P", "threads", "read GB/s", "gram GB/s",
            "gram%", "rd+wr GB/s", "wsum GB/s", "wsum%");
     for (int T = 1; T <= MAXT; T++) {

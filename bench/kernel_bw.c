@@ -240,7 +240,7 @@ int main(int argc, char **argv)
         return 1;
     }
     printf("# kernel_bw: kernels %s, dtype %s, %ld MiB per operand, median of %d alternating reps\n",
-           sumo__kernel_isa(), sumo__dtype_name(dt), mib, reps);
+           sumo__kernel_isa(), sumo_dtype_name(dt), mib, reps);
     printf("#%-36s %7s %10s %8s %10s %7s\n", " kernel", "threads", "GB/s", "bound", "GB/s", "ratio");
     for (int T = 1; T <= MAXT; T++) {
         pthread_t th[MAXT];

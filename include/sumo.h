@@ -93,6 +93,9 @@ SUMO_API sumo_result sumo_enum_value(const char *name, int64_t *value);
 
 /* Bytes per element of dtype, or SUMO_ERR_INVALID_ARGUMENT for an unknown dtype. */
 SUMO_API sumo_result sumo_dtype_size(sumo_dtype dtype, size_t *size);
+/* The dtype's short name as sumo's messages and reports write it: "fp32", "fp64", "fp16",
+ * "bf16"; "unknown-dtype" for any other value (never NULL). */
+SUMO_API const char *sumo_dtype_name(sumo_dtype dtype);
 
 /*
  * A reduction. An integer handle, not an enum: the three predefined ops below, or an op created

@@ -242,7 +242,7 @@ sumo_result sumo__acga_apply_held(sumo__acga *a, const void *sendbuf, void *recv
     if (dtype != SUMO_FLOAT32)
         return sumo__fail_held(comm, SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT,
                                                      "acga: dtype %s: only float32 is supported",
-                                                     sumo__dtype_name(dtype)));
+                                                     sumo_dtype_name(dtype)));
     float *g = recvbuf;
     const size_t K = a->ngroups;
     const int n = a->nranks;

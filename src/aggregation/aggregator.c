@@ -58,11 +58,9 @@ static void release(sumo_aggregator *agg)
 static sumo_result create_local(sumo_comm *comm, const sumo_aggregator_options *options,
                                 sumo_aggregator *agg)
 {
-    if (options->struct_size != sizeof *options)
-        return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT,
-                               "aggregator create: struct_size %zu, this library's options are "
-                               "%zu bytes (fill them with sumo_aggregator_options_default)",
-                               options->struct_size, sizeof *options);
+    char why[256];
+    if (SUMO__STRUCT_SIZE_PROBLEM(options, sumo_aggregator_options, why, sizeof why))
+        return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT, "aggregator create: %s", why);
     if ((unsigned)options->method >= SUMO_AGGREGATE_COUNT)
         return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT, "aggregator create: unknown method %d",
                                (int)options->method);

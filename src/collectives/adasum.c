@@ -93,19 +93,12 @@ typedef struct adasum_op {
 
 /* ---- ops ---------------------------------------------------------------------------------- */
 
-static uint64_t hash_mix(uint64_t h, uint64_t v)
-{
-    /* FNV-1a over the 8 bytes of v. */
-    for (int i = 0; i < 8; i++) {
-        h ^= (v >> (8 * i)) & 0xff;
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
+/* v's bytes as they lie in memory: only ranks of one job compare the hash. */
+static uint64_t hash_mix(uint64_t h, uint64_t v) { return sumo__fnv1a(h, &v, sizeof v); }
 
 static uint64_t layout_hash(const size_t *counts, size_t ntensors, int group_size)
 {
-    uint64_t h = hash_mix(0xcbf29ce484222325ull, 0x41646173756d31ull); /* "Adasum1" */
+    uint64_t h = hash_mix(SUMO__FNV_OFFSET, 0x41646173756d31ull); /* "Adasum1" */
     h = hash_mix(h, (uint64_t)ntensors);
     for (size_t t = 0; t < ntensors; t++) h = hash_mix(h, (uint64_t)counts[t]);
     return hash_mix(h, (uint64_t)group_size);
@@ -124,14 +117,9 @@ static sumo_result options_check(sumo_comm *comm, const sumo_adasum_options *o, 
                                  size_t *total)
 {
     sumo__transport *tp = comm->tp;
-    /* One version exists so far. A later library will accept this size and read only the
-     * fields it had; a larger size comes from a newer header whose fields this library would
-     * silently ignore. */
-    if (o->struct_size != sizeof *o)
-        return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
-                          "adasum options: struct_size %zu, but this library's options are %zu "
-                          "bytes (built against another sumo.h?)",
-                          o->struct_size, sizeof *o);
+    char why[256];
+    if (SUMO__STRUCT_SIZE_PROBLEM(o, sumo_adasum_options, why, sizeof why))
+        return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT, "adasum options: %s", why);
     if (o->ntensors > 0 && o->tensor_counts == NULL)
         return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
                           "adasum options: %zu tensors but tensor_counts is NULL", o->ntensors);
@@ -644,8 +632,7 @@ sumo_result sumo__allreduce_adasum(sumo_comm *c, sumo__call_desc *d, const sumo_
         a.g2 = 1;
         while (a.g2 * 2 <= a.ngroups) a.g2 *= 2;
         a.rem = a.ngroups - a.g2;
-        a.direct = tp->size > 1 && tp->reach == SUMO__REACH_DIRECT &&
-                   (c->algo == SUMO_ALGORITHM_AUTO || c->algo == SUMO_ALGORITHM_SHARED_MEMORY);
+        a.direct = tp->size > 1 && sumo__comm_direct(c);
         /* The bound on tensors keeps the Gram scratch's size arithmetic far from overflow. */
         a.gram = a.ngroups > 1 && dtype != SUMO_FLOAT64 && tp->size <= SUMO__GRAM_MAX_RANKS &&
                  a.ntensors <= ((size_t)1 << 32);
@@ -671,7 +658,7 @@ sumo_result sumo__allreduce_adasum(sumo_comm *c, sumo__call_desc *d, const sumo_
         d->flags = sumo__shared_flag(c, sendbuf, count * a.esz, recvbuf, count * a.esz);
     SUMO__LOG(tp->log_level, SUMO__LOG_INFO,
               "rank %d allreduce count %zu %s adasum: %zu tensors, %d groups of %d, %s", tp->rank,
-              count, sumo__dtype_name(dtype), a.ntensors, a.ngroups, a.g,
+              count, sumo_dtype_name(dtype), a.ntensors, a.ngroups, a.g,
               a.direct ? "direct" : "point to point");
     const sumo__call_desc *all;
     SUMO__CHECK(sumo__agree(c, d, &all));

@@ -4,7 +4,7 @@
 
 _Static_assert(sizeof(sumo__call_desc) <= SUMO__ANNOUNCE_BYTES, "an announcement fits its slot");
 
-static const char *kind_name(uint32_t kind)
+const char *sumo__call_kind_name(uint32_t kind)
 {
     switch (kind) {
     case SUMO__CALL_ALLREDUCE: return "allreduce";
@@ -45,7 +45,8 @@ static sumo_result compare(sumo_comm *c, const sumo__call_desc *all, const sumo_
         const sumo__call_desc *o = &all[r];
         if (o->kind != mine->kind)
             return SUMO__COMM_FAIL(c, SUMO_ERR_MISMATCH, "rank %d called %s while rank %d called %s",
-                                   r, kind_name(o->kind), tp->rank, kind_name(mine->kind));
+                                   r, sumo__call_kind_name(o->kind), tp->rank,
+                                   sumo__call_kind_name(mine->kind));
         if (o->count != mine->count)
             return SUMO__COMM_FAIL(c, SUMO_ERR_MISMATCH,
                                    "%s: rank %d passed count %llu, rank %d passed %llu", what, r,
@@ -53,8 +54,8 @@ static sumo_result compare(sumo_comm *c, const sumo__call_desc *all, const sumo_
                                    (unsigned long long)mine->count);
         if (o->dtype != mine->dtype)
             return SUMO__COMM_FAIL(c, SUMO_ERR_MISMATCH, "%s: rank %d passed dtype %s, rank %d %s",
-                                   what, r, sumo__dtype_name(o->dtype), tp->rank,
-                                   sumo__dtype_name(mine->dtype));
+                                   what, r, sumo_dtype_name(o->dtype), tp->rank,
+                                   sumo_dtype_name(mine->dtype));
         if (o->op != mine->op)
             return SUMO__COMM_FAIL(c, SUMO_ERR_MISMATCH, "%s: rank %d passed op %s, rank %d %s",
                                    what, r, sumo__op_name(o->op), tp->rank,
@@ -86,7 +87,7 @@ sumo_result sumo__agree_named(sumo_comm *c, sumo__call_desc *d, const sumo__call
                               const char *what)
 {
     SUMO__CHECK(c->tp->ops->announce(c->tp, d, c->agreed, sizeof *d));
-    SUMO__CHECK(compare(c, c->agreed, d, what ? what : kind_name(d->kind)));
+    SUMO__CHECK(compare(c, c->agreed, d, what ? what : sumo__call_kind_name(d->kind)));
     if (all) *all = c->agreed;
     return SUMO_SUCCESS;
 }

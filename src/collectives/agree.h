@@ -28,6 +28,9 @@ enum sumo__call_kind {
     SUMO__CALL_COMPRESSED, /* sumo_allreduce_compressed; aux: its format and block size */
 };
 
+/* The kind's name as messages give it ("allreduce", "allreduce_compressed", ...). */
+const char *sumo__call_kind_name(uint32_t kind);
+
 /* What every rank announces; at most SUMO__ANNOUNCE_BYTES. */
 struct sumo__call_desc {
     uint32_t kind;

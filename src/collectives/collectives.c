@@ -75,6 +75,22 @@ sumo_result sumo_reduce_scatter_start(const void *sendbuf, void *recvbuf, size_t
     return sumo__submit(comm, &call, request);
 }
 
+sumo_result sumo_allreduce_compressed(const float *sendbuf, float *recvbuf, size_t count,
+                                      const sumo_compression *options, sumo_comm *comm)
+{
+    sumo__call call = sumo__allreduce_compressed_call(sendbuf, recvbuf, count, options);
+    return sumo__submit(comm, &call, NULL);
+}
+
+sumo_result sumo_allreduce_compressed_start(const float *sendbuf, float *recvbuf, size_t count,
+                                            const sumo_compression *options, sumo_comm *comm,
+                                            sumo_request **request)
+{
+    if (request == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    sumo__call call = sumo__allreduce_compressed_call(sendbuf, recvbuf, count, options);
+    return sumo__submit(comm, &call, request);
+}
+
 sumo_result sumo_barrier(sumo_comm *comm)
 {
     sumo__call call = {.kind = SUMO__CALL_BARRIER};
@@ -85,11 +101,9 @@ sumo_result sumo_barrier(sumo_comm *comm)
 static sumo_result from_public(sumo_comm *comm, const sumo_collective *pc, sumo__call *call)
 {
     if (pc == NULL) return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT, "sumo_collective: NULL");
-    if (pc->struct_size != sizeof *pc)
-        return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT,
-                               "sumo_collective: struct_size %zu, this library's is %zu bytes "
-                               "(built against another sumo_ext.h?)",
-                               pc->struct_size, sizeof *pc);
+    char why[256];
+    if (SUMO__STRUCT_SIZE_PROBLEM(pc, sumo_collective, why, sizeof why))
+        return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT, "%s", why);
     static const uint32_t kinds[] = {
         [SUMO_COLLECTIVE_ALLREDUCE] = SUMO__CALL_ALLREDUCE,
         [SUMO_COLLECTIVE_BROADCAST] = SUMO__CALL_BROADCAST,

@@ -242,12 +242,11 @@ const sumo_kernel_table *sumo__kernels_for(const sumo_comm *comm, const void *pt
 sumo_result sumo_comm_add_kernels(sumo_comm *comm, const sumo_kernel_table *table)
 {
     if (comm == NULL) return SUMO_ERR_INVALID_ARGUMENT;
-    if (table == NULL || table->struct_size != sizeof *table)
-        return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT,
-                               "sumo_comm_add_kernels: %s (struct_size %zu, this library's "
-                               "table is %zu bytes)",
-                               table ? "a table of another sumo version" : "NULL table",
-                               table ? table->struct_size : (size_t)0, sizeof *table);
+    char why[256];
+    if (table == NULL)
+        return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT, "sumo_comm_add_kernels: NULL table");
+    if (SUMO__STRUCT_SIZE_PROBLEM(table, sumo_kernel_table, why, sizeof why))
+        return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT, "sumo_comm_add_kernels: %s", why);
     const char *missing = sumo__kernel_table_missing(table);
     if (missing)
         return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT,

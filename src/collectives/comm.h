@@ -126,6 +126,22 @@ sumo_result sumo__op_register(sumo_comm *comm, sumo__op_kind kind, void *impl,
 /* Destroys a created op; the caller holds the handle (queued calls may still use it). */
 sumo_result sumo__op_remove(sumo_comm *comm, sumo_op op);
 
+/* Whether the shared-memory algorithms run on this handle: its ranks reach each other's memory
+ * (their buffers, or staging areas) and its algorithm setting (SUMO_ALGORITHM_AUTO or
+ * SHARED_MEMORY) allows them. */
+static inline bool sumo__comm_shared_memory(const sumo_comm *c)
+{
+    return c->tp->reach != SUMO__REACH_NONE &&
+           (c->algo == SUMO_ALGORITHM_AUTO || c->algo == SUMO_ALGORITHM_SHARED_MEMORY);
+}
+
+/* Whether they run direct: every rank's kernels read and write the peers' buffers where they
+ * lie (ranks that share an address space), so no byte of data crosses the transport. */
+static inline bool sumo__comm_direct(const sumo_comm *c)
+{
+    return c->tp->reach == SUMO__REACH_DIRECT && sumo__comm_shared_memory(c);
+}
+
 /* Records a failure in the communicator's status (see sumo__transport_fail). */
 #define SUMO__COMM_FAIL(comm, code, ...) SUMO__FAIL((comm)->tp, (code), __VA_ARGS__)
 

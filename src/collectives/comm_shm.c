@@ -5,25 +5,35 @@
 #include <stdio.h>
 #include <string.h>
 
+/* Why the fields of o (of this library's size) do not make a communicator, or NULL; why holds
+ * a sentence about the store's size. */
+static const char *fields_problem(const sumo_shm_options *o, char *why, size_t why_bytes)
+{
+    const sumo_store *s = o->store;
+    const char *bad;
+    if (s == NULL) return "options.store is NULL";
+    if ((bad = SUMO__STRUCT_SIZE_PROBLEM(s, sumo_store, why, why_bytes)) != NULL) return bad;
+    if (s->set == NULL || s->get == NULL) return "the store lacks set or get";
+    if (o->key_prefix == NULL) return "options.key_prefix is NULL";
+    if (o->size < 1 || o->size > SUMO_SHM_MAX_RANKS) return "options.size is not 1 .. SUMO_SHM_MAX_RANKS";
+    if (o->rank < 0 || o->rank >= o->size) return "options.rank is not 0 .. size - 1";
+    if (o->stage_bytes != 0 && (o->stage_bytes < 8192 || o->stage_bytes > ((size_t)1 << 30) ||
+                                o->stage_bytes % 4096 != 0))
+        return "options.stage_bytes is not 0 or a multiple of 4096 in 8 KiB .. 1 GiB";
+    return NULL;
+}
+
 /* Refuses options this rank cannot use, with why in err. */
 static sumo_result check_options(const sumo_shm_options *o, char *err, size_t errlen)
 {
-    if (o->struct_size != sizeof *o) {
-        snprintf(err, errlen, "sumo_comm_create_shm: options.struct_size %zu is not one this "
-                 "library knows (sizeof(sumo_shm_options) is %zu here)", o->struct_size, sizeof *o);
+    char why[256];
+    /* Of another size, no field past struct_size is read, rank and size included. */
+    const char *bad = SUMO__STRUCT_SIZE_PROBLEM(o, sumo_shm_options, why, sizeof why);
+    if (bad != NULL) {
+        snprintf(err, errlen, "sumo_comm_create_shm: %s", bad);
         return SUMO_ERR_INVALID_ARGUMENT;
     }
-    const sumo_store *s = o->store;
-    const char *bad = NULL;
-    if (s == NULL) bad = "options.store is NULL";
-    else if (s->struct_size != sizeof *s) bad = "options.store->struct_size is not sizeof(sumo_store)";
-    else if (s->set == NULL || s->get == NULL) bad = "the store lacks set or get";
-    else if (o->key_prefix == NULL) bad = "options.key_prefix is NULL";
-    else if (o->size < 1 || o->size > SUMO_SHM_MAX_RANKS) bad = "options.size is not 1 .. SUMO_SHM_MAX_RANKS";
-    else if (o->rank < 0 || o->rank >= o->size) bad = "options.rank is not 0 .. size - 1";
-    else if (o->stage_bytes != 0 && (o->stage_bytes < 8192 || o->stage_bytes > ((size_t)1 << 30) ||
-                                     o->stage_bytes % 4096 != 0))
-        bad = "options.stage_bytes is not 0 or a multiple of 4096 in 8 KiB .. 1 GiB";
+    bad = fields_problem(o, why, sizeof why);
     if (bad == NULL) return SUMO_SUCCESS;
     snprintf(err, errlen, "sumo_comm_create_shm: %s (rank %d, size %d)", bad, o->rank, o->size);
     return SUMO_ERR_INVALID_ARGUMENT;
@@ -56,7 +66,8 @@ sumo_result sumo_comm_create_shm(const sumo_shm_options *options, sumo_comm **ou
                               strncmp(err, "SUMO_", 5) == 0))
         fprintf(stderr, "sumo: %s\n", err);
     /* error lies past the fields of an options struct of another size: only ours is written. */
-    if (options->struct_size == sizeof *options && options->error && options->error_bytes > 0)
+    if (SUMO__STRUCT_SIZE_PROBLEM(options, sumo_shm_options, NULL, 0) == NULL && options->error &&
+        options->error_bytes > 0)
         snprintf(options->error, options->error_bytes, "%s", err);
     return r;
 }

@@ -18,29 +18,22 @@
  *     (round k: to rank me + k, from rank me - k), then a ring allgather of the owners'
  *     payloads. The payload must be memory the transport carries (host, or one it names).
  *
- * A composite call, so that it queues like any collective (sumo_allreduce_compressed_start)
- * and runs with the handle held; it announces itself (SUMO__CALL_COMPRESSED, the format and
- * block size in aux) so that ranks calling it differently fail with SUMO_ERR_MISMATCH.
+ * A call kind of its own (SUMO__CALL_COMPRESSED): it queues like any collective
+ * (sumo_allreduce_compressed_start), execute.c validates its buffers, their memory and the
+ * transport as every collective's, and it announces the format and block size in aux, so that
+ * ranks calling it differently fail with SUMO_ERR_MISMATCH.
  */
-#include "collectives/requests.h"
+#include "collectives/compressed.h"
 #include "collectives/p2p_algos.h"
 #include "collectives/slices.h"
 #include "kernels/codec.h"
 
-#include <string.h>
-
-typedef struct compressed_args {
-    const float *sendbuf;
-    float *recvbuf;
-    size_t count;
-    sumo_compression o;
-    bool options_ok; /* the caller's options had this library's struct_size */
-} compressed_args;
-
-_Static_assert(sizeof(compressed_args) <= SUMO__CALL_ARGS_BYTES, "compressed_args fits a call");
-
-static const char *options_problem(const sumo_compression *o)
+/* Why these options cannot run, or NULL; why (why_bytes) may receive the sentence. */
+static const char *options_problem(const sumo_compression *o, char *why, size_t why_bytes)
 {
+    if (o == NULL) return "NULL options";
+    const char *bad = SUMO__STRUCT_SIZE_PROBLEM(o, sumo_compression, why, why_bytes);
+    if (bad != NULL) return bad;
     sumo__qformat q;
     if (o->format == SUMO_COMPRESS_NONE || !sumo__qformat_of(o->format, &q))
         return "format must be SUMO_COMPRESS_BF16, SUMO_COMPRESS_FP8_E4M3 or SUMO_COMPRESS_E3M0";
@@ -59,9 +52,7 @@ sumo_result sumo_compression_default(sumo_compression_format format, sumo_compre
 
 sumo_result sumo_compressed_bytes(const sumo_compression *options, size_t count, size_t *bytes)
 {
-    if (options == NULL || bytes == NULL || options->struct_size != sizeof *options ||
-        options_problem(options) != NULL)
-        return SUMO_ERR_INVALID_ARGUMENT;
+    if (bytes == NULL || options_problem(options, NULL, 0) != NULL) return SUMO_ERR_INVALID_ARGUMENT;
     sumo__qformat q;
     sumo__qformat_of(options->format, &q);
     size_t nb = count / options->block_size + (count % options->block_size != 0);
@@ -185,130 +176,61 @@ static sumo_result run_messages(sumo_comm *c, const sumo__exec *x, const plan *p
     return SUMO_SUCCESS;
 }
 
-/* This rank's checks; records why and returns the code to announce. */
-static sumo_result validate(sumo_comm *c, const compressed_args *a, sumo__exec *x, plan *p)
+sumo_result sumo__compressed_check(sumo_comm *c, const sumo_compression *options, size_t count)
 {
-    sumo__transport *tp = c->tp;
-    const sumo_compression *o = &a->o;
-    const char *why = a->options_ok ? options_problem(o) : NULL;
-    if (!a->options_ok)
-        return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_ARGUMENT,
-                               "allreduce_compressed: NULL options, or a struct_size other than "
-                               "this library's sizeof(sumo_compression)");
-    if (why) return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_ARGUMENT, "allreduce_compressed: %s", why);
+    char why[256];
+    const char *bad = options_problem(options, why, sizeof why);
+    if (bad) return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_ARGUMENT, "allreduce_compressed: %s", bad);
     size_t bytes;
-    if (sumo__mul_overflows(a->count, sizeof(float), &bytes) ||
-        sumo_compressed_bytes(o, a->count, &bytes) != SUMO_SUCCESS)
-        return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_ARGUMENT, "allreduce_compressed: count %zu overflows",
-                               a->count);
-    bytes = a->count * sizeof(float);
-    if (bytes && (a->sendbuf == NULL || a->recvbuf == NULL))
+    if (sumo_compressed_bytes(options, count, &bytes) != SUMO_SUCCESS)
         return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_ARGUMENT,
-                               "allreduce_compressed: NULL buffer with count %zu", a->count);
-    if ((const void *)a->sendbuf != (const void *)a->recvbuf &&
-        sumo__ranges_overlap(a->sendbuf, bytes, a->recvbuf, bytes))
-        return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_ARGUMENT,
-                               "allreduce_compressed: send and receive buffers overlap without "
-                               "being the same pointer");
-    const sumo_kernel_table *ks = bytes ? sumo__kernels_for(c, a->sendbuf, bytes) : NULL;
-    const sumo_kernel_table *kr = bytes ? sumo__kernels_for(c, a->recvbuf, bytes) : NULL;
-    if (ks != kr)
-        return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_ARGUMENT,
-                               "allreduce_compressed: the send buffer is %s memory and the receive "
-                               "buffer %s memory; pass buffers of one memory",
-                               ks->memory, kr->memory);
-    x->k = kr ? kr : sumo__host_kernels();
-    x->stream = NULL;
-    sumo__qformat_of(o->format, &p->q);
-    p->format = o->format;
-    p->block = o->block_size;
-    p->bb = sumo__qblock_bytes(&p->q, p->block);
-    p->n = a->count;
-    p->nb = a->count / p->block + (a->count % p->block != 0);
-    p->P = tp->size;
-    p->me = tp->rank;
-    p->direct = tp->reach == SUMO__REACH_DIRECT &&
-                (c->algo == SUMO_ALGORITHM_AUTO || c->algo == SUMO_ALGORITHM_SHARED_MEMORY);
-    if (!p->direct && x->k != sumo__host_kernels() &&
-        !(tp->ops->carries && tp->ops->carries(tp, x->k->memory)))
-        return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_USAGE,
-                               "allreduce_compressed: the %s transport cannot move %s memory",
-                               tp->ops->name, x->k->memory);
+                               "allreduce_compressed: count %zu overflows", count);
     return SUMO_SUCCESS;
 }
 
-static sumo_result run(sumo_comm *c, void *args)
+sumo_result sumo__allreduce_compressed(sumo_comm *c, sumo__call_desc *d,
+                                       const sumo_compression *options, const float *sendbuf,
+                                       float *recvbuf)
 {
-    const compressed_args *a = args;
-    sumo__exec x = sumo__host_exec();
-    plan p = {0};
-    sumo_result local = validate(c, a, &x, &p);
-    c->x = x;
-    uint64_t aux = a->options_ok
-                       ? sumo__fnv1a(sumo__fnv1a(SUMO__FNV_OFFSET, &a->o.format, sizeof a->o.format),
-                                     &a->o.block_size, sizeof a->o.block_size)
-                       : 0;
-    sumo__call_desc d = {.kind = SUMO__CALL_COMPRESSED, .dtype = SUMO_FLOAT32,
-                         .op = a->options_ok ? a->o.op : 0, .count = a->count, .aux = aux,
-                         .memory = (uint32_t)sumo__fnv1a(SUMO__FNV_OFFSET, x.k->memory,
-                                                         strlen(x.k->memory))};
-    if (local == SUMO_SUCCESS) local = carve(c, &x, &p);
+    const sumo__exec *x = &c->x;
+    plan p = {.format = options->format, .block = options->block_size, .n = d->count,
+              .P = c->tp->size, .me = c->tp->rank, .direct = sumo__comm_direct(c)};
+    sumo__qformat_of(p.format, &p.q);
+    p.bb = sumo__qblock_bytes(&p.q, p.block);
+    p.nb = p.n / p.block + (p.n % p.block != 0);
+    d->op = options->op;
+    d->aux = sumo__fnv1a(sumo__fnv1a(SUMO__FNV_OFFSET, &options->format, sizeof options->format),
+                         &options->block_size, sizeof options->block_size);
+    sumo_result local = carve(c, x, &p);
     if (local == SUMO_SUCCESS) {
         /* Before the agreement: a non-finite input is announced, and nothing moves. */
         size_t first;
-        sumo_result q = sumo__k_quantize(&x, p.format, p.block, p.qin, a->sendbuf, p.n, &first);
+        sumo_result q = sumo__k_quantize(x, p.format, p.block, p.qin, sendbuf, p.n, &first);
         if (q != SUMO_SUCCESS)
             local = SUMO__FAIL_TOGETHER(c->tp, q, "allreduce_compressed: the %s kernels' quantize failed",
-                                        x.k->memory);
+                                        x->k->memory);
         else if (first != SIZE_MAX)
             local = SUMO__FAIL_TOGETHER(c->tp, SUMO_ERR_NONFINITE,
                                         "allreduce_compressed: input element %zu of rank %d is NaN "
                                         "or Inf (refused before any data moved)",
                                         first, c->tp->rank);
     }
-    d.local_error = (uint32_t)local;
-    d.sendptr = (uintptr_t)p.qin;
-    d.recvptr = (uintptr_t)p.qout;
+    d->local_error = (uint32_t)local;
+    d->sendptr = (uintptr_t)p.qin;
+    d->recvptr = (uintptr_t)p.qout;
     const sumo__call_desc *all;
-    SUMO__CHECK(sumo__agree(c, &d, &all));
+    SUMO__CHECK(sumo__agree(c, d, &all));
     SUMO__LOG(c->tp->log_level, SUMO__LOG_INFO, "rank %d allreduce_compressed count %zu format %d "
               "block %zu %s", p.me, p.n, (int)p.format, p.block, p.direct ? "direct" : "messages");
-    sumo_op op = a->o.op;
-    SUMO__CHECK(p.direct ? run_direct(c, &x, &p, op, all, a->recvbuf)
-                         : run_messages(c, &x, &p, op, a->recvbuf));
+    SUMO__CHECK(p.direct ? run_direct(c, x, &p, options->op, all, recvbuf)
+                         : run_messages(c, x, &p, options->op, recvbuf));
     /* Every rank decoded the same bytes, so every rank reaches the same verdict. */
     size_t bad;
-    SUMO__KCHECK(c, sumo__k_first_nonfinite(&x, SUMO_FLOAT32, a->recvbuf, p.n, &bad));
+    SUMO__KCHECK(c, sumo__k_first_nonfinite(x, SUMO_FLOAT32, recvbuf, p.n, &bad));
     if (bad != SIZE_MAX)
         return SUMO__FAIL_TOGETHER(c->tp, SUMO_ERR_NONFINITE,
                                    "allreduce_compressed: element %zu of the result is NaN (the "
                                    "fp32 sum of its block overflowed)",
                                    bad);
     return SUMO_SUCCESS;
-}
-
-static sumo__call make_call(const float *sendbuf, float *recvbuf, size_t count,
-                            const sumo_compression *options)
-{
-    compressed_args a = {.sendbuf = sendbuf, .recvbuf = recvbuf, .count = count};
-    a.options_ok = options != NULL && options->struct_size == sizeof *options;
-    if (a.options_ok) a.o = *options;
-    return sumo__composite(run, &a, sizeof a);
-}
-
-sumo_result sumo_allreduce_compressed(const float *sendbuf, float *recvbuf, size_t count,
-                                      const sumo_compression *options, sumo_comm *comm)
-{
-    if (comm == NULL) return SUMO_ERR_INVALID_ARGUMENT;
-    sumo__call call = make_call(sendbuf, recvbuf, count, options);
-    return sumo__submit(comm, &call, NULL);
-}
-
-sumo_result sumo_allreduce_compressed_start(const float *sendbuf, float *recvbuf, size_t count,
-                                            const sumo_compression *options, sumo_comm *comm,
-                                            sumo_request **request)
-{
-    if (comm == NULL || request == NULL) return SUMO_ERR_INVALID_ARGUMENT;
-    sumo__call call = make_call(sendbuf, recvbuf, count, options);
-    return sumo__submit(comm, &call, request);
 }

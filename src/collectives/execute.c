@@ -3,7 +3,7 @@
  * submits it (requests.c); sumo__execute validates it once (this file's validate: buffers, counts, dtype, root, the
  * op's kind, the memory the buffers live in), picks the algorithm, and the algorithm agrees
  * (agree.c) before any data moves. The algorithms live in shm_algos.c (ranks that reach each
- * other's memory), p2p_algos.c (messages only), adasum.c and gram.c.
+ * other's memory), p2p_algos.c (messages only), adasum.c, gram.c and compressed.c.
  *
  * One allreduce, from the call down to the bytes: sumo_allreduce -> sumo__submit (the handle,
  * after the queued requests) -> sumo__execute (validate, the kernel table, pick) -> an
@@ -13,6 +13,7 @@
  */
 #include "collectives/execute.h"
 #include "collectives/adasum.h"
+#include "collectives/compressed.h"
 #include "collectives/p2p_algos.h"
 #include "collectives/shm_algos.h"
 #include "collectives/slices.h"
@@ -20,18 +21,6 @@
 #include <string.h>
 
 #define SMALL_MESSAGE_BYTES (64 * 1024)
-
-static const char *kind_name(uint32_t kind)
-{
-    switch (kind) {
-    case SUMO__CALL_ALLREDUCE: return "allreduce";
-    case SUMO__CALL_BROADCAST: return "broadcast";
-    case SUMO__CALL_ALLGATHER: return "allgather";
-    case SUMO__CALL_REDUCE_SCATTER: return "reduce_scatter";
-    case SUMO__CALL_GRAM: return "gram combine";
-    default: return "barrier";
-    }
-}
 
 static size_t bytes_of(size_t count, sumo_dtype dtype)
 {
@@ -56,7 +45,7 @@ static sumo_result validate(sumo_comm *c, const sumo__call *call, sumo__call_des
                             const sumo__op_entry **op, sumo__exec *x)
 {
     sumo__transport *tp = c->tp;
-    const char *what = kind_name(call->kind);
+    const char *what = sumo__call_kind_name(call->kind);
     *op = NULL;
     *x = sumo__host_exec();
     if (call->kind == SUMO__CALL_BARRIER) return SUMO_SUCCESS;
@@ -75,6 +64,9 @@ static sumo_result validate(sumo_comm *c, const sumo__call *call, sumo__call_des
                                    "reduce_scatter: Adasum's result is not defined segment by "
                                    "segment; use SUMO_OP_SUM or SUMO_OP_AVERAGE");
     }
+    if (call->kind == SUMO__CALL_COMPRESSED)
+        SUMO__CHECK(sumo__compressed_check(c, call->has_compression ? &call->compression : NULL,
+                                           call->count));
     if (call->kind == SUMO__CALL_BROADCAST && (call->root < 0 || call->root >= tp->size))
         return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_ARGUMENT, "%s: root %d out of range [0, %d)",
                                what, call->root, tp->size);
@@ -100,13 +92,14 @@ static sumo_result validate(sumo_comm *c, const sumo__call *call, sumo__call_des
         /* NCCL's in-place forms: this rank's block of the larger buffer is the smaller one. */
         const unsigned char *s = call->sendbuf, *r = call->recvbuf;
         size_t mine = (size_t)tp->rank * bytes;
+        bool blocks = call->kind == SUMO__CALL_ALLGATHER || call->kind == SUMO__CALL_REDUCE_SCATTER;
         bool in_place = (call->kind == SUMO__CALL_ALLGATHER && s == r + mine) ||
                         (call->kind == SUMO__CALL_REDUCE_SCATTER && r == s + mine);
         if (!in_place && sumo__ranges_overlap(s, send_bytes, r, recv_bytes))
             return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_ARGUMENT,
                                    "%s: send and receive buffers overlap without being the same "
-                                   "pointer (or, for %s, this rank's block of the other)",
-                                   what, what);
+                                   "pointer%s",
+                                   what, blocks ? " (or this rank's block of the other)" : "");
     }
     /* The memory the buffers live in picks the kernels. */
     const sumo_kernel_table *ks = needs_send && send_bytes
@@ -124,19 +117,16 @@ static sumo_result validate(sumo_comm *c, const sumo__call *call, sumo__call_des
     /* Another memory runs where no byte of it crosses the transport (ranks that share an
      * address space, with the shared-memory algorithms: the kernels read the peers' buffers),
      * or over a transport that carries it. */
-    if (x->k != sumo__host_kernels() && !(tp->ops->carries && tp->ops->carries(tp, x->k->memory))) {
-        bool direct = tp->reach == SUMO__REACH_DIRECT &&
-                      (c->algo == SUMO_ALGORITHM_AUTO || c->algo == SUMO_ALGORITHM_SHARED_MEMORY);
-        if (!direct)
-            return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_USAGE,
-                                   "%s: the %s transport cannot move %s memory (%s)", what,
-                                   tp->ops->name, x->k->memory,
-                                   tp->reach == SUMO__REACH_DIRECT
-                                       ? "a point-to-point algorithm was forced with "
-                                         "sumo_comm_set_param"
-                                       : "its ranks do not share an address space, and it does "
-                                         "not carry that memory");
-    }
+    if (x->k != sumo__host_kernels() && !sumo__comm_direct(c) &&
+        !(tp->ops->carries && tp->ops->carries(tp, x->k->memory)))
+        return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_USAGE,
+                               "%s: the %s transport cannot move %s memory (%s)", what,
+                               tp->ops->name, x->k->memory,
+                               tp->reach == SUMO__REACH_DIRECT
+                                   ? "a point-to-point algorithm was forced with "
+                                     "sumo_comm_set_param"
+                                   : "its ranks do not share an address space, and it does "
+                                     "not carry that memory");
     return SUMO_SUCCESS;
 }
 
@@ -176,12 +166,6 @@ static sumo_algorithm pick_allreduce(sumo_comm *c, const sumo__call_desc *d)
     return SUMO_ALGORITHM_RANKED;
 }
 
-static bool use_shared_memory(const sumo_comm *c)
-{
-    return c->tp->reach != SUMO__REACH_NONE &&
-           (c->algo == SUMO_ALGORITHM_AUTO || c->algo == SUMO_ALGORITHM_SHARED_MEMORY);
-}
-
 static sumo_result allreduce(sumo_comm *c, sumo__call_desc *d, const sumo__op_entry *op,
                              const sumo__call *call)
 {
@@ -194,12 +178,12 @@ static sumo_result allreduce(sumo_comm *c, sumo__call_desc *d, const sumo__op_en
     sumo_algorithm algo = pick_allreduce(c, d);
     if (algo == SUMO_ALGORITHM_PEER && !offload_supports(c, d)) {
         d->local_error = SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_USAGE, "allreduce: %s has no %s %s",
-                                         c->tp->offload->name, sumo__dtype_name(call->dtype),
+                                         c->tp->offload->name, sumo_dtype_name(call->dtype),
                                          sumo__op_name(d->op));
         return sumo__agree(c, d, NULL);
     }
     SUMO__LOG(c->tp->log_level, SUMO__LOG_INFO, "rank %d allreduce count %zu %s %s algo %d",
-              c->tp->rank, call->count, sumo__dtype_name(call->dtype), sumo__op_name(d->op),
+              c->tp->rank, call->count, sumo_dtype_name(call->dtype), sumo__op_name(d->op),
               (int)algo);
     switch (algo) {
     case SUMO_ALGORITHM_SHARED_MEMORY: return sumo__shm_allreduce(c, d, call->sendbuf, call->recvbuf);
@@ -244,20 +228,22 @@ sumo_result sumo__execute(sumo_comm *c, const sumo__call *call)
         /* Only the root's send buffer is read. */
         d.flags = sumo__shared_flag(c, call->root == c->tp->rank ? call->sendbuf : NULL, bytes,
                                     call->recvbuf, bytes);
-        if (use_shared_memory(c)) return sumo__shm_broadcast(c, &d, call->sendbuf, call->recvbuf);
+        if (sumo__comm_shared_memory(c)) return sumo__shm_broadcast(c, &d, call->sendbuf, call->recvbuf);
         return sumo__tree_broadcast(c, &d, call->sendbuf, call->recvbuf);
     case SUMO__CALL_ALLGATHER:
         d.flags = sumo__shared_flag(c, call->sendbuf, bytes, call->recvbuf,
                                     bytes * (size_t)c->tp->size);
-        if (use_shared_memory(c)) return sumo__shm_allgather(c, &d, call->sendbuf, call->recvbuf);
+        if (sumo__comm_shared_memory(c)) return sumo__shm_allgather(c, &d, call->sendbuf, call->recvbuf);
         return sumo__ring_allgather(c, &d, call->sendbuf, call->recvbuf);
     case SUMO__CALL_REDUCE_SCATTER:
         d.op = op->kind == SUMO__OP_AVERAGE ? SUMO_OP_AVERAGE : SUMO_OP_SUM;
         d.flags = sumo__shared_flag(c, call->sendbuf, bytes * (size_t)c->tp->size, call->recvbuf,
                                     bytes);
-        if (use_shared_memory(c))
+        if (sumo__comm_shared_memory(c))
             return sumo__shm_reduce_scatter(c, &d, call->sendbuf, call->recvbuf);
         return sumo__ring_reduce_scatter(c, &d, call->sendbuf, call->recvbuf);
+    case SUMO__CALL_COMPRESSED:
+        return sumo__allreduce_compressed(c, &d, &call->compression, call->sendbuf, call->recvbuf);
     case SUMO__CALL_GRAM:
         return sumo__gram_collective(c, &d, call->sendbuf, call->recvbuf, call->gram,
                                      call->applied);

@@ -32,6 +32,11 @@ typedef struct sumo__call {
      * the fingerprint in hash and what the messages name. */
     sumo_result fail;
     const char *what;
+    /* SUMO__CALL_COMPRESSED: the caller's options, copied whole when their struct_size is this
+     * library's, else that struct_size alone (nothing past it is read); none when it passed
+     * NULL. The buffers are fp32 (dtype). */
+    sumo_compression compression;
+    bool has_compression;
     /* SUMO__CALL_COMPOSITE: a layer above's operation, run with the handle held; the
      * collectives it makes go through sumo__execute. */
     sumo_result (*run)(sumo_comm *comm, void *args);
@@ -64,6 +69,19 @@ static inline sumo__call sumo__reduce_scatter_call(const void *sendbuf, void *re
 {
     return (sumo__call){.kind = SUMO__CALL_REDUCE_SCATTER, .sendbuf = sendbuf,
                         .recvbuf = recvbuf, .count = count, .dtype = dtype, .op = op};
+}
+
+static inline sumo__call sumo__allreduce_compressed_call(const float *sendbuf, float *recvbuf,
+                                                         size_t count,
+                                                         const sumo_compression *options)
+{
+    sumo__call call = {.kind = SUMO__CALL_COMPRESSED, .sendbuf = sendbuf, .recvbuf = recvbuf,
+                       .count = count, .dtype = SUMO_FLOAT32, .has_compression = options != NULL};
+    if (options != NULL)
+        call.compression = SUMO__STRUCT_SIZE_PROBLEM(options, sumo_compression, NULL, 0)
+                               ? (sumo_compression){.struct_size = options->struct_size}
+                               : *options;
+    return call;
 }
 
 /* Runs call on a handle the caller holds (sumo__comm_enter, or inside a composite). */

@@ -407,13 +407,8 @@ static sumo_result run_messages(sumo_comm *c, const void *sendbuf, void *recvbuf
 
 sumo__gram_shape sumo__gram_shape_for(const sumo_comm *c)
 {
-    if (c->algo != SUMO_ALGORITHM_AUTO && c->algo != SUMO_ALGORITHM_SHARED_MEMORY)
-        return SUMO__GRAM_MESSAGES;
-    switch (c->tp->reach) {
-    case SUMO__REACH_DIRECT: return c->tp->size > 1 ? SUMO__GRAM_DIRECT : SUMO__GRAM_MESSAGES;
-    case SUMO__REACH_STAGED: return SUMO__GRAM_STAGED;
-    default: return SUMO__GRAM_MESSAGES;
-    }
+    if (sumo__comm_direct(c)) return c->tp->size > 1 ? SUMO__GRAM_DIRECT : SUMO__GRAM_MESSAGES;
+    return sumo__comm_shared_memory(c) ? SUMO__GRAM_STAGED : SUMO__GRAM_MESSAGES;
 }
 
 sumo_result sumo__gram_run(sumo_comm *c, const sumo__call_desc *all, const void *sendbuf,

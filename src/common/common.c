@@ -59,7 +59,7 @@ sumo_result sumo_dtype_size(sumo_dtype dtype, size_t *size)
     return SUMO_SUCCESS;
 }
 
-const char *sumo__dtype_name(sumo_dtype dtype)
+const char *sumo_dtype_name(sumo_dtype dtype)
 {
     switch (dtype) {
     case SUMO_FLOAT32: return "fp32";
@@ -78,6 +78,15 @@ const char *sumo__op_name(sumo_op op)
     case SUMO_OP_ADASUM: return "adasum";
     default: return "created-op";
     }
+}
+
+const char *sumo__struct_size_problem(size_t given, size_t expected, const char *sentence,
+                                      char *why, size_t why_bytes)
+{
+    if (given == expected) return NULL;
+    if (why == NULL || why_bytes == 0) return sentence;
+    snprintf(why, why_bytes, "%s (%zu given, %zu here)", sentence, given, expected);
+    return why;
 }
 
 /* SUMO_DEBUG's value as a level, or -1 when it names none. */

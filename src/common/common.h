@@ -76,7 +76,6 @@ static inline size_t sumo__dtype_bytes(sumo_dtype dtype)
 
 static inline bool sumo__dtype_valid(int dtype) { return dtype >= 0 && dtype < SUMO_DTYPE_COUNT; }
 
-SUMO__PLUGIN_API const char *sumo__dtype_name(sumo_dtype dtype);
 SUMO__PLUGIN_API const char *sumo__op_name(sumo_op op);
 
 /* True when [a, a+abytes) and [b, b+bbytes) share a byte. */
@@ -105,6 +104,27 @@ static inline uint64_t sumo__fnv1a(uint64_t h, const void *data, size_t bytes)
     for (size_t i = 0; i < bytes; i++) h = (h ^ b[i]) * 0x100000001b3ull;
     return h;
 }
+
+/*
+ * The one check of the struct_size that opens every public struct a caller fills: it must be
+ * this library's sizeof, since a struct only grows with a new sumo version (a smaller one lacks
+ * fields this library would read, a larger one has fields it would silently ignore). NULL when
+ * p->struct_size is sizeof(type); else one sentence naming the struct, written into why (with
+ * the size given and this library's) and returned when why is not NULL, or a static sentence
+ * without the sizes when it is NULL (for callers that hand out static sentences). 256 bytes
+ * hold it. p must not be NULL.
+ *     char why[256];
+ *     if (SUMO__STRUCT_SIZE_PROBLEM(o, sumo_slowmo_options, why, sizeof why)) ... "%s", why
+ *     const char *bad = SUMO__STRUCT_SIZE_PROBLEM(o, sumo_slowmo_options, NULL, 0);
+ */
+#define SUMO__STRUCT_SIZE_PROBLEM(p, type, why, why_bytes)                                       \
+    sumo__struct_size_problem((p)->struct_size, sizeof(type),                                    \
+                              #type ".struct_size is not sizeof(" #type ") in this library: "    \
+                              "fill it with that sizeof, as the _default and _preset functions " \
+                              "do, from the headers of the sumo you link",                      \
+                              (why), (why_bytes))
+const char *sumo__struct_size_problem(size_t given, size_t expected, const char *sentence,
+                                      char *why, size_t why_bytes);
 
 /* Overflow-checked n * size. */
 static inline bool sumo__mul_overflows(size_t n, size_t size, size_t *out)

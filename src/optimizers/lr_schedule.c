@@ -4,6 +4,8 @@
  */
 #include "sumo_optim.h"
 
+#include "common/common.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -28,9 +30,8 @@ sumo_result sumo_lr_schedule_default(double base_lr, sumo_lr_schedule *schedule)
 /* Rules written as "in range" and negated so that NaN fails them. */
 static const char *schedule_problem(const sumo_lr_schedule *s)
 {
-    if (s->struct_size != sizeof *s)
-        return "struct_size is not sizeof(sumo_lr_schedule) of this library (fill the schedule "
-               "with sumo_lr_schedule_default)";
+    const char *bad = SUMO__STRUCT_SIZE_PROBLEM(s, sumo_lr_schedule, NULL, 0);
+    if (bad) return bad;
     if ((unsigned)s->kind >= SUMO_LR_KIND_COUNT) return "kind is not a sumo_lr_kind";
     if (!(s->base_lr >= 0 && isfinite(s->base_lr))) return "base_lr must be finite and >= 0";
     if (!(s->scale > 0 && isfinite(s->scale))) return "scale must be finite and > 0";

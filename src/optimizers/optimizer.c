@@ -68,9 +68,8 @@ sumo_result sumo_optimizer_options_default(sumo_optimizer_kind kind,
 /* NaN fails every comparison, so each rule is written as "in range" and negated. */
 static const char *options_problem(const sumo_optimizer_options *o)
 {
-    if (o->struct_size != sizeof *o)
-        return "struct_size is not sizeof(sumo_optimizer_options) of this library (fill the "
-               "options with sumo_optimizer_options_default)";
+    const char *bad = SUMO__STRUCT_SIZE_PROBLEM(o, sumo_optimizer_options, NULL, 0);
+    if (bad) return bad;
     if ((unsigned)o->kind >= SUMO_OPTIM_KIND_COUNT) return "kind is not a sumo_optimizer_kind";
     if (!(o->weight_decay >= 0 && isfinite(o->weight_decay)))
         return "weight_decay must be finite and >= 0";

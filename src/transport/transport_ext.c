@@ -81,24 +81,29 @@ static const sumo__transport_ops ext_ops = {
     .carries = ext_carries,
 };
 
+/* Why desc cannot make a transport, or NULL. */
+static const char *desc_problem(const sumo_transport_desc *desc)
+{
+    const char *bad;
+    if (desc == NULL) return "NULL description";
+    if ((bad = SUMO__STRUCT_SIZE_PROBLEM(desc, sumo_transport_desc, NULL, 0)) != NULL) return bad;
+    if (desc->ops == NULL) return "no operations";
+    if ((bad = SUMO__STRUCT_SIZE_PROBLEM(desc->ops, sumo_transport_ops, NULL, 0)) != NULL)
+        return bad;
+    if (!desc->ops->sendrecv || !desc->ops->allgather || !desc->ops->barrier || !desc->ops->destroy)
+        return "sendrecv, allgather, barrier and destroy are required";
+    if (desc->size < 1 || desc->rank < 0 || desc->rank >= desc->size)
+        return "rank out of range, or size < 1";
+    if (desc->node_local_size < 0 ||
+        (desc->node_local_size > 0 && desc->size % desc->node_local_size != 0))
+        return "node_local_size must be 0 or divide size";
+    return NULL;
+}
+
 sumo_result sumo__ext_transport_create(const sumo_transport_desc *desc, const sumo__env *env,
                                        sumo__transport **out, const char **why)
 {
-    const char *bad = NULL;
-    if (desc == NULL) bad = "NULL description";
-    else if (desc->struct_size != sizeof *desc)
-        bad = "sumo_transport_desc of another sumo version (struct_size)";
-    else if (desc->ops == NULL) bad = "no operations";
-    else if (desc->ops->struct_size != sizeof *desc->ops)
-        bad = "sumo_transport_ops of another sumo version (struct_size)";
-    else if (!desc->ops->sendrecv || !desc->ops->allgather || !desc->ops->barrier ||
-             !desc->ops->destroy)
-        bad = "sendrecv, allgather, barrier and destroy are required";
-    else if (desc->size < 1 || desc->rank < 0 || desc->rank >= desc->size)
-        bad = "rank out of range, or size < 1";
-    else if (desc->node_local_size < 0 ||
-             (desc->node_local_size > 0 && desc->size % desc->node_local_size != 0))
-        bad = "node_local_size must be 0 or divide size";
+    const char *bad = desc_problem(desc);
     if (why) *why = bad;
     if (bad) return SUMO_ERR_INVALID_ARGUMENT;
     ext_transport *t = calloc(1, sizeof *t);

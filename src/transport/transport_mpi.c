@@ -270,7 +270,7 @@ static sumo_result mpi_offload_allreduce(sumo__transport *tp, const void *sendbu
     mpi_transport *t = (mpi_transport *)tp;
     if (!mpi_reduce_support(tp, dtype, op))
         return SUMO__FAIL(tp, SUMO_ERR_INVALID_USAGE, "MPI_Allreduce has no %s %s",
-                          sumo__dtype_name(dtype), sumo__op_name(op));
+                          sumo_dtype_name(dtype), sumo__op_name(op));
     MPI_Datatype type = dtype == SUMO_FLOAT32 ? MPI_FLOAT : MPI_DOUBLE;
     size_t esz = sumo__dtype_bytes(dtype), piece = MAX_MESSAGE_BYTES / esz;
     int64_t deadline = sumo__now_ns() + tp->timeout_ns;

@@ -167,7 +167,7 @@ static inline void expect_elem(sumo_dtype dt, const void *out, size_t i, double 
     }
     if (!ok)
         fail_msg("%s: %s dtype %s element %zu: got %a, want %a", what, sumo__kernel_isa_name(isa),
-                 sumo__dtype_name(dt), i, get(dt, out, i), acc);
+                 sumo_dtype_name(dt), i, get(dt, out, i), acc);
 }
 
 /* The paths this CPU can run, portable first. */

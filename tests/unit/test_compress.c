@@ -510,6 +510,49 @@ static void test_allreduce_refused(void **state)
     sumo_comm_destroy(c);
 }
 
+/* The arguments every collective's path checks, refused with the call's name and the reason:
+ * options of another size, none at all, a NULL buffer, a count whose bytes overflow; blocking
+ * and asynchronous alike. The handle stays usable. */
+static void test_allreduce_refused_arguments(void **state)
+{
+    (void)state;
+    sumo_comm *c;
+    assert_int_equal(sumo_comm_create_threads(1, &c), SUMO_SUCCESS);
+    float x[16] = {0};
+    const char *m;
+    sumo_compression o = {.struct_size = sizeof o, .format = SUMO_COMPRESS_FP8_E4M3,
+                          .block_size = 8, .op = SUMO_OP_SUM};
+    sumo_compression other = o;
+    size_t bytes;
+    for (int grow = 0; grow < 2; grow++) {
+        other.struct_size = grow ? sizeof o + 8 : 8;
+        assert_int_equal(sumo_allreduce_compressed(x, x, 16, &other, c), SUMO_ERR_INVALID_ARGUMENT);
+        sumo_comm_error_message(c, &m);
+        assert_non_null(strstr(m, "allreduce_compressed"));
+        assert_non_null(strstr(m, "sumo_compression.struct_size"));
+        assert_int_equal(sumo_compressed_bytes(&other, 16, &bytes), SUMO_ERR_INVALID_ARGUMENT);
+    }
+    sumo_request *req = NULL;
+    assert_int_equal(sumo_allreduce_compressed_start(x, x, 16, &other, c, &req), SUMO_SUCCESS);
+    assert_int_equal(sumo_request_wait(req), SUMO_ERR_INVALID_ARGUMENT);
+    assert_int_equal(sumo_allreduce_compressed_start(x, x, 16, &o, c, NULL),
+                     SUMO_ERR_INVALID_ARGUMENT);
+    assert_int_equal(sumo_allreduce_compressed(x, x, 16, NULL, c), SUMO_ERR_INVALID_ARGUMENT);
+    sumo_comm_error_message(c, &m);
+    assert_non_null(strstr(m, "NULL options"));
+    assert_int_equal(sumo_allreduce_compressed(NULL, x, 16, &o, c), SUMO_ERR_INVALID_ARGUMENT);
+    sumo_comm_error_message(c, &m);
+    assert_non_null(strstr(m, "allreduce_compressed: NULL buffer"));
+    assert_int_equal(sumo_allreduce_compressed(x, x, SIZE_MAX / 2, &o, c),
+                     SUMO_ERR_INVALID_ARGUMENT);
+    sumo_comm_error_message(c, &m);
+    assert_non_null(strstr(m, "overflows"));
+    assert_int_equal(sumo_allreduce_compressed(NULL, NULL, 0, &o, c), SUMO_SUCCESS);
+    assert_int_equal(sumo_allreduce_compressed(x, x, 16, &o, c), SUMO_SUCCESS);
+    assert_int_equal(sumo_allreduce_compressed(x, x, 16, &o, NULL), SUMO_ERR_INVALID_ARGUMENT);
+    sumo_comm_destroy(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -519,6 +562,7 @@ int main(void)
         cmocka_unit_test(test_allreduce_exact),
         cmocka_unit_test(test_allreduce_nonfinite),
         cmocka_unit_test(test_allreduce_refused),
+        cmocka_unit_test(test_allreduce_refused_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

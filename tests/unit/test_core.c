@@ -364,6 +364,13 @@ static void test_versions_and_sizes(void **state)
     assert_int_equal(v, SUMO_LR_COSINE);
     assert_int_equal(sumo_enum_value("SUMO_RESULT_COUNT", &v), SUMO_ERR_INVALID_ARGUMENT);
     assert_int_equal(sumo_enum_value("SUMO_NO_SUCH_VALUE", NULL), SUMO_ERR_INVALID_ARGUMENT);
+    /* The dtype names the reports and messages print, and a name for a value no dtype has. */
+    assert_string_equal(sumo_dtype_name(SUMO_FLOAT32), "fp32");
+    assert_string_equal(sumo_dtype_name(SUMO_FLOAT64), "fp64");
+    assert_string_equal(sumo_dtype_name(SUMO_FLOAT16), "fp16");
+    assert_string_equal(sumo_dtype_name(SUMO_BFLOAT16), "bf16");
+    assert_string_equal(sumo_dtype_name(SUMO_DTYPE_COUNT), "unknown-dtype");
+    assert_string_equal(sumo_dtype_name((sumo_dtype)-1), "unknown-dtype");
 
     /* Options without their size (a caller built against another header, or that forgot the
      * default) are refused, not read. */

@@ -259,7 +259,7 @@ static void test_convert_paths_exhaustive(void **state)
                 else want = fbits((float)v); /* exact: both formats fit in fp32; keeps -0 */
                 if (fbits(f[i]) != want)
                     fail_msg("%s %s->f32 %04x: %08x want %08x", sumo__kernel_isa_name(isas[p]),
-                             sumo__dtype_name(dt), i, fbits(f[i]), want);
+                             sumo_dtype_name(dt), i, fbits(f[i]), want);
             }
             size_t n = boundary_floats(xs, 100000, bf);
             /* plus every NaN shape and the specials */
@@ -276,7 +276,7 @@ static void test_convert_paths_exhaustive(void **state)
                 else want = bf ? ref_round_bf16(xs[i]) : ref_round_half(xs[i]);
                 if (hx[i] != want)
                     fail_msg("%s f32->%s %08x: %04x want %04x", sumo__kernel_isa_name(isas[p]),
-                             sumo__dtype_name(dt), fbits(xs[i]), hx[i], want);
+                             sumo_dtype_name(dt), fbits(xs[i]), hx[i], want);
             }
         }
     }

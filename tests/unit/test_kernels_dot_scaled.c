@@ -31,7 +31,7 @@ static void expect_close(double got, double want, double mag, size_t n, const ch
     double tol = (double)(n + 8) * DBL_EPSILON * mag + DBL_MIN;
     if (!(fabs(got - want) <= tol))
         fail_msg("%s %s %s n=%zu: got %.17g want %.17g (tol %g)", what, sumo__kernel_isa_name(isa),
-                 sumo__dtype_name(dt), n, got, want, tol);
+                 sumo_dtype_name(dt), n, got, want, tol);
 }
 
 static void test_dot_norms_random(void **state)

@@ -549,12 +549,22 @@ static void test_remote_layers(void **state)
 }
 
 /* Where remote bytes would have to cross the transport, or one call mixes memories, or the
- * ranks pass different memories: refused on every rank, no hang. */
+ * ranks pass different memories: refused on every rank, no hang; the compressed allreduce
+ * alike. */
 typedef struct refusal {
     int which;
+    bool compressed;
     sumo_result res[MAXP];
     char msg[MAXP][256];
 } refusal;
+
+static sumo_result refused_allreduce(const refusal *f, void *send, void *recv, sumo_comm *comm)
+{
+    sumo_compression o = {.struct_size = sizeof o, .format = SUMO_COMPRESS_FP8_E4M3,
+                          .block_size = 16, .op = SUMO_OP_SUM};
+    if (f->compressed) return sumo_allreduce_compressed(send, recv, 64, &o, comm);
+    return sumo_allreduce(send, recv, 64, SUMO_FLOAT32, SUMO_OP_SUM, comm);
+}
 
 static void refuse_rank(sumo_comm *comm, int rank, int size, void *arg)
 {
@@ -568,14 +578,14 @@ static void refuse_rank(sumo_comm *comm, int rank, int size, void *arg)
     switch (f->which) {
     case 0: /* a point-to-point algorithm forced: bytes would cross the transport */
         sumo_comm_set_param(comm, SUMO_PARAM_ALGORITHM, SUMO_ALGORITHM_RING);
-        r = sumo_allreduce(rem, rem, 64, SUMO_FLOAT32, SUMO_OP_SUM, comm);
+        r = refused_allreduce(f, rem, rem, comm);
         break;
     case 1: /* one call, two memories */
-        r = sumo_allreduce(rem, host, 64, SUMO_FLOAT32, SUMO_OP_SUM, comm);
+        r = refused_allreduce(f, rem, host, comm);
         break;
     default: /* rank 0 passes host memory, the others remote */
-        r = sumo_allreduce(rank == 0 ? (void *)host : rem, rank == 0 ? (void *)host : rem, 64,
-                           SUMO_FLOAT32, SUMO_OP_SUM, comm);
+        r = refused_allreduce(f, rank == 0 ? (void *)host : rem, rank == 0 ? (void *)host : rem,
+                              comm);
         break;
     }
     f->res[rank] = r;
@@ -589,18 +599,18 @@ static void test_remote_refused(void **state)
     (void)state;
     const sumo_result want[] = {SUMO_ERR_INVALID_USAGE, SUMO_ERR_INVALID_ARGUMENT,
                                 SUMO_ERR_MISMATCH};
-    for (int which = 0; which < 3; which++) {
+    for (int which = 0; which < 6; which++) {
         remote_reset();
-        refusal f = {.which = which};
+        refusal f = {.which = which % 3, .compressed = which >= 3};
         assert_int_equal(harness_run_threads(3, refuse_rank, &f), 0);
         for (int r = 0; r < 3; r++) {
             /* The rank at fault reports its own reason; the others name it. */
-            if (which < 2) assert_int_equal(f.res[r], want[which]);
-            else assert_int_equal(f.res[r], SUMO_ERR_MISMATCH);
+            assert_int_equal(f.res[r], want[f.which]);
             assert_true(strlen(f.msg[r]) > 0);
         }
-        assert_non_null(strstr(f.msg[0], which == 1 ? "remote memory" : which == 0 ? "cannot move remote"
-                                                                                   : "memory"));
+        assert_non_null(strstr(f.msg[0], f.which == 1   ? "remote memory"
+                                         : f.which == 0 ? "cannot move remote"
+                                                        : "memory"));
     }
 }
 

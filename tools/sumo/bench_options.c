@@ -355,17 +355,6 @@ size_t bench_dtype_bytes(sumo_dtype dtype)
     return sumo_dtype_size(dtype, &bytes) == SUMO_SUCCESS ? bytes : 0;
 }
 
-const char *bench_dtype_name(sumo_dtype dtype)
-{
-    switch (dtype) {
-    case SUMO_FLOAT32: return "fp32";
-    case SUMO_FLOAT64: return "fp64";
-    case SUMO_FLOAT16: return "fp16";
-    case SUMO_BFLOAT16: return "bf16";
-    default: return "unknown-dtype";
-    }
-}
-
 const char *bench_op_label(int op)
 {
     switch (op) {

@@ -63,7 +63,6 @@ size_t bench_goal_size(const size_t *sizes, int nsizes);
 int bench_max_reps(const bench_opts *o);
 
 size_t bench_dtype_bytes(sumo_dtype dtype);
-const char *bench_dtype_name(sumo_dtype dtype);
 const char *bench_op_label(int op);
 const char *bench_algo_name(sumo_algorithm algo);
 const char *bench_transport_name(const bench_opts *o);

@@ -116,7 +116,7 @@ void bench_print_machine(const bench_report *rep)
     /* What the CPU offers decides it: machine.h follows the library's dispatch rule. */
     printf("# kernels: %s (sumo dispatches on the CPU's instruction set)\n", sumo_tool_kernel_isa());
     print_transport(rep);
-    printf("# dtype: %s, ops:", bench_dtype_name(o->dtype));
+    printf("# dtype: %s, ops:", sumo_dtype_name(o->dtype));
     for (int i = 0; i < o->nops; i++) printf("%s%s", i ? "," : " ", bench_op_label(o->ops[i]));
     printf(", sizes %zu to %zu B (x%g)%s\n", rep->sizes[0], rep->sizes[rep->nsizes - 1], o->step,
            o->check ? ", results checked" : "");
@@ -166,7 +166,7 @@ void bench_print_table_header(const bench_report *rep, int p)
     printf("#\n# allreduce, transport %s, P = %d, dtype %s, in place, algorithm %s\n"
            "# time = median of %d iterations after %d warm-up, from the last rank's start to the "
            "last rank's end%s\n",
-           rep->transport, p, bench_dtype_name(o->dtype), bench_algo_name(o->algo), o->iters,
+           rep->transport, p, sumo_dtype_name(o->dtype), bench_algo_name(o->algo), o->iters,
            o->warmup,
            rep->nodes > 1 ? " (ranks on several machines: largest per-rank time instead)" : "");
     if (rep->peer)
@@ -182,7 +182,7 @@ void bench_print_table_header(const bench_report *rep, int p)
 static void print_row(const bench_report *rep, const bench_row *r, const char *err_detail)
 {
     const bench_opts *o = rep->o;
-    const char *dt = bench_dtype_name(o->dtype), *check = bench_verdict_name(r->check);
+    const char *dt = sumo_dtype_name(o->dtype), *check = bench_verdict_name(r->check);
     size_t count = r->bytes / bench_dtype_bytes(o->dtype);
     char peer[32] = "-", ratio[32] = "-";
     if (r->has_peer) {
@@ -275,7 +275,7 @@ static void print_floors(const bench_report *rep, const bench_mem_results *m, in
     int fi = floor_index(m, p);
     if (fi < 0) return;
     const bench_opts *o = rep->o;
-    const char *dt = bench_dtype_name(o->dtype);
+    const char *dt = sumo_dtype_name(o->dtype);
     double sum_floor = floor_us(m, fi, 2), ratio = m->f_us[fi] / sum_floor;
     printf("#   floor, P=%d %zu B %s sum: %.1f us; its %d buffers read and written once at "
            "the %d-worker a+=b bandwidth (%.2f GB/s, measured in alternation) take %.1f us: "
@@ -305,7 +305,7 @@ static void print_cost(const bench_report *rep, const bench_mem_results *m, cons
     if (fi >= 0 && x->bytes == m->f_bytes) {
         double two_pass = floor_us(m, fi, 3), ratio = x->med_us / two_pass;
         printf(", %.2fx the two-pass floor (%.1f us)", ratio, two_pass);
-        const char *dt = bench_dtype_name(rep->o->dtype);
+        const char *dt = sumo_dtype_name(rep->o->dtype);
         csv_values v = bandwidth_values(dt, name, (double)x->bytes,
                                         x->bytes / bench_dtype_bytes(rep->o->dtype), x->med_us,
                                         m->f_bw[fi], two_pass, ratio);
