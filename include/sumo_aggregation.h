@@ -34,8 +34,8 @@ typedef enum sumo_aggregation {
  * except the permutation, whose reference form is a bug for N >= 3 (docs/design/acga.md).
  */
 typedef struct sumo_acga_options {
-    size_t struct_size;        /* sizeof(sumo_acga_options); sumo_aggregator_options_default
-                                  sets it */
+    size_t struct_size;        /* sizeof(sumo_acga_options); sumo_acga_options_default (and so
+                                  sumo_aggregator_options_default) sets it */
     double beta;               /* coefficient momentum in [0, 1); default 0 (the reference) */
     int per_tensor;            /* 1: one coefficient per worker and tensor; default 0 (whole model) */
     int reference_permutation; /* 1: map smoothed sorted values back as the sample code does
@@ -47,6 +47,9 @@ typedef struct sumo_acga_options {
                                   default 0 */
     double eps;                /* added to each gradient norm; default 1e-8 */
 } sumo_acga_options;
+
+/* The defaults documented above. */
+SUMO_API sumo_result sumo_acga_options_default(sumo_acga_options *options);
 
 typedef struct sumo_aggregator_options {
     size_t struct_size;          /* sizeof(sumo_aggregator_options); the default sets it */

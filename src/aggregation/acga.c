@@ -455,11 +455,9 @@ static bool is_flag(int v) { return v == 0 || v == 1; }
 sumo_result sumo__acga_create(sumo_comm *comm, const sumo_acga_options *o,
                               const size_t *tensor_counts, size_t ntensors, sumo__acga **out)
 {
-    if (o->struct_size != sizeof *o)
-        return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT,
-                               "acga: options struct_size %zu, this library's are %zu bytes (fill "
-                               "them with sumo_aggregator_options_default)",
-                               o->struct_size, sizeof *o);
+    char why[256];
+    if (SUMO__STRUCT_SIZE_PROBLEM(o, sumo_acga_options, why, sizeof why))
+        return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT, "acga: %s", why);
     if (!(o->beta >= 0.0 && o->beta < 1.0))
         return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT, "acga: beta %g is not in [0, 1)",
                                o->beta);

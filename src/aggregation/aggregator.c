@@ -22,16 +22,19 @@ struct sumo_aggregator {
     sumo__acga *acga;     /* ACGA's state */
 };
 
+sumo_result sumo_acga_options_default(sumo_acga_options *options)
+{
+    if (options == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    *options = (sumo_acga_options){.struct_size = sizeof *options, .beta = 0.0,
+                                   .negative_guard = 1, .eps = 1e-8};
+    return SUMO_SUCCESS;
+}
+
 sumo_result sumo_aggregator_options_default(sumo_aggregation method, sumo_aggregator_options *options)
 {
     if (options == NULL || (unsigned)method >= SUMO_AGGREGATE_COUNT) return SUMO_ERR_INVALID_ARGUMENT;
-    *options = (sumo_aggregator_options){
-        .struct_size = sizeof *options,
-        .method = method,
-        .acga = {.struct_size = sizeof options->acga, .beta = 0.0, .negative_guard = 1,
-                 .eps = 1e-8},
-    };
-    return SUMO_SUCCESS;
+    *options = (sumo_aggregator_options){.struct_size = sizeof *options, .method = method};
+    return sumo_acga_options_default(&options->acga);
 }
 
 /* What every rank must have alike: method, layout and the method's options. */

@@ -114,14 +114,14 @@ static inline uint64_t sumo__fnv1a(uint64_t h, const void *data, size_t bytes)
  * without the sizes when it is NULL (for callers that hand out static sentences). 256 bytes
  * hold it. p must not be NULL.
  *     char why[256];
- *     if (SUMO__STRUCT_SIZE_PROBLEM(o, sumo_slowmo_options, why, sizeof why)) ... "%s", why
- *     const char *bad = SUMO__STRUCT_SIZE_PROBLEM(o, sumo_slowmo_options, NULL, 0);
+ *     if (SUMO__STRUCT_SIZE_PROBLEM(o, sumo_diloco_options, why, sizeof why)) ... "%s", why
+ *     const char *bad = SUMO__STRUCT_SIZE_PROBLEM(o, sumo_diloco_options, NULL, 0);
  */
 #define SUMO__STRUCT_SIZE_PROBLEM(p, type, why, why_bytes)                                       \
     sumo__struct_size_problem((p)->struct_size, sizeof(type),                                    \
                               #type ".struct_size is not sizeof(" #type ") in this library: "    \
-                              "fill it with that sizeof, as the _default and _preset functions " \
-                              "do, from the headers of the sumo you link",                      \
+                              "fill it with that sizeof, as the _default functions do, from " \
+                              "the headers of the sumo you link",                              \
                               (why), (why_bytes))
 const char *sumo__struct_size_problem(size_t given, size_t expected, const char *sentence,
                                       char *why, size_t why_bytes);

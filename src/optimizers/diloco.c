@@ -74,12 +74,9 @@ static bool from_average(const sumo_diloco_options *o)
 static const char *check_options(const sumo_diloco_options *o, sumo_dtype dtype, size_t ntensors,
                                  size_t n)
 {
-    if (o->struct_size != sizeof *o)
-        return "struct_size is not sizeof(sumo_diloco_options) of this library (fill the options "
-               "with sumo_diloco_options_default)";
-    if (o->acga && o->acga->struct_size != sizeof *o->acga)
-        return "acga->struct_size is not sizeof(sumo_acga_options) of this library (take the ACGA "
-               "options from sumo_acga_options_default)";
+    const char *bad = SUMO__STRUCT_SIZE_PROBLEM(o, sumo_diloco_options, NULL, 0);
+    if (bad == NULL && o->acga) bad = SUMO__STRUCT_SIZE_PROBLEM(o->acga, sumo_acga_options, NULL, 0);
+    if (bad) return bad;
     if (dtype != SUMO_FLOAT32 && dtype != SUMO_FLOAT64) return "parameters must be fp32 or fp64";
     if (o->sync_every < 1) return "sync_every (H) must be >= 1";
     if (o->fragments < 1 || o->fragments > o->sync_every)
@@ -103,8 +100,9 @@ static const char *check_options(const sumo_diloco_options *o, sumo_dtype dtype,
     if ((unsigned)o->combine > (unsigned)SUMO_COMBINE_ACGA)
         return "combine must be SUMO_COMBINE_AVERAGE, SUMO_COMBINE_ADASUM or SUMO_COMBINE_ACGA";
     if (o->compression != SUMO_COMPRESS_NONE) {
-        sumo_compression c = {.struct_size = sizeof c, .format = o->compression,
-                              .block_size = o->block_size, .op = SUMO_OP_AVERAGE};
+        sumo_compression c;
+        sumo_compression_default(o->compression, &c);
+        c.block_size = o->block_size;
         size_t b;
         if (sumo_compressed_bytes(&c, 1, &b) != SUMO_SUCCESS)
             return "compression must be a sumo_compression_format, with block_size a multiple "
@@ -472,8 +470,9 @@ static sumo_result start(sumo_diloco *d, const sumo__exec *x, unsigned char *par
         }
         d->stats.rounds++;
         if (d->o.compression != SUMO_COMPRESS_NONE) {
-            sumo_compression c = {.struct_size = sizeof c, .format = d->o.compression,
-                                  .block_size = d->o.block_size, .op = SUMO_OP_AVERAGE};
+            sumo_compression c;
+            sumo_compression_default(d->o.compression, &c);
+            c.block_size = d->o.block_size;
             size_t bytes = 0;
             sumo_compressed_bytes(&c, fr->n, &bytes);
             d->stats.bytes += bytes;

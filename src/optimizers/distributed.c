@@ -40,10 +40,16 @@ sumo_result sumo_distributed_create(sumo_comm *comm, sumo_optimizer *optimizer,
                                     const sumo_distributed_options *options,
                                     sumo_distributed **out)
 {
-    if (comm == NULL || optimizer == NULL || options == NULL || out == NULL || nparams == 0 ||
-        options->struct_size != sizeof *options || (unsigned)options->mode >= SUMO_UPDATE_MODE_COUNT ||
-        (unsigned)options->buffers > (unsigned)SUMO_BUFFERS_AVERAGE)
+    if (comm == NULL || optimizer == NULL || options == NULL || out == NULL || nparams == 0)
         return SUMO_ERR_INVALID_ARGUMENT;
+    char why[256];
+    if (SUMO__STRUCT_SIZE_PROBLEM(options, sumo_distributed_options, why, sizeof why))
+        return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT, "distributed create: %s", why);
+    if ((unsigned)options->mode >= SUMO_UPDATE_MODE_COUNT ||
+        (unsigned)options->buffers > (unsigned)SUMO_BUFFERS_AVERAGE)
+        return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT,
+                               "distributed create: mode %d or buffers %d is not one of the enum's",
+                               (int)options->mode, (int)options->buffers);
     if (options->mode != SUMO_UPDATE_OUTER && aggregator == NULL) return SUMO_ERR_INVALID_ARGUMENT;
     size_t n = 0, ntensors = 0;
     SUMO__CHECK(sumo_optimizer_size(optimizer, &n, &ntensors));

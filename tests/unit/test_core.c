@@ -15,6 +15,7 @@
 #include "sumo_diloco.h"
 #include "sumo_distributed.h"
 #include "sumo_optim.h"
+#include "sumo_shm.h"
 #include "support/harness.h"
 
 #include <math.h>
@@ -403,10 +404,23 @@ static void test_versions_and_sizes(void **state)
     assert_int_equal(sumo_diloco_create(c, NULL, 0, 10, SUMO_FLOAT32, &so, &s), SUMO_ERR_INVALID_ARGUMENT);
     sumo_comm_error_message(c, &m);
     assert_non_null(strstr(m, "struct_size"));
-    /* ACGA's options carry their own (the aggregator's default sets it), checked where ACGA is
-     * made: by an aggregator, or by DiLoCo from its acga pointer. */
+    /* ACGA's options carry their own (their default, and so the aggregator's, sets it),
+     * checked where ACGA is made: by an aggregator, or by DiLoCo from its acga pointer. */
+    sumo_acga_options acga_alone;
+    assert_int_equal(sumo_acga_options_default(&acga_alone), SUMO_SUCCESS);
     sumo_aggregator_options_default(SUMO_AGGREGATE_ACGA, &ao);
     assert_int_equal(ao.acga.struct_size, sizeof(sumo_acga_options));
+    assert_memory_equal(&acga_alone, &ao.acga, sizeof acga_alone);
+    /* Every options struct has its default, which sets the size. */
+    sumo_adasum_options ad;
+    sumo_compression cd;
+    sumo_shm_options sd;
+    assert_int_equal(sumo_adasum_options_default(&ad), SUMO_SUCCESS);
+    assert_int_equal(sumo_compression_default(SUMO_COMPRESS_E3M0, &cd), SUMO_SUCCESS);
+    assert_int_equal(sumo_shm_options_default(&sd), SUMO_SUCCESS);
+    assert_true(ad.struct_size == sizeof ad && cd.struct_size == sizeof cd && sd.struct_size == sizeof sd);
+    assert_true(cd.format == SUMO_COMPRESS_E3M0 && cd.block_size == 128 && cd.op == SUMO_OP_AVERAGE);
+    assert_int_equal(sumo_adasum_options_default(NULL), SUMO_ERR_INVALID_ARGUMENT);
     sumo_diloco_options dopt;
     sumo_diloco_options_default(SUMO_DILOCO_PRESET_DILOCO, &dopt);
     dopt.combine = SUMO_COMBINE_ACGA;
@@ -418,12 +432,12 @@ static void test_versions_and_sizes(void **state)
     ao.acga.struct_size = sizeof ao.acga - 8;
     assert_int_equal(sumo_aggregator_create(c, &ao, &agg), SUMO_ERR_INVALID_ARGUMENT);
     sumo_comm_error_message(c, &m);
-    assert_non_null(strstr(m, "acga: options struct_size"));
+    assert_non_null(strstr(m, "acga: sumo_acga_options.struct_size"));
     d = NULL;
     assert_int_equal(sumo_diloco_create(c, layout, 2, 8, SUMO_FLOAT32, &dopt, &d), SUMO_ERR_INVALID_ARGUMENT);
     assert_null(d);
     sumo_comm_error_message(c, &m);
-    assert_non_null(strstr(m, "acga->struct_size"));
+    assert_non_null(strstr(m, "sumo_acga_options.struct_size"));
     sumo_comm_destroy(c);
 }
 
