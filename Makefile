@@ -229,7 +229,7 @@ test-unit: $(UNIT_BINS) $(BUILD)/sumo
 
 # The subset that exercises threads against each other (what TSan is for).
 test-threads: $(UNIT_BINS)
-	@fail=0; for t in $(filter %collectives %async %faults %adasum_pair %adasum_tree %adasum_errors %acga_oracles %acga_options %acga_degenerate %acga_state %slowmo %distributed %core %seams_memory %seams_transport %compress %diloco,$(UNIT_BINS)); do echo "== $$t"; $$t || fail=1; done; exit $$fail
+	@fail=0; for t in $(filter %collectives %async %faults %adasum_pair %adasum_tree %adasum_errors %acga_oracles %acga_options %acga_degenerate %acga_state %slowmo %slowmo_api %distributed %core %seams_memory %seams_transport %compress %diloco %diloco_api,$(UNIT_BINS)); do echo "== $$t"; $$t || fail=1; done; exit $$fail
 
 MPIRUN_FLAGS ?= --oversubscribe --allow-run-as-root --mca btl self,vader --mca rmaps_base_oversubscribe 1
 test-mpi: $(MPI_TEST_BINS)

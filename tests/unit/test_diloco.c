@@ -35,7 +35,7 @@
  *
  * Rank threads only record; assertions run in the main thread.
  */
-#include "diloco_reference.h"
+#include "support/diloco_reference.h"
 
 /* ---- the reference, every shape ------------------------------------------------------------- */
 

@@ -1,0 +1,104 @@
+/*
+ * What a training run is asked to do (trainer.h runs it): the method, the model, the
+ * optimizer and the outer loop's options, evaluation, checkpoints; the method names the
+ * command line gives; and the run's settings as text, stored with a checkpoint so that a
+ * resumed run can be refused by the flags that differ.
+ */
+#ifndef SUMO_TRAIN_CONFIG_H
+#define SUMO_TRAIN_CONFIG_H
+
+#include "sumo.h"
+#include "sumo_aggregation.h"
+#include "sumo_diloco.h"
+#include "sumo_distributed.h"
+#include "sumo_optim.h"
+#include "train/model.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum sumo__method {
+    SUMO__METHOD_SUM,
+    SUMO__METHOD_AVG,
+    SUMO__METHOD_ADASUM,       /* Adasum on gradients */
+    SUMO__METHOD_ADASUM_DELTA, /* Adasum on optimizer deltas (Horovod's mode) */
+    SUMO__METHOD_ACGA,
+    SUMO__METHOD_SLOWMO,
+    SUMO__METHOD_LOCALSGD,
+    SUMO__METHOD_BMUF,
+    SUMO__METHOD_DILOCO,           /* sumo_diloco.h: DiLoCo's preset */
+    SUMO__METHOD_STREAMING_DILOCO, /* sumo_diloco.h: Streaming DiLoCo's preset */
+    SUMO__METHOD_COUNT
+} sumo__method;
+
+/* SlowMo and its presets: the outer loop with SlowMo's options and flags (--tau, ...). */
+static inline bool sumo__method_is_slowmo(sumo__method m)
+{
+    return m == SUMO__METHOD_SLOWMO || m == SUMO__METHOD_LOCALSGD || m == SUMO__METHOD_BMUF;
+}
+/* The DiLoCo family: the outer loop with DiLoCo's options and flags (--sync-every, ...). */
+static inline bool sumo__method_is_diloco(sumo__method m)
+{
+    return m == SUMO__METHOD_DILOCO || m == SUMO__METHOD_STREAMING_DILOCO;
+}
+/* The methods the distributed optimizer's OUTER mode runs. */
+static inline bool sumo__method_is_outer(sumo__method m)
+{
+    return sumo__method_is_slowmo(m) || sumo__method_is_diloco(m);
+}
+
+const char *sumo__method_name(sumo__method m);
+/* Parses a --reduce value; false when unknown. */
+bool sumo__method_parse(const char *name, sumo__method *out);
+
+typedef struct sumo__train_config {
+    int workers;                 /* N: ranks of the communicator (checked) */
+    sumo__model_kind model;
+    int hidden;                  /* MLP hidden units */
+    int batch;                   /* per worker */
+    int epochs;
+    uint64_t seed;
+    sumo__method method;
+    sumo_optimizer_options optim;
+    /* Learning rate: base is the single-worker rate; scale multiplies it (linear scaling:
+     * scale = N); warm-up over warmup_epochs from base to base * scale. */
+    double lr;
+    double lr_scale;
+    double warmup_epochs;
+    sumo_lr_kind schedule;       /* constant, step (x0.1 at 50% and 75%), cosine to 0 */
+    sumo_acga_options acga;
+    /* The outer methods' loop (fragment_of: NULL, or strided below) and what happens to the
+     * base optimizer's buffers after each outer step. */
+    sumo_diloco_options outer;
+    sumo_buffer_policy buffers;
+    bool diloco_strided;         /* fragment_of = tensor index mod fragments (the paper's) */
+    int adasum_hierarchical;
+    int adasum_group_size;
+    /* Evaluation and output */
+    int eval_every;              /* steps; 0: at the end of every epoch */
+    double target_accuracy;      /* for "steps to target"; 0: none */
+    size_t train_limit;          /* use only the first items of the training set; 0: all */
+    size_t test_limit;
+    const char *log_path;        /* CSV, written by rank 0; NULL: none */
+    const char *label;           /* the run's name in progress lines; NULL: the method's */
+    bool progress;               /* progress on stderr (rank 0) */
+    bool progress_inline;        /* one line rewritten in place (a terminal); else a line per
+                                    epoch, which a log file or a CI page can show */
+    /* Checkpoints */
+    const char *checkpoint_dir;  /* NULL: none */
+    int checkpoint_every;        /* steps; 0: only at the end */
+    int keep;                    /* checkpoints kept (the newest); < 1: 1 */
+    bool resume;
+    long stop_after;             /* stop after this many steps, saving a checkpoint there when
+                                    checkpoint_dir is set; 0: never */
+    bool verify_ranks;           /* after every synchronised step, check that all ranks hold
+                                    bit-identical parameters (tests; costs an allgather) */
+} sumo__train_config;
+
+void sumo__train_config_default(sumo__train_config *cfg);
+
+/* The settings that decide the trajectory, one "--flag value" per line (config.c says which). */
+void sumo__train_config_text(const sumo__train_config *c, char *out, size_t len);
+
+#endif
