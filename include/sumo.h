@@ -39,7 +39,7 @@ extern "C" {
 /* The version these headers describe. A library with another major.minor may lay out its
  * structs or enums differently: bindings compare sumo_version() with what they were made for. */
 #define SUMO_VERSION_MAJOR 0
-#define SUMO_VERSION_MINOR 2
+#define SUMO_VERSION_MINOR 3
 #define SUMO_VERSION_PATCH 0
 #define SUMO_VERSION_NUMBER (SUMO_VERSION_MAJOR * 10000 + SUMO_VERSION_MINOR * 100 + SUMO_VERSION_PATCH)
 

@@ -12,7 +12,7 @@ passes, so a change to a mirrored struct's fields is a change to this file.
 import ctypes
 
 # The library's major.minor this mirror was written for (sumo_version).
-SUMO_VERSION = (0, 2)
+SUMO_VERSION = (0, 3)
 
 # -- sumo.h ------------------------------------------------------------------------------------
 sumo_result = ctypes.c_int  # what every call returns (the enum's C type)
