@@ -9,7 +9,6 @@ tests in the same order."""
 import math
 import os
 import shutil
-import subprocess
 import tempfile
 
 import pytest
@@ -18,7 +17,7 @@ import torch
 import sumo
 import sumo.torch as st
 
-from driver_files import floats_to_file
+from driver_files import floats_to_file, run_outer_driver
 from reference import adasum_per_tensor
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
@@ -254,23 +253,13 @@ def test_python_and_c_give_the_same_bits(name):
         st.barrier()
         ok = torch.zeros(1, dtype=torch.float64)
         if st.rank() == 0:
-            floats_to_file(start, os.path.join(folder, "start"))
-            for r in range(st.size()):
-                floats_to_file(deltas[r], os.path.join(folder, "d.%d" % r))
-            out = os.path.join(folder, "c.out")
             ranges = isinstance(frags, tuple)
             F = frags[1] if ranges else frags if isinstance(frags, int) else max(frags) + 1
             # ... the inner lr, no inner averaging, unsharded, the split.
             options = [H, F, delay, merge, _ENUM[outer], olr, mom, _ENUM[combine], _ENUM[fmt],
                        block, INNER_LR, 0, 0, int(ranges)]
-            subprocess.run([os.path.join(ROOT, "build", "tests", "diloco_driver"), out,
-                            ",".join(map(str, SIZES)),
-                            "-" if isinstance(frags, (int, tuple)) else ",".join(map(str, frags)),
-                            ",".join(map(repr, options)), str(STEPS),
-                            os.path.join(folder, "start")] +
-                           [os.path.join(folder, "d.%d" % r) for r in range(st.size())],
-                           check=True)
-            c = open(out, "rb").read()
+            c = run_outer_driver(folder, SIZES, None if isinstance(frags, (int, tuple)) else frags,
+                                 options, STEPS, start, deltas)
             ok[0] = float(all(open(os.path.join(folder, "py.%d" % r), "rb").read() ==
                               c[r * N * 4:(r + 1) * N * 4] for r in range(st.size())))
         st.broadcast_(ok, 0)

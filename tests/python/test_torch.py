@@ -18,7 +18,7 @@ import sumo
 import sumo.torch as st
 from sumo.torch import hooks as sumo_hooks
 
-from driver_files import floats_to_file
+from driver_files import run_outer_driver
 from reference import adasum_per_tensor
 from sumo._abi import (SUMO_COMBINE_AVERAGE, SUMO_COMPRESS_NONE, SUMO_OUTER_HEAVY_BALL,
                        SUMO_SPLIT_TENSORS)
@@ -502,8 +502,6 @@ def test_slowmo_local_steps_do_not_communicate():
 def test_slowmo_python_and_c_give_the_same_bits(config):
     tau, inner, alpha, beta, efficient = config
     lr, steps, sizes = 0.5, 9, (37, 6)
-    # The outer loop's driver (tests/python/diloco_driver.c) with SlowMo's options.
-    driver = os.path.join(ROOT, "build", "tests", "diloco_driver")
     n = sum(sizes)
     start = torch.randn(n, generator=torch.Generator().manual_seed(11))
     # Each rank's deltas, step by step; the local step is SGD at lr on grad = delta / lr, which
@@ -523,19 +521,13 @@ def test_slowmo_python_and_c_give_the_same_bits(config):
     try:
         ok = torch.zeros(1, dtype=torch.float64)
         if st.rank() == 0:
-            floats_to_file(start, os.path.join(folder, "start"))
-            for r in range(st.size()):
-                floats_to_file(deltas[r], os.path.join(folder, "d.%d" % r))
-            out = os.path.join(folder, "c.out")
             # H, F, delay, merge, heavy ball, alpha, beta, average, no compression, block,
             # the inner lr, inner period, sharded, whole tensors.
             options = [tau, 1, 0, 0.0, SUMO_OUTER_HEAVY_BALL, alpha, beta, SUMO_COMBINE_AVERAGE,
                        SUMO_COMPRESS_NONE, 128, lr, inner, efficient, SUMO_SPLIT_TENSORS]
-            subprocess.run([driver, out, ",".join(map(str, sizes)), "-",
-                            ",".join(map(repr, options)), str(steps), os.path.join(folder, "start")] +
-                           [os.path.join(folder, "d.%d" % r) for r in range(st.size())], check=True)
+            c = run_outer_driver(folder, sizes, None, options, steps, start, deltas)
             # Rank 0's parameters, the first of the driver's rows.
-            c = torch.frombuffer(bytearray(open(out, "rb").read()[:n * 4]), dtype=torch.float32)
+            c = torch.frombuffer(bytearray(c[:n * 4]), dtype=torch.float32)
             ok[0] = float(torch.equal(c, got))
         st.broadcast_(ok, 0)
         assert ok.item() == 1, "sumo.torch.SlowMo and the C SlowMo differ"
