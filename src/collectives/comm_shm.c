@@ -1,4 +1,5 @@
 #include "collectives/comm.h"
+#include "common/settings.h"
 #include "transport/transport_shm.h"
 #include "sumo_shm.h"
 
@@ -14,6 +15,9 @@ static sumo_result check_options(const sumo_shm_options *o, char *err, size_t er
         return SUMO_ERR_INVALID_ARGUMENT;
     }
     const sumo_store *s = o->store;
+    /* The option takes what SUMO_SHM_STAGE_BYTES takes, exactly (the variable is rounded down). */
+    const sumo__setting *st = sumo__setting_info(SUMO__SETTING_SHM_STAGE_BYTES);
+    char stage_bad[96];
     const char *bad = NULL;
     if (s == NULL) bad = "options.store is NULL";
     else if (s->struct_size != sizeof *s) bad = "options.store->struct_size is not sizeof(sumo_store)";
@@ -21,9 +25,13 @@ static sumo_result check_options(const sumo_shm_options *o, char *err, size_t er
     else if (o->key_prefix == NULL) bad = "options.key_prefix is NULL";
     else if (o->size < 1 || o->size > SUMO_SHM_MAX_RANKS) bad = "options.size is not 1 .. SUMO_SHM_MAX_RANKS";
     else if (o->rank < 0 || o->rank >= o->size) bad = "options.rank is not 0 .. size - 1";
-    else if (o->stage_bytes != 0 && (o->stage_bytes < 8192 || o->stage_bytes > ((size_t)1 << 30) ||
-                                     o->stage_bytes % 4096 != 0))
-        bad = "options.stage_bytes is not 0 or a multiple of 4096 in 8 KiB .. 1 GiB";
+    else if (o->stage_bytes != 0 && ((double)o->stage_bytes < st->min ||
+                                     (double)o->stage_bytes > st->max ||
+                                     o->stage_bytes % (size_t)st->step != 0)) {
+        snprintf(stage_bad, sizeof stage_bad, "options.stage_bytes is not 0 or a multiple of %lld "
+                 "in %.0f .. %.0f", (long long)st->step, st->min, st->max);
+        bad = stage_bad;
+    }
     if (bad == NULL) return SUMO_SUCCESS;
     snprintf(err, errlen, "sumo_comm_create_shm: %s (rank %d, size %d)", bad, o->rank, o->size);
     return SUMO_ERR_INVALID_ARGUMENT;
@@ -34,9 +42,9 @@ sumo_result sumo_comm_create_shm(const sumo_shm_options *options, sumo_comm **ou
     if (out) *out = NULL;
     if (options == NULL || out == NULL) return SUMO_ERR_INVALID_ARGUMENT;
     char err[256] = "";
-    sumo__env env;
-    sumo_result r = check_options(options, err, sizeof err);
-    if (r == SUMO_SUCCESS) r = sumo__env_read(&env, err, sizeof err);
+    sumo__env env = {0};
+    sumo_result r = sumo__env_read(&env, err, sizeof err);
+    if (r == SUMO_SUCCESS) r = check_options(options, err, sizeof err);
     sumo__transport *tp = NULL;
     if (r == SUMO_SUCCESS) r = sumo__shm_transport_create(options, &env, &tp, err, sizeof err);
     if (r == SUMO_SUCCESS) {
@@ -45,8 +53,7 @@ sumo_result sumo_comm_create_shm(const sumo_shm_options *options, sumo_comm **ou
     }
     /* No handle carries the message: printed where asked for, and always for a malformed
      * environment (as every constructor does). */
-    if (r != SUMO_SUCCESS && (sumo__log_level_from_env() >= SUMO__LOG_WARN ||
-                              strncmp(err, "SUMO_", 5) == 0))
+    if (r != SUMO_SUCCESS && (env.log_level >= SUMO__LOG_WARN || strncmp(err, "SUMO_", 5) == 0))
         fprintf(stderr, "sumo: %s\n", err);
     /* error lies past the fields of an options struct of another size: only ours is written. */
     if (options->struct_size == sizeof *options && options->error && options->error_bytes > 0)

@@ -16,6 +16,7 @@
  * usual reaction to a dead peer is to end the job anyway.
  */
 #include "transport/transport_mpi.h"
+#include "common/settings.h"
 #include "transport/shm.h"
 
 #include <limits.h>
@@ -27,7 +28,6 @@
 
 /* MPI counts are int: larger messages go in pieces of this many bytes. */
 #define MAX_MESSAGE_BYTES ((size_t)1 << 30)
-#define DEFAULT_STAGE_BYTES ((size_t)512 * 1024)
 #define TAG 0x5d0
 
 /*
@@ -507,16 +507,6 @@ static const sumo__offload_ops mpi_offload = {
     .allreduce = mpi_offload_allreduce,
 };
 
-static size_t stage_bytes_from_env(void)
-{
-    const char *v = getenv("SUMO_SHM_STAGE_BYTES");
-    if (v == NULL || *v == '\0') return DEFAULT_STAGE_BYTES;
-    char *end;
-    unsigned long long b = strtoull(v, &end, 10);
-    if (*end != '\0' || b < 8192 || b > ((size_t)1 << 30)) return DEFAULT_STAGE_BYTES;
-    return (size_t)b / 4096 * 4096;
-}
-
 /* Ranks per node when nodes hold equal, consecutive blocks of ranks; else 0. layout holds
  * (node rank, node size) of every rank, a record of `stride` ints each. */
 static int packed_node_size(int size, const int *layout, int stride)
@@ -608,16 +598,28 @@ static sumo_result setup(mpi_transport *t, char *err, size_t errlen)
     MPI_Comm_rank(node, &node_rank);
     MPI_Comm_size(node, &node_size);
     MPI_Comm_free(&node);
+    /* Every rank reads both (a rank that refuses one fails every rank, after the agreement
+     * below); only rank 0's staging size counts. */
+    sumo__setting_value want = {0}, staging = {0};
+    char refused[256] = "";
+    bool settings_ok =
+        sumo__setting_read(SUMO__SETTING_MPI_SHM, &want, refused, sizeof refused) == SUMO_SUCCESS &&
+        sumo__setting_read(SUMO__SETTING_SHM_STAGE_BYTES, &staging, refused, sizeof refused) ==
+            SUMO_SUCCESS;
     /* Per rank: node rank, node size, wants shared memory, staging bytes / 4096. */
-    const char *shm_env = getenv("SUMO_MPI_SHM");
-    int mine[4] = {node_rank, node_size, !(shm_env && strcmp(shm_env, "0") == 0),
-                   (int)(stage_bytes_from_env() / 4096)};
+    int mine[4] = {node_rank, node_size, want.integer == 1, (int)(staging.integer / 4096)};
     int *all = malloc(sizeof(int) * 4 * (size_t)size);
-    int ok = all != NULL, all_ok = 0;
-    if (MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, t->comm) != MPI_SUCCESS || !all_ok) {
-        snprintf(err, errlen, "cannot allocate the node layout on %s", ok ? "a peer" : "this rank");
+    /* 0: fine, 1: out of memory, 2: a setting refused (the worst counts). */
+    int trouble = !settings_ok ? 2 : all == NULL ? 1 : 0, worst = 1;
+    if (MPI_Allreduce(&trouble, &worst, 1, MPI_INT, MPI_MAX, t->comm) != MPI_SUCCESS) worst = 1;
+    if (worst != 0) {
+        if (!settings_ok) snprintf(err, errlen, "%s", refused);
+        else if (worst == 2) snprintf(err, errlen, "a peer refused SUMO_MPI_SHM or "
+                                                   "SUMO_SHM_STAGE_BYTES (it printed why)");
+        else snprintf(err, errlen, "cannot allocate the node layout on %s",
+                      trouble ? "this rank" : "a peer");
         free(all);
-        return SUMO_ERR_SYSTEM;
+        return worst == 2 ? SUMO_ERR_INVALID_ARGUMENT : SUMO_ERR_SYSTEM;
     }
     if (MPI_Allgather(mine, 4, MPI_INT, all, 4, MPI_INT, t->comm) != MPI_SUCCESS) {
         snprintf(err, errlen, "MPI_Allgather of the node layout failed");

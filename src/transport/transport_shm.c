@@ -41,6 +41,7 @@
  * read what it staged or sent, and one that stays long after the others left loses nothing.
  */
 #include "transport/transport_shm.h"
+#include "common/settings.h"
 #include "transport/shm.h"
 
 #include <errno.h>
@@ -62,7 +63,6 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#define DEFAULT_STAGE_BYTES ((size_t)512 * 1024)
 #define PAGE ((size_t)4096)
 /* Chunks in flight per direction: the sender fills some while the receiver empties others. */
 #define NSLOT 4u
@@ -957,17 +957,33 @@ static sumo_result claim(shm_transport *t, char *note, size_t notelen)
     return SUMO_SUCCESS;
 }
 
+/* What only rank 0 reads: the staging size (the options', else SUMO_SHM_STAGE_BYTES) and
+ * whether to skip the memfd (SUMO_SHM_NAMED). */
+static sumo_result lead_settings(const meeting *m, size_t *stage_bytes, int *mech)
+{
+    sumo__setting_value v;
+    *stage_bytes = m->o->stage_bytes;
+    if (*stage_bytes == 0) {
+        SUMO__CHECK(sumo__setting_read(SUMO__SETTING_SHM_STAGE_BYTES, &v, m->err, m->errlen));
+        *stage_bytes = (size_t)v.integer;
+    }
+    SUMO__CHECK(sumo__setting_read(SUMO__SETTING_SHM_NAMED, &v, m->err, m->errlen));
+    *mech = v.integer ? MECH_NAMED : MECH_MEMFD;
+    return SUMO_SUCCESS;
+}
+
 /*
  * Rank 0: makes the segment, publishes it, hears every peer's outcome and says go, try again
  * (a peer could not open the memfd: the named object next), or fail.
  */
-static sumo_result lead(shm_transport *t, const meeting *m, size_t stage_bytes)
+static sumo_result lead(shm_transport *t, const meeting *m)
 {
     int size = t->base.size;
-    size_t slot_bytes = slot_bytes_for(size);
+    size_t slot_bytes = slot_bytes_for(size), stage_bytes = 0;
+    int mech = MECH_MEMFD;
+    /* A refused setting fails the peers too, at once and with its sentence. */
+    sumo_result refused = lead_settings(m, &stage_bytes, &mech);
     layout L = layout_of(size, stage_bytes, slot_bytes);
-    const char *named = getenv("SUMO_SHM_NAMED");
-    int mech = named && strcmp(named, "1") == 0 ? MECH_NAMED : MECH_MEMFD;
     for (int attempt = 0;; attempt++) {
         char key[KEY_BYTES];
         segment s;
@@ -977,12 +993,19 @@ static sumo_result lead(shm_transport *t, const meeting *m, size_t stage_bytes)
                           .total_bytes = L.total};
         SUMO__CHECK(make_key(m, key, "seg/%d", attempt));
         /* Rank 0's own staging area is allocated with the rest; each peer allocates its own. */
-        if (segment_make(&mech, L.total, 0, L.stage + stage_bytes, &s, m->err, m->errlen) != 0) {
-            rec.code = SUMO_ERR_SYSTEM;
+        if (refused != SUMO_SUCCESS ||
+            segment_make(&mech, L.total, 0, L.stage + stage_bytes, &s, m->err, m->errlen) != 0) {
+            rec.code = refused != SUMO_SUCCESS ? refused : SUMO_ERR_SYSTEM;
             snprintf(rec.note, sizeof rec.note, "rank 0: %s", m->err);
-            snprintf(m->err, m->errlen, "%s", rec.note);
-            meet_set(m, key, &rec, sizeof rec);
-            return SUMO_ERR_SYSTEM;
+            if (refused == SUMO_SUCCESS) snprintf(m->err, m->errlen, "%s", rec.note);
+            /* A refusal stays this rank's message as it is (it names the variable), and the
+             * first cause stays the message whatever the store does. */
+            char scratch[NOTE_BYTES];
+            meeting quiet = *m;
+            quiet.err = scratch;
+            quiet.errlen = sizeof scratch;
+            meet_set(&quiet, key, &rec, sizeof rec);
+            return (sumo_result)rec.code;
         }
         seg_header *h = (seg_header *)(void *)s.base;
         h->magic = SEG_MAGIC;
@@ -1136,16 +1159,6 @@ static sumo_result follow(shm_transport *t, const meeting *m)
     }
 }
 
-static size_t stage_bytes_from_env(void)
-{
-    const char *v = getenv("SUMO_SHM_STAGE_BYTES");
-    if (v == NULL || *v == '\0') return DEFAULT_STAGE_BYTES;
-    char *end;
-    unsigned long long b = strtoull(v, &end, 10);
-    if (*end != '\0' || b < 8192 || b > ((size_t)1 << 30)) return DEFAULT_STAGE_BYTES;
-    return (size_t)b / PAGE * PAGE;
-}
-
 sumo_result sumo__shm_transport_create(const sumo_shm_options *o, const sumo__env *env,
                                        sumo__transport **out,
                                        char *err, size_t errlen)
@@ -1175,8 +1188,7 @@ sumo_result sumo__shm_transport_create(const sumo_shm_options *o, const sumo__en
                                 .reach = SUMO__REACH_STAGED};
     meeting m = {.o = o, .deadline = sumo__now_ns() + t->base.timeout_ns, .seconds = seconds,
                  .err = err, .errlen = errlen};
-    size_t stage_bytes = o->stage_bytes ? o->stage_bytes : stage_bytes_from_env();
-    sumo_result r = o->rank == 0 ? lead(t, &m, stage_bytes) : follow(t, &m);
+    sumo_result r = o->rank == 0 ? lead(t, &m) : follow(t, &m);
     if (r == SUMO_SUCCESS && size > 1) {
         /* Every rank has mapped the segment and claimed its slot; the barrier publishes the
          * claims, within what is left of the creation's deadline. */
