@@ -184,16 +184,6 @@ typedef struct part_record {
 } part_record;
 _Static_assert(sizeof(part_record) <= SUMO__ANNOUNCE_BYTES, "a part record is one announcement");
 
-/* Memory from mem_alloc: one segment per rank, each mapped by every rank. */
-typedef struct region {
-    struct region *next;
-    unsigned char *user; /* this rank's part, what the caller got */
-    /* Per rank: its part's address in its own process, its length, and its mapping here. */
-    uint64_t *owner_address;
-    size_t *owner_bytes;
-    unsigned char **mapped;
-} region;
-
 typedef struct shm_transport {
     sumo__transport base;
     sumo__shm shm;
@@ -209,7 +199,9 @@ typedef struct shm_transport {
     pid_t *pid;
     /* A second rank the current wait depends on (a sendrecv blocked both ways), or -1. */
     int also;
-    region *regions; /* changed only by the collective mem_alloc / mem_free */
+    /* Memory from mem_alloc, one segment per rank, each mapped by every rank; changed only by
+     * the collective mem_alloc / mem_free. */
+    sumo__shm_region *regions;
     part_record *parts; /* mem_alloc's announcements (size entries), made with the transport */
 } shm_transport;
 
@@ -619,35 +611,21 @@ static void shm_abort(sumo__transport *tp)
     wake_every_bell(t);
 }
 
-/* The region holding [address, address + bytes) of rank's process, or NULL. */
-static const region *region_of(const shm_transport *t, int rank, uint64_t address, size_t bytes)
-{
-    for (const region *g = t->regions; g; g = g->next) {
-        if (sumo__shm_range_inside(g->owner_address[rank], g->owner_bytes[rank], address, bytes))
-            return g;
-    }
-    return NULL;
-}
-
 static bool shm_shares(sumo__transport *tp, const void *buf, size_t bytes)
 {
-    return region_of((shm_transport *)tp, tp->rank, (uint64_t)(uintptr_t)buf, bytes) != NULL;
+    return sumo__shm_region_shares(((shm_transport *)tp)->regions, tp->rank, buf, bytes);
 }
 
 static void *shm_peer_buffer(sumo__transport *tp, int rank, uint64_t address)
 {
-    /* The collectives ask only for addresses their owner said were shared. */
-    const region *g = region_of((shm_transport *)tp, rank, address, 0);
-    return g ? g->mapped[rank] + (address - g->owner_address[rank]) : NULL;
+    return sumo__shm_region_peer(((shm_transport *)tp)->regions, rank, address);
 }
 
-static void region_free(shm_transport *t, region *g)
+static void region_free(shm_transport *t, sumo__shm_region *g)
 {
     for (int r = 0; g->mapped && r < t->base.size; r++)
         if (g->mapped[r]) munmap(g->mapped[r], g->owner_bytes[r]);
-    free(g->owner_address);
-    free(g->owner_bytes);
-    free(g->mapped);
+    sumo__shm_region_tables_free(g);
     free(g);
 }
 
@@ -658,24 +636,17 @@ static int first_failure(const part_record *all, int size)
     return -1;
 }
 
-static region *region_new(int size)
+static sumo__shm_region *region_new(int size)
 {
-    region *g = calloc(1, sizeof *g);
-    if (g == NULL) return NULL;
-    g->owner_address = calloc((size_t)size, sizeof *g->owner_address);
-    g->owner_bytes = calloc((size_t)size, sizeof *g->owner_bytes);
-    g->mapped = calloc((size_t)size, sizeof *g->mapped);
-    if (g->owner_address && g->owner_bytes && g->mapped) return g;
-    free(g->owner_address);
-    free(g->owner_bytes);
-    free(g->mapped);
+    sumo__shm_region *g = calloc(1, sizeof *g);
+    if (g && sumo__shm_region_tables(g, size)) return g;
     free(g);
     return NULL;
 }
 
 /* Maps every peer's part of g; returns this rank's outcome. */
-static part_record map_parts(shm_transport *t, region *g, const part_record *all, char *note,
-                             size_t notelen)
+static part_record map_parts(shm_transport *t, sumo__shm_region *g, const part_record *all,
+                             char *note, size_t notelen)
 {
     for (int k = 0; k < t->base.size; k++) {
         if (k == t->base.rank) continue;
@@ -707,7 +678,7 @@ static sumo_result shm_mem_alloc(sumo__transport *tp, size_t bytes, void **ptr)
     shm_transport *t = (shm_transport *)tp;
     int size = tp->size, me = tp->rank;
     part_record *all = t->parts;
-    region *g = region_new(size);
+    sumo__shm_region *g = region_new(size);
     segment own = {.fd = -1};
     char note[160] = "";
     part_record mine = {.code = SUMO_ERR_SYSTEM, .err = ENOMEM, .pid = (int32_t)getpid(),
@@ -776,10 +747,8 @@ static sumo_result shm_mem_free(sumo__transport *tp, void *ptr)
 {
     shm_transport *t = (shm_transport *)tp;
     /* Local: each process's mappings keep the memory alive for the others. */
-    for (region **at = &t->regions; *at; at = &(*at)->next) {
-        region *g = *at;
-        if (g->user != ptr) continue;
-        *at = g->next;
+    sumo__shm_region *g = sumo__shm_region_take(&t->regions, ptr);
+    if (g) {
         region_free(t, g);
         return SUMO_SUCCESS;
     }
@@ -790,7 +759,7 @@ static sumo_result shm_mem_free(sumo__transport *tp, void *ptr)
 static void transport_free(shm_transport *t)
 {
     while (t->regions) {
-        region *g = t->regions;
+        sumo__shm_region *g = t->regions;
         t->regions = g->next;
         region_free(t, g);
     }
