@@ -53,7 +53,7 @@ typedef struct sumo__shm {
     /* Announcements this rank made: picks the payload slot (every rank counts alike). */
     uint32_t announces;
     /* Optional (NULL for threads and MPI, where one process holds every rank or the launcher
-     * ends the job): processes that nothing else watches (transport_shm.c) look at each sleep
+     * ends the job): processes that nothing else watches (shm_liveness.c) look at each sleep
      * slice of a wait for a rank that died. Returns the rank whose death makes the wait on
      * peer (-1: on every rank) hopeless, with how it was seen in why, or -1. */
     int (*watch)(struct sumo__shm *shm, int peer, char *why, size_t why_bytes);
