@@ -38,7 +38,8 @@ static sumo_cuda_kernels *of(void *ctx) { return ctx; }
 
 static bool debug_on(void)
 {
-    const char *v = getenv("SUMO_DEBUG");
+    const char *v;
+    sumo_setting("SUMO_DEBUG", &v); /* NULL when malformed (constructors refuse it) */
     return v && (strcasecmp(v, "WARN") == 0 || strcasecmp(v, "INFO") == 0);
 }
 

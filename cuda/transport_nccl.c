@@ -68,7 +68,8 @@ sumo_result sumo_cuda__nccl_load(sumo_cuda__nccl_api *api, char *why, size_t byt
 {
     memset(api, 0, sizeof *api);
     void *lib = NULL;
-    const char *path = getenv("SUMO_NCCL_LIBRARY");
+    const char *path;
+    sumo_setting("SUMO_NCCL_LIBRARY", &path); /* NULL when unset */
     /* An NCCL the process has loaded already comes first: a communicator must be driven by
      * the library that made it. */
     if (dlsym(RTLD_DEFAULT, "ncclCommUserRank") == NULL) {

@@ -194,14 +194,35 @@ typedef struct sumo_comm_stats {
 } sumo_comm_stats;
 
 /*
- * The environment every communicator reads when it is created: SUMO_TIMEOUT (the deadline in
- * seconds, a number > 0 and <= 1e8; 300 when unset) and SUMO_DEBUG (NONE, WARN or INFO, any
- * case; NONE when unset). A malformed or out-of-range value makes every constructor fail with
- * SUMO_ERR_INVALID_ARGUMENT, printing the reason on stderr (there is no handle yet to hold
- * it). sumo_env_check gives the same verdict, with the sentence in message (bytes long, may be
- * NULL), for callers that report errors their own way.
+ * The environment: every variable sumo reads is in one table (docs/settings.md, or `sumo
+ * environment`), with what it accepts and its default. Every communicator reads SUMO_TIMEOUT
+ * (the deadline in seconds, a number > 0 and <= 1e8; 300 when unset) and SUMO_DEBUG (NONE,
+ * WARN or INFO, any case; NONE when unset) when it is created; the MPI and shm transports read
+ * theirs as they start. A malformed or out-of-range value makes the call that reads it fail
+ * with SUMO_ERR_INVALID_ARGUMENT, naming the variable: a constructor prints the sentence on
+ * stderr (there is no handle yet to hold it). sumo_env_check checks every variable of the
+ * table, with the first refusal's sentence in message (bytes long, may be NULL), for callers
+ * that report errors their own way.
  */
 SUMO_API sumo_result sumo_env_check(char *message, size_t bytes);
+
+/*
+ * One setting of that table by name ("SUMO_DEBUG"): in *value, the text that applies: the
+ * environment's own (valid until the environment changes, as getenv's), a level as the table
+ * spells it ("WARN"), or the default when unset or empty (NULL where there is none). A
+ * malformed value, or a name not in the table, is SUMO_ERR_INVALID_ARGUMENT with *value NULL
+ * (sumo_env_check gives the sentence). For plugins and bindings built on this header alone.
+ */
+SUMO_API sumo_result sumo_setting(const char *name, const char **value);
+
+/*
+ * The table itself, for listing it (`sumo environment`, docs/settings.md): entry index (0, 1,
+ * ...; SUMO_ERR_INVALID_ARGUMENT past the last) as its name, what it accepts (a phrase written
+ * into accepts, bytes long), its default (NULL where there is none) and what it does. Any
+ * pointer may be NULL.
+ */
+SUMO_API sumo_result sumo_setting_describe(int index, const char **name, char *accepts,
+                                           size_t bytes, const char **fallback, const char **doc);
 
 /*
  * The deadline of every wait inside a collective on this handle, in seconds (> 0). A peer that

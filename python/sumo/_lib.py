@@ -137,6 +137,7 @@ _SIGS = {
     "sumo_comm_fail": (_R, [_c_comm_p, ctypes.c_int, ctypes.c_char_p]),
     "sumo_comm_abort": (_R, [_c_comm_p, ctypes.c_char_p]),
     "sumo_env_check": (_R, [ctypes.c_char_p, ctypes.c_size_t]),
+    "sumo_setting": (_R, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p)]),
     "sumo_comm_create_transport": (_R, [ctypes.c_void_p, ctypes.POINTER(_c_comm_p)]),
     "sumo_comm_create_shm": (_R, [ctypes.c_void_p, ctypes.POINTER(_c_comm_p)]),
 }

@@ -3,6 +3,7 @@
 #include "sumo_mpi.h"
 
 #include <stdio.h>
+#include <string.h>
 
 sumo_result sumo_comm_create_mpi(MPI_Comm comm, sumo_comm **out)
 {
@@ -16,8 +17,10 @@ sumo_result sumo_comm_create_mpi(MPI_Comm comm, sumo_comm **out)
     char err[256] = "";
     sumo_result r = sumo__mpi_transport_create(comm, &env, &tp, err, sizeof err);
     if (r != SUMO_SUCCESS) {
-        /* No handle exists to carry the message: this is the one place that prints. */
-        if (env.log_level >= SUMO__LOG_WARN) fprintf(stderr, "sumo: %s\n", err);
+        /* No handle exists to carry the message: this is the one place that prints, where
+         * asked for, and always for a setting this rank refused (as every constructor does). */
+        if (env.log_level >= SUMO__LOG_WARN || strncmp(err, "SUMO_", 5) == 0)
+            fprintf(stderr, "sumo: %s\n", err);
         return r;
     }
     return sumo__comm_wrap(tp, out);

@@ -1,4 +1,5 @@
 #include "collectives/comm.h"
+#include "common/settings.h"
 #include "transport/transport_shm.h"
 #include "sumo_shm.h"
 
@@ -17,9 +18,15 @@ static const char *fields_problem(const sumo_shm_options *o, char *why, size_t w
     if (o->key_prefix == NULL) return "options.key_prefix is NULL";
     if (o->size < 1 || o->size > SUMO_SHM_MAX_RANKS) return "options.size is not 1 .. SUMO_SHM_MAX_RANKS";
     if (o->rank < 0 || o->rank >= o->size) return "options.rank is not 0 .. size - 1";
-    if (o->stage_bytes != 0 && (o->stage_bytes < 8192 || o->stage_bytes > ((size_t)1 << 30) ||
-                                o->stage_bytes % 4096 != 0))
-        return "options.stage_bytes is not 0 or a multiple of 4096 in 8 KiB .. 1 GiB";
+    /* The option takes what SUMO_SHM_STAGE_BYTES takes, exactly (the variable is rounded
+     * down). */
+    const sumo__setting *st = sumo__setting_info(SUMO__SETTING_SHM_STAGE_BYTES);
+    if (o->stage_bytes != 0 && ((double)o->stage_bytes < st->min || (double)o->stage_bytes > st->max ||
+                                o->stage_bytes % (size_t)st->step != 0)) {
+        snprintf(why, why_bytes, "options.stage_bytes is not 0 or a multiple of %lld in %.0f .. %.0f",
+                 (long long)st->step, st->min, st->max);
+        return why;
+    }
     return NULL;
 }
 
@@ -30,12 +37,12 @@ static sumo_result check_options(const sumo_shm_options *o, char *err, size_t er
     /* Of another size, no field past struct_size is read, rank and size included. */
     const char *bad = SUMO__STRUCT_SIZE_PROBLEM(o, sumo_shm_options, why, sizeof why);
     if (bad != NULL) {
-        snprintf(err, errlen, "sumo_comm_create_shm: %s", bad);
+        snprintf(err, errlen, "sumo_comm_create_shm: %.200s", bad);
         return SUMO_ERR_INVALID_ARGUMENT;
     }
     bad = fields_problem(o, why, sizeof why);
     if (bad == NULL) return SUMO_SUCCESS;
-    snprintf(err, errlen, "sumo_comm_create_shm: %s (rank %d, size %d)", bad, o->rank, o->size);
+    snprintf(err, errlen, "sumo_comm_create_shm: %.200s (rank %d, size %d)", bad, o->rank, o->size);
     return SUMO_ERR_INVALID_ARGUMENT;
 }
 
@@ -51,9 +58,9 @@ sumo_result sumo_comm_create_shm(const sumo_shm_options *options, sumo_comm **ou
     if (out) *out = NULL;
     if (options == NULL || out == NULL) return SUMO_ERR_INVALID_ARGUMENT;
     char err[256] = "";
-    sumo__env env;
-    sumo_result r = check_options(options, err, sizeof err);
-    if (r == SUMO_SUCCESS) r = sumo__env_read(&env, err, sizeof err);
+    sumo__env env = {0};
+    sumo_result r = sumo__env_read(&env, err, sizeof err);
+    if (r == SUMO_SUCCESS) r = check_options(options, err, sizeof err);
     sumo__transport *tp = NULL;
     if (r == SUMO_SUCCESS) r = sumo__shm_transport_create(options, &env, &tp, err, sizeof err);
     if (r == SUMO_SUCCESS) {
@@ -62,8 +69,7 @@ sumo_result sumo_comm_create_shm(const sumo_shm_options *options, sumo_comm **ou
     }
     /* No handle carries the message: printed where asked for, and always for a malformed
      * environment (as every constructor does). */
-    if (r != SUMO_SUCCESS && (sumo__log_level_from_env() >= SUMO__LOG_WARN ||
-                              strncmp(err, "SUMO_", 5) == 0))
+    if (r != SUMO_SUCCESS && (env.log_level >= SUMO__LOG_WARN || strncmp(err, "SUMO_", 5) == 0))
         fprintf(stderr, "sumo: %s\n", err);
     /* error lies past the fields of an options struct of another size: only ours is written. */
     if (SUMO__STRUCT_SIZE_PROBLEM(options, sumo_shm_options, NULL, 0) == NULL && options->error &&

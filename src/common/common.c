@@ -1,11 +1,11 @@
 #include "common/common.h"
+#include "common/settings.h"
 #include "sumo_aggregation.h"
 #include "sumo_diloco.h"
 #include "sumo_distributed.h"
 #include "sumo_optim.h"
 #include "sumo_shm.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,58 +89,13 @@ const char *sumo__struct_size_problem(size_t given, size_t expected, const char 
     return why;
 }
 
-/* SUMO_DEBUG's value as a level, or -1 when it names none. */
-static int parse_level(const char *v)
-{
-    static const char *const names[] = {"NONE", "WARN", "INFO"};
-    for (int level = 0; level < 3; level++) {
-        const char *n = names[level];
-        size_t i = 0;
-        while (v[i] && n[i] && (v[i] == n[i] || v[i] == n[i] + ('a' - 'A'))) i++;
-        if (v[i] == '\0' && n[i] == '\0') return level;
-    }
-    return -1;
-}
-
-int sumo__log_level_from_env(void)
-{
-    const char *v = getenv("SUMO_DEBUG");
-    if (v == NULL || *v == '\0') return SUMO__LOG_NONE;
-    int level = parse_level(v);
-    return level < 0 ? SUMO__LOG_NONE : level;
-}
-
 sumo_result sumo__env_read(sumo__env *env, char *why, size_t why_bytes)
 {
-    env->timeout_s = 300.0;
-    env->log_level = SUMO__LOG_NONE;
-    const char *v = getenv("SUMO_DEBUG");
-    if (v != NULL && *v != '\0') {
-        int level = parse_level(v);
-        if (level < 0) {
-            if (why)
-                snprintf(why, why_bytes,
-                         "SUMO_DEBUG='%.64s' is not a log level: use NONE, WARN or INFO (or "
-                         "leave it unset)", v);
-            return SUMO_ERR_INVALID_ARGUMENT;
-        }
-        env->log_level = level;
-    }
-    v = getenv("SUMO_TIMEOUT");
-    if (v != NULL && *v != '\0') {
-        char *end = NULL;
-        errno = 0;
-        double s = strtod(v, &end);
-        /* The bound keeps deadlines (now + timeout in int64 nanoseconds) from overflowing. */
-        if (errno != 0 || end == v || *end != '\0' || !(s > 0) || s > 1e8) {
-            if (why)
-                snprintf(why, why_bytes,
-                         "SUMO_TIMEOUT='%.64s' is not a deadline: give seconds as a number > 0 "
-                         "and <= 1e8 (e.g. 300), or leave it unset for 300", v);
-            return SUMO_ERR_INVALID_ARGUMENT;
-        }
-        env->timeout_s = s;
-    }
+    sumo__setting_value v;
+    SUMO__CHECK(sumo__setting_read(SUMO__SETTING_DEBUG, &v, why, why_bytes));
+    env->log_level = (int)v.integer;
+    SUMO__CHECK(sumo__setting_read(SUMO__SETTING_TIMEOUT, &v, why, why_bytes));
+    env->timeout_s = v.number;
     return SUMO_SUCCESS;
 }
 
@@ -152,12 +107,13 @@ sumo_result sumo__env_for_create(sumo__env *env)
     return r;
 }
 
-sumo_result sumo_env_check(char *message, size_t bytes)
+sumo_result sumo__log_level_for_create(int *level)
 {
-    sumo__env env;
-    char why[256] = "";
-    sumo_result r = sumo__env_read(&env, why, sizeof why);
-    if (message && bytes) snprintf(message, bytes, "%s", why);
+    char why[256];
+    sumo__setting_value v;
+    sumo_result r = sumo__setting_read(SUMO__SETTING_DEBUG, &v, why, sizeof why);
+    if (r != SUMO_SUCCESS) fprintf(stderr, "sumo: %s\n", why);
+    *level = r == SUMO_SUCCESS ? (int)v.integer : SUMO__LOG_NONE;
     return r;
 }
 

@@ -20,19 +20,10 @@
 
 #define SUMO__CACHELINE 64
 
-/* An internal function that sumo's own MPI plugin (libsumo_mpi.so) calls in libsumo.so. The
- * MPI transport fills the internal transport table (staging areas, shared windows, offload)
- * that the public seam of sumo_ext.h does not carry, so it stays on the inside: libsumo.so
- * exports the functions marked here, and only these, under the version node
- * SUMO_PRIVATE_<version> (the Makefile makes the linker script from these marks), which a
- * plugin of another version cannot bind, as glibc keeps GLIBC_PRIVATE for its own. */
-#define SUMO__PLUGIN_API __attribute__((visibility("default")))
+#include "common/plugin_api.h"
 
 enum sumo__log_level { SUMO__LOG_NONE = 0, SUMO__LOG_WARN = 1, SUMO__LOG_INFO = 2 };
 
-/* The level asked for by SUMO_DEBUG (NONE, WARN, INFO). Read when a communicator is created
- * and kept in it, so no global state changes behind a running collective. */
-int sumo__log_level_from_env(void);
 void sumo__log(int threshold, int level, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 #define SUMO__LOG(threshold, level, ...) \
@@ -49,10 +40,12 @@ static inline void *sumo__aligned_alloc(size_t align, size_t bytes)
 /* Monotonic clock in nanoseconds. */
 SUMO__PLUGIN_API int64_t sumo__now_ns(void);
 
-/* The settings a communicator takes from the environment when it is created. */
+/* The settings every communicator takes from the environment when it is created (the table
+ * of common/settings.h says what each accepts), kept in its handle so that no global changes
+ * behind a running collective. */
 typedef struct sumo__env {
-    double timeout_s; /* SUMO_TIMEOUT: seconds, > 0 and <= 1e8; 300 when unset or empty */
-    int log_level;    /* SUMO_DEBUG: NONE, WARN or INFO (any case); NONE when unset or empty */
+    double timeout_s; /* SUMO_TIMEOUT */
+    int log_level;    /* SUMO_DEBUG: a sumo__log_level */
 } sumo__env;
 
 /* Reads both; a malformed or out-of-range value is SUMO_ERR_INVALID_ARGUMENT with a sentence
@@ -62,6 +55,10 @@ sumo_result sumo__env_read(sumo__env *env, char *why, size_t why_bytes);
 /* sumo__env_read for constructors that have no handle to carry the message yet: prints the
  * sentence on stderr (one line) when the environment is malformed. */
 SUMO__PLUGIN_API sumo_result sumo__env_for_create(sumo__env *env);
+
+/* SUMO_DEBUG alone, for constructors of objects without a communicator (an optimizer), which
+ * refuse a malformed value as sumo__env_for_create does; *level is NONE then. */
+sumo_result sumo__log_level_for_create(int *level);
 
 static inline size_t sumo__dtype_bytes(sumo_dtype dtype)
 {

@@ -120,7 +120,8 @@ sumo_result sumo_optimizer_create(const sumo_optimizer_options *options,
                                   const size_t *tensor_sizes, size_t ntensors,
                                   sumo_optimizer **optimizer)
 {
-    int log_level = sumo__log_level_from_env();
+    int log_level;
+    SUMO__CHECK(sumo__log_level_for_create(&log_level));
     if (options == NULL || tensor_sizes == NULL || ntensors == 0 || optimizer == NULL) {
         SUMO__LOG(log_level, SUMO__LOG_WARN, "optimizer create: NULL argument or no tensors");
         return SUMO_ERR_INVALID_ARGUMENT;

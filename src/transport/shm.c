@@ -1,5 +1,6 @@
 #include "transport/shm.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include <errno.h>
@@ -203,4 +204,59 @@ sumo_result sumo__shm_announce(sumo__transport *tp, sumo__shm *shm, const void *
     for (int r = 0; r < shm->size; r++)
         memcpy((unsigned char *)all + (size_t)r * bytes, desc[r].payload[slot], bytes);
     return SUMO_SUCCESS;
+}
+
+bool sumo__shm_region_tables(sumo__shm_region *g, int size)
+{
+    g->owner_address = calloc((size_t)size, sizeof *g->owner_address);
+    g->owner_bytes = calloc((size_t)size, sizeof *g->owner_bytes);
+    g->mapped = calloc((size_t)size, sizeof *g->mapped);
+    if (g->owner_address && g->owner_bytes && g->mapped) return true;
+    sumo__shm_region_tables_free(g);
+    return false;
+}
+
+void sumo__shm_region_tables_free(sumo__shm_region *g)
+{
+    free(g->owner_address);
+    free(g->owner_bytes);
+    free(g->mapped);
+    g->owner_address = NULL;
+    g->owner_bytes = NULL;
+    g->mapped = NULL;
+}
+
+/* The region of list holding [address, address + bytes) of rank's process, or NULL. */
+static const sumo__shm_region *region_of(const sumo__shm_region *list, int rank,
+                                         uint64_t address, size_t bytes)
+{
+    for (const sumo__shm_region *g = list; g; g = g->next) {
+        if (g->mapped == NULL) continue;
+        if (sumo__shm_range_inside(g->owner_address[rank], g->owner_bytes[rank], address, bytes))
+            return g;
+    }
+    return NULL;
+}
+
+bool sumo__shm_region_shares(const sumo__shm_region *list, int rank, const void *buf, size_t bytes)
+{
+    return region_of(list, rank, (uint64_t)(uintptr_t)buf, bytes) != NULL;
+}
+
+void *sumo__shm_region_peer(const sumo__shm_region *list, int rank, uint64_t address)
+{
+    /* The collectives ask only for addresses their owner said were shared. */
+    const sumo__shm_region *g = region_of(list, rank, address, 0);
+    return g ? g->mapped[rank] + (address - g->owner_address[rank]) : NULL;
+}
+
+sumo__shm_region *sumo__shm_region_take(sumo__shm_region **list, const void *user)
+{
+    for (sumo__shm_region **at = list; *at; at = &(*at)->next) {
+        sumo__shm_region *g = *at;
+        if (g->user != user) continue;
+        *at = g->next;
+        return g;
+    }
+    return NULL;
 }

@@ -53,7 +53,7 @@ typedef struct sumo__shm {
     /* Announcements this rank made: picks the payload slot (every rank counts alike). */
     uint32_t announces;
     /* Optional (NULL for threads and MPI, where one process holds every rank or the launcher
-     * ends the job): processes that nothing else watches (transport_shm.c) look at each sleep
+     * ends the job): processes that nothing else watches (shm_liveness.c) look at each sleep
      * slice of a wait for a rank that died. Returns the rank whose death makes the wait on
      * peer (-1: on every rank) hopeless, with how it was seen in why, or -1. */
     int (*watch)(struct sumo__shm *shm, int peer, char *why, size_t why_bytes);
@@ -61,12 +61,38 @@ typedef struct sumo__shm {
 } sumo__shm;
 
 /* Whether [address, address + bytes) lies inside a region of len bytes at lo, written so that no
- * sum can overflow: the mapped-memory lookups of the MPI and shm transports share it. */
+ * sum can overflow. */
 static inline bool sumo__shm_range_inside(uint64_t lo, uint64_t len, uint64_t address,
                                           uint64_t bytes)
 {
     return address >= lo && address - lo <= len && bytes <= len - (address - lo);
 }
+
+/*
+ * Memory from mem_alloc that every rank maps (the MPI transport's shared windows, the shm
+ * transport's segments), in a list each transport keeps: per rank, where its part lives in its
+ * own process (the address its collectives announce), its length, and this process's mapping
+ * of it. A transport that holds more per region (a window) puts this first in its own record.
+ */
+typedef struct sumo__shm_region {
+    struct sumo__shm_region *next;
+    unsigned char *user; /* this rank's part, as the caller got it */
+    /* Per rank; NULL where nothing is shared (the MPI transport across nodes). */
+    uint64_t *owner_address;
+    size_t *owner_bytes;
+    unsigned char **mapped;
+} sumo__shm_region;
+
+/* Allocates g's per-rank tables, zeroed; false (none left allocated) when out of memory. */
+SUMO__PLUGIN_API bool sumo__shm_region_tables(sumo__shm_region *g, int size);
+/* Frees g's per-rank tables (the mappings are the transport's to undo). */
+SUMO__PLUGIN_API void sumo__shm_region_tables_free(sumo__shm_region *g);
+/* A transport's shares: whether [buf, buf + bytes) of this rank lies in one of list's regions. */
+SUMO__PLUGIN_API bool sumo__shm_region_shares(const sumo__shm_region *list, int rank, const void *buf, size_t bytes);
+/* A transport's peer_buffer: this process's mapping of address in rank's process, or NULL. */
+SUMO__PLUGIN_API void *sumo__shm_region_peer(const sumo__shm_region *list, int rank, uint64_t address);
+/* Unlinks from *list the region the caller got as user and returns it; NULL when none. */
+SUMO__PLUGIN_API sumo__shm_region *sumo__shm_region_take(sumo__shm_region **list, const void *user);
 
 SUMO__PLUGIN_API size_t sumo__shm_ctl_bytes(int size);
 /* Initialises a zeroed control block for size ranks (done by one rank before the others use it). */

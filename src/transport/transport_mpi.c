@@ -16,6 +16,7 @@
  * usual reaction to a dead peer is to end the job anyway.
  */
 #include "transport/transport_mpi.h"
+#include "common/settings.h"
 #include "transport/shm.h"
 
 #include <limits.h>
@@ -27,7 +28,6 @@
 
 /* MPI counts are int: larger messages go in pieces of this many bytes. */
 #define MAX_MESSAGE_BYTES ((size_t)1 << 30)
-#define DEFAULT_STAGE_BYTES ((size_t)512 * 1024)
 #define TAG 0x5d0
 
 /*
@@ -36,15 +36,9 @@
  * Across nodes it is plain memory (win == MPI_WIN_NULL) that nothing shares.
  */
 typedef struct shared_region {
-    struct shared_region *next;
+    sumo__shm_region r; /* first: the list holds these; r.user is base rounded up to a page */
     MPI_Win win;
     unsigned char *base; /* this rank's part */
-    unsigned char *user; /* what the caller got: base rounded up to a page */
-    /* Per rank: its part's address in its own process, its length, and where it is mapped
-     * here (win != MPI_WIN_NULL only). */
-    uint64_t *owner_address;
-    size_t *owner_bytes;
-    unsigned char **mapped;
 } shared_region;
 
 typedef struct mpi_transport {
@@ -58,7 +52,8 @@ typedef struct mpi_transport {
     bool have_win;
     sumo__shm shm; /* have_win only */
     unsigned char **stage;
-    shared_region *regions; /* changed only by the collective mem_alloc / mem_free */
+    /* shared_regions, changed only by the collective mem_alloc / mem_free */
+    sumo__shm_region *regions;
 } mpi_transport;
 
 /* note is appended to the message ("" for none). */
@@ -295,33 +290,17 @@ static void region_drop(shared_region *g)
     } else {
         free(g->base);
     }
-    free(g->owner_address);
-    free(g->owner_bytes);
-    free(g->mapped);
-}
-
-/* The shared region holding [address, address + bytes) of rank's process, or NULL. */
-static const shared_region *region_of(const mpi_transport *t, int rank, uint64_t address,
-                                      size_t bytes)
-{
-    for (const shared_region *g = t->regions; g; g = g->next) {
-        if (g->win == MPI_WIN_NULL) continue;
-        if (sumo__shm_range_inside(g->owner_address[rank], g->owner_bytes[rank], address, bytes))
-            return g;
-    }
-    return NULL;
+    sumo__shm_region_tables_free(&g->r);
 }
 
 static bool mpi_shares(sumo__transport *tp, const void *buf, size_t bytes)
 {
-    return region_of((mpi_transport *)tp, tp->rank, (uint64_t)(uintptr_t)buf, bytes) != NULL;
+    return sumo__shm_region_shares(((mpi_transport *)tp)->regions, tp->rank, buf, bytes);
 }
 
 static void *mpi_peer_buffer(sumo__transport *tp, int rank, uint64_t address)
 {
-    /* The collectives ask only for addresses their owner said were shared. */
-    const shared_region *g = region_of((mpi_transport *)tp, rank, address, 0);
-    return g ? g->mapped[rank] + (address - g->owner_address[rank]) : NULL;
+    return sumo__shm_region_peer(((mpi_transport *)tp)->regions, rank, address);
 }
 
 /* Whether every rank says ok (a collective: everyone calls it, whatever its own outcome). */
@@ -341,13 +320,10 @@ static sumo_result alloc_shared(mpi_transport *t, shared_region *g, size_t bytes
 {
     sumo__transport *tp = &t->base;
     size_t size = (size_t)tp->size;
-    g->owner_address = calloc(size, sizeof *g->owner_address);
-    g->owner_bytes = calloc(size, sizeof *g->owner_bytes);
-    g->mapped = calloc(size, sizeof *g->mapped);
+    bool tables = sumo__shm_region_tables(&g->r, tp->size);
     uint64_t *layout = calloc(2 * size, sizeof *layout);
     /* MPI_Aint is signed, and the page added below must not wrap the size. */
-    able = able && g->owner_address && g->owner_bytes && g->mapped && layout &&
-           bytes <= (size_t)PTRDIFF_MAX - 4096;
+    able = able && tables && layout && bytes <= (size_t)PTRDIFF_MAX - 4096;
     MPI_Info info;
     MPI_Info_create(&info);
     /* Each rank's part on its own pages (and its own NUMA node when first touched there). */
@@ -362,7 +338,7 @@ static sumo_result alloc_shared(mpi_transport *t, shared_region *g, size_t bytes
     bool ok = all_ranks_ok(t, able && rc == MPI_SUCCESS);
     if (ok) {
         g->base = base;
-        g->user = (unsigned char *)(((uintptr_t)base + 4095) & ~(uintptr_t)4095);
+        g->r.user = (unsigned char *)(((uintptr_t)base + 4095) & ~(uintptr_t)4095);
         MPI_Win_lock_all(MPI_MODE_NOCHECK, g->win);
         uint64_t mine[2] = {(uintptr_t)base, part};
         ok = MPI_Allgather(mine, 2, MPI_UINT64_T, layout, 2, MPI_UINT64_T, t->comm) == MPI_SUCCESS;
@@ -373,9 +349,9 @@ static sumo_result alloc_shared(mpi_transport *t, shared_region *g, size_t bytes
             /* MPI may round a part up to whole pages. */
             ok = MPI_Win_shared_query(g->win, (int)r, &rbytes, &disp, &ptr) == MPI_SUCCESS &&
                  (uint64_t)rbytes >= layout[2 * r + 1] && ptr != NULL;
-            g->owner_address[r] = layout[2 * r];
-            g->owner_bytes[r] = (size_t)layout[2 * r + 1];
-            g->mapped[r] = ptr;
+            g->r.owner_address[r] = layout[2 * r];
+            g->r.owner_bytes[r] = (size_t)layout[2 * r + 1];
+            g->r.mapped[r] = ptr;
         }
         ok = all_ranks_ok(t, ok);
     }
@@ -409,7 +385,7 @@ static sumo_result mpi_mem_alloc(sumo__transport *tp, size_t bytes, void **ptr)
     } else {
         /* Across nodes nothing is shared: plain memory, listed so that mem_free knows it. This
          * rank's outcome alone: the communicator then agrees on everyone's. */
-        use->base = use->user = g ? sumo__aligned_alloc(4096, bytes) : NULL;
+        use->base = use->r.user = g ? sumo__aligned_alloc(4096, bytes) : NULL;
         r = use->base ? SUMO_SUCCESS
                       : SUMO__FAIL_TOGETHER(tp, SUMO_ERR_SYSTEM, "mem_alloc: out of memory for %zu bytes", bytes);
     }
@@ -418,19 +394,17 @@ static sumo_result mpi_mem_alloc(sumo__transport *tp, size_t bytes, void **ptr)
         free(g);
         return r;
     }
-    g->next = t->regions;
-    t->regions = g;
-    *ptr = g->user;
+    g->r.next = t->regions;
+    t->regions = &g->r;
+    *ptr = g->r.user;
     return SUMO_SUCCESS;
 }
 
 static sumo_result mpi_mem_free(sumo__transport *tp, void *ptr)
 {
     mpi_transport *t = (mpi_transport *)tp;
-    for (shared_region **at = &t->regions; *at; at = &(*at)->next) {
-        shared_region *g = *at;
-        if (g->user != ptr) continue;
-        *at = g->next;
+    shared_region *g = (shared_region *)sumo__shm_region_take(&t->regions, ptr);
+    if (g) {
         region_drop(g);
         free(g);
         return SUMO_SUCCESS;
@@ -469,8 +443,8 @@ static sumo_result mpi_destroy(sumo__transport *tp)
     } else {
         /* Collective frees, in the same order on every rank (the list is built alike). */
         while (t->regions) {
-            shared_region *g = t->regions;
-            t->regions = g->next;
+            shared_region *g = (shared_region *)t->regions;
+            t->regions = g->r.next;
             region_drop(g);
             free(g);
         }
@@ -506,16 +480,6 @@ static const sumo__offload_ops mpi_offload = {
     .reduce_support = mpi_reduce_support,
     .allreduce = mpi_offload_allreduce,
 };
-
-static size_t stage_bytes_from_env(void)
-{
-    const char *v = getenv("SUMO_SHM_STAGE_BYTES");
-    if (v == NULL || *v == '\0') return DEFAULT_STAGE_BYTES;
-    char *end;
-    unsigned long long b = strtoull(v, &end, 10);
-    if (*end != '\0' || b < 8192 || b > ((size_t)1 << 30)) return DEFAULT_STAGE_BYTES;
-    return (size_t)b / 4096 * 4096;
-}
 
 /* Ranks per node when nodes hold equal, consecutive blocks of ranks; else 0. layout holds
  * (node rank, node size) of every rank, a record of `stride` ints each. */
@@ -608,16 +572,28 @@ static sumo_result setup(mpi_transport *t, char *err, size_t errlen)
     MPI_Comm_rank(node, &node_rank);
     MPI_Comm_size(node, &node_size);
     MPI_Comm_free(&node);
+    /* Every rank reads both (a rank that refuses one fails every rank, after the agreement
+     * below); only rank 0's staging size counts. */
+    sumo__setting_value want = {0}, staging = {0};
+    char refused[256] = "";
+    bool settings_ok =
+        sumo__setting_read(SUMO__SETTING_MPI_SHM, &want, refused, sizeof refused) == SUMO_SUCCESS &&
+        sumo__setting_read(SUMO__SETTING_SHM_STAGE_BYTES, &staging, refused, sizeof refused) ==
+            SUMO_SUCCESS;
     /* Per rank: node rank, node size, wants shared memory, staging bytes / 4096. */
-    const char *shm_env = getenv("SUMO_MPI_SHM");
-    int mine[4] = {node_rank, node_size, !(shm_env && strcmp(shm_env, "0") == 0),
-                   (int)(stage_bytes_from_env() / 4096)};
+    int mine[4] = {node_rank, node_size, want.integer == 1, (int)(staging.integer / 4096)};
     int *all = malloc(sizeof(int) * 4 * (size_t)size);
-    int ok = all != NULL, all_ok = 0;
-    if (MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, t->comm) != MPI_SUCCESS || !all_ok) {
-        snprintf(err, errlen, "cannot allocate the node layout on %s", ok ? "a peer" : "this rank");
+    /* 0: fine, 1: out of memory, 2: a setting refused (the worst counts). */
+    int trouble = !settings_ok ? 2 : all == NULL ? 1 : 0, worst = 1;
+    if (MPI_Allreduce(&trouble, &worst, 1, MPI_INT, MPI_MAX, t->comm) != MPI_SUCCESS) worst = 1;
+    if (worst != 0) {
+        if (!settings_ok) snprintf(err, errlen, "%s", refused);
+        else if (worst == 2) snprintf(err, errlen, "a peer refused SUMO_MPI_SHM or "
+                                                   "SUMO_SHM_STAGE_BYTES (it printed why)");
+        else snprintf(err, errlen, "cannot allocate the node layout on %s",
+                      trouble ? "this rank" : "a peer");
         free(all);
-        return SUMO_ERR_SYSTEM;
+        return worst == 2 ? SUMO_ERR_INVALID_ARGUMENT : SUMO_ERR_SYSTEM;
     }
     if (MPI_Allgather(mine, 4, MPI_INT, all, 4, MPI_INT, t->comm) != MPI_SUCCESS) {
         snprintf(err, errlen, "MPI_Allgather of the node layout failed");

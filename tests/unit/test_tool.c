@@ -284,6 +284,59 @@ static void test_checkpoint_housekeeping(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* The repository's root as this file was compiled (make builds from there), with a trailing
+ * slash; skips the test where that cannot be told. */
+static void source_root(char *root, size_t bytes)
+{
+    snprintf(root, bytes, "%s", __FILE__);
+    char *cut = strstr(root, "tests/unit/test_tool.c");
+    if (cut == NULL) {
+        print_message("compiled as %s: cannot find the sources: skipped\n", __FILE__);
+        skip();
+    }
+    *cut = '\0';
+}
+
+/* docs/settings.md holds the table `sumo environment --markdown` prints from the library's
+ * own, row for row, and `sumo --help` names every setting: neither can drift from the table. */
+static void test_environment_listed_as_documented(void **state)
+{
+    (void)state;
+    require_binary();
+    char root[4096], path[4200];
+    source_root(root, sizeof root);
+    snprintf(path, sizeof path, "%sdocs/settings.md", root);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    static char docs[1 << 16];
+    size_t n = fread(docs, 1, sizeof docs - 1, f);
+    fclose(f);
+    docs[n] = '\0';
+    char *table, *help, *plain;
+    assert_int_equal(run_sumo("environment --markdown", &table), 0);
+    assert_int_equal(run_sumo("--help", &help), 0);
+    assert_int_equal(run_sumo("environment", &plain), 0);
+    if (strstr(docs, table) == NULL)
+        print_message("docs/settings.md does not hold this table (regenerate it with `sumo "
+                      "environment --markdown`):\n%s", table);
+    assert_non_null(strstr(docs, table));
+    int count = 0, rows = 0;
+    const char *name;
+    for (; sumo_setting_describe(count, &name, NULL, 0, NULL, NULL) == SUMO_SUCCESS; count++) {
+        char row[128];
+        snprintf(row, sizeof row, "| `%s` |", name);
+        assert_non_null(strstr(table, row));
+        assert_non_null(strstr(help, name));
+        assert_non_null(strstr(plain, name));
+    }
+    for (const char *p = docs; (p = strstr(p, "\n| `SUMO_")) != NULL; p++) rows++;
+    assert_int_equal(count, 7);
+    assert_int_equal(rows, count);
+    free(table);
+    free(help);
+    free(plain);
+}
+
 /* The tool is a client of the public API (include/) and of the training driver (src/train/),
  * the layer below it; a benchmark of other internals belongs in bench/. Reads the sources
  * beside this file's, as compiled (make builds from the repository root). */
@@ -291,13 +344,7 @@ static void test_tool_includes_no_private_header(void **state)
 {
     (void)state;
     char root[4096];
-    snprintf(root, sizeof root, "%s", __FILE__);
-    char *cut = strstr(root, "tests/unit/test_tool.c");
-    if (cut == NULL) {
-        print_message("compiled as %s: cannot find the sources: skipped\n", __FILE__);
-        skip();
-    }
-    *cut = '\0';
+    source_root(root, sizeof root);
     char dir[4200];
     snprintf(dir, sizeof dir, "%stools/sumo", root);
     DIR *d = opendir(dir);
@@ -362,6 +409,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_checkpoint_housekeeping),
         cmocka_unit_test(test_train_usage_errors),
         cmocka_unit_test(test_tool_includes_no_private_header),
+        cmocka_unit_test(test_environment_listed_as_documented),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -97,9 +97,10 @@ static void print_transport(const bench_report *rep)
         for (int i = 0; i < o->nranks; i++) printf("%s%d", i ? "," : " ", o->ranks[i]);
         printf(", threads %s\n", o->pin ? "pinned one per cpu (round robin)" : "not pinned");
     } else {
-        const char *shm = getenv("SUMO_MPI_SHM");
+        const char *shm;
+        sumo_setting("SUMO_MPI_SHM", &shm); /* the communicator refused it already if malformed */
         printf(", P = %d on %d machine(s), SUMO_MPI_SHM=%s\n", rep->world_size, rep->nodes,
-               shm ? shm : "(unset)");
+               shm ? shm : "(malformed)");
     }
 }
 

@@ -10,7 +10,13 @@
 #ifndef SUMO_TOOL_COMMANDS_H
 #define SUMO_TOOL_COMMANDS_H
 
+#include <stdio.h>
+
 int sumo_cmd_bench(int argc, char **argv);
 int sumo_cmd_train(int argc, char **argv);
+int sumo_cmd_environment(int argc, char **argv);
+
+/* The environment variables sumo reads, a line each, for `sumo --help` (environment.c). */
+void sumo_print_settings_short(FILE *out);
 
 #endif

@@ -25,6 +25,9 @@ static const sumo_command commands[] = {
     {"train", "data-parallel training on Fashion-MNIST with any aggregation method; several "
               "methods are compared in one table",
      sumo_cmd_train},
+    {"environment", "the environment variables sumo reads: what each accepts, its default and "
+                    "what it does (--markdown: docs/settings.md's table)",
+     sumo_cmd_environment},
     {"help", "list the subcommands, or show one's options: sumo help SUBCOMMAND", cmd_help},
 };
 
@@ -42,8 +45,9 @@ static void list_commands(FILE *out)
     fprintf(out, "usage: sumo SUBCOMMAND [options]    (sumo %d.%d.%d)\n\nsubcommands:\n",
             SUMO_VERSION_MAJOR, SUMO_VERSION_MINOR, SUMO_VERSION_PATCH);
     for (size_t i = 0; i < NCOMMANDS; i++)
-        fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
-    fprintf(out, "\n`sumo SUBCOMMAND --help` (or `sumo help SUBCOMMAND`) shows its options.\n");
+        fprintf(out, "  %-12s %s\n", commands[i].name, commands[i].summary);
+    fprintf(out, "\n`sumo SUBCOMMAND --help` (or `sumo help SUBCOMMAND`) shows its options.\n\n");
+    sumo_print_settings_short(out);
 }
 
 static int cmd_help(int argc, char **argv)

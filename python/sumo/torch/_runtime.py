@@ -222,8 +222,11 @@ def _launcher():
 
 
 def _deadline_s():
-    """SUMO_TIMEOUT as sumo reads it (the environment was checked before)."""
-    return float(os.environ.get("SUMO_TIMEOUT") or 300.0)
+    """SUMO_TIMEOUT as sumo reads it, its default included (the environment was checked
+    before)."""
+    value = ctypes.c_char_p()
+    lib.sumo_setting(b"SUMO_TIMEOUT", ctypes.byref(value))
+    return float(value.value)
 
 
 def _check_environment():

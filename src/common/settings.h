@@ -1,0 +1,71 @@
+/*
+ * Every environment variable sumo reads, in one table: its type, range, default and meaning,
+ * read through one parser that refuses a malformed value by name ("SUMO_X='...' is not ...:
+ * expected ..."). A value is read where it is used (a constructor, a transport's creation) and
+ * kept in the handle that uses it, never in a global. `sumo environment` and docs/settings.md
+ * list this table; tests/unit/test_tool.c holds the two together.
+ *
+ * Only sumo.h and plugin_api.h are included: common.c includes this header, so it cannot
+ * include common.h.
+ */
+#ifndef SUMO_SETTINGS_H
+#define SUMO_SETTINGS_H
+
+#include "sumo.h"
+#include "common/plugin_api.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum sumo__setting_id {
+    SUMO__SETTING_TIMEOUT,
+    SUMO__SETTING_DEBUG,
+    SUMO__SETTING_SHM_STAGE_BYTES,
+    SUMO__SETTING_SHM_NAMED,
+    SUMO__SETTING_MPI_SHM,
+    SUMO__SETTING_NCCL_LIBRARY,
+    SUMO__SETTING_TEST_EXIT_DURING_SAVE,
+    SUMO__SETTING_COUNT
+} sumo__setting_id;
+
+typedef enum sumo__setting_type {
+    SUMO__SETTING_NUMBER,  /* a decimal number with min < x <= max */
+    SUMO__SETTING_INTEGER, /* a whole number, min <= x <= max, rounded down to a multiple of step */
+    SUMO__SETTING_SWITCH,  /* 0 or 1 */
+    SUMO__SETTING_CHOICE,  /* one of choices, in any case; the value is its index */
+    SUMO__SETTING_TEXT     /* anything (a path): never refused */
+} sumo__setting_type;
+
+typedef struct sumo__setting {
+    const char *name;
+    sumo__setting_type type;
+    const char *noun;           /* what a value is ("a deadline"): a refused one "is not" that */
+    const char *unit;           /* what the number counts, or what the text names */
+    double min, max;            /* NUMBER, INTEGER */
+    int64_t step;               /* INTEGER: 0 or 1 for none */
+    const char *const *choices; /* CHOICE: upper case, NULL-terminated */
+    const char *fallback;       /* the value when unset or empty, as written; NULL: none */
+    const char *doc;            /* what it does and what reads it */
+} sumo__setting;
+
+typedef struct sumo__setting_value {
+    bool set;         /* the environment gives it (set and not empty) */
+    double number;    /* NUMBER */
+    int64_t integer;  /* INTEGER (rounded), SWITCH, CHOICE (the index) */
+    const char *text; /* as written (a CHOICE as the table spells it), the fallback, or NULL */
+} sumo__setting_value;
+
+const sumo__setting *sumo__setting_info(sumo__setting_id id);
+
+/* What a value must be, as the refusal and the lists say it ("seconds, a number > 0 and <=
+ * 100000000"). */
+void sumo__setting_accepts(const sumo__setting *s, char *out, size_t bytes);
+
+/* Reads setting id from the environment, or its fallback when unset or empty. A malformed or
+ * out-of-range value is SUMO_ERR_INVALID_ARGUMENT with a sentence in why (may be NULL) naming
+ * the variable, its value and what is accepted. */
+SUMO__PLUGIN_API sumo_result sumo__setting_read(sumo__setting_id id, sumo__setting_value *value, char *why,
+                                                size_t why_bytes);
+
+#endif
