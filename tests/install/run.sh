@@ -60,7 +60,10 @@ int main(void)
 C
 cc -std=c11 $(pkg-config --cflags sumo) "$prefix/check.c" $(pkg-config --libs sumo) -o "$prefix/check_shared"
 LD_LIBRARY_PATH=$prefix/lib "$prefix/check_shared"
-ldd "$prefix/check_shared" | grep -q "$soname" || { echo "install: not linked to $soname"; exit 1; }
+# ldd's output is taken whole first: `ldd | grep -q` under pipefail fails when grep stops
+# reading early and ldd dies of SIGPIPE.
+libs=$(ldd "$prefix/check_shared")
+grep -q "$soname" <<< "$libs" || { echo "install: not linked to $soname"; exit 1; }
 cc -std=c11 $(pkg-config --cflags sumo) "$prefix/check.c" "$prefix/lib/libsumo.a" $(pkg-config --libs-only-other --static sumo) -lm -o "$prefix/check_static"
 "$prefix/check_static"
 
@@ -88,7 +91,8 @@ int main(void)
 }
 C
   mpicc -std=c11 $(pkg-config --cflags sumo-mpi) "$prefix/check_mpi.c" $(pkg-config --libs sumo-mpi) -o "$prefix/check_mpi_shared"
-  ldd "$prefix/check_mpi_shared" | grep -q libsumo_mpi.so.0 || { echo "install: not linked to libsumo_mpi.so.0"; exit 1; }
+  libs=$(ldd "$prefix/check_mpi_shared")
+  grep -q libsumo_mpi.so.0 <<< "$libs" || { echo "install: not linked to libsumo_mpi.so.0"; exit 1; }
   mpicc -std=c11 $(pkg-config --cflags sumo-mpi) "$prefix/check_mpi.c" "$prefix/lib/libsumo_mpi.a" "$prefix/lib/libsumo.a" -lm -pthread -o "$prefix/check_mpi_static"
   mpi_note="no mpirun: MPI checks built, not run"
   if command -v mpirun > /dev/null; then
