@@ -30,7 +30,7 @@ step make test-install
 step tests/python/run.sh
 # The package as a user installs it: sdist, a wheel built from it alone, a fresh venv with
 # torch 2.x and no checkout on the path, `python -m sumo` and test_torch/test_abi against it
-# (about 80 s; skipped with the torch 2.x environment).
+# (about 2 minutes on two busy cores; skipped with the torch 2.x environment).
 step tests/python/wheel.sh
 # A rank stopped, killed or leaving early under mpirun ends the job within the deadline.
 step make test-faults

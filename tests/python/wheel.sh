@@ -5,8 +5,8 @@
 # packages nor the checkout, with the torch 2.x of build/torch-venv (scripts/torch-venv.sh)
 # added through a .pth file instead of a second 5 GB install. Then, from a temporary folder:
 # `python -m sumo`, which must name the package's own library, and the binding's single-process
-# tests (test_torch.py, test_abi.py) against the installed package (SUMO_TEST_INSTALLED=1;
-# they still read the checkout's headers and C drivers, as references).
+# tests (test_torch.py, test_abi.py, test_slurm.py) against the installed package
+# (SUMO_TEST_INSTALLED=1; they still read the checkout's headers and C drivers, as references).
 #
 # Skips, saying so, as run.sh does: SUMO_SKIP_TORCH=1 or venv, SUMO_NO_PYTHON=1.
 set -euo pipefail
@@ -67,5 +67,5 @@ SUMO_LIBRARY=/nonexistent/libsumo.so.0 "$py" -c "import sumo._lib as l, sys; sys
 
 SUMO_TEST_INSTALLED=1 SUMO_TIMEOUT=${SUMO_TIMEOUT:-60} timeout -k 10 600 "$py" -m pytest -q --color=no \
   -p no:cacheprovider -W "ignore:Failed to initialize NumPy" \
-  "$root/tests/python/test_torch.py" "$root/tests/python/test_abi.py" || fail "pytest against the installed wheel"
+  "$root/tests/python/test_torch.py" "$root/tests/python/test_abi.py" "$root/tests/python/test_slurm.py" || fail "pytest against the installed wheel"
 echo "ok   - wheel: sdist, wheel, fresh venv and the binding's tests against it in $(( $(date +%s) - start )) s"
