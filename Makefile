@@ -105,6 +105,12 @@ endif
 .PHONY: all test test-unit test-threads test-mpi test-cli clean
 all: $(TARGETS)
 
+# The shared libraries alone, what the Python package carries (setup.py: `pip install .`):
+# libsumo.so, libsumo_mpi.so where MPI is found, libsumo_cuda.so where nvcc is (added below).
+# Needs neither cmocka, OpenBLAS nor zlib.
+.PHONY: shared
+shared: $(BUILD)/libsumo.so $(if $(MPICC),$(BUILD)/libsumo_mpi.so)
+
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
@@ -341,6 +347,7 @@ LIBSUMO_CUDA_SO := $(BUILD)/libsumo_cuda.so
 CUDA_TARGETS  := $(LIBSUMO_CUDA) $(LIBSUMO_CUDA_SO) $(BUILD)/tests/test_cuda $(BUILD)/bench/cuda_adasum
 all: $(CUDA_TARGETS)
 cuda: $(CUDA_TARGETS)
+shared: $(LIBSUMO_CUDA_SO)
 
 $(CUDA_C_OBJS): $(BUILD)/cuda/%.o: cuda/%.c
 	@mkdir -p $(dir $@)

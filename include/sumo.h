@@ -76,6 +76,11 @@ typedef enum sumo_dtype {
  * describe: compare with SUMO_VERSION_MAJOR and SUMO_VERSION_MINOR). Any pointer may be NULL. */
 SUMO_API sumo_result sumo_version(int *major, int *minor, int *patch);
 
+/* The instruction set sumo's host kernels dispatch to on this machine: "avx512", "avx2" or
+ * "portable" (picked at run time; Adasum's and ACGA's sums follow the vector width, so runs
+ * are bit-identical between machines that agree on it). For build reports (`python -m sumo`). */
+SUMO_API sumo_result sumo_kernel_isa(const char **name);
+
 /*
  * sizeof the public struct named `name` ("sumo_adasum_options", "sumo_aggregator_options",
  * ...) in this library, for bindings that mirror the structs by hand (ctypes) and must not

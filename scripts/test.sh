@@ -28,6 +28,10 @@ step make test-install
 # mpirun -np 2 and 3, and a rank killed mid-training. SUMO_SKIP_TORCH=1 (or venv, debian)
 # skips, saying so; otherwise a missing torch or pytest fails the step.
 step tests/python/run.sh
+# The package as a user installs it: sdist, a wheel built from it alone, a fresh venv with
+# torch 2.x and no checkout on the path, `python -m sumo` and test_torch/test_abi against it
+# (about 2 minutes on two busy cores; skipped with the torch 2.x environment).
+step tests/python/wheel.sh
 # A rank stopped, killed or leaving early under mpirun ends the job within the deadline.
 step make test-faults
 # Each fuzzer (IDX, checkpoint, command line) for a minute from the kept corpus; skipped,

@@ -28,34 +28,43 @@ class SumoError(RuntimeError):
 
 
 def _candidates():
-    # An explicit path first, then the build folder of the checkout this package sits in
-    # (python/sumo -> build/), then the dynamic linker's search path (an installed copy).
+    """(path, where it comes from): the copy `pip install .` put in the package (sumo/_libs),
+    an explicit path, the build folder of the checkout this package sits in (python/sumo ->
+    build/: the checkout itself, or an editable install), the dynamic linker's search path
+    (`make install`)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    yield os.path.join(here, "_libs", "libsumo.so.0"), "the package's own"
     env = os.environ.get("SUMO_LIBRARY")
     if env:
-        yield env
-    here = os.path.dirname(os.path.abspath(__file__))
-    yield os.path.join(here, "..", "..", "build", "libsumo.so.0")
-    yield "libsumo.so.0"
+        yield env, "SUMO_LIBRARY"
+    yield os.path.join(here, "..", "..", "build", "libsumo.so.0"), "the checkout's build/"
+    yield "libsumo.so.0", "the system's (the dynamic linker's path)"
 
 
 def _load():
     errors = []
-    for path in _candidates():
+    for path, source in _candidates():
+        if os.sep in path and not os.path.exists(path):
+            errors.append("%s (%s): not there" % (path, source))
+            continue
         try:
             # libsumo_mpi (mpi() below) binds to this copy: the dynamic linker matches its
             # dependency on libsumo.so.0 with the soname of the library already loaded.
-            return ctypes.CDLL(path)
+            return ctypes.CDLL(path), source
         except OSError as e:
-            errors.append("%s: %s" % (path, e))
-    raise ImportError("sumo: cannot load libsumo.so.0 (build it with `make`, or set "
+            errors.append("%s (%s): %s" % (path, source, e))
+    raise ImportError("sumo: cannot load libsumo.so.0 (`pip install .` from sumo's checkout "
+                      "builds it into the package; or build it with `make`, or set "
                       "SUMO_LIBRARY):\n  " + "\n  ".join(errors))
 
 
-lib = _load()
+# SOURCE: which of _candidates() it is, for the build report (python -m sumo).
+lib, SOURCE = _load()
 
 _R = _abi.sumo_result
 _SIGS = {
     "sumo_version": (_R, [ctypes.POINTER(ctypes.c_int)] * 3),
+    "sumo_kernel_isa": (_R, [ctypes.POINTER(ctypes.c_char_p)]),
     "sumo_struct_size": (_R, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)]),
     "sumo_enum_value": (_R, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64)]),
     "sumo_strerror": (ctypes.c_char_p, [_R]),
@@ -158,8 +167,8 @@ for _name, (_res, _args) in _SIGS.items():
 _abi.check(lib)
 
 
-def _directory():
-    """Where the dynamic linker found libsumo (lib._name may be a bare soname)."""
+def _path():
+    """The file the dynamic linker loaded as libsumo (lib._name may be a bare soname)."""
     class DlInfo(ctypes.Structure):
         _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
                     ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
@@ -169,15 +178,20 @@ def _directory():
         dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(DlInfo)]
         if dladdr(ctypes.cast(lib.sumo_version, ctypes.c_void_p), ctypes.byref(info)) \
                 and info.dli_fname:
-            return os.path.dirname(os.path.normpath(os.fsdecode(info.dli_fname)))
-    return os.path.dirname(lib._name)
+            return os.path.normpath(os.fsdecode(info.dli_fname))
+    return lib._name
+
+
+PATH = _path()
+# The plugins beside it: the package's _libs/, the build folder or the installed lib/.
+MPI_LIBRARY = os.path.join(os.path.dirname(PATH), "libsumo_mpi.so.%d" % _abi.SUMO_VERSION[0])
+CUDA_LIBRARY = os.path.join(os.path.dirname(PATH), "libsumo_cuda.so")
 
 
 # The MPI transport is a library of its own beside libsumo, loaded only when a launch asks for
 # MPI: a process started by torchrun never loads Open MPI. It binds libsumo's internals under
 # the node SUMO_PRIVATE_<version>, so the dynamic linker refuses one of another version than
 # the libsumo checked above.
-MPI_LIBRARY = os.path.join(_directory(), "libsumo_mpi.so.%d" % _abi.SUMO_VERSION[0])
 HAVE_MPI = os.path.exists(MPI_LIBRARY)
 _mpi = None
 
@@ -198,6 +212,13 @@ def mpi():
             fn.restype, fn.argtypes = res, args
         _mpi = handle
     return _mpi
+
+
+def version():
+    """The loaded library's version, "major.minor.patch"."""
+    v = [ctypes.c_int() for _ in range(3)]
+    lib.sumo_version(*[ctypes.byref(x) for x in v])
+    return "%d.%d.%d" % tuple(x.value for x in v)
 
 
 def result_name(code):

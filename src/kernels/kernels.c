@@ -380,6 +380,13 @@ const char *sumo__kernel_isa_name(sumo__isa isa)
 
 const char *sumo__kernel_isa(void) { return sumo__kernel_isa_name(sumo__kernel_isa_best()); }
 
+sumo_result sumo_kernel_isa(const char **name)
+{
+    if (!name) return SUMO_ERR_INVALID_ARGUMENT;
+    *name = sumo__kernel_isa();
+    return SUMO_SUCCESS;
+}
+
 /* A path the CPU lacks (or an unknown value) becomes the best one it has. */
 static sumo__isa usable(sumo__isa isa)
 {

@@ -7,7 +7,11 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+# The checkout's binding, unless SUMO_TEST_INSTALLED=1 (tests/python/wheel.sh): then the
+# package installed from the wheel, and the checkout's must not be what is imported.
+_CHECKOUT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+if os.environ.get("SUMO_TEST_INSTALLED", "0") in ("", "0"):
+    sys.path.insert(0, os.path.join(_CHECKOUT, "python"))
 os.environ.setdefault("SUMO_TIMEOUT", "60")
 
 try:
@@ -30,6 +34,10 @@ def sumo_comm():
         yield None
         return
     import sumo.torch as st
+    if os.environ.get("SUMO_TEST_INSTALLED", "0") not in ("", "0"):
+        here = os.path.realpath(st.__file__)
+        if here.startswith(os.path.join(_CHECKOUT, "python") + os.sep):
+            pytest.exit("SUMO_TEST_INSTALLED: sumo.torch came from the checkout (%s)" % here, 2)
     transport = os.environ.get("SUMO_TEST_TRANSPORT") or None
     if transport in ("group", "shm") and "OMPI_COMM_WORLD_RANK" in os.environ:
         # The process-group path under mpirun (Debian's torch 1.13 ships a torchrun that

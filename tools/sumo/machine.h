@@ -11,6 +11,8 @@
 #ifndef SUMO_TOOL_MACHINE_H
 #define SUMO_TOOL_MACHINE_H
 
+#include <sumo.h>
+
 char *openblas_get_corename(void);
 
 /* OpenBLAS's kernel family on this CPU ("Haswell", "SkylakeX", ...). */
@@ -20,23 +22,12 @@ static inline const char *sumo_tool_blas_core(void)
     return name && *name ? name : "unknown";
 }
 
-/* The instruction set sumo's kernels dispatch to here. The public API does not say, so this
- * follows the library's rule (sumo__kernel_isa_best in src/kernels/kernels.c): AVX-512 needs
- * AVX2, FMA and F16C besides avx512f; AVX2 needs FMA and F16C. */
+/* The instruction set sumo's kernels dispatch to here (sumo_kernel_isa). */
 static inline const char *sumo_tool_kernel_isa(void)
 {
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-    __builtin_cpu_init();
-#ifdef __clang__
-    const int f16c = 1; /* clang's builtin knows no "f16c"; every AVX2 CPU has it */
-#else
-    const int f16c = __builtin_cpu_supports("f16c");
-#endif
-    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
-    if (avx2 && __builtin_cpu_supports("avx512f")) return "avx512";
-    if (avx2) return "avx2";
-#endif
-    return "portable";
+    const char *name = "unknown";
+    sumo_kernel_isa(&name);
+    return name;
 }
 
 #endif

@@ -7,9 +7,11 @@ Where the communicator comes from (init):
     group passed in): every rank of the group on one host -> sumo's shared-memory transport,
     rendezvousing through the group's store ("shm"); across hosts -> sumo's collectives over
     the group's own point-to-point calls (_pg_transport.py, "group");
+  - srun (a Slurm job step): the process group made from the step's variables (_slurm.py:
+    rank 0 on the step's first host, a port from the job and step ids), then as torchrun's;
   - no launcher: one rank (threads transport).
-A launcher sumo cannot join (srun, a WORLD_SIZE without a rendezvous) is refused with a
-message, never turned into a world of one.
+A launcher sumo cannot join (PBS, LSF, a WORLD_SIZE without a rendezvous, a Slurm step that
+lacks a variable) is refused with a message, never turned into a world of one.
 """
 import atexit
 import collections
@@ -24,7 +26,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .. import _lib
+from .. import _lib, _slurm
 from .._abi import (SUMO_SUCCESS, SUMO_ERR_INVALID_ARGUMENT, SUMO_ERR_TIMEOUT,
                     SUMO_ERR_PEER_FAILURE, SUMO_FLOAT32, SUMO_FLOAT64, SUMO_FLOAT16,
                     SUMO_BFLOAT16, sumo_adasum_options, sumo_shm_options)
@@ -43,7 +45,8 @@ _MPI_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
 _TORCHRUN_VARS = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
 _ENV_RENDEZVOUS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # Launchers that start several processes that sumo does not join by itself.
-_OTHER_LAUNCHERS = (("SLURM_NTASKS", "srun"), ("PBS_NP", "PBS"), ("LSB_DJOB_NUMPROC", "LSF"))
+_OTHER_LAUNCHERS = (("SLURM_NTASKS", "a Slurm batch script outside an srun step"),
+                    ("PBS_NP", "PBS"), ("LSB_DJOB_NUMPROC", "LSF"))
 
 class _State:
     comm = None          # ctypes.c_void_p: the sumo_comm
@@ -212,6 +215,8 @@ def _launcher():
         return "mpi"
     if any(v in os.environ for v in _TORCHRUN_VARS) or all(v in os.environ for v in _ENV_RENDEZVOUS):
         return "torchrun"
+    if _slurm.in_step(os.environ):
+        return "srun"
     if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         return "a launcher that set WORLD_SIZE=%s without MASTER_ADDR and MASTER_PORT" \
             % os.environ["WORLD_SIZE"]
@@ -245,12 +250,14 @@ def init(timeout=None, process_group=True, transport=None, group=None):
         return
     _check_environment()
     launcher = _launcher()
+    if launcher == "srun" and not dist.is_initialized():
+        _slurm.step(os.environ)  # refused here, naming the variable, when incomplete
     if transport is None:
         if group is not None or (dist.is_initialized() and launcher != "mpi"):
             transport = "pg"
         elif launcher == "mpi":
             transport = "mpi"
-        elif launcher == "torchrun":
+        elif launcher in ("torchrun", "srun"):
             transport = "pg"
         elif launcher is not None:
             raise RuntimeError(
@@ -323,8 +330,16 @@ def _init_group(group, transport):
     memory (rendezvous through the group's store), else through the group itself."""
     from . import _pg_transport as pgt
     if not dist.is_initialized():
-        # torchrun's rendezvous: env:// (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE).
-        dist.init_process_group("gloo", timeout=timedelta(seconds=_deadline_s()))
+        if _launcher() == "srun":
+            # The step's rank 0 listens on the first host of the step, at a port both the
+            # job and the step name.
+            step = _slurm.step(os.environ)
+            dist.init_process_group("gloo", init_method="tcp://%s:%d" % (step["host"], step["port"]),
+                                    rank=step["rank"], world_size=step["size"],
+                                    timeout=timedelta(seconds=_deadline_s()))
+        else:
+            # torchrun's rendezvous: env:// (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE).
+            dist.init_process_group("gloo", timeout=timedelta(seconds=_deadline_s()))
         state.made_group = True
     base = group if group is not None else dist.group.WORLD
     rank, size = dist.get_rank(base), dist.get_world_size(base)
