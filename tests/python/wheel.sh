@@ -35,7 +35,7 @@ echo "ok   - sdist $sdist ($(( $(date +%s) - start )) s)"
 "$torch_py" -m pip wheel -q --no-deps --no-build-isolation -w "$tmp/dist" "$tmp/dist/$sdist" > "$log" 2>&1 \
   || fail "pip wheel from the sdist"
 wheel=$(cd "$tmp/dist" && ls sumo-*.whl)
-libs=$(unzip -Z1 "$tmp/dist/$wheel" | grep '^sumo/_libs/' | sed 's|sumo/_libs/||' | paste -sd' ')
+libs=$("$torch_py" -c "import sys, zipfile; print(' '.join(n[len('sumo/_libs/'):] for n in zipfile.ZipFile(sys.argv[1]).namelist() if n.startswith('sumo/_libs/')))" "$tmp/dist/$wheel")
 echo "ok   - wheel $wheel from the sdist, with $libs ($(( $(date +%s) - start )) s)"
 case " $libs " in *" libsumo.so.0 "*) ;; *) fail "the wheel has no sumo/_libs/libsumo.so.0" ;; esac
 if command -v mpicc > /dev/null; then
