@@ -130,10 +130,12 @@ static inline void ref_init(ref *R, const cfg *c, bool doc)
     R->c = c;
     R->doc = doc;
     int *tf = R->tensor_frag;
-    ref_split(c, tf);
     size_t j = 0;
-    for (size_t t = 0; t < NT; t++)
-        for (size_t e = 0; e < LAYOUT[t]; e++) R->frag_of_elem[j++] = tf[t];
+    if (!c->ranges) { /* whole tensors (F <= NT) */
+        ref_split(c, tf);
+        for (size_t t = 0; t < NT; t++)
+            for (size_t e = 0; e < LAYOUT[t]; e++) R->frag_of_elem[j++] = tf[t];
+    }
     /* Ranges: element j belongs to the f with floor(f N / F) <= j < floor((f + 1) N / F). */
     for (j = 0; c->ranges && j < N; j++)
         for (int f = 0; f < c->F; f++)
