@@ -81,6 +81,23 @@ SUMO_API sumo_result sumo_shm_options_default(sumo_shm_options *options);
  */
 SUMO_API sumo_result sumo_comm_create_shm(const sumo_shm_options *options, sumo_comm **out);
 
+/*
+ * A store in a directory, for processes of one machine that have none of their own (a C
+ * program started by srun or by a script; `sumo train` under srun uses it): each key is a
+ * file, written whole and renamed into place, and a get polls for it. The directory is made
+ * (mode 0700) when missing; one that exists must be a directory of this user's that no one
+ * else may enter (SUMO_ERR_INVALID_ARGUMENT otherwise: whoever can write there could answer
+ * the meeting). Every rank creates its own handle on the same directory; SUMO_ERR_SYSTEM when
+ * it cannot be made or read. Thread-safe: the handle holds nothing that changes.
+ */
+SUMO_API sumo_result sumo_store_create_dir(const char *dir, sumo_store **store);
+/* Frees a store from sumo_store_create_dir (NULL: nothing). With remove_files, also deletes
+ * the keys' files and then the directory, unless something else is in it: do that on one rank
+ * once every rank is past sumo_comm_create_shm (after a collective on the new communicator),
+ * or the others may still be reading. SUMO_ERR_INVALID_ARGUMENT for a store made otherwise;
+ * SUMO_ERR_SYSTEM when a file could not be removed (the handle is freed all the same). */
+SUMO_API sumo_result sumo_store_destroy_dir(sumo_store *store, int remove_files);
+
 #ifdef __cplusplus
 }
 #endif

@@ -8,6 +8,8 @@
 #                              the ~270 packages torch pulls in): the C library, the tool, the
 #                              C tests and the experiments need none of them; the binding's
 #                              tests then skip, saying so. Also through run.sh and test.sh.
+#   scripts/deps.sh --slurm    also Slurm's daemons and munge, for the test command's real
+#                              single-node Slurm (tests/slurm/run.sh); the library needs neither
 #   scripts/deps.sh --print    the packages it would make sure of, one a line; installs nothing
 #
 # What it installs on a Debian 12 base image, and how that was measured: README.md, "Set-up".
@@ -18,11 +20,12 @@ case ${SUMO_NO_PYTHON:-0} in
   1) python=0 ;;
   *) echo "deps.sh: SUMO_NO_PYTHON='$SUMO_NO_PYTHON': 1 skips the Python packages, 0 (or unset) installs them" >&2; exit 2 ;;
 esac
-print=0
+print=0 slurm=0
 for a in "$@"; do
   case $a in
     --print) print=1 ;;
-    *) echo "deps.sh: unknown argument '$a' (accepted: --print; SUMO_NO_PYTHON=1 in the environment skips the Python packages)" >&2; exit 2 ;;
+    --slurm) slurm=1 ;;
+    *) echo "deps.sh: unknown argument '$a' (accepted: --print, --slurm; SUMO_NO_PYTHON=1 in the environment skips the Python packages)" >&2; exit 2 ;;
   esac
 done
 
@@ -43,6 +46,14 @@ if [ $python -eq 1 ]; then
     python3-torch      # the PyTorch binding (python/sumo) and its tests, under /usr/bin/python3
     python3-pytest     # the binding's tests
     python3-venv       # scripts/torch-venv.sh: the torch 2.x environment the tests also run under
+  )
+fi
+
+if [ $slurm -eq 1 ]; then
+  packages+=(
+    slurmctld slurmd   # a one-node cluster the tests start and stop themselves
+    slurm-client       # srun, sbatch, sinfo
+    munge              # Slurm's authentication
   )
 fi
 

@@ -4,7 +4,7 @@
 # tests under ASan+UBSan and the threaded ones under TSan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/deps.sh
+if [ "${SUMO_SKIP_SLURM:-0}" = 1 ]; then ./scripts/deps.sh; else ./scripts/deps.sh --slurm; fi
 jobs=$(nproc)
 start=$(date +%s)
 
@@ -32,6 +32,10 @@ step tests/python/run.sh
 # torch 2.x and no checkout on the path, `python -m sumo` and test_torch/test_abi against it
 # (about 2 minutes on two busy cores; skipped with the torch 2.x environment).
 step tests/python/wheel.sh
+# A real one-node Slurm started for the test: srun -n 2 and -n 3 of sumo train (the threads
+# transport's bits) and of the binding's check, srun --mpi=pmix, and the README's sbatch
+# example. Skipped with one line where Slurm cannot start (not root) or SUMO_SKIP_SLURM=1.
+step tests/slurm/run.sh
 # A rank stopped, killed or leaving early under mpirun ends the job within the deadline.
 step make test-faults
 # Each fuzzer (IDX, checkpoint, command line) for a minute from the kept corpus; skipped,

@@ -4,7 +4,8 @@
 # lacks fails here), installed into a fresh virtual environment that sees neither Debian's
 # packages nor the checkout, with the torch 2.x of build/torch-venv (scripts/torch-venv.sh)
 # added through a .pth file instead of a second 5 GB install. Then, from a temporary folder:
-# `python -m sumo`, which must name the package's own library, and the binding's single-process
+# `python -m sumo`, which must name the package's own library, torchrun of the Horovod-style
+# example with nothing set, and the binding's single-process
 # tests (test_torch.py, test_abi.py, test_slurm.py) against the installed package
 # (SUMO_TEST_INSTALLED=1; they still read the checkout's headers and C drivers, as references).
 #
@@ -64,6 +65,14 @@ esac
 # The package's library comes first, before SUMO_LIBRARY.
 SUMO_LIBRARY=/nonexistent/libsumo.so.0 "$py" -c "import sumo._lib as l, sys; sys.exit(l.SOURCE != \"the package's own\")" \
   || fail "SUMO_LIBRARY was preferred to the package's own library"
+
+# What a user does next: torchrun of the Horovod-style example, nothing else set.
+t0=$(date +%s)
+timeout -k 10 300 "$py" -W "ignore:Failed to initialize NumPy" -m torch.distributed.run --standalone \
+  --nproc_per_node 2 "$root/examples/horovod_style.py" --epochs 1 --train-limit 1000 --test-limit 200 \
+  --check-replicas > "$log" 2>&1 || fail "torchrun --nproc_per_node 2 examples/horovod_style.py"
+[ "$(grep -c 'replicas identical: True' "$log")" = 2 ] || fail "torchrun of the example: the replicas differ"
+echo "ok   - torchrun --nproc_per_node 2 examples/horovod_style.py with the installed package ($(( $(date +%s) - t0 )) s)"
 
 SUMO_TEST_INSTALLED=1 SUMO_TIMEOUT=${SUMO_TIMEOUT:-60} timeout -k 10 600 "$py" -m pytest -q --color=no \
   -p no:cacheprovider -W "ignore:Failed to initialize NumPy" \

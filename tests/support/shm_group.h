@@ -1,7 +1,7 @@
 /*
  * What the shm transport's process tests (tests/unit/test_shm_procs_*.c) share: a group of
  * forked ranks that meet through a store of files in a temporary directory
- * (support/file_store.h), as torchrun's processes meet through a TCPStore, each running one
+ * (sumo_store_create_dir), as torchrun's processes meet through a TCPStore, each running one
  * scenario on its communicator; the parent waits for them all (killing a group that hangs),
  * and after every group no object named for any of its processes may be left in /dev/shm.
  *
@@ -18,7 +18,6 @@
 #include <cmocka.h>
 
 #include "sumo_shm.h"
-#include "support/file_store.h"
 #include "support/harness.h"
 #include "support/reference.h"
 
@@ -93,14 +92,18 @@ static inline int child(group *g, int rank)
     }
     if (g->late_ms && rank == g->late_rank)
         nanosleep(&(struct timespec){g->late_ms / 1000, (g->late_ms % 1000) * 1000000L}, NULL);
-    file_store fs;
-    file_store_init(&fs, g->dir);
+    sumo_store *store = NULL;
+    if (sumo_store_create_dir(g->dir, &store) != SUMO_SUCCESS) {
+        fprintf(stderr, "rank %d: cannot open the store in %s\n", rank, g->dir);
+        return EXIT_RESULT + (int)SUMO_ERR_SYSTEM;
+    }
     char err[256] = "unset";
     sumo_shm_options o = {.struct_size = sizeof o, .rank = rank, .size = g->size,
-                          .store = &fs.store, .key_prefix = "test/", .stage_bytes = g->stage_bytes,
+                          .store = store, .key_prefix = "test/", .stage_bytes = g->stage_bytes,
                           .error = err, .error_bytes = sizeof err};
     sumo_comm *comm = NULL;
     sumo_result r = sumo_comm_create_shm(&o, &comm);
+    sumo_store_destroy_dir(store, 0); /* the meeting is the store's only use */
     if (r != SUMO_SUCCESS) {
         fprintf(stderr, "rank %d/%d: sumo_comm_create_shm: %s (%s)\n", rank, g->size,
                 sumo_result_name(r), err);

@@ -10,7 +10,6 @@
 #include "common/settings.h"
 #include "sumo_optim.h"
 #include "sumo_shm.h"
-#include "support/file_store.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -272,12 +271,15 @@ static void remove_dir(const char *dir)
 static sumo_result create_shm(const char *dir, int rank, int size, size_t stage_bytes, char *err,
                               size_t errlen, sumo_comm **comm)
 {
-    file_store fs;
-    file_store_init(&fs, dir);
+    sumo_store *store = NULL;
+    sumo_result r = sumo_store_create_dir(dir, &store);
+    if (r != SUMO_SUCCESS) return r;
     sumo_shm_options o = {.struct_size = sizeof o, .rank = rank, .size = size,
-                          .store = &fs.store, .key_prefix = "settings/", .stage_bytes = stage_bytes,
+                          .store = store, .key_prefix = "settings/", .stage_bytes = stage_bytes,
                           .error = err, .error_bytes = errlen};
-    return sumo_comm_create_shm(&o, comm);
+    r = sumo_comm_create_shm(&o, comm);
+    sumo_store_destroy_dir(store, 0);
+    return r;
 }
 
 /* Rank 0 reads SUMO_SHM_STAGE_BYTES (where the options leave the size 0) and SUMO_SHM_NAMED;

@@ -22,7 +22,6 @@
 #include <cmocka.h>
 
 #include "sumo_shm.h"
-#include "support/file_store.h"
 #include "support/harness.h"
 #include "support/reference.h"
 #include "support/shm_group.h"
@@ -195,11 +194,18 @@ static void test_leave_early_and_linger(void **state)
 
 /* ---- creation failures (in this process) ----------------------------------------------------- */
 
-static sumo_result create_alone(file_store *fs, const char *prefix, int rank, int size,
+static sumo_result never_get(void *ctx, const char *key, void *value, size_t *bytes, int64_t deadline_ns)
+{
+    (void)ctx, (void)key, (void)value, (void)bytes;
+    while (now_s() * 1e9 < (double)deadline_ns) nanosleep(&(struct timespec){0, 1000000}, NULL);
+    return SUMO_ERR_TIMEOUT;
+}
+
+static sumo_result create_alone(const sumo_store *store, const char *prefix, int rank, int size,
                                 char *err, size_t errlen, sumo_comm **comm)
 {
     sumo_shm_options o = {.struct_size = sizeof o, .rank = rank, .size = size,
-                          .store = &fs->store, .key_prefix = prefix, .error = err,
+                          .store = store, .key_prefix = prefix, .error = err,
                           .error_bytes = errlen};
     return sumo_comm_create_shm(&o, comm);
 }
@@ -211,19 +217,20 @@ static void test_store_never_delivers(void **state)
     make_store_dir(dir, sizeof dir);
     setenv("SUMO_TIMEOUT", "1", 1);
     setenv("SUMO_SHM_NAMED", "1", 1);
-    file_store fs;
-    file_store_init(&fs, dir);
+    sumo_store *store = NULL;
+    assert_int_equal(sumo_store_create_dir(dir, &store), SUMO_SUCCESS);
+    sumo_store never = *store;
+    never.get = never_get;
     pid_t me = getpid();
     for (int c = 0; c < 3; c++) {
         /* rank 0 whose peer never attaches; rank 1 whose rank 0 never publishes; a store whose
          * get never delivers anything. */
-        fs.never = c == 2;
         char err[256] = "";
-        sumo_comm *comm = (sumo_comm *)&fs;
+        sumo_comm *comm = (sumo_comm *)store;
         double start = now_s();
         char prefix[32];
         snprintf(prefix, sizeof prefix, "alone%d/", c);
-        sumo_result r = create_alone(&fs, prefix, c == 1 ? 1 : 0, 2, err, sizeof err, &comm);
+        sumo_result r = create_alone(c == 2 ? &never : store, prefix, c == 1 ? 1 : 0, 2, err, sizeof err, &comm);
         double took = now_s() - start;
         fprintf(stderr, "case %d: %s after %.2f s: %s\n", c, sumo_result_name(r), took, err);
         assert_int_equal(r, SUMO_ERR_TIMEOUT);
@@ -235,18 +242,21 @@ static void test_store_never_delivers(void **state)
     }
     unsetenv("SUMO_TIMEOUT");
     unsetenv("SUMO_SHM_NAMED");
+    assert_int_equal(sumo_store_destroy_dir(store, 1), SUMO_SUCCESS);
     remove_dir(dir);
 }
 
 static void test_options_refused(void **state)
 {
     (void)state;
-    file_store fs;
-    file_store_init(&fs, "/nonexistent");
+    char dir[160];
+    make_store_dir(dir, sizeof dir);
+    sumo_store *store = NULL;
+    assert_int_equal(sumo_store_create_dir(dir, &store), SUMO_SUCCESS);
     char err[256];
-    sumo_comm *comm = (sumo_comm *)&fs;
+    sumo_comm *comm = (sumo_comm *)store;
     sumo_shm_options good = {.struct_size = sizeof good, .rank = 0, .size = 1,
-                             .store = &fs.store, .key_prefix = "x/", .error = err,
+                             .store = store, .key_prefix = "x/", .error = err,
                              .error_bytes = sizeof err};
     sumo_shm_options o = good;
     o.struct_size = sizeof o + 8;
@@ -267,7 +277,7 @@ static void test_options_refused(void **state)
         assert_int_equal(sumo_comm_create_shm(&bad[i], &comm), SUMO_ERR_INVALID_ARGUMENT);
         assert_true(strlen(err) > 10);
     }
-    sumo_store other = fs.store;
+    sumo_store other = *store;
     other.struct_size = 8;
     o = good;
     o.store = &other;
@@ -275,6 +285,8 @@ static void test_options_refused(void **state)
     assert_non_null(strstr(err, "struct_size"));
     assert_int_equal(sumo_comm_create_shm(NULL, &comm), SUMO_ERR_INVALID_ARGUMENT);
     assert_int_equal(sumo_comm_create_shm(&good, NULL), SUMO_ERR_INVALID_ARGUMENT);
+    assert_int_equal(sumo_store_destroy_dir(store, 1), SUMO_SUCCESS);
+    remove_dir(dir);
 }
 int main(void)
 {

@@ -30,7 +30,6 @@
 
 #include "collectives/comm.h"
 #include "sumo_shm.h"
-#include "support/file_store.h"
 #include "support/harness.h"
 #include "support/reference.h"
 #include "support/shm_group.h"

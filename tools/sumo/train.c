@@ -1,6 +1,6 @@
 /*
  * `sumo train`: data-parallel training on Fashion-MNIST with any aggregation method, on the
- * threads transport (default) or under mpirun. A comma-separated --reduce runs each method
+ * threads transport (default), under mpirun, or as the tasks of an srun step. A comma-separated --reduce runs each method
  * in turn with otherwise identical settings and prints a comparison table.
  */
 #include "args.h"
@@ -22,6 +22,7 @@
 #ifdef SUMO_HAVE_MPI
 #include "sumo_mpi.h"
 #endif
+#include "launch.h"
 
 void openblas_set_num_threads(int num_threads);
 
@@ -29,8 +30,9 @@ static void usage(FILE *out)
 {
     fprintf(out,
         "usage: sumo train [options]\n"
-        "  --workers N            data-parallel ranks (threads; under mpirun: the processes) [1]\n"
-        "  --transport T          threads | mpi (default: mpi under mpirun, else threads)\n"
+        "  --workers N            data-parallel ranks (threads; under mpirun or srun: the processes) [1]\n"
+        "  --transport T          threads | mpi | shm (default: mpi under mpirun or srun --mpi=pmix,\n"
+        "                         shm for the tasks of a plain srun step on one node, else threads)\n"
         "  --model M              mlp | cnn [mlp]\n"
         "  --hidden H             MLP hidden width / CNN dense width [model default]\n"
         "  --batch B              per-worker batch [64]\n"
@@ -227,7 +229,7 @@ static int parse(int argc, char **argv, options *o)
         else if (FLAG("--workers")) { INT(c->workers, 1, SUMO_THREADS_MAX_RANKS); o->workers_given = true; }
         else if (FLAG("--transport")) {
             NEED();
-            if (strcmp(v, "mpi") != 0 && strcmp(v, "threads") != 0) return bad(a, v);
+            if (strcmp(v, "mpi") != 0 && strcmp(v, "threads") != 0 && strcmp(v, "shm") != 0) return bad(a, v);
             o->transport = v;
         }
         else if (FLAG("--model")) {
@@ -627,23 +629,22 @@ static void print_table(const options *o, const sumo__train_config *configs, con
            "  wall s     wall-clock seconds\n", target);
 }
 
-#ifdef SUMO_HAVE_MPI
 /* Every rank must leave together when one finds a problem before training: a rank that
- * returned alone would leave the others waiting for it until their deadline. */
-static int agree(bool use_mpi, int rc)
+ * returned alone would leave the others waiting for it until their deadline. The worst code
+ * wins; a rank that cannot even ask has lost its peers. */
+static int agree(sumo_comm *comm, int size, int rc)
 {
-    if (!use_mpi) return rc;
-    int worst = rc;
-    MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (!comm || size < 2) return rc;
+    double mine = rc, *all = malloc((size_t)size * sizeof *all);
+    int worst = rc ? rc : 1;
+    if (all && sumo_allgather(&mine, all, 1, SUMO_FLOAT64, comm) == SUMO_SUCCESS) {
+        worst = rc;
+        for (int r = 0; r < size; r++)
+            if ((int)all[r] > worst) worst = (int)all[r];
+    }
+    free(all);
     return worst;
 }
-#else
-static int agree(bool use_mpi, int rc)
-{
-    (void)use_mpi;
-    return rc;
-}
-#endif
 
 int sumo_cmd_train(int argc, char **argv)
 {
@@ -653,39 +654,51 @@ int sumo_cmd_train(int argc, char **argv)
     if (rc) return rc;
     openblas_set_num_threads(1); /* one BLAS thread per worker: the workers share the cores */
     int rank = 0, size = 1, asked = o.cfg.workers;
-    bool use_mpi = o.transport ? strcmp(o.transport, "mpi") == 0
-                               : getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE");
-    sumo_comm *mpi_comm = NULL;
-    if (use_mpi) {
+    char err[1024] = "";
+    launch how;
+    if ((rc = launch_detect(o.transport, &how, err, sizeof err)) != 0) {
+        fprintf(stderr, "sumo train: %s\n", err);
+        return rc;
+    }
+    sumo_comm *comm = NULL; /* NULL: worker threads */
+    if (how.kind == LAUNCH_MPI) {
 #ifdef SUMO_HAVE_MPI
         MPI_Init(&argc, &argv);
         MPI_Comm_rank(MPI_COMM_WORLD, &rank);
         MPI_Comm_size(MPI_COMM_WORLD, &size);
-        asked = o.cfg.workers;
-        o.cfg.workers = size;
-        if (sumo_comm_create_mpi(MPI_COMM_WORLD, &mpi_comm) != SUMO_SUCCESS) {
+        if (sumo_comm_create_mpi(MPI_COMM_WORLD, &comm) != SUMO_SUCCESS) {
             fprintf(stderr, "sumo train: cannot create the MPI communicator\n");
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
-        if (rank != 0) o.cfg.progress = false;
 #else
         fprintf(stderr, "sumo train: this build has no MPI (install libopenmpi-dev and rebuild)\n");
         return 2;
 #endif
+    } else if (how.kind == LAUNCH_SRUN) {
+        rank = how.rank;
+        size = how.size;
+        if (launch_join_srun(&how, &comm, err, sizeof err) != 0) {
+            fprintf(stderr, "sumo train: %s\n", err);
+            return 1;
+        }
+    }
+    if (comm) {
+        o.cfg.workers = size;
+        if (rank != 0) o.cfg.progress = false;
     }
     bool several = o.nmethods > 1, broken = false;
     char log_paths[MAX_METHODS][1024], ckpt_dirs[MAX_METHODS][1024];
     FILE *summary = NULL;
-    char err[1024] = "";
     sumo__dataset train = {0}, test = {0};
     sumo__train_summary summaries[MAX_METHODS];
     sumo__train_config configs[MAX_METHODS];
-    if (use_mpi && o.workers_given && asked != size) {
+    if (comm && o.workers_given && asked != size) {
         /* Every rank sees the same flags and size, so all leave here together. */
         if (rank == 0)
-            fprintf(stderr, "sumo train: --workers %d, but under mpirun the processes are the workers "
-                            "(this job has %d): start %d with mpirun -np %d, or leave --workers out\n",
-                    asked, size, asked, asked);
+            fprintf(stderr, "sumo train: --workers %d, but under %s the processes are the workers "
+                            "(this job has %d): start %d with %s %s %d, or leave --workers out\n",
+                    asked, how.launcher, size, asked, how.launcher,
+                    strcmp(how.launcher, "srun") == 0 ? "-n" : "-np", asked);
         rc = 2;
     }
     for (int k = 0; k < o.nmethods && rc == 0; k++) {
@@ -724,7 +737,7 @@ int sumo_cmd_train(int argc, char **argv)
         }
     }
     if (rc == 0 && rank == 0 && o.summary_path && (summary = open_summary(o.summary_path)) == NULL) rc = 1;
-    if ((rc = agree(use_mpi, rc)) != 0) goto out;
+    if ((rc = agree(comm, size, rc)) != 0) goto out;
 
     sumo_result r = sumo__dataset_load(o.data_dir, true, &train, err, sizeof err);
     if (r == SUMO_SUCCESS) r = sumo__dataset_load(o.data_dir, false, &test, err, sizeof err);
@@ -738,7 +751,7 @@ int sumo_cmd_train(int argc, char **argv)
     for (int k = 0; k < o.nmethods; k++) {
         sumo__train_config *c = &configs[k];
         err[0] = '\0';
-        r = mpi_comm ? sumo__train_rank(mpi_comm, c, &train, &test, &summaries[k], err, sizeof err)
+        r = comm ? sumo__train_rank(comm, c, &train, &test, &summaries[k], err, sizeof err)
                      : sumo__train_threads(c, &train, &test, &summaries[k], err, sizeof err);
         if (r != SUMO_SUCCESS) {
             fprintf(stderr, "sumo train: %s: %s (%s)\n", o.labels[k],
@@ -776,7 +789,7 @@ out:
     sumo__dataset_free(&train);
     sumo__dataset_free(&test);
 #ifdef SUMO_HAVE_MPI
-    if (mpi_comm) {
+    if (how.kind == LAUNCH_MPI) {
         /* After a failure in training the group may be broken (a peer stopped, died or left):
          * MPI_Finalize would then wait for it forever. Only ending the job frees the others. */
         if (broken && size > 1) {
@@ -786,14 +799,17 @@ out:
         }
         /* A rank that finished (--stop-after) while its peers did not cannot meet them to
          * free the communicator either: the same applies. */
-        if (sumo_comm_destroy(mpi_comm) != SUMO_SUCCESS && size > 1) {
+        if (sumo_comm_destroy(comm) != SUMO_SUCCESS && size > 1) {
             fflush(stdout);
             fflush(stderr);
             MPI_Abort(MPI_COMM_WORLD, rc ? rc : 1);
         }
         MPI_Finalize();
+        comm = NULL;
     }
 #endif
+    /* Over shared memory leaving needs nobody: the peers of a rank that failed see it gone. */
+    if (comm) sumo_comm_destroy(comm);
     (void)size;
     (void)broken;
     return rc;

@@ -1,0 +1,32 @@
+/*
+ * How a `sumo` command's process learns who its peers are: alone with worker threads, a rank of
+ * mpirun (or of srun --mpi=pmix, where the MPI speaks PMIx), or a task of a plain srun step on
+ * one node, which meets its peers through a store in a directory and then runs on shared
+ * memory. srun's tasks that did not say so would otherwise each train alone.
+ */
+#ifndef SUMO_TOOL_LAUNCH_H
+#define SUMO_TOOL_LAUNCH_H
+
+#include "sumo_shm.h"
+
+#include <stddef.h>
+
+enum launch_kind { LAUNCH_THREADS, LAUNCH_MPI, LAUNCH_SRUN };
+
+typedef struct launch {
+    enum launch_kind kind;
+    const char *launcher; /* "mpirun", "srun": for messages */
+    /* LAUNCH_SRUN: from the step's variables */
+    int rank, size;
+    char store_dir[512];
+} launch;
+
+/* transport: the --transport flag (NULL: decide from the environment). Returns 0, or 2 with
+ * the reason in err (a step of several nodes, a malformed or incomplete set of variables). */
+int launch_detect(const char *transport, launch *l, char *err, size_t errlen);
+
+/* LAUNCH_SRUN: the shared-memory communicator of the step's tasks. The store's directory is
+ * removed once every task has joined. Returns 0, or 1 with the reason in err. */
+int launch_join_srun(const launch *l, sumo_comm **comm, char *err, size_t errlen);
+
+#endif
