@@ -170,3 +170,94 @@ def test_thresholds_read_from_the_environment(monkeypatch):
         assert hvd.fusion_stats()["buffers"] - before == 5
     finally:
         collectives._fusion.threshold = was
+
+
+# ---- DistributedOptimizer: Average and Sum overlapped with the backward pass ------------------
+
+def _train(op, overlap, passes, steps=2, cap=0.001):
+    """Steps of SGD (lr 1) with `passes` backward passes each; bucket_cap_mb=0.001 cuts the
+    model's 5 parameters (1.2 KB largest) into several buckets."""
+    model = make_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
+                                   model.named_parameters(), op=op, overlap=overlap,
+                                   backward_passes_per_step=passes, bucket_cap_mb=cap)
+    grads = []
+    for s in range(steps):
+        opt.zero_grad()
+        for k in range(passes):
+            loss_of(model, hvd.rank(), passes * s + k).backward()
+        opt.synchronize()
+        grads.append([p.grad.clone() for p in model.parameters()])
+        with opt.skip_synchronize():
+            opt.step()
+    return model, opt, grads
+
+
+@pytest.mark.parametrize("op", [sumo.Average, sumo.Sum])
+@pytest.mark.parametrize("passes", [1, 2])
+def test_overlapped_average_equals_step_time_and_the_plain_mean(op, passes):
+    model, opt, grads = _train(op, True, passes)
+    assert opt.overlap and len(opt._buckets) > 1
+    flat, _, flat_grads = _train(op, False, passes)
+    # Overlapped and at step(): the same bits.
+    assert all(torch.equal(a, b) for a, b in zip(params_of(model), params_of(flat)))
+    assert all(torch.equal(a, b) for g, h in zip(grads, flat_grads) for a, b in zip(g, h))
+    # Reference: every rank's gradient (its passes accumulated) from the same parameters,
+    # summed in rank order (the mean: divided by size()), one SGD step at lr 1.
+    ref = make_model()
+    for s in range(2):
+        per_rank = []
+        for r in range(hvd.size()):
+            m = make_model()
+            m.load_state_dict(ref.state_dict())
+            for k in range(passes):
+                loss_of(m, r, passes * s + k).backward()
+            per_rank.append([p.grad for p in m.parameters()])
+        combined = [sum(g[j] for g in per_rank) for j in range(len(per_rank[0]))]
+        if op == sumo.Average:
+            combined = [c / hvd.size() for c in combined]
+        for c, got in zip(combined, grads[s]):
+            torch.testing.assert_close(got, c, rtol=1e-6, atol=1e-7)
+        with torch.no_grad():
+            for p, c in zip(ref.parameters(), combined):
+                p -= c
+    for p, q in zip(params_of(model), params_of(ref)):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    assert_identical_across_ranks(params_of(model))
+
+
+def test_overlapped_average_starts_buckets_during_backward():
+    model = make_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
+                                   model.named_parameters(), bucket_cap_mb=0.001)
+    loss_of(model, hvd.rank(), 0).backward()
+    # Every parameter got its gradient, so every bucket was started in the backward pass.
+    assert opt._next == len(opt._buckets) and all(b.req is not None for b in opt._buckets)
+    opt.step()
+    assert all(b.req is None for b in opt._buckets)
+    # A third pass with backward_passes_per_step=2 raises at step() on every rank.
+    opt.set_backward_passes_per_step(2)
+    for k in range(3):
+        loss_of(model, hvd.rank(), k).backward()
+    with pytest.raises(RuntimeError, match="more than backward_passes_per_step=2"):
+        opt.step()
+
+
+def test_overlapped_average_with_a_layer_some_ranks_skip():
+    # The last layer's parameters get no gradient on rank 0 (zeros there, as at step()): its
+    # bucket waits for step() on rank 0 and starts in backward elsewhere, in the same order.
+    def run(overlap):
+        model = make_model()
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
+                                       model.named_parameters(), overlap=overlap,
+                                       bucket_cap_mb=0.001)
+        opt.zero_grad()
+        x, _ = torch.ones(4, 12) * (hvd.rank() + 1), None
+        h = model[:4](x)
+        out = h.sum() if hvd.rank() == 0 else model[4](h).sum()
+        out.backward()
+        opt.step()
+        return model
+    a, b = run(True), run(False)
+    assert all(torch.equal(p, q) for p, q in zip(params_of(a), params_of(b)))
+    assert_identical_across_ranks(params_of(a))
