@@ -206,13 +206,15 @@ class DistributedOptimizer(WrappedOptimizer):
             b.add(i, p)
         for b in self._buckets:
             if self.op != Adasum:
-                # Gradients in the wire dtype, reduced in place: mapped memory under MPI and
-                # the shm transport, so the collective needs no staging copies.
+                # Gradients in the wire dtype, reduced in place. Plain memory, not
+                # rt.shared_empty's mapped memory: with hundreds of mapped buckets in flight
+                # (bucket_cap_mb=0 on 400 tensors) a blocking allreduce issued meanwhile
+                # crashed the shm transport (SIGSEGV), not yet understood.
                 b.what = "the %s gradient bucket %d of %d tensors (%s%s)" % (
                     "Sum" if self.op == Sum else "Average", b.index, len(b.slots),
                     ", ".join(self._names[i] for i in b.slots[:3]),
                     ", ..." if len(b.slots) > 3 else "")
-                b.grad = rt.shared_empty(b.numel, self._wire(b.dtype), b.what)
+                b.grad = torch.empty(b.numel, dtype=self._wire(b.dtype))
                 b.op = self.op
                 continue
             b.start = torch.empty(b.numel, dtype=b.dtype)
@@ -227,6 +229,13 @@ class DistributedOptimizer(WrappedOptimizer):
             single = len(b.slots) == 1 and not rt.node_maps_memory() and wire == b.dtype
             b.delta = None if single else rt.shared_empty(b.numel, wire, b.what)
             b.op = rt.adasum_op(comm, tuple(params[i].numel() for i in b.slots), b.what)
+        if self.op != Adasum:
+            # Each parameter's place in its bucket, as a view made once (not per backward).
+            self._pieces = [None] * len(params)
+            for b in self._buckets:
+                for i, off in zip(b.slots, b.offsets):
+                    self._pieces[i] = b.grad[off:off + params[i].numel()]
+            self._prescale = 1.0 / self.gradient_predivide_factor if self.op == Average else 1.0
         self._reset()
         # The hook on a parameter's gradient accumulator (Horovod's way: torch 1.13 has no
         # post-accumulate hook). The nodes are kept so the same one serves every graph; the
@@ -308,6 +317,18 @@ class DistributedOptimizer(WrappedOptimizer):
         prescaled, into its bucket, as _combine_grads packs it (so the same bits)."""
         p = self._params[i]
         b, k = self._where[i]
+        g = p.grad
+        if self.compression is Compression.none and g is not None and not g.is_sparse \
+                and g.dtype == p.dtype:
+            # The common case, kept short: this runs once per parameter in the backward pass.
+            piece = self._pieces[i]
+            piece.copy_(g.reshape(-1))
+            if self._prescale != 1.0:
+                piece.mul_(self._prescale)
+            self._ctx[i] = (None, False)
+            self._stepped[i] = True
+            b.missing -= 1
+            return
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         g, sparse = p.grad, p.grad.is_sparse
@@ -318,11 +339,10 @@ class DistributedOptimizer(WrappedOptimizer):
             g = g.to_dense()
         sent, ctx = self.compression.compress(g)
         rt.tensor_args(sent, self._names[i] + ".grad")
-        off, n = b.offsets[k], p.numel()
-        piece = b.grad[off:off + n]
+        piece = self._pieces[i]
         piece.copy_(sent.reshape(-1))
-        if self.op == Average and self.gradient_predivide_factor != 1.0:
-            piece.mul_(1.0 / self.gradient_predivide_factor)
+        if self._prescale != 1.0:
+            piece.mul_(self._prescale)
         self._ctx[i] = (ctx, sparse)
         self._stepped[i] = True
         b.missing -= 1
@@ -419,9 +439,9 @@ class DistributedOptimizer(WrappedOptimizer):
                 continue
             try:
                 rt.raise_for(code, "DistributedOptimizer.step: " + b.what)
-                for i, off in zip(b.slots, b.offsets):
+                for i in b.slots:
                     p = self._params[i]
-                    piece = b.grad[off:off + p.numel()]
+                    piece = self._pieces[i]
                     if post != 1.0:
                         piece.mul_(post)
                     ctx, sparse = self._ctx[i]
