@@ -3,8 +3,8 @@
 
     mpirun -np 2 --oversubscribe /usr/bin/python3 bench/torch_ddp.py [--steps 30] [--warmup 5]
 
-For each model (the MLP of `sumo train`, 784-128-10, and a small conv net of about 3.3 M
-parameters) and each method, every rank trains on random MNIST-shaped batches; rank 0 prints
+For each model (the MLP of `sumo train`, 784-128-10, a small conv net of about 3.3 M
+parameters, and with --models many 200 layers of 64 x 64) and each method, every rank trains on random MNIST-shaped batches; rank 0 prints
 per method the median step time, samples/s and the median time inside communication per
 step (the union of the buckets' intervals from the hook's call to its Future's completion,
 or the optimizer's collectives; overlapping buckets count once). Methods:
@@ -18,6 +18,11 @@ or the optimizer's collectives; overlapping buckets count once). Methods:
   sumo delta     sumo.torch.DistributedOptimizer(op=Adasum): local step, Adasum of deltas,
                  each parameter's local step and its bucket's Adasum started in the backward
                  pass (the default: overlap=True, bucket_cap_mb=1)
+  opt avg/s      (--methods) sumo.torch.DistributedOptimizer(op=Average), overlap=False: the
+                 gradients combined at step() in one buffer per dtype, after backward
+  opt avg/p      (--methods) the same overlapped with backward, one tensor per collective
+                 (bucket_cap_mb=0: no fusion)
+  opt avg/o      (--methods) overlapped in fused buckets of 1 MB (the default)
   sumo delta/p   (--delta-variants) the same with one parameter per bucket (bucket_cap_mb=0)
   sumo delta/s   (--delta-variants) overlap=False: local step and Adasum at step(), after
                  the backward pass
@@ -100,7 +105,16 @@ def convnet():
         torch.nn.Linear(256, 10))
 
 
-MODELS = {"mlp": mlp, "conv": convnet}
+def many():
+    # Many small tensors (issue 33's tensor fusion): 200 layers of 64 x 64 between an input
+    # and an output layer, 402 gradient tensors of 256 B to 16 KB, 3.4 MB in all.
+    layers = [torch.nn.Flatten(), torch.nn.Linear(784, 64), torch.nn.ReLU()]
+    for _ in range(200):
+        layers += [torch.nn.Linear(64, 64), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(64, 10))
+
+
+MODELS = {"mlp": mlp, "conv": convnet, "many": many}
 
 # The gloo hook's intervals (sumo records its own in sumo.torch's timeline).
 _gloo_timeline = []
@@ -148,6 +162,14 @@ def setup(method, model):
         state = st.HookState(mapped_buffers={"": None, "m": True, "p": False}[where])
         ddp.register_comm_hook(state, HOOKS[hook])
         return ddp, sgd, state
+    if method in ("opt avg/s", "opt avg/p", "opt avg/o"):
+        # DistributedOptimizer(op=Average): /s at step() in one buffer (overlap=False, the
+        # path before tensor fusion), /p overlapped one tensor per collective
+        # (bucket_cap_mb=0: no fusion), /o overlapped in fused 1 MB buckets (the default).
+        kind = method[-1]
+        return model, st.DistributedOptimizer(sgd, model.named_parameters(), op=sumo.Average,
+                                              overlap=kind != "s",
+                                              bucket_cap_mb=0 if kind == "p" else 1.0), None
     if method == "sumo delta":
         return model, st.DistributedOptimizer(sgd, model.named_parameters(), op=sumo.Adasum), None
     if method == "sumo delta/p":

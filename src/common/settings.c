@@ -44,6 +44,13 @@ static const sumo__setting table[SUMO__SETTING_COUNT] = {
         .unit = "a library's file name or path",
         .doc = "The NCCL the CUDA plugin loads when the process has none loaded yet; unset: "
                "libnccl.so.2 from the loader's path."},
+    [SUMO__SETTING_FUSION_THRESHOLD] = {
+        .name = "SUMO_FUSION_THRESHOLD", .type = SUMO__SETTING_INTEGER, .noun = "a byte count",
+        .unit = "bytes", .min = 0, .max = 1099511627776.0, .fallback = "67108864",
+        .doc = "sumo.torch's tensor fusion: allreduce_async calls of one dtype and op are packed "
+               "in order into buffers of up to this many bytes, each one collective; 0: each "
+               "call is its own collective. Unset, HOROVOD_FUSION_THRESHOLD is read in its "
+               "place. Set it alike on every rank (docs/torch.md, \"Tensor fusion\")."},
     [SUMO__SETTING_TEST_EXIT_DURING_SAVE] = {
         .name = "SUMO_TEST_EXIT_DURING_SAVE", .type = SUMO__SETTING_INTEGER, .noun = "a step",
         .unit = "a training step", .min = 0, .max = 1e9,

@@ -27,7 +27,7 @@
 
 static const char *const names[] = {
     "SUMO_TIMEOUT",   "SUMO_DEBUG",        "SUMO_SHM_STAGE_BYTES",       "SUMO_SHM_NAMED",
-    "SUMO_MPI_SHM",   "SUMO_NCCL_LIBRARY", "SUMO_TEST_EXIT_DURING_SAVE",
+    "SUMO_MPI_SHM",   "SUMO_NCCL_LIBRARY", "SUMO_FUSION_THRESHOLD",      "SUMO_TEST_EXIT_DURING_SAVE",
 };
 #define NNAMES (sizeof names / sizeof names[0])
 
@@ -73,6 +73,7 @@ static void test_defaults_when_unset_or_empty(void **state)
         {SUMO__SETTING_SHM_NAMED, "0", 0},
         {SUMO__SETTING_MPI_SHM, "1", 1},
         {SUMO__SETTING_NCCL_LIBRARY, NULL, 0},
+        {SUMO__SETTING_FUSION_THRESHOLD, "67108864", 64 * 1024 * 1024},
         {SUMO__SETTING_TEST_EXIT_DURING_SAVE, NULL, 0},
     };
     for (int empty = 0; empty < 2; empty++) {
@@ -148,6 +149,12 @@ static const edge edges[] = {
     {SUMO__SETTING_MPI_SHM, "true", false, 0},
     {SUMO__SETTING_NCCL_LIBRARY, "/opt/nccl/lib/libnccl.so.2", true, 0},
     {SUMO__SETTING_NCCL_LIBRARY, "no such library", true, 0},
+    {SUMO__SETTING_FUSION_THRESHOLD, "0", true, 0},
+    {SUMO__SETTING_FUSION_THRESHOLD, "1000", true, 1000},
+    {SUMO__SETTING_FUSION_THRESHOLD, "1099511627776", true, 1099511627776.0},
+    {SUMO__SETTING_FUSION_THRESHOLD, "1099511627777", false, 0},
+    {SUMO__SETTING_FUSION_THRESHOLD, "-1", false, 0},
+    {SUMO__SETTING_FUSION_THRESHOLD, "64MB", false, 0},
     {SUMO__SETTING_TEST_EXIT_DURING_SAVE, "0", true, 0},
     {SUMO__SETTING_TEST_EXIT_DURING_SAVE, "60", true, 60},
     {SUMO__SETTING_TEST_EXIT_DURING_SAVE, "1000000000", true, 1e9},

@@ -18,7 +18,7 @@ from .collectives import (allreduce, allreduce_, allreduce_async, allreduce_asyn
                           grouped_allreduce, grouped_allreduce_, poll, synchronize, allgather,
                           allgather_object, broadcast, broadcast_, broadcast_object,
                           broadcast_parameters, broadcast_optimizer_state, barrier, join,
-                          broadcast_async_, reducescatter, reducescatter_async,
+                          broadcast_async_, reducescatter, reducescatter_async, fusion_stats,
                           is_initialized, mpi_built, mpi_enabled, gloo_built, gloo_enabled,
                           nccl_built, cuda_built, rocm_built, ddl_built, ccl_built)
 from .compression import Compression
@@ -32,7 +32,7 @@ __all__ = ["init", "shutdown", "is_initialized", "set_timeout", "rank", "size", 
            "allreduce_async_", "grouped_allreduce", "grouped_allreduce_", "poll",
            "synchronize", "allgather", "allgather_object", "broadcast", "broadcast_",
            "broadcast_object", "broadcast_parameters", "broadcast_optimizer_state", "barrier",
-           "broadcast_async_", "reducescatter", "reducescatter_async",
+           "broadcast_async_", "reducescatter", "reducescatter_async", "fusion_stats",
            "join", "mpi_built", "mpi_enabled", "gloo_built", "gloo_enabled", "nccl_built",
            "cuda_built", "rocm_built", "ddl_built", "ccl_built", "Compression", "Sum",
            "Average", "Adasum", "SumoError", "HookState", "average_hook", "sum_hook",

@@ -514,10 +514,17 @@ def allreduce_tensor(t, op, name):
     _in_place(lib.sumo_allreduce, t, op, "allreduce", name)
 
 
+# Set by collectives.py: starts the asynchronous allreduces still waiting in fused buffers,
+# so that they keep their place before the collective about to be issued.
+before_collective = None
+
+
 def sync():
     """Waits for the worker's queued collectives before the caller issues one of its own."""
     if state.worker is not None:
         state.worker.drain()
+    if before_collective is not None:
+        before_collective()
 
 
 def _teardown():

@@ -145,7 +145,10 @@ class DistributedOptimizer(WrappedOptimizer):
             if self.compression not in (Compression.none, Compression.fp16, Compression.bf16):
                 raise ValueError("sumo.torch.DistributedOptimizer: op=Adasum takes "
                                  "Compression.none, .fp16 or .bf16, not %r" % (compression,))
-        self.overlap = bool(overlap) and op == Adasum
+        # Average and Sum overlap where the wire dtype is known before the first gradient
+        # (the buckets are made at construction): no compressor of the user's own.
+        self.overlap = bool(overlap) and (op == Adasum or self.compression in (
+            Compression.none, Compression.fp16, Compression.bf16))
         if self.overlap:
             self._build_buckets(comm, params, float(bucket_cap_mb) * 1e6)
         elif op == Adasum:
@@ -193,6 +196,8 @@ class DistributedOptimizer(WrappedOptimizer):
         open_ = {}  # dtype -> the bucket being filled
         for i in reversed(range(len(params))):
             p = params[i]
+            if self.op != Adasum and not p.requires_grad:
+                continue  # left out, as _combine_grads leaves it
             b = open_.get(p.dtype)
             if b is None or (b.slots and b.nbytes + p.numel() * p.element_size() > cap_bytes):
                 b = open_[p.dtype] = _Bucket(len(self._buckets), p.dtype)
@@ -200,6 +205,18 @@ class DistributedOptimizer(WrappedOptimizer):
             self._where[i] = (b, len(b.slots))
             b.add(i, p)
         for b in self._buckets:
+            if self.op != Adasum:
+                # Gradients in the wire dtype, reduced in place. Plain memory, not
+                # rt.shared_empty's mapped memory: with hundreds of mapped buckets in flight
+                # (bucket_cap_mb=0 on 400 tensors) a blocking allreduce issued meanwhile
+                # crashed the shm transport (SIGSEGV), not yet understood.
+                b.what = "the %s gradient bucket %d of %d tensors (%s%s)" % (
+                    "Sum" if self.op == Sum else "Average", b.index, len(b.slots),
+                    ", ".join(self._names[i] for i in b.slots[:3]),
+                    ", ..." if len(b.slots) > 3 else "")
+                b.grad = torch.empty(b.numel, dtype=self._wire(b.dtype))
+                b.op = self.op
+                continue
             b.start = torch.empty(b.numel, dtype=b.dtype)
             b.what = "the Adasum delta bucket %d of %d tensors (%s%s)" % (
                 b.index, len(b.slots), ", ".join(self._names[i] for i in b.slots[:3]),
@@ -212,6 +229,13 @@ class DistributedOptimizer(WrappedOptimizer):
             single = len(b.slots) == 1 and not rt.node_maps_memory() and wire == b.dtype
             b.delta = None if single else rt.shared_empty(b.numel, wire, b.what)
             b.op = rt.adasum_op(comm, tuple(params[i].numel() for i in b.slots), b.what)
+        if self.op != Adasum:
+            # Each parameter's place in its bucket, as a view made once (not per backward).
+            self._pieces = [None] * len(params)
+            for b in self._buckets:
+                for i, off in zip(b.slots, b.offsets):
+                    self._pieces[i] = b.grad[off:off + params[i].numel()]
+            self._prescale = 1.0 / self.gradient_predivide_factor if self.op == Average else 1.0
         self._reset()
         # The hook on a parameter's gradient accumulator (Horovod's way: torch 1.13 has no
         # post-accumulate hook). The nodes are kept so the same one serves every graph; the
@@ -228,6 +252,7 @@ class DistributedOptimizer(WrappedOptimizer):
     def _reset(self):
         self._delay = [self.backward_passes_per_step] * len(self._params)
         self._stepped = [False] * len(self._params)
+        self._ctx = [None] * len(self._params)  # Average/Sum: (compression ctx, sparse)
         self._next = 0
         self._error = None
         for b in self._buckets:
@@ -248,10 +273,14 @@ class DistributedOptimizer(WrappedOptimizer):
                 raise RuntimeError(
                     "sumo.DistributedOptimizer: %s got a gradient in more than "
                     "backward_passes_per_step=%d backward passes before step(); with "
-                    "op=Adasum and overlap the local step is taken in the last of them (set "
-                    "backward_passes_per_step, or pass overlap=False)"
-                    % (self._names[i], self.backward_passes_per_step))
-            self._local_step(i)
+                    "overlap its %s in the last of them (set backward_passes_per_step, or "
+                    "pass overlap=False)"
+                    % (self._names[i], self.backward_passes_per_step,
+                       "local step is taken" if self.op == Adasum else "gradient is sent"))
+            if self.op == Adasum:
+                self._local_step(i)
+            else:
+                self._pack_grad(i)
             self._start_complete()
         except BaseException as e:  # raised by step(), on every rank's own terms
             self._error = e
@@ -282,11 +311,52 @@ class DistributedOptimizer(WrappedOptimizer):
         self._stepped[i] = True
         b.missing -= 1
 
+    @torch.no_grad()
+    def _pack_grad(self, i):
+        """Average/Sum: parameter i's gradient (zeros where it has none), compressed and
+        prescaled, into its bucket, as _combine_grads packs it (so the same bits)."""
+        p = self._params[i]
+        b, k = self._where[i]
+        g = p.grad
+        if self.compression is Compression.none and g is not None and not g.is_sparse \
+                and g.dtype == p.dtype:
+            # The common case, kept short: this runs once per parameter in the backward pass.
+            piece = self._pieces[i]
+            piece.copy_(g.reshape(-1))
+            if self._prescale != 1.0:
+                piece.mul_(self._prescale)
+            self._ctx[i] = (None, False)
+            self._stepped[i] = True
+            b.missing -= 1
+            return
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        g, sparse = p.grad, p.grad.is_sparse
+        if sparse:
+            if not self.sparse_as_dense:
+                raise ValueError("sumo.DistributedOptimizer: %s has a sparse gradient; "
+                                 "pass sparse_as_dense=True" % self._names[i])
+            g = g.to_dense()
+        sent, ctx = self.compression.compress(g)
+        rt.tensor_args(sent, self._names[i] + ".grad")
+        piece = self._pieces[i]
+        piece.copy_(sent.reshape(-1))
+        if self._prescale != 1.0:
+            piece.mul_(self._prescale)
+        self._ctx[i] = (ctx, sparse)
+        self._stepped[i] = True
+        b.missing -= 1
+
     def _start_complete(self):
         while self._next < len(self._buckets) and self._buckets[self._next].missing == 0:
             b = self._buckets[self._next]
-            flat = self._params[b.slots[0]].detach() if b.delta is None else b.delta
-            ptr, n, dt = rt.tensor_args(flat, b.what)
+            if self.op != Adasum:
+                flat = b.grad
+                ptr, n, dt = rt.tensor_args(flat, b.what)
+                announce(ALLREDUCE, b.what, n, dt, b.op)  # join's: see collectives.py
+            else:
+                flat = self._params[b.slots[0]].detach() if b.delta is None else b.delta
+                ptr, n, dt = rt.tensor_args(flat, b.what)
             req = ctypes.c_void_p()
             b.t0 = time.perf_counter()
             rt.raise_for(lib.sumo_allreduce_start(ptr, ptr, n, dt, b.op, rt.state.comm,
@@ -343,8 +413,62 @@ class DistributedOptimizer(WrappedOptimizer):
             raise err
         self._reset()
 
+    @torch.no_grad()
+    def _finish_grads(self):
+        """Average/Sum with overlap: the parameters whose hook did not fire are packed as
+        they stand, the rest of the buckets started in order, each waited for in turn and
+        written back to .grad (postscaled, decompressed)."""
+        err = self._error
+        if err is None:
+            try:
+                for b in self._buckets[self._next:]:
+                    for i in b.slots:
+                        if not self._stepped[i]:
+                            self._pack_grad(i)
+                self._start_complete()
+            except BaseException as e:
+                err = e
+        post = self.gradient_predivide_factor if self.op == Average else 1.0
+        for b in self._buckets:
+            if b.req is None:
+                continue
+            code = lib.sumo_request_wait(b.req)
+            b.req = None
+            rt.record(b.t0, time.perf_counter(), b.numel * b.grad.element_size())
+            if err is not None:
+                continue
+            try:
+                rt.raise_for(code, "DistributedOptimizer.step: " + b.what)
+                for i in b.slots:
+                    p = self._params[i]
+                    piece = self._pieces[i]
+                    if post != 1.0:
+                        piece.mul_(post)
+                    ctx, sparse = self._ctx[i]
+                    got = self.compression.decompress(piece.view(p.shape), ctx)
+                    if sparse:
+                        p.grad = got.to_sparse()
+                    else:
+                        p.grad.copy_(got)
+            except Exception as e:
+                err = e
+        self._reset()
+        if err is not None:
+            raise err
+
     # -- step ------------------------------------------------------------------------------------
     def step(self, closure=None):
+        if self.overlap and self.op != Adasum:
+            with torch.no_grad():
+                if self._should_synchronize:
+                    if self._synchronized:
+                        warnings.warn("sumo.DistributedOptimizer: step() after synchronize() "
+                                      "without skip_synchronize(); the gradients were combined "
+                                      "once and are not combined again", stacklevel=2)
+                    else:
+                        self._finish_grads()
+                self._synchronized = False
+                return self._opt.step(closure)
         if self.overlap:
             loss = None
             if closure is not None:
@@ -374,7 +498,10 @@ class DistributedOptimizer(WrappedOptimizer):
         if self.op == Adasum:
             return
         with torch.no_grad():
-            self._combine_grads()
+            if self.overlap:
+                self._finish_grads()
+            else:
+                self._combine_grads()
         self._synchronized = True
 
     @contextlib.contextmanager
