@@ -467,6 +467,8 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
         _fuse(p, op, threshold)
     _pending[handle] = p
     return handle
+
+
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0):
     """As allreduce_async_, on a copy: synchronize() returns the new tensor."""
