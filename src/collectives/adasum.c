@@ -654,8 +654,13 @@ sumo_result sumo__allreduce_adasum(sumo_comm *c, sumo__call_desc *d, const sumo_
         if (d->local_error == SUMO_SUCCESS && sp.data_bytes)
             d->local_error = sumo__comm_data_scratch(c, &c->x, sp.data_bytes, &data);
     }
-    if (d->local_error == SUMO_SUCCESS && a.gram)
+    if (d->local_error == SUMO_SUCCESS && a.gram) {
         d->flags = sumo__shared_flag(c, sendbuf, count * a.esz, recvbuf, count * a.esz);
+        /* A small call's input rides into the staging area ahead of the agreement. A failed
+         * copy is announced, so no rank reads an area left stale. */
+        a.gram_call.staged_ahead = true;
+        d->local_error = sumo__gram_stage_ahead(c, &a.gram_call, d->flags, sendbuf);
+    }
     SUMO__LOG(tp->log_level, SUMO__LOG_INFO,
               "rank %d allreduce count %zu %s adasum: %zu tensors, %d groups of %d, %s", tp->rank,
               count, sumo_dtype_name(dtype), a.ntensors, a.ngroups, a.g,

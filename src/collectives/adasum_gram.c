@@ -147,6 +147,18 @@ static void one_tensor(tensor_run *t, node *slot)
     }
 }
 
+/* Two flat ranks: the tree is one combine at the root, of leaves with weights 1, so its norms
+ * and dot are the Gram entries themselves (0 + 1 * x is x, up to the sign of a zero, which the
+ * coefficients below do not see), and the root's norm is never used: combine's arithmetic
+ * without its bookkeeping, for the many small tensors of a bucket. The caller checked that
+ * every entry is finite. */
+static void pair_weights(tensor_run *t)
+{
+    const double n0 = t->G[0], dot = t->G[1], n1 = t->G[2];
+    t->w[0] = n0 < TINY_NORM_SQ ? 1.0 : 1.0 - dot / (2.0 * n0);
+    t->w[1] = n1 < TINY_NORM_SQ ? 1.0 : 1.0 - dot / (2.0 * n1);
+}
+
 size_t sumo__adasum_gram_weights(const sumo__adasum_gram_params *p, const double *gram,
                                  size_t ntensors, double *w, unsigned char *flags, double *work)
 {
@@ -159,7 +171,8 @@ size_t sumo__adasum_gram_weights(const sumo__adasum_gram_params *p, const double
                         .g = p->group_size > 0 ? p->group_size : 1};
         for (size_t e = 0; e < len; e++)
             if (!isfinite(r.G[e])) r.bad = true;
-        if (!r.bad) one_tensor(&r, slot);
+        if (!r.bad && P == 2 && r.g == 1) pair_weights(&r);
+        else if (!r.bad) one_tensor(&r, slot);
         if (r.bad) {
             for (int i = 0; i < P; i++) r.w[i] = NAN;
             r.flags = SUMO__GRAM_NONFINITE;

@@ -14,6 +14,7 @@ static size_t align64(size_t v) { return (v + 63) / 64 * 64; }
  * the memory of the call's buffers). */
 typedef struct gram_space {
     double *gram, *incoming, *w;
+    double *local; /* small staged calls: the partial sums of the local recursive doubling */
     void *weigh_work;
     unsigned char *shards; /* messages: P - 1 received shards, shard_bytes apart */
     size_t shard_bytes;
@@ -26,6 +27,28 @@ static size_t shard_bytes_of(const sumo_comm *c, const sumo__gram_call *call)
                                               : 0;
 }
 
+/* Bytes of input per rank up to which a staged call takes the small path: there the P-fold
+ * partials and weighted sum cost less than the three barriers and the exchange they save. */
+#define GRAM_SMALL_BYTES ((size_t)32 << 10)
+
+bool sumo__gram_small(const sumo_comm *c, const sumo__gram_call *call)
+{
+    size_t esz = sumo__dtype_bytes(call->dtype);
+    if (call->shape != SUMO__GRAM_STAGED || call->count == 0 || c->tp->size < 2) return false;
+    /* The output is written from the host kernels, so the buffers must be host memory. */
+    if (c->x.k != sumo__host_kernels() || call->count > GRAM_SMALL_BYTES / esz) return false;
+    return call->count <= sumo__staging_of(c->tp, &c->x, esz).chunk;
+}
+
+/* Partial sums the small path keeps besides the result: one per level of the recursive
+ * doubling's tree, and the fold's right operand. */
+static size_t small_levels(int P)
+{
+    size_t n = 1;
+    for (int m = 1; m * 2 <= P; m *= 2) n++;
+    return n;
+}
+
 static size_t layout_space(const sumo_comm *c, const sumo__gram_call *call, unsigned char *base,
                            unsigned char *data, gram_space *gs)
 {
@@ -34,11 +57,13 @@ static size_t layout_space(const sumo_comm *c, const sumo__gram_call *call, unsi
     size_t gram = 0, incoming = align64(gram + T * L * sizeof(double));
     size_t w = align64(incoming + T * L * sizeof(double));
     size_t work = align64(w + T * (size_t)P * sizeof(double));
-    size_t end = align64(work + call->weigh_work_bytes);
+    size_t local = align64(work + call->weigh_work_bytes);
+    size_t end = local + (sumo__gram_small(c, call) ? small_levels(P) * T * L * sizeof(double) : 0);
     if (gs) {
         *gs = (gram_space){.gram = (double *)(void *)(base + gram),
                            .incoming = (double *)(void *)(base + incoming),
                            .w = (double *)(void *)(base + w),
+                           .local = (double *)(void *)(base + local),
                            .weigh_work = base + work,
                            .shards = data,
                            .shard_bytes = shard_bytes_of(c, call)};
@@ -227,6 +252,102 @@ static sumo_result run_staged(sumo_comm *c, const void *sendbuf, void *recvbuf,
                                      sumo__stage_chunk_len(&st, n, k) * esz));
     }
     return SUMO_SUCCESS;
+}
+
+/* ---- small, staged --------------------------------------------------------------------- */
+
+static uint32_t stage_skips(void) { return SUMO__DESC_SHARED | SUMO__DESC_RECV_SHARED; }
+
+sumo_result sumo__gram_stage_ahead(sumo_comm *c, const sumo__gram_call *call, uint32_t flags,
+                                   const void *sendbuf)
+{
+    if (!sumo__gram_small(c, call) || (flags & stage_skips())) return SUMO_SUCCESS;
+    sumo__staging st = sumo__staging_of(c->tp, &c->x, sumo__dtype_bytes(call->dtype));
+    return sumo__stage_in(&st, c->tp->rank, 0, sendbuf, call->count);
+}
+
+/* Rank r's partials, as stream_partials computes them on rank r for a one-chunk call. */
+static sumo_result slice_partials(sumo_comm *c, const sumo__gram_call *call, staged_inputs *in,
+                                  int r, double *out)
+{
+    size_t lo, hi;
+    const sumo__exec host = sumo__host_exec();
+    memset(out, 0, call->ntensors * sumo__gram_len(in->P) * sizeof *out);
+    staged_chunk(in, call->count, 0, r, &lo, &hi);
+    return partials(c, &host, call, lo, hi, staged_at, in, out);
+}
+
+static void add_into(double *a, const double *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++) a[i] = a[i] + b[i];
+}
+
+/*
+ * Every rank's partials summed into g->gram as sumo__rd_sum sums them over the ranks: pairs
+ * (2i, 2i+1) folded first for i < P - pof2, then the balanced tree over the pof2 survivors in
+ * order, the lower one on the left (addition commutes, so both partners' sums are these bits).
+ * The tree is built as a binary counter: a stack of partial sums, merged while its two top
+ * entries cover as many survivors each.
+ */
+static sumo_result small_partials(sumo_comm *c, const sumo__gram_call *call, staged_inputs *in,
+                                  gram_space *g)
+{
+    int P = in->P, pof2 = 1;
+    while (pof2 * 2 <= P) pof2 *= 2;
+    int rem = P - pof2, depth = 0, covers[8];
+    size_t TL = call->ntensors * sumo__gram_len(P);
+    double *stack[8];
+    stack[0] = g->gram;
+    for (size_t k = 1; k < 8; k++) stack[k] = g->local + (k - 1) * TL;
+    for (int v = 0; v < pof2; v++) {
+        int r = v < rem ? 2 * v : v + rem;
+        SUMO__CHECK(slice_partials(c, call, in, r, stack[depth]));
+        if (v < rem) {
+            SUMO__CHECK(slice_partials(c, call, in, r + 1, stack[depth + 1]));
+            add_into(stack[depth], stack[depth + 1], TL);
+        }
+        covers[depth++] = 1;
+        while (depth >= 2 && covers[depth - 1] == covers[depth - 2]) {
+            add_into(stack[depth - 2], stack[depth - 1], TL);
+            covers[depth - 2] *= 2;
+            depth--;
+        }
+    }
+    return SUMO_SUCCESS;
+}
+
+/*
+ * The small staged path (gram.h): every input is in its area since the agreement. Each rank
+ * reads every area for all partials and for its whole output; nobody writes an area, and the
+ * barrier keeps the next call's early copies out of the areas until everyone has read them.
+ * The weighted sum is elementwise, so the output has the bits the sliced path gives it.
+ */
+static sumo_result run_small(sumo_comm *c, void *recvbuf, const sumo__gram_call *call,
+                             gram_space *g, bool *applied)
+{
+    sumo__transport *tp = c->tp;
+    sumo__staging st = sumo__staging_of(tp, &c->x, sumo__dtype_bytes(call->dtype));
+    staged_inputs in = {.st = &st, .P = tp->size};
+    const sumo__exec host = sumo__host_exec();
+    SUMO__LOG(tp->log_level, SUMO__LOG_INFO, "rank %d gram combine: small, every rank's partials here",
+              tp->rank);
+    SUMO__CHECK(small_partials(c, call, &in, g));
+    bool accept = call->weigh(call->ctx, g->gram, call->ntensors, g->w, g->weigh_work);
+    if (accept) {
+        unsigned char *out = recvbuf;
+        SUMO__CHECK(weighted(c, &host, call, 0, call->count, staged_at, &in, g->w, &out, 1));
+    }
+    *applied = accept;
+    return tp->ops->barrier(tp);
+}
+
+static bool small_everywhere(const sumo_comm *c, const sumo__call_desc *all,
+                             const sumo__gram_call *call)
+{
+    if (!call->staged_ahead || !sumo__gram_small(c, call)) return false;
+    for (int r = 0; r < c->tp->size; r++)
+        if (all[r].flags & stage_skips()) return false;
+    return true;
 }
 
 /* ---- into the outputs ----------------------------------------------------------------------- */
@@ -431,6 +552,7 @@ sumo_result sumo__gram_run(sumo_comm *c, const sumo__call_desc *all, const void 
         return run_into_outputs(c, all, sendbuf, recvbuf, call, &g, applied);
     }
     if (call->shape == SUMO__GRAM_DIRECT) return run_direct(c, all, call, &g, applied);
+    if (small_everywhere(c, all, call)) return run_small(c, recvbuf, call, &g, applied);
     if (call->shape == SUMO__GRAM_STAGED) return run_staged(c, sendbuf, recvbuf, call, &g, applied);
     return run_messages(c, sendbuf, recvbuf, call, &g, applied);
 }

@@ -53,7 +53,22 @@ typedef struct sumo__gram_call {
     void *ctx;
     size_t weigh_work_bytes; /* scratch the weigh function gets as work (64-byte aligned) */
     sumo__gram_shape shape;
+    /* The caller ran sumo__gram_stage_ahead before its agreement (on every rank alike). */
+    bool staged_ahead;
 } sumo__gram_call;
+
+/*
+ * Small staged calls (one chunk, a few KiB): the caller may copy its input into its staging
+ * area before the agreement (as the staged sum does), and then every rank computes every
+ * rank's Gram partials itself from the areas, summed in the order of the recursive doubling
+ * that sums them otherwise (the same bits), and its whole output from the areas: one barrier
+ * after the agreement instead of four and the partials' exchange. Returns whether the copy
+ * was made (flags: this rank's SUMO__DESC_ flags; a shared buffer is not copied, and a call
+ * in which some rank did not copy takes the ordinary staged path).
+ */
+bool sumo__gram_small(const sumo_comm *c, const sumo__gram_call *call);
+sumo_result sumo__gram_stage_ahead(sumo_comm *c, const sumo__gram_call *call, uint32_t flags,
+                                   const void *sendbuf);
 
 /* Scratch bytes sumo__gram_run needs: host metadata (at its scratch argument, 64-byte
  * aligned), and data in the memory of the call's buffers (its data argument). */

@@ -157,17 +157,7 @@ static sumo_result host_gram_partials(void *ctx, void *exec, sumo_dtype dtype,
     (void)ctx;
     (void)exec;
     if (nin < 1 || nin > SUMO__GRAM_MAX_IN) return SUMO_ERR_INVALID_ARGUMENT;
-    size_t esz = sumo__dtype_bytes(dtype), L = (size_t)nin * (size_t)(nin + 1) / 2;
-    const void *in_at[SUMO__GRAM_MAX_IN];
-    double piece[SUMO__GRAM_MAX_IN * (SUMO__GRAM_MAX_IN + 1) / 2];
-    for (size_t t = hi > lo ? sumo__first_tensor(offsets, ntensors, lo) : ntensors;
-         t < ntensors && offsets[t] < hi; t++) {
-        size_t s = SUMO__MAX(lo, offsets[t]), e = SUMO__MIN(hi, offsets[t + 1]);
-        if (e <= s) continue;
-        for (int k = 0; k < nin; k++) in_at[k] = (const unsigned char *)ins[k] + (s - lo) * esz;
-        sumo__kernel_gram_partials(dtype, in_at, nin, e - s, piece);
-        for (size_t q = 0; q < L; q++) gram[t * L + q] += piece[q];
-    }
+    sumo__kernel_gram_partials_layout(dtype, ins, nin, offsets, ntensors, lo, hi, gram);
     return SUMO_SUCCESS;
 }
 
@@ -180,17 +170,7 @@ static sumo_result host_weighted_sum(void *ctx, void *exec, sumo_dtype dtype, vo
     (void)exec;
     if (nin < 1 || nin > SUMO__GRAM_MAX_IN || nout < 1 || nout > SUMO__GRAM_MAX_IN)
         return SUMO_ERR_INVALID_ARGUMENT;
-    size_t esz = sumo__dtype_bytes(dtype);
-    const void *in_at[SUMO__GRAM_MAX_IN];
-    void *out_at[SUMO__GRAM_MAX_IN];
-    for (size_t t = hi > lo ? sumo__first_tensor(offsets, ntensors, lo) : ntensors;
-         t < ntensors && offsets[t] < hi; t++) {
-        size_t s = SUMO__MAX(lo, offsets[t]), e = SUMO__MIN(hi, offsets[t + 1]);
-        if (e <= s) continue;
-        for (int k = 0; k < nin; k++) in_at[k] = (const unsigned char *)ins[k] + (s - lo) * esz;
-        for (int k = 0; k < nout; k++) out_at[k] = (unsigned char *)outs[k] + (s - lo) * esz;
-        sumo__kernel_weighted_sum(dtype, out_at, nout, in_at, w + t * (size_t)nin, nin, e - s);
-    }
+    sumo__kernel_weighted_sum_layout(dtype, outs, nout, ins, nin, offsets, ntensors, lo, hi, w);
     return SUMO_SUCCESS;
 }
 

@@ -72,6 +72,19 @@ void sumo__kernel_gram_partials(sumo_dtype dtype, const void *const *ins, int ni
 void sumo__kernel_weighted_sum(sumo_dtype dtype, void *const *outs, int nout,
                                const void *const *ins, const double *w, int nin, size_t n);
 
+/*
+ * Both passes over the tensors of a layout (offsets: ntensors + 1 prefix sums) that meet
+ * elements [lo, hi), ins[k] and outs[k] pointing at element lo: for each tensor piece, the
+ * partials added to gram + t * nin(nin+1)/2, or the weighted sum with the weights
+ * w + t * nin. The same per-piece calls as the kernels above, dispatched once.
+ */
+void sumo__kernel_gram_partials_layout(sumo_dtype dtype, const void *const *ins, int nin,
+                                       const size_t *offsets, size_t ntensors, size_t lo,
+                                       size_t hi, double *gram);
+void sumo__kernel_weighted_sum_layout(sumo_dtype dtype, void *const *outs, int nout,
+                                      const void *const *ins, int nin, const size_t *offsets,
+                                      size_t ntensors, size_t lo, size_t hi, const double *w);
+
 /* The instruction set the dispatched kernels use on this machine: "avx512", "avx2" or
  * "portable". */
 const char *sumo__kernel_isa(void);

@@ -126,6 +126,36 @@ static void test_bench_shared_outputs_checked(void **state)
     free(out);
 }
 
+/* Adasum over a layout of tensors (--tensors): every row checked tensor by tensor against the
+ * sequential tree, fp32 and bf16, with more tensors than elements at 4K on P = 3 (zero-length
+ * tensors). A usage error for 0 tensors. */
+static void test_bench_tensors_checked(void **state)
+{
+    (void)state;
+    require_binary();
+    char *out;
+    assert_int_equal(run_sumo("bench --tensors 0", &out), 2);
+    free(out);
+    const char *dtypes[] = {"fp32", "bf16"};
+    for (int d = 0; d < 2; d++) {
+        char args[256];
+        snprintf(args, sizeof args,
+                 "bench --transport threads --quick --check --ranks 2,3 --max 16K --iters 2 "
+                 "--warmup 1 --skip-mem --ops adasum --tensors 1500 --dtype %s", dtypes[d]);
+        int rc = run_sumo(args, &out);
+        if (rc != 0) print_message("%s", out);
+        assert_int_equal(rc, 0);
+        assert_non_null(strstr(out, "(adasum: 1500 tensors a call)"));
+        assert_null(strstr(out, "FAIL"));
+        assert_null(strstr(out, "SUMO_ERR"));
+        int checked = 0;
+        for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"))
+            if (line[0] != '#' && (strstr(line, "exact") || strstr(line, " ok"))) checked++;
+        assert_int_equal(checked, 2 * 2); /* 4K and 16K, on P = 2 and 3 */
+        free(out);
+    }
+}
+
 /* A few sizes on 2 and 3 ranks (3: not a power of two, uneven slices), every row checked,
  * with the memory sections at a size that keeps this fast under sanitizers. */
 static void test_bench_quick_checked(void **state)
@@ -405,6 +435,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_usage_errors),
         cmocka_unit_test(test_bench_quick_checked),
         cmocka_unit_test(test_bench_shared_outputs_checked),
+        cmocka_unit_test(test_bench_tensors_checked),
         cmocka_unit_test(test_args_refuse_with_flag_and_range),
         cmocka_unit_test(test_checkpoint_housekeeping),
         cmocka_unit_test(test_train_usage_errors),

@@ -26,6 +26,9 @@ static void usage(FILE *out)
         "  --ops sum,avg,adasum,acga  (default sum,avg,adasum; acga is the ACGA aggregator\n"
         "                           with its defaults, fp32 only; an op the library refuses\n"
         "                           prints n/a)\n"
+        "  --tensors K              adasum over a layout of K tensors of nearly equal\n"
+        "                           counts (sumo_op_create_adasum), as a fused bucket of K\n"
+        "                           gradients; default 1, the whole buffer one tensor\n"
         "  --iters N --warmup W     timed and untimed iterations per row (default 20, 5);\n"
         "                           time is the median over iterations, min also shown\n"
         "  --algo auto|shm|ring|rd|native   force sumo's sum/avg algorithm (default auto)\n"
@@ -171,6 +174,10 @@ static bool parse_numeric_flag(bench_opts *o, const char *flag, const char *val,
     } else if (strcmp(flag, "--warmup") == 0) {
         ok = sumo_args_int(flag, val, 0, 100000, &o->warmup, &err);
         o->warmup_set = true;
+    } else if (strcmp(flag, "--tensors") == 0) {
+        int k = 0;
+        ok = sumo_args_int(flag, val, 1, 1 << 20, &k, &err);
+        o->tensors = (size_t)k;
     } else if (strcmp(flag, "--mem-size") == 0) {
         ok = sumo_args_bytes(flag, val, BENCH_MIB, SIZE_MAX, &o->mem_bytes, &err);
         o->mem_set = true;
@@ -243,7 +250,7 @@ static void set_defaults(bench_opts *o)
                       .max_bytes = 256 * BENCH_MIB, .step = 2, .dtype = SUMO_FLOAT32,
                       .ops = {SUMO_OP_SUM, SUMO_OP_AVERAGE, SUMO_OP_ADASUM}, .nops = 3,
                       .iters = 20, .warmup = 5, .pin = true, .mem_bytes = 256 * BENCH_MIB,
-                      .mem_reps = 10, .algo = SUMO_ALGORITHM_AUTO};
+                      .mem_reps = 10, .algo = SUMO_ALGORITHM_AUTO, .tensors = 1};
     o->transport = launched_by_mpirun() ? BENCH_TRANSPORT_MPI : BENCH_TRANSPORT_THREADS;
 }
 
@@ -262,7 +269,7 @@ static void apply_quick(bench_opts *o)
 static bool takes_value(const char *flag)
 {
     static const char *const flags[] = {"--transport", "--ranks", "--min", "--max", "--step",
-                                        "--dtype", "--ops", "--iters", "--warmup", "--algo",
+                                        "--dtype", "--ops", "--iters", "--warmup", "--algo", "--tensors",
                                         "--mem-size", "--mem-reps", "--csv"};
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
         if (strcmp(flag, flags[i]) == 0) return true;

@@ -35,6 +35,7 @@ typedef struct bench_opts {
     int ops[BENCH_NOPS];
     int nops;
     int iters, warmup;
+    size_t tensors; /* adasum's layout: tensors of nearly equal counts (1: one tensor) */
     bool iters_set, warmup_set;
     bool check, quick, skip_mem, pin;
     bool shared_buffers; /* buffers from sumo_mem_alloc */

@@ -278,8 +278,26 @@ static bool load_inputs(sumo_dtype dtype, int p, size_t n, double **v)
     return true;
 }
 
-int bench_check_adasum(sumo_dtype dtype, int p, const void *buf, size_t n, char *why,
-                       size_t whylen)
+size_t bench_tensor_count(size_t n, size_t ntensors, size_t t)
+{
+    return n / ntensors + (t < n % ntensors ? 1 : 0);
+}
+
+/* The tree on each tensor of the layout, into ref. */
+static void adasum_tensors(sumo_dtype dtype, int p, double **v, double **w, double **at,
+                           size_t n, size_t ntensors, double *ref)
+{
+    for (size_t t = 0, off = 0; t < ntensors; t++) {
+        size_t len = bench_tensor_count(n, ntensors, t);
+        for (int r = 0; r < p; r++) at[r] = v[r] + off;
+        const double *res = adasum_tree(dtype, p, at, w, len);
+        for (size_t i = 0; i < len; i++) ref[off + i] = res[i];
+        off += len;
+    }
+}
+
+int bench_check_adasum(sumo_dtype dtype, int p, const void *buf, size_t n, size_t ntensors,
+                       char *why, size_t whylen)
 {
     /* The reference holds every rank's vector in double. malloc succeeds beyond the memory
      * (overcommit) and the OOM killer would end the run while filling it: skip instead. */
@@ -291,15 +309,20 @@ int bench_check_adasum(sumo_dtype dtype, int p, const void *buf, size_t n, char 
         return BENCH_CHECK_NA;
     }
     double **v = calloc((size_t)p, sizeof *v);
-    double **w = calloc((size_t)p, sizeof *w);
+    double **w = calloc((size_t)p, sizeof *w), **at = calloc((size_t)p, sizeof *at);
+    double *ref = malloc(n * sizeof *ref + 1);
     int verdict = BENCH_CHECK_NA;
-    if (v == NULL || w == NULL || !load_inputs(dtype, p, n, v))
+    if (v == NULL || w == NULL || at == NULL || ref == NULL || !load_inputs(dtype, p, n, v)) {
         snprintf(why, whylen, "no memory for the reference");
-    else
-        verdict = compare_adasum(dtype, buf, adasum_tree(dtype, p, v, w, n), n, why, whylen);
+    } else {
+        adasum_tensors(dtype, p, v, w, at, n, ntensors ? ntensors : 1, ref);
+        verdict = compare_adasum(dtype, buf, ref, n, why, whylen);
+    }
     for (int r = 0; v && r < p; r++) free(v[r]);
     free(v);
     free(w);
+    free(at);
+    free(ref);
     return verdict;
 }
 

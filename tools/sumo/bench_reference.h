@@ -25,10 +25,14 @@ const char *bench_verdict_name(int verdict);
 int bench_check_sum(sumo_dtype dtype, int op, int p, const void *buf, size_t n, char *why,
                     size_t whylen);
 
-/* buf against Adasum of p ranks' inputs, the whole buffer as one tensor (the tree sumo.h
- * documents), within Horovod's tolerance. */
-int bench_check_adasum(sumo_dtype dtype, int p, const void *buf, size_t n, char *why,
-                       size_t whylen);
+/* buf against Adasum of p ranks' inputs (the tree sumo.h documents) tensor by tensor, the
+ * ntensors tensors of bench_tensor_counts' layout, within Horovod's tolerance. */
+int bench_check_adasum(sumo_dtype dtype, int p, const void *buf, size_t n, size_t ntensors,
+                       char *why, size_t whylen);
+
+/* Tensor t's count when n elements are cut into ntensors nearly equal parts (the first n %
+ * ntensors one longer). */
+size_t bench_tensor_count(size_t n, size_t ntensors, size_t t);
 
 /* 32 bits of a hash of the buffer, exact in a double, to compare ranks' results. */
 double bench_hash(const void *buf, size_t bytes);

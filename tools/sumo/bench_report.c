@@ -119,6 +119,7 @@ void bench_print_machine(const bench_report *rep)
     print_transport(rep);
     printf("# dtype: %s, ops:", sumo_dtype_name(o->dtype));
     for (int i = 0; i < o->nops; i++) printf("%s%s", i ? "," : " ", bench_op_label(o->ops[i]));
+    if (o->tensors > 1) printf(" (adasum: %zu tensors a call)", o->tensors);
     printf(", sizes %zu to %zu B (x%g)%s\n", rep->sizes[0], rep->sizes[rep->nsizes - 1], o->step,
            o->check ? ", results checked" : "");
     fflush(stdout);

@@ -21,6 +21,8 @@ typedef struct coll_call {
     sumo_dtype dtype;
     int op;
     bool peer;             /* MPI_Allreduce instead of sumo */
+    size_t ntensors;       /* adasum: the layout's tensors (--tensors; > 1: op is `layout`) */
+    sumo_op layout;
     sumo_aggregator *acga; /* op BENCH_OP_ACGA */
 } coll_call;
 
@@ -35,8 +37,8 @@ static int call_collective(bench_group *g, void *arg)
     if (c->op == BENCH_OP_ACGA)
         return (int)sumo_aggregator_apply_into(c->acga, c->buf, result_of(c), c->count, c->dtype);
     if (!c->peer)
-        return (int)sumo_allreduce(c->buf, result_of(c), c->count, c->dtype, (sumo_op)c->op,
-                                   g->comm);
+        return (int)sumo_allreduce(c->buf, result_of(c), c->count, c->dtype,
+                                   c->ntensors > 1 ? c->layout : (sumo_op)c->op, g->comm);
 #ifdef SUMO_HAVE_MPI
     MPI_Datatype t = c->dtype == SUMO_FLOAT64 ? MPI_DOUBLE : MPI_FLOAT;
     int r = MPI_Allreduce(MPI_IN_PLACE, c->buf, (int)c->count, t, MPI_SUM, MPI_COMM_WORLD);
@@ -85,7 +87,8 @@ static int check_collective(bench_group *g, const bench_report *rep, coll_call *
         return BENCH_CHECK_FAIL;
     }
     if (call->op == SUMO_OP_ADASUM)
-        return bench_check_adasum(call->dtype, g->size, res, call->count, why, whylen);
+        return bench_check_adasum(call->dtype, g->size, res, call->count, call->ntensors, why,
+                                  whylen);
     if (call->op == BENCH_OP_ACGA) {
         snprintf(why, whylen,
                  "acga: ranks agree bit for bit; its values are checked by test_acga_*");
@@ -128,6 +131,20 @@ static void measure_op(bench_group *g, sweep_state *s, bench_row *r)
     coll_call call = {.buf = s->buf, .out = s->out, .count = count, .dtype = o->dtype,
                       .op = r->op};
     char why[256] = "";
+    if (r->op == SUMO_OP_ADASUM && o->tensors > 1) {
+        /* The layout is the call's: made per row, since the count changes. */
+        size_t *counts = malloc(o->tensors * sizeof *counts);
+        if (counts == NULL) r->status = SUMO_ERR_SYSTEM;
+        for (size_t t = 0; counts && t < o->tensors; t++)
+            counts[t] = bench_tensor_count(count, o->tensors, t);
+        sumo_adasum_options ao;
+        sumo_adasum_options_default(&ao);
+        ao.tensor_counts = counts;
+        ao.ntensors = o->tensors;
+        if (r->status == 0) r->status = sumo_op_create_adasum(g->comm, &ao, &call.layout);
+        free(counts);
+        if (r->status == 0) call.ntensors = o->tensors;
+    }
     if (r->op == BENCH_OP_ACGA) {
         sumo_aggregator_options acga_opts;
         sumo_aggregator_options_default(SUMO_AGGREGATE_ACGA, &acga_opts);
@@ -137,6 +154,7 @@ static void measure_op(bench_group *g, sweep_state *s, bench_row *r)
     bench_fill(o->dtype, s->buf, 0, count, g->rank);
     if (r->status == 0) r->status = measure_collective(g, o, &call, &r->med_us, &r->min_us);
     sumo_aggregator_destroy(call.acga);
+    if (call.ntensors > 1) sumo_op_destroy(g->comm, call.layout);
     const char *detail = NULL;
     if (r->status != 0 && g->comm) sumo_comm_error_message(g->comm, &detail);
     if (!s->rep->printer || g->rank != 0) return;
