@@ -214,7 +214,7 @@ class DistributedOptimizer(WrappedOptimizer):
                     "Sum" if self.op == Sum else "Average", b.index, len(b.slots),
                     ", ".join(self._names[i] for i in b.slots[:3]),
                     ", ..." if len(b.slots) > 3 else "")
-                b.grad = torch.empty(b.numel, dtype=self._wire(b.dtype))
+                b.grad = rt.shared_empty(b.numel, self._wire(b.dtype), b.what)
                 b.op = self.op
                 continue
             b.start = torch.empty(b.numel, dtype=b.dtype)
