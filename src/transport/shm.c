@@ -245,8 +245,12 @@ bool sumo__shm_region_shares(const sumo__shm_region *list, int rank, const void 
 
 void *sumo__shm_region_peer(const sumo__shm_region *list, int rank, uint64_t address)
 {
-    /* The collectives ask only for addresses their owner said were shared. */
-    const sumo__shm_region *g = region_of(list, rank, address, 0);
+    /* The collectives ask only for addresses their owner said were shared. A buffer starts
+     * inside its region, but its start is also the end of the region mapped just below it,
+     * which the kernel often places there: the region holding a byte at address wins, and one
+     * that merely ends there serves only an empty buffer at its end. */
+    const sumo__shm_region *g = region_of(list, rank, address, 1);
+    if (g == NULL) g = region_of(list, rank, address, 0);
     return g ? g->mapped[rank] + (address - g->owner_address[rank]) : NULL;
 }
 

@@ -13,6 +13,9 @@
  *   - Adasum equals the sequential tree of sumo.h (within Horovod's tolerance) in its Gram
  *     form (fp32, bf16) and its tree form over point-to-point messages (fp64, forced ring),
  *     with the same bits on every rank;
+ *   - many sumo_mem_alloc buffers of mixed sizes, reduced in turn and started together, each
+ *     reach their own memory on every peer (a region that ends where a buffer starts is not
+ *     its region);
  *   - ranks passing different counts all get SUMO_ERR_MISMATCH and can go on; an allocation
  *     one rank cannot make fails on every rank and leaves the handle usable;
  *   - the named fallback (SUMO_SHM_NAMED=1) works and removes its names as soon as every rank
@@ -252,6 +255,51 @@ static void refusals(sumo_comm *comm, int rank, int size, const buffers *b, tall
           sumo_result_name(r), wrong);
 }
 
+/* Many sumo_mem_alloc buffers of mixed sizes, reduced one after the other, blocking and
+ * started together: the kernel tends to map a small part right below a larger one, and a
+ * buffer's address must then find its own region, not the one that ends where it starts (each
+ * buffer's values say which buffer they came from). */
+static void many_mapped(sumo_comm *comm, int rank, int size, tally *t)
+{
+    enum { NBUF = 24 };
+    float *buf[NBUF];
+    size_t n[NBUF];
+    for (int i = 0; i < NBUF; i++) {
+        n[i] = i % 2 ? 64 : 4096; /* 16 KiB, then a page: what placed them back to back here */
+        sumo_result r = sumo_mem_alloc(comm, n[i] * sizeof(float), (void **)&buf[i]);
+        check(t, r == SUMO_SUCCESS, "sumo_mem_alloc of buffer %d: %s", i, sumo_result_name(r));
+        if (r != SUMO_SUCCESS) return;
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < NBUF; i++)
+            for (size_t j = 0; j < n[i]; j++) buf[i][j] = (float)(1000 * i + 10 * rank + (int)(j % 7));
+        sumo_request *req[NBUF];
+        for (int i = 0; i < NBUF; i++) {
+            sumo_result r = pass == 0 ? sumo_allreduce(buf[i], buf[i], n[i], SUMO_FLOAT32, SUMO_OP_SUM, comm)
+                                      : sumo_allreduce_start(buf[i], buf[i], n[i], SUMO_FLOAT32, SUMO_OP_SUM,
+                                                             comm, &req[i]);
+            check(t, r == SUMO_SUCCESS, "%s of buffer %d: %s", pass ? "start" : "allreduce", i,
+                  sumo_result_name(r));
+            if (r != SUMO_SUCCESS) return;
+        }
+        for (int i = 0; pass == 1 && i < NBUF; i++) {
+            sumo_result r = sumo_request_wait(req[i]);
+            check(t, r == SUMO_SUCCESS, "wait for buffer %d: %s", i, sumo_result_name(r));
+        }
+        for (int i = 0; i < NBUF; i++) {
+            size_t wrong = 0, first = 0;
+            for (size_t j = 0; j < n[i]; j++) {
+                /* Sums of small integers: exact in fp32 whatever the order. */
+                float want = (float)(size * (1000 * i + (int)(j % 7)) + 10 * size * (size - 1) / 2);
+                if (buf[i][j] != want && wrong++ == 0) first = j;
+            }
+            check(t, wrong == 0, "%s: buffer %d of %zu elements: %zu wrong, the first at %zu (%g)",
+                  pass ? "started together" : "blocking", i, n[i], wrong, first, (double)buf[i][first]);
+        }
+    }
+    for (int i = 0; i < NBUF; i++) sumo_mem_free(comm, buf[i]);
+}
+
 /* Everything a working group must do. */
 static int battery(sumo_comm **commp, int rank, int size, group *g)
 {
@@ -301,6 +349,25 @@ static void test_collectives_1_to_5_processes(void **state)
     (void)state;
     for (int p = 1; p <= MAXP; p++) {
         group g = {.size = p, .fn = battery};
+        run_group(&g);
+        expect_all(&g, 0);
+    }
+}
+
+static int many_mapped_group(sumo_comm **commp, int rank, int size, group *g)
+{
+    (void)g;
+    tally t = {.rank = rank};
+    many_mapped(*commp, rank, size, &t);
+    return t.failed ? 1 : 0;
+}
+
+/* In fresh processes, whose mappings the kernel lays out from a clean address space. */
+static void test_many_mapped_buffers(void **state)
+{
+    (void)state;
+    for (int p = 2; p <= 3; p++) {
+        group g = {.size = p, .fn = many_mapped_group};
         run_group(&g);
         expect_all(&g, 0);
     }
@@ -413,6 +480,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_transport_messages),
         cmocka_unit_test(test_collectives_1_to_5_processes),
+        cmocka_unit_test(test_many_mapped_buffers),
         cmocka_unit_test(test_named_fallback_small_staging),
         cmocka_unit_test(test_undumpable_rank_0),
     };

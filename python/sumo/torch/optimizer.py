@@ -206,10 +206,9 @@ class DistributedOptimizer(WrappedOptimizer):
             b.add(i, p)
         for b in self._buckets:
             if self.op != Adasum:
-                # Gradients in the wire dtype, reduced in place. Plain memory, not
-                # rt.shared_empty's mapped memory: with hundreds of mapped buckets in flight
-                # (bucket_cap_mb=0 on 400 tensors) a blocking allreduce issued meanwhile
-                # crashed the shm transport (SIGSEGV), not yet understood.
+                # Gradients in the wire dtype, reduced in place, in memory every process of
+                # the node maps (under MPI or shm on one node): the ranks then read each
+                # other's buckets directly instead of through the staging areas.
                 b.what = "the %s gradient bucket %d of %d tensors (%s%s)" % (
                     "Sum" if self.op == Sum else "Average", b.index, len(b.slots),
                     ", ".join(self._names[i] for i in b.slots[:3]),
