@@ -38,6 +38,11 @@ SUMO_OP_SUM = 0
 SUMO_OP_AVERAGE = 1
 SUMO_OP_ADASUM = 2
 
+# sumo_comm_param and sumo_algorithm (sumo_comm_set_param)
+SUMO_PARAM_ALGORITHM = 1
+SUMO_ALGORITHM_AUTO = 0
+SUMO_ALGORITHM_RANKED = 5
+
 # sumo_compression_format
 SUMO_COMPRESS_NONE = 0
 SUMO_COMPRESS_BF16 = 1
@@ -171,6 +176,9 @@ class sumo_transport_desc(ctypes.Structure):
 
 # -- sumo_shm.h ----------------------------------------------------------------------------------
 # The types of sumo_store's operations.
+# sumo_rank_fn (sumo_threads_run): fn(comm, rank, arg)
+RANK_FN = ctypes.CFUNCTYPE(sumo_result, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
+
 STORE_SET = ctypes.CFUNCTYPE(sumo_result, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p,
                              ctypes.c_size_t)
 STORE_GET = ctypes.CFUNCTYPE(sumo_result, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p,

@@ -1,0 +1,169 @@
+"""The hierarchical allreduce across hosts (sumo.torch's _hier.py) against the flat
+process-group path, on one machine: SUMO_LOCAL_SIZE=2 makes hosts of two consecutive ranks.
+
+    SUMO_LOCAL_SIZE=2 torchrun --standalone --nproc_per_node 4 tests/python/hier.py   # 2 + 2
+    SUMO_LOCAL_SIZE=2 torchrun --standalone --nproc_per_node 3 tests/python/hier.py   # 2 + 1
+(or under mpirun with SUMO_TEST_PORT: the group made from MPI's environment).
+
+For Sum, Average and per-tensor Adasum in every dtype, each rank checks that the hierarchical
+result is bit for bit the flat path's (sumo's C collectives over the group's own calls, the
+same communicator sumo.torch runs the other collectives on), the same bits on every rank, and
+within a tolerance of a float64 reference computed here from the gathered inputs (sum in
+float64, tests/python/reference.py's Adasum tree). Then the DDP hooks: one step of a small
+model through average_hook and adasum_hook, hierarchical and flat, gives the same gradients.
+Prints one line per check on rank 0; exits non-zero on any failure.
+"""
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+sys.path.insert(0, HERE)
+os.environ.setdefault("SUMO_TIMEOUT", "60")
+
+import ctypes  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+import sumo.torch as st  # noqa: E402
+from sumo._abi import SUMO_OP_ADASUM, SUMO_OP_AVERAGE, SUMO_OP_SUM  # noqa: E402
+from sumo._lib import lib  # noqa: E402
+from sumo.torch import _runtime as rt  # noqa: E402
+from reference import adasum_per_tensor  # noqa: E402
+
+KINDS = {"sum": SUMO_OP_SUM, "average": SUMO_OP_AVERAGE, "adasum": SUMO_OP_ADASUM}
+# Tensors of the Adasum layout: one element, odd sizes, one larger than a Gram chunk's share.
+LAYOUT = [1, 7, 300, 4099, 70000]
+EPS = {torch.float32: 2.0 ** -23, torch.float64: 2.0 ** -52, torch.float16: 2.0 ** -10,
+       torch.bfloat16: 2.0 ** -7}
+failures = []
+
+
+def report(ok, text):
+    if not ok:
+        failures.append(text)
+    if dist.get_rank() == 0 or not ok:
+        print("%s - rank %d: %s" % ("ok  " if ok else "FAIL", dist.get_rank(), text), flush=True)
+
+
+def bits(t):
+    return t.view(torch.int16 if t.element_size() == 2 else
+                  torch.int32 if t.element_size() == 4 else torch.int64)
+
+
+def gather(t):
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return out
+
+
+def inputs(dtype):
+    g = torch.Generator().manual_seed(1234 + dist.get_rank())
+    x = torch.randn(sum(LAYOUT), generator=g, dtype=torch.float64)
+    # Partly agreeing ranks (a shared direction), so Adasum's coefficients are not all 1.
+    common = torch.randn(sum(LAYOUT), generator=torch.Generator().manual_seed(99),
+                         dtype=torch.float64)
+    return (x + 2 * common).to(dtype)
+
+
+def flat(t, kind, layout):
+    ptr, n, dt = rt.tensor_args(t, "flat")
+    op = rt.adasum_op(rt.state.comm, layout, "flat") if kind == SUMO_OP_ADASUM else kind
+    code = lib.sumo_allreduce(ptr, ptr, n, dt, op, rt.state.comm)
+    if kind == SUMO_OP_ADASUM:
+        lib.sumo_op_destroy(rt.state.comm, op)
+    rt.raise_for(code, "the flat allreduce")
+
+
+def reference(all_inputs, kind):
+    x = [a.to(torch.float64) for a in all_inputs]
+    if kind == SUMO_OP_ADASUM:
+        per_rank = [list(a.split(LAYOUT)) for a in x]
+        return torch.cat(adasum_per_tensor(per_rank))
+    s = torch.zeros_like(x[0])
+    for a in x:
+        s += a
+    return s / len(x) if kind == SUMO_OP_AVERAGE else s
+
+
+def check_collectives():
+    hier = rt.state.hier
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        for name, kind in KINDS.items():
+            src = inputs(dtype)
+            h = src.clone()
+            hier.allreduce(h, rt.tensor_args(h, "hier")[2], kind,
+                           LAYOUT if kind == SUMO_OP_ADASUM else None, "hier")
+            f = src.clone()
+            flat(f, kind, LAYOUT)
+            same = torch.equal(bits(h), bits(f))
+            everyone = all(torch.equal(bits(o), bits(h)) for o in gather(h))
+            ref = reference(gather(src), kind)
+            err = float((h.to(torch.float64) - ref).norm() / ref.norm())
+            # Rounding of the dtype over a few ranks (Adasum: Horovod's 100 epsilons).
+            ok_ref = err < 100 * EPS[dtype]
+            report(same and everyone and ok_ref,
+                   "%-7s %-8s hierarchical == flat bit for bit: %s, same bits on every rank: %s, "
+                   "relative error vs float64 %.2g" % (str(dtype).split(".")[1], name, same,
+                                                      everyone, err))
+
+
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5))
+
+
+def ddp_grads(hook, hierarchical):
+    """One backward pass of DDP with a sumo hook on this rank's batch: the gradients."""
+    saved = rt.state.hier
+    if not hierarchical:
+        rt.state.hier = None  # the hooks read it per call: the flat path
+    try:
+        ddp = DDP(model())
+        hs = st.HookState()
+        ddp.register_comm_hook(hs, hook)
+        g = torch.Generator().manual_seed(7 + dist.get_rank())
+        x, y = torch.randn(16, 20, generator=g), torch.randint(0, 5, (16,), generator=g)
+        F.cross_entropy(ddp(x), y).backward()
+        rt.sync()
+        out = torch.cat([p.grad.reshape(-1) for p in ddp.parameters()])
+        hs.close()
+        return out
+    finally:
+        rt.state.hier = saved
+
+
+def check_hooks():
+    for name, hook in (("average_hook", st.average_hook), ("adasum_hook", st.adasum_hook)):
+        h = ddp_grads(hook, True)
+        f = ddp_grads(hook, False)
+        report(torch.equal(bits(h), bits(f)), "DDP %s: hierarchical == flat bit for bit" % name)
+
+
+def main():
+    if "OMPI_COMM_WORLD_RANK" in os.environ:
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%s" % os.environ["SUMO_TEST_PORT"],
+                                rank=int(os.environ["OMPI_COMM_WORLD_RANK"]),
+                                world_size=int(os.environ["OMPI_COMM_WORLD_SIZE"]))
+    st.init()
+    torch.set_num_threads(1)
+    hier = rt.state.hier
+    if hier is None:
+        print("FAIL - no hierarchical path: SUMO_LOCAL_SIZE=%s, %d ranks, transport %s"
+              % (os.environ.get("SUMO_LOCAL_SIZE"), st.size(), rt.state.transport))
+        sys.exit(1)
+    report(True, "%d ranks as hosts of %s: %d host(s), this rank is local %d of %d"
+           % (st.size(), [len(m) for m in hier.members], hier.nhosts, st.local_rank(),
+              st.local_size()))
+    check_collectives()
+    check_hooks()
+    st.barrier()
+    if failures:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
