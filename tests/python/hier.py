@@ -1,9 +1,10 @@
 """The hierarchical allreduce across hosts (sumo.torch's _hier.py) against the flat
 process-group path, on one machine: SUMO_LOCAL_SIZE=2 makes hosts of two consecutive ranks.
 
-    SUMO_LOCAL_SIZE=2 torchrun --standalone --nproc_per_node 4 tests/python/hier.py   # 2 + 2
     SUMO_LOCAL_SIZE=2 torchrun --standalone --nproc_per_node 3 tests/python/hier.py   # 2 + 1
-(or under mpirun with SUMO_TEST_PORT: the group made from MPI's environment).
+(any rank count works; tests/python/run.sh runs 3). On 3 ranks the job also builds hosts of
+1+1+1 (a chain with a middle host) and {0, 2}+{1} (ranks not consecutive: the gather design
+for sums too), and runs the chain in 16 KiB chunks, so one start-up covers every shape.
 
 For Sum, Average and per-tensor Adasum in every dtype, each rank checks that the hierarchical
 result is bit for bit the flat path's (sumo's C collectives over the group's own calls, the
@@ -11,6 +12,8 @@ same communicator sumo.torch runs the other collectives on), the same bits on ev
 within a tolerance of a float64 reference computed here from the gathered inputs (sum in
 float64, tests/python/reference.py's Adasum tree). Then the DDP hooks: one step of a small
 model through average_hook and adasum_hook, hierarchical and flat, gives the same gradients.
+Last, the highest rank leaves before a hierarchical allreduce (deadline 5 s): the others must
+end it with SUMO_ERR_PEER_FAILURE or SUMO_ERR_TIMEOUT, not hang.
 Prints one line per check on rank 0; exits non-zero on any failure.
 """
 import os
@@ -22,6 +25,7 @@ sys.path.insert(0, HERE)
 os.environ.setdefault("SUMO_TIMEOUT", "60")
 
 import ctypes  # noqa: E402
+import time  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -29,9 +33,10 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 import sumo.torch as st  # noqa: E402
-from sumo._abi import SUMO_OP_ADASUM, SUMO_OP_AVERAGE, SUMO_OP_SUM  # noqa: E402
-from sumo._lib import lib  # noqa: E402
-from sumo.torch import _runtime as rt  # noqa: E402
+from sumo._abi import (SUMO_ERR_PEER_FAILURE, SUMO_ERR_TIMEOUT, SUMO_OP_ADASUM,  # noqa: E402
+                       SUMO_OP_AVERAGE, SUMO_OP_SUM)
+from sumo._lib import lib, SumoError  # noqa: E402
+from sumo.torch import _hier, _runtime as rt  # noqa: E402
 from reference import adasum_per_tensor  # noqa: E402
 
 KINDS = {"sum": SUMO_OP_SUM, "average": SUMO_OP_AVERAGE, "adasum": SUMO_OP_ADASUM}
@@ -89,8 +94,7 @@ def reference(all_inputs, kind):
     return s / len(x) if kind == SUMO_OP_AVERAGE else s
 
 
-def check_collectives():
-    hier = rt.state.hier
+def check_collectives(hier, label):
     for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
         for name, kind in KINDS.items():
             src = inputs(dtype)
@@ -106,9 +110,65 @@ def check_collectives():
             # Rounding of the dtype over a few ranks (Adasum: Horovod's 100 epsilons).
             ok_ref = err < 100 * EPS[dtype]
             report(same and everyone and ok_ref,
-                   "%-7s %-8s hierarchical == flat bit for bit: %s, same bits on every rank: %s, "
-                   "relative error vs float64 %.2g" % (str(dtype).split(".")[1], name, same,
-                                                      everyone, err))
+                   "%s: %-7s %-8s hierarchical == flat bit for bit: %s, same bits on every "
+                   "rank: %s, relative error vs float64 %.2g"
+                   % (label, str(dtype).split(".")[1], name, same, everyone, err))
+
+
+def other_layout(hosts, timeout_s=60):
+    """A second hierarchy over the same ranks with hosts of our choosing (collective)."""
+    from sumo.torch import _pg_transport as pgt
+    base = rt.state.group
+    store = pgt.StoreAdapter(rt._store_of(base))
+    h = _hier.Hierarchy(base, hosts, store, rt._key_prefix(base),
+                        lambda r: rt.pgt_global(base, r), timeout_s)
+    h.store = store  # kept alive with the communicator
+    return h
+
+
+def check_layouts():
+    """Chunks smaller than the buffer (the chain's pipeline: 4 KiB, ~19 of them per fp32
+    vector, the last one short), then on 3 ranks hosts of one rank each (a chain with a middle
+    host) and a host of ranks 0 and 2 (not consecutive: the gather design for sums)."""
+    saved = _hier._CHUNK_BYTES
+    _hier._CHUNK_BYTES = 16 << 10
+    try:
+        check_collectives(rt.state.hier, "hosts %s, 16 KiB chunks" % hosts_text(rt.state.hier))
+    finally:
+        _hier._CHUNK_BYTES = saved
+    if st.size() != 3:
+        return
+    for hosts in ([0, 1, 2], [0, 1, 0]):
+        h = other_layout(hosts)
+        try:
+            check_collectives(h, "hosts %s (host of each rank %s)" % (hosts_text(h), hosts))
+        finally:
+            h.destroy()
+
+
+def hosts_text(h):
+    return "+".join(str(len(m)) for m in h.members)
+
+
+def check_dead_rank():
+    """The last rank leaves (os._exit) before a hierarchical allreduce; the others must fail
+    with an error, not hang (run.sh's timeout catches a hang). Ends the process."""
+    h = other_layout([0] * (st.size() - 1) + [1], timeout_s=5)
+    lib.sumo_comm_set_timeout(h.comm, ctypes.c_double(5.0))
+    st.barrier()
+    if dist.get_rank() == st.size() - 1:
+        os._exit(0)
+    t = inputs(torch.float32)
+    t0 = time.monotonic()
+    try:
+        h.allreduce(t, rt.tensor_args(t, "dead")[2], SUMO_OP_SUM, None, "dead")
+        report(False, "a hierarchical allreduce with a rank gone returned without an error")
+    except Exception as e:  # noqa: BLE001 - which error it is gets printed
+        report(isinstance(e, SumoError) and e.code in (SUMO_ERR_PEER_FAILURE, SUMO_ERR_TIMEOUT),
+               "a rank gone during a hierarchical allreduce: %s after %.1f s (deadline 5 s): %s"
+               % (type(e).__name__, time.monotonic() - t0, str(e)[:120]))
+    sys.stdout.flush()
+    os._exit(1 if failures else 0)
 
 
 def model():
@@ -158,11 +218,11 @@ def main():
     report(True, "%d ranks as hosts of %s: %d host(s), this rank is local %d of %d"
            % (st.size(), [len(m) for m in hier.members], hier.nhosts, st.local_rank(),
               st.local_size()))
-    check_collectives()
+    check_collectives(hier, "hosts %s" % hosts_text(hier))
+    check_layouts()
     check_hooks()
     st.barrier()
-    if failures:
-        sys.exit(1)
+    check_dead_rank()
 
 
 if __name__ == "__main__":

@@ -397,7 +397,7 @@ def _init_group(group, transport):
         store = pgt.StoreAdapter(_store_of(base))
         state.store = store
         state.hier = _hier.Hierarchy(base, hosts, store, _key_prefix(base),
-                                     lambda r: pgt_global(base, r))
+                                     lambda r: pgt_global(base, r), _deadline_s())
 
 
 def _local_size():
