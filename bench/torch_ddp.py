@@ -83,6 +83,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: E
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 import sumo  # noqa: E402
+from sumo import _abi as sumo_abi  # noqa: E402
 import sumo.torch as st  # noqa: E402
 from sumo.torch import _runtime as rt  # noqa: E402
 
@@ -405,8 +406,9 @@ def delta_interleaved_main(args):
                                                    is not None else "not initialised", args.steps,
                                                    args.warmup))
     if rt.state.hier is not None:
-        print("sumo across %d hosts of %s ranks: the hooks' allreduce hierarchical (shm inside a "
-              "host, one gloo all_gather between hosts); /g: the flat process-group path" % (
+        print("sumo across %d hosts of %s ranks: the hooks' allreduce hierarchical (sum and "
+              "average: a chain in host order; Adasum: the gather design, which init() leaves "
+              "opt-in); /g: the flat process-group path" % (
                   rt.state.hier.nhosts, "+".join(str(len(m)) for m in rt.state.hier.members)))
     for m, r in res.items():
         ref = "hvd adasum" if "hvd adasum" in r else next(iter(r))
@@ -494,6 +496,10 @@ def main():
                          "HookState(mapped_buffers=True, False))")
     args = ap.parse_args()
     st.init()
+    if rt.state.hier is not None:
+        # Every kind through the hierarchical path, Adasum included (its default is the flat
+        # path): "/g" methods give the flat path beside it.
+        rt.state.hier.ops = frozenset(rt.state.hier.ops | {sumo_abi.SUMO_OP_ADASUM})
     torch.set_num_threads(1)  # one core per rank
     if args.check_only:
         if hvd is not None:

@@ -362,11 +362,15 @@ def _init_group(group, transport):
     one_host = len(local) == size
     state.group = base
     hierarchical = transport == "hierarchical"
+    # Which allreduces take it: every one it offers when asked for by name; by default, across
+    # hosts, sum and average only (the chain: faster than the flat path on both of
+    # docs/results.md's models), while Adasum's gather design is slower than the flat path on
+    # the larger one and stays opt-in. Everything else, and transport="group": the flat path.
+    hier_ops = (SUMO_OP_SUM, SUMO_OP_AVERAGE, SUMO_OP_ADASUM)
     if transport == "pg":
         transport = "shm" if one_host and size > 1 else "group"
-        # Across hosts the allreduces take the hierarchical path; everything else, and
-        # transport="group", the flat one.
         hierarchical = not one_host
+        hier_ops = (SUMO_OP_SUM, SUMO_OP_AVERAGE)
     if hierarchical:
         transport = "group"
     if transport == "shm" and not one_host:
@@ -398,6 +402,7 @@ def _init_group(group, transport):
         state.store = store
         state.hier = _hier.Hierarchy(base, hosts, store, _key_prefix(base),
                                      lambda r: pgt_global(base, r), _deadline_s())
+        state.hier.ops = frozenset(hier_ops)
 
 
 def _local_size():
@@ -533,7 +538,7 @@ def broadcast_tensor(t, root, name):
 
 
 def allreduce_tensor(t, op, name):
-    if state.hier is not None and int(op) in (SUMO_OP_SUM, SUMO_OP_AVERAGE, SUMO_OP_ADASUM):
+    if state.hier is not None and int(op) in state.hier.ops:
         hier_allreduce(t, int(op), None, "allreduce of " + name)
         return
     _in_place(lib.sumo_allreduce, t, op, "allreduce", name)

@@ -172,13 +172,14 @@ def _bucket_layout(bucket):
 
 def _start(state, index, buf, op, what, gram_form, kind=None, layout=None):
     """Starts an allreduce of the bucket, in place or into its mapped buffer, and returns the
-    Future the worker completes with the reduced buffer. Across hosts (rt.state.hier) the
-    worker runs the hierarchical allreduce of kind (and layout) in place instead."""
+    Future the worker completes with the reduced buffer. Across hosts (rt.state.hier), for the
+    kinds it takes (hier.ops), the worker runs the hierarchical allreduce of kind (and layout)
+    in place instead."""
     # A bad bucket is refused before anything is allocated, on every rank at once.
     send, n, dt = rt.checked_tensor(buf, what)
     t0 = time.perf_counter()
     hier = rt.state.hier
-    if hier is not None and kind is not None:
+    if hier is not None and kind in hier.ops:
         def run():
             try:
                 hier.allreduce(buf, dt, kind, layout, what)
