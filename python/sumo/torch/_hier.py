@@ -160,7 +160,10 @@ class Hierarchy:
         # Inside the host: the leader gathers its ranks' inputs (in the gather design into
         # the first block of the area the leaders exchange).
         if chained:
-            slots = self._buffer("local", (self.local_size - 1) * n, t.dtype)
+            # The leader keeps the other L - 1 inputs; a rank other than the leader needs room
+            # only to discard the broadcasts of ranks other than itself (hosts of 3 or more).
+            keep = (self.local_size - 1 if self.leader else min(1, self.local_size - 2)) * n
+            slots = self._buffer("local", keep, t.dtype)
         else:
             span = self.max_local * n
             block = self._buffer("block", span if self.leader else n, t.dtype)
