@@ -55,6 +55,12 @@ from step to step, so slow phases of a noisy machine hit them alike):
 Per step: refill the buffers with the rank's gradients, barrier, time until every bucket is
 reduced. Median over steps; "vs gloo" divides a method's median by gloo's, from the same run.
 
+Across hosts (ranks on several hosts, or SUMO_LOCAL_SIZE=2 under torchrun: 2 hosts of 2 on one
+machine) the hooks take sumo.torch's hierarchical path; a hook method with "/g" ("sumo avg/g")
+takes the flat process-group path in the same run, e.g.
+    SUMO_LOCAL_SIZE=2 torchrun --standalone --nproc_per_node 4 bench/torch_ddp.py --interleaved \
+        --models mlp,conv --methods 'none,gloo,sumo avg,sumo avg/g,sumo adasum,sumo adasum/g'
+
 --interleaved (or --delta-interleaved) [--methods ...] measures only the training steps of the
 methods listed, with the time inside communication per step beside them
 (the Adasum delta optimizers sumo delta, delta/p, delta/s and hvd adasum by default; gloo and
@@ -82,7 +88,9 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: E
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 import sumo  # noqa: E402
+from sumo import _abi as sumo_abi  # noqa: E402
 import sumo.torch as st  # noqa: E402
+from sumo.torch import _runtime as rt  # noqa: E402
 
 try:
     import horovod.torch as hvd
@@ -157,9 +165,9 @@ def setup(method, model):
         ddp.register_comm_hook(None, no_comm_hook)
         return ddp, sgd, None
     hook, _, where = method.partition("/")  # "/m": mapped_buffers=True, "/p": False
-    if hook in HOOKS and where in ("", "m", "p"):
+    if hook in HOOKS and where in ("", "m", "p", "g"):  # "/g": flat (see flat_path)
         ddp = DDP(model)
-        state = st.HookState(mapped_buffers={"": None, "m": True, "p": False}[where])
+        state = st.HookState(mapped_buffers={"": None, "m": True, "p": False, "g": None}[where])
         ddp.register_comm_hook(state, HOOKS[hook])
         return ddp, sgd, state
     if method in ("opt avg/s", "opt avg/p", "opt avg/o"):
@@ -183,6 +191,23 @@ def setup(method, model):
     if method == "hvd avg":
         return model, hvd.DistributedOptimizer(sgd, model.named_parameters(), op=hvd.Average), None
     raise ValueError(method)
+
+
+class flat_path:
+    """For a "/g" method: the hooks take the flat process-group path (sumo's C collectives
+    over the group's own calls) while the job runs the hierarchical one across hosts (several
+    hosts, or SUMO_LOCAL_SIZE); a no-op otherwise."""
+
+    def __init__(self, method):
+        self.on = method.endswith("/g")
+
+    def __enter__(self):
+        if self.on:
+            self.saved, rt.state.hier = rt.state.hier, None
+
+    def __exit__(self, *exc):
+        if self.on:
+            rt.state.hier = self.saved
 
 
 def comm_time():
@@ -368,11 +393,12 @@ def delta_interleaved(make, args):
         for m, module, opt in rotated(setups, i):
             st.barrier()
             comm_time()
-            t0 = time.perf_counter()
-            opt.zero_grad()
-            F.cross_entropy(module(x), y).backward()
-            opt.step()
-            t = time.perf_counter() - t0
+            with flat_path(m):
+                t0 = time.perf_counter()
+                opt.zero_grad()
+                F.cross_entropy(module(x), y).backward()
+                opt.step()
+                t = time.perf_counter() - t0
             c = comm_time()
             if i >= args.warmup:
                 times[m].append(t)
@@ -401,6 +427,11 @@ def delta_interleaved_main(args):
           "%d steps after %d warm-up (medians)" % (st.size(), args.batch, "initialised" if hvd
                                                    is not None else "not initialised", args.steps,
                                                    args.warmup))
+    if rt.state.hier is not None:
+        print("sumo across %d hosts of %s ranks: the hooks' allreduce hierarchical (sum and "
+              "average: a chain in host order; Adasum: the gather design, which init() leaves "
+              "opt-in); /g: the flat process-group path" % (
+                  rt.state.hier.nhosts, "+".join(str(len(m)) for m in rt.state.hier.members)))
     for m, r in res.items():
         ref = "hvd adasum" if "hvd adasum" in r else next(iter(r))
         hook = r.get("gloo hook")
@@ -487,6 +518,10 @@ def main():
                          "HookState(mapped_buffers=True, False))")
     args = ap.parse_args()
     st.init()
+    if rt.state.hier is not None:
+        # Every kind through the hierarchical path, Adasum included (its default is the flat
+        # path): "/g" methods give the flat path beside it.
+        rt.state.hier.ops = frozenset(rt.state.hier.ops | {sumo_abi.SUMO_OP_ADASUM})
     torch.set_num_threads(1)  # one core per rank
     if args.check_only:
         if hvd is not None:

@@ -56,6 +56,13 @@ static const sumo__setting table[SUMO__SETTING_COUNT] = {
         .unit = "a training step", .min = 0, .max = 1e9,
         .doc = "A test hook, only in the crash-test build of the sumo command (tests/cli): the "
                "process exits halfway through writing the checkpoint of this step."},
+    [SUMO__SETTING_LOCAL_SIZE] = {
+        .name = "SUMO_LOCAL_SIZE", .type = SUMO__SETTING_INTEGER, .noun = "a host size",
+        .unit = "ranks per host", .min = 1, .max = 256,
+        .doc = "sumo.torch over a process group: hosts of this many consecutive ranks (the "
+               "last may hold fewer) instead of the hosts the ranks run on, so one machine "
+               "runs the hierarchical path across hosts (docs/torch.md). Read by "
+               "sumo.torch.init on every rank; unset: the real hosts."},
 };
 
 const sumo__setting *sumo__setting_info(sumo__setting_id id)

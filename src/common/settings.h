@@ -27,6 +27,7 @@ typedef enum sumo__setting_id {
     SUMO__SETTING_NCCL_LIBRARY,
     SUMO__SETTING_FUSION_THRESHOLD,
     SUMO__SETTING_TEST_EXIT_DURING_SAVE,
+    SUMO__SETTING_LOCAL_SIZE,
     SUMO__SETTING_COUNT
 } sumo__setting_id;
 

@@ -72,6 +72,11 @@ suite() {
     timeout -k 10 600 "${torchrun[@]}" --nproc_per_node 3 "${pytest[@]}" || failed=1
     echo "== torchrun --nproc_per_node 2 pytest, SUMO_TEST_TRANSPORT=group (through the group's own calls)"
     SUMO_TEST_TRANSPORT=group timeout -k 10 600 "${torchrun[@]}" --nproc_per_node 2 "${pytest[@]}" || failed=1
+    # Across hosts, simulated: hosts of 2 ranks on 3 ranks (2+1: the chain over an uneven
+    # pair of hosts), and inside it hosts of 1+1+1 and {0,2}+{1}; the hierarchical allreduce
+    # against the flat process-group path bit for bit, then a rank that leaves (about 20 s).
+    echo "== torchrun --nproc_per_node 3, SUMO_LOCAL_SIZE=2: the hierarchical path across hosts"
+    SUMO_LOCAL_SIZE=2 timeout -k 10 300 "${torchrun[@]}" --nproc_per_node 3 tests/python/hier.py || failed=1
   elif [ $have_mpi = 1 ]; then
     local port=$(( 29500 + RANDOM % 2000 ))
     echo "== mpirun -np 3 pytest over a torch.distributed group on one host (sumo's shared memory)"

@@ -28,6 +28,7 @@
 static const char *const names[] = {
     "SUMO_TIMEOUT",   "SUMO_DEBUG",        "SUMO_SHM_STAGE_BYTES",       "SUMO_SHM_NAMED",
     "SUMO_MPI_SHM",   "SUMO_NCCL_LIBRARY", "SUMO_FUSION_THRESHOLD",      "SUMO_TEST_EXIT_DURING_SAVE",
+    "SUMO_LOCAL_SIZE",
 };
 #define NNAMES (sizeof names / sizeof names[0])
 
@@ -75,6 +76,7 @@ static void test_defaults_when_unset_or_empty(void **state)
         {SUMO__SETTING_NCCL_LIBRARY, NULL, 0},
         {SUMO__SETTING_FUSION_THRESHOLD, "67108864", 64 * 1024 * 1024},
         {SUMO__SETTING_TEST_EXIT_DURING_SAVE, NULL, 0},
+        {SUMO__SETTING_LOCAL_SIZE, NULL, 0},
     };
     for (int empty = 0; empty < 2; empty++) {
         for (size_t i = 0; i < NNAMES; i++) {
@@ -149,6 +151,11 @@ static const edge edges[] = {
     {SUMO__SETTING_MPI_SHM, "true", false, 0},
     {SUMO__SETTING_NCCL_LIBRARY, "/opt/nccl/lib/libnccl.so.2", true, 0},
     {SUMO__SETTING_NCCL_LIBRARY, "no such library", true, 0},
+    {SUMO__SETTING_LOCAL_SIZE, "2", true, 2},
+    {SUMO__SETTING_LOCAL_SIZE, "256", true, 256},
+    {SUMO__SETTING_LOCAL_SIZE, "0", false, 0},
+    {SUMO__SETTING_LOCAL_SIZE, "257", false, 0},
+    {SUMO__SETTING_LOCAL_SIZE, "two", false, 0},
     {SUMO__SETTING_FUSION_THRESHOLD, "0", true, 0},
     {SUMO__SETTING_FUSION_THRESHOLD, "1000", true, 1000},
     {SUMO__SETTING_FUSION_THRESHOLD, "1099511627776", true, 1099511627776.0},

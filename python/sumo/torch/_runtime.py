@@ -29,7 +29,8 @@ import torch.distributed as dist
 from .. import _lib, _slurm
 from .._abi import (SUMO_SUCCESS, SUMO_ERR_INVALID_ARGUMENT, SUMO_ERR_TIMEOUT,
                     SUMO_ERR_PEER_FAILURE, SUMO_FLOAT32, SUMO_FLOAT64, SUMO_FLOAT16,
-                    SUMO_BFLOAT16, sumo_adasum_options, sumo_shm_options)
+                    SUMO_BFLOAT16, SUMO_OP_SUM, SUMO_OP_AVERAGE, SUMO_OP_ADASUM,
+                    sumo_adasum_options, sumo_shm_options)
 from .._lib import lib, check, SumoError
 
 _DTYPES = {
@@ -54,6 +55,7 @@ class _State:
     group = None         # the torch.distributed group the ranks are (process-group path)
     pg_transport = None  # the group's operations, kept alive while sumo may call them
     store = None         # the store adapter, likewise
+    hier = None          # _hier.Hierarchy: the allreduce across hosts, hierarchical
     made_group = False   # sumo called init_process_group, so it destroys the group
     failed = False       # an unhandled exception is ending the process
     rank = 0
@@ -267,9 +269,9 @@ def init(timeout=None, process_group=True, transport=None, group=None):
                 "group), rather than train as independent worlds of one" % launcher)
         else:
             transport = "threads"
-    if transport not in ("mpi", "threads", "shm", "group", "pg"):
-        raise ValueError("sumo.torch.init: transport must be 'mpi', 'shm', 'group' or "
-                         "'threads', not %r" % (transport,))
+    if transport not in ("mpi", "threads", "shm", "group", "hierarchical", "pg"):
+        raise ValueError("sumo.torch.init: transport must be 'mpi', 'shm', 'group', "
+                         "'hierarchical' or 'threads', not %r" % (transport,))
     try:
         if transport == "mpi":
             _init_mpi(process_group)
@@ -354,11 +356,23 @@ def _init_group(group, transport):
     gathered = [torch.empty(len(here), dtype=torch.uint8) for _ in range(size)]
     dist.all_gather(gathered, mine, group=base)
     where = [bytes(t.tolist()) for t in gathered]
-    local = [r for r in range(size) if where[r] == here]
+    from . import _hier
+    hosts = _hier.hosts_of(where, _local_size())
+    local = [r for r in range(size) if hosts[r] == hosts[rank]]
     one_host = len(local) == size
     state.group = base
+    hierarchical = transport == "hierarchical"
+    # Which allreduces take it: every one it offers when asked for by name; by default, across
+    # hosts, sum and average only (the chain: faster than the flat path on both of
+    # docs/results.md's models), while Adasum's gather design is slower than the flat path on
+    # the larger one and stays opt-in. Everything else, and transport="group": the flat path.
+    hier_ops = (SUMO_OP_SUM, SUMO_OP_AVERAGE, SUMO_OP_ADASUM)
     if transport == "pg":
         transport = "shm" if one_host and size > 1 else "group"
+        hierarchical = not one_host
+        hier_ops = (SUMO_OP_SUM, SUMO_OP_AVERAGE)
+    if hierarchical:
+        transport = "group"
     if transport == "shm" and not one_host:
         raise RuntimeError("sumo.torch.init: transport 'shm' needs every rank on one host; "
                            "this group spans %d" % len(set(where)))
@@ -377,12 +391,25 @@ def _init_group(group, transport):
     else:
         t = pgt.GroupTransport(base)
         state.pg_transport = t
-        nodes = len(set(where))
-        per_node = size // nodes if all(where.count(h) == size // nodes for h in set(where)) else 0
+        nodes = len(set(hosts))
+        per_node = size // nodes if all(hosts.count(h) == size // nodes for h in set(hosts)) else 0
         desc = t.desc(per_node)
         check(lib.sumo_comm_create_transport(ctypes.byref(desc), ctypes.byref(comm)), None,
               "sumo_comm_create_transport over the torch.distributed group")
     _adopt(comm, transport, local.index(rank), len(local))
+    if hierarchical:
+        store = pgt.StoreAdapter(_store_of(base))
+        state.store = store
+        state.hier = _hier.Hierarchy(base, hosts, store, _key_prefix(base),
+                                     lambda r: pgt_global(base, r), _deadline_s())
+        state.hier.ops = frozenset(hier_ops)
+
+
+def _local_size():
+    """SUMO_LOCAL_SIZE (ranks per simulated host), or 0 when unset."""
+    value = ctypes.c_char_p()
+    lib.sumo_setting(b"SUMO_LOCAL_SIZE", ctypes.byref(value))
+    return int(value.value) if value.value else 0
 
 
 def _boot_id():
@@ -511,7 +538,24 @@ def broadcast_tensor(t, root, name):
 
 
 def allreduce_tensor(t, op, name):
+    if state.hier is not None and int(op) in state.hier.ops:
+        hier_allreduce(t, int(op), None, "allreduce of " + name)
+        return
     _in_place(lib.sumo_allreduce, t, op, "allreduce", name)
+
+
+def hier_allreduce(t, kind, layout, what):
+    """The hierarchical allreduce (state.hier), blocking, after the queued collectives."""
+    dt = tensor_args(t, what)[2]
+    sync()
+    t0 = time.perf_counter()
+    try:
+        state.hier.allreduce(t, dt, kind, layout, what)
+    except SumoError as e:
+        if e.code in (SUMO_ERR_TIMEOUT, SUMO_ERR_PEER_FAILURE):
+            state.broken = True
+        raise
+    record(t0, time.perf_counter(), t.numel() * t.element_size())
 
 
 # Set by collectives.py: starts the asynchronous allreduces still waiting in fused buffers,
@@ -527,9 +571,16 @@ def sync():
         before_collective()
 
 
+def _drop_hierarchy():
+    hier, state.hier = state.hier, None
+    if hier is not None:
+        hier.destroy()
+
+
 def _teardown():
     """Releases what a failed init made: the communicator, and the group sumo created."""
     comm, state.comm = state.comm, None
+    _drop_hierarchy()
     if comm is not None:
         if state.transport == "mpi":
             _lib.mpi().sumo_mpi_world_finalize(comm, state.initialized_mpi)
@@ -554,10 +605,14 @@ def shutdown():
     if state.failed or pending:
         lib.sumo_comm_abort(comm, b"the process is ending with an error" if state.failed
                             else b"the process is ending with collectives in flight")
+        if state.hier is not None:
+            state.hier.abort("the process is ending with an error" if state.failed
+                             else "the process is ending with collectives in flight")
     if state.worker is not None and not state.broken:
         state.worker.stop()
     state.worker = None
     state.comm = None
+    _drop_hierarchy()
     if state.transport == "mpi":
         if state.broken:
             _lib.mpi().sumo_mpi_world_abort(1)

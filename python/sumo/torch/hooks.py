@@ -29,9 +29,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from .._abi import (SUMO_AGGREGATE_ACGA, SUMO_FLOAT32, SUMO_OP_AVERAGE, SUMO_OP_SUM,
-                    sumo_aggregator_options)
-from .._lib import lib
+from .._abi import (SUMO_AGGREGATE_ACGA, SUMO_ERR_PEER_FAILURE, SUMO_ERR_TIMEOUT, SUMO_FLOAT32,
+                    SUMO_OP_ADASUM, SUMO_OP_AVERAGE, SUMO_OP_SUM, sumo_aggregator_options)
+from .._lib import lib, SumoError
 from . import _runtime as rt
 
 
@@ -170,12 +170,27 @@ def _bucket_layout(bucket):
     return buf, layout
 
 
-def _start(state, index, buf, op, what, gram_form):
+def _start(state, index, buf, op, what, gram_form, kind=None, layout=None):
     """Starts an allreduce of the bucket, in place or into its mapped buffer, and returns the
-    Future the worker completes with the reduced buffer."""
+    Future the worker completes with the reduced buffer. Across hosts (rt.state.hier), for the
+    kinds it takes (hier.ops), the worker runs the hierarchical allreduce of kind (and layout)
+    in place instead."""
     # A bad bucket is refused before anything is allocated, on every rank at once.
     send, n, dt = rt.checked_tensor(buf, what)
     t0 = time.perf_counter()
+    hier = rt.state.hier
+    if hier is not None and kind in hier.ops:
+        def run():
+            try:
+                hier.allreduce(buf, dt, kind, layout, what)
+            except SumoError as e:
+                if e.code in (SUMO_ERR_TIMEOUT, SUMO_ERR_PEER_FAILURE):
+                    rt.state.broken = True
+                raise
+            rt.record(t0, time.perf_counter(), n * buf.element_size())
+            return buf
+
+        return rt.state.worker.submit(run)
     out = state.mapped(index, buf, gram_form)
     recv = rt.tensor_args(out, what)[0]
     req = ctypes.c_void_p()
@@ -193,12 +208,12 @@ def _start(state, index, buf, op, what, gram_form):
 def average_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The average of the ranks' gradients (sum in rank order divided by the rank count)."""
     return _start(state, bucket.index(), bucket.buffer(), SUMO_OP_AVERAGE,
-                  "bucket %d (average)" % bucket.index(), gram_form=False)
+                  "bucket %d (average)" % bucket.index(), gram_form=False, kind=SUMO_OP_AVERAGE)
 
 
 def sum_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     return _start(state, bucket.index(), bucket.buffer(), SUMO_OP_SUM,
-                  "bucket %d (sum)" % bucket.index(), gram_form=False)
+                  "bucket %d (sum)" % bucket.index(), gram_form=False, kind=SUMO_OP_SUM)
 
 
 def adasum_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -207,7 +222,7 @@ def adasum_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Futu
     buf, layout = _bucket_layout(bucket)
     op = state.adasum_op(layout)
     return _start(state, bucket.index(), buf, op, "bucket %d (Adasum)" % bucket.index(),
-                  gram_form=True)
+                  gram_form=True, kind=SUMO_OP_ADASUM, layout=layout)
 
 
 def acga_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
