@@ -29,8 +29,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from .._abi import (SUMO_AGGREGATE_ACGA, SUMO_FLOAT32, SUMO_OP_AVERAGE, SUMO_OP_SUM,
-                    sumo_aggregator_options)
+from .._abi import (SUMO_AGGREGATE_ACGA, SUMO_COLLECTIVE_ALLREDUCE, SUMO_FLOAT32,
+                    SUMO_OP_AVERAGE, SUMO_OP_SUM, sumo_aggregator_options)
 from .._lib import lib
 from . import _runtime as rt
 
@@ -175,6 +175,8 @@ def _start(state, index, buf, op, what, gram_form):
     Future the worker completes with the reduced buffer."""
     # A bad bucket is refused before anything is allocated, on every rank at once.
     send, n, dt = rt.checked_tensor(buf, what)
+    if buf.device.type == "cuda":
+        return _start_cuda(buf, send, n, dt, op, what)
     t0 = time.perf_counter()
     out = state.mapped(index, buf, gram_form)
     recv = rt.tensor_args(out, what)[0]
@@ -188,6 +190,25 @@ def _start(state, index, buf, op, what, gram_form):
         return out
 
     return rt.state.worker.submit(wait)
+
+
+def _start_cuda(buf, ptr, n, dt, op, what):
+    """A CUDA bucket, reduced in place on the device: the worker thread runs the collective
+    (sumo_collective_run) with its kernels on the stream that was current when DDP called the
+    hook, after the work queued there (rt.inputs_event, where the transport needs it)."""
+    stream = rt.current_stream(buf)
+    ready = rt.inputs_event(buf)
+
+    def run():
+        if ready is not None:
+            ready.synchronize()
+        t0 = time.perf_counter()
+        rt.raise_for(rt.collective(SUMO_COLLECTIVE_ALLREDUCE, ptr, ptr, n, dt, stream, op=op),
+                     what)
+        rt.record(t0, time.perf_counter(), n * buf.element_size())
+        return buf
+
+    return rt.state.worker.submit(run, rt.future_devices(buf))
 
 
 def average_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -215,6 +236,10 @@ def acga_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
     acga_per_tensor); its coefficient momentum lives in the state."""
     buf, layout = _bucket_layout(bucket)
     what = "bucket %d (ACGA)" % bucket.index()
+    if buf.device.type == "cuda":
+        rt.fail_together(ValueError("sumo: %s is on %s; the ACGA hook combines CPU gradients "
+                                    "only (average_hook, sum_hook and adasum_hook take CUDA "
+                                    "buckets)" % (what, buf.device)))
     ptr, n, dt = rt.checked_tensor(buf, what)
     if dt != SUMO_FLOAT32:
         rt.fail_together(TypeError("sumo: ACGA combines float32 gradients only; %s is %s"
