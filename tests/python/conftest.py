@@ -1,8 +1,8 @@
 """pytest set-up for sumo.torch: one communicator per process for the whole session (MPI
 under mpirun, the process group under torchrun, else one rank; SUMO_TEST_TRANSPORT=group or
 shm under mpirun joins a group made from MPI's environment instead; SUMO_TEST_TRANSPORT=nccl
-under torchrun: sumo's NCCL transport, one GPU per rank, LOCAL_RANK's), a short deadline so a broken test fails instead of hanging,
-and a clean skip when PyTorch is not installed."""
+under torchrun: sumo's NCCL transport, one GPU per rank, LOCAL_RANK's), a short deadline so
+a broken test fails instead of hanging, and a clean skip when PyTorch is not installed."""
 import os
 import sys
 

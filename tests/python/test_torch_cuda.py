@@ -75,7 +75,8 @@ def cuda_mocked(monkeypatch):
         return real(kind, send, recv, count, dtype, 0, op=op, root=root, request=request)
 
     monkeypatch.setattr(rt, "cuda_ready", lambda t, name: None)
-    monkeypatch.setattr(rt, "current_stream", lambda t: FAKE_STREAM if t.device.type == "cuda" else 0)
+    monkeypatch.setattr(rt, "current_stream",
+                        lambda t: FAKE_STREAM if t.device.type == "cuda" else 0)
     monkeypatch.setattr(rt, "legacy_ready", lambda t: None)
     monkeypatch.setattr(rt, "inputs_ready", lambda t: None)
     monkeypatch.setattr(rt, "inputs_event", lambda t: None)
@@ -96,7 +97,7 @@ def same_bits(a, b):
         b.contiguous().view(-1).view(torch.uint8) if b.numel() else b)
 
 
-# ---- refusals ------------------------------------------------------------------------------------
+# ---- refusals -------------------------------------------------------------------------------
 
 def test_cuda_tensor_on_a_host_transport_refused_by_name(monkeypatch):
     monkeypatch.setattr(rt.state, "transport", "shm")
@@ -168,7 +169,7 @@ def test_init_refuses_an_unknown_transport_naming_nccl():
             rt.state.comm = saved
 
 
-# ---- the NCCL id through the store ----------------------------------------------------------------
+# ---- the NCCL id through the store ----------------------------------------------------------
 
 def test_nccl_rendezvous_shares_rank0s_id_through_the_store():
     """Four ranks as threads on one store: rank 0 makes the id, every rank ends with its
@@ -203,7 +204,8 @@ def test_nccl_rendezvous_shares_rank0s_id_through_the_store():
 def test_nccl_rendezvous_refuses_an_id_of_another_size():
     store = dist.HashStore()
     store.set("k", b"short")
-    with pytest.raises(RuntimeError, match="the store holds 5 bytes under k, not an NCCL id of 128"):
+    with pytest.raises(RuntimeError,
+                       match="the store holds 5 bytes under k, not an NCCL id of 128"):
         rt.nccl_rendezvous(store, "k", 1, None, 5)
     with pytest.raises(RuntimeError, match="an NCCL id of 3 bytes, not 128"):
         rt.nccl_rendezvous(dist.HashStore(), "k", 0, lambda: b"abc", 5)
@@ -219,13 +221,14 @@ def test_nccl_transport_without_a_device_says_why():
         pytest.skip("a CUDA device is present (the NCCL transport is checked by gpu-check.sh)")
     saved, rt.state.comm = rt.state.comm, None
     try:
-        with pytest.raises(RuntimeError, match=r"transport 'nccl' needs (libsumo_cuda|a CUDA device)"):
+        with pytest.raises(RuntimeError,
+                           match=r"transport 'nccl' needs (libsumo_cuda|a CUDA device)"):
             rt._init_nccl(None)
     finally:
         rt.state.comm = saved
 
 
-# ---- the CUDA path's plumbing, on host memory -----------------------------------------------------
+# ---- the CUDA path's plumbing, on host memory ------------------------------------------------
 
 @pytest.mark.parametrize("op", [sumo.Sum, sumo.Average, sumo.Adasum])
 def test_cuda_path_allreduce_passes_pointer_and_stream(cuda_mocked, op):
@@ -343,7 +346,7 @@ def test_cuda_path_diloco(cuda_mocked):
     assert same_bits(run(mock), run(lambda t: t))
 
 
-# ---- on a device ---------------------------------------------------------------------------------
+# ---- on a device ----------------------------------------------------------------------------
 #
 # sumo.torch's communicator here is the session's (conftest.py): the threads transport at one
 # rank, or SUMO_TEST_TRANSPORT=nccl under torchrun, one GPU per rank.
