@@ -8,14 +8,17 @@ The model is bench/torch_ddp.py's conv net (about 3.3 M parameters) on random MN
 batches; each step is forward, backward (DDP's buckets reduced through the hook) and an SGD
 step, timed from the host around torch.cuda.synchronize(); the median over steps is reported.
 Methods:
-  ddp nccl       DistributedDataParallel's built-in reducer on a one-rank NCCL group
-  sumo adasum    the same DDP with sumo.torch.adasum_hook (sumo.torch.init(): one rank)
+  ddp nccl                DistributedDataParallel's built-in reducer on a one-rank NCCL group
+  sumo average, threads   the same DDP with sumo.torch.average_hook, sumo on its threads
+                          transport (one rank: the kernels on the device, nothing moves)
+  sumo adasum, threads    the same with sumo.torch.adasum_hook
+  sumo average, nccl      sumo.torch.init(transport="nccl"): sumo's NCCL transport at one rank
+  sumo adasum, nccl
 At one rank no bytes cross a link: this times what each path costs around the reduction on
-the GPU (the hook's copies, synchronisations, the kernels), not communication.
+the GPU (the hook's worker thread, the synchronisations, the kernels), not communication.
 
-sumo.torch is used as it exists: where its hooks do not take CUDA tensors yet, the row says
-so (the reason sumo gave) and the script still succeeds, so that it runs unchanged once the
-binding passes CUDA buckets to libsumo_cuda.
+Where a method cannot run, its row says why (the reason sumo gave) and the script still
+succeeds.
 """
 import argparse
 import csv
@@ -46,10 +49,12 @@ def run(method, args):
     torch.manual_seed(0)
     model = convnet().cuda()
     ddp = DDP(model, device_ids=[0])
-    if method == "sumo adasum":
+    if method.startswith("sumo"):
         import sumo.torch as st
-        st.init(process_group=False)
-        ddp.register_comm_hook(st.HookState(), st.adasum_hook)
+        hook, transport = method[len("sumo "):].split(", ")
+        st.shutdown()  # the previous row's communicator
+        st.init(process_group=False, transport=transport)
+        ddp.register_comm_hook(st.HookState(), getattr(st, hook + "_hook"))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     gen = torch.Generator(device="cuda").manual_seed(1)
     x = torch.randn(args.batch, 1, 28, 28, device="cuda", generator=gen)
@@ -82,7 +87,8 @@ def main():
     store = tempfile.NamedTemporaryFile(prefix="sumo-step-", delete=False)
     dist.init_process_group("nccl", init_method="file://" + store.name, rank=0, world_size=1)
     rows = []
-    for method in ("ddp nccl", "sumo adasum"):
+    for method in ("ddp nccl", "sumo average, threads", "sumo adasum, threads",
+                   "sumo average, nccl", "sumo adasum, nccl"):
         try:
             s = run(method, args)
             rows.append((method, "%.3f" % (s * 1e3), "%.0f" % (args.batch / s), "ok"))
@@ -92,9 +98,9 @@ def main():
     dist.destroy_process_group()
     os.unlink(store.name)
     device = torch.cuda.get_device_name(0)
-    print("%-12s %10s %10s  %s" % ("method", "step ms", "samples/s", "status"))
+    print("%-22s %10s %10s  %s" % ("method", "step ms", "samples/s", "status"))
     for r in rows:
-        print("%-12s %10s %10s  %s" % r)
+        print("%-22s %10s %10s  %s" % r)
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             w = csv.writer(f)
@@ -104,8 +110,9 @@ def main():
         with open(args.table, "a") as f:
             f.write("## A training step on CUDA tensors, one rank (%s)\n\n" % device)
             f.write("bench/torch_ddp.py's conv net, batch %d, median of %d steps after %d; DDP's "
-                    "own NCCL allreduce against sumo.torch.adasum_hook.\n\n" % (args.batch, args.steps,
-                                                                                args.warmup))
+                    "own NCCL allreduce against sumo.torch's average and Adasum hooks on CUDA "
+                    "buckets (threads and NCCL transports, one rank).\n\n"
+                    % (args.batch, args.steps, args.warmup))
             f.write("| method | step ms | samples/s | status |\n|---|---|---|---|\n")
             for r in rows:
                 f.write("| %s | %s | %s | %s |\n" % r)

@@ -8,14 +8,19 @@
 #     compiler other than CI's find a new warning, once more without, saying so);
 #  3. runs test_cuda (host and device tests), then its device tests under compute-sanitizer
 #     memcheck and racecheck (quick sizes);
-#  4. runs the benchmarks: the fused Adasum combine (bench/cuda_adasum) and the torch
+#  4. runs sumo.torch's CUDA tests (tests/python/test_torch_cuda.py): one rank on the threads
+#     transport, then over sumo's NCCL transport under torchrun, one rank per GPU (2 where
+#     there are 2 GPUs, else 1: two ranks cannot share one GPU here, see below);
+#  5. runs the benchmarks: the fused Adasum combine (bench/cuda_adasum) and the torch
 #     compositions on the same GPU (bench/torch_adasum_cuda.py), a CNN training step at one
-#     rank (bench/torch_cuda_step.py);
-#  5. writes OUTDIR/results.md (the tables, the steps' outcomes), the benchmarks' CSV files and
+#     rank (bench/torch_cuda_step.py: DDP's NCCL against sumo's average and Adasum hooks on the
+#     threads and the NCCL transports);
+#  6. writes OUTDIR/results.md (the tables, the steps' outcomes), the benchmarks' CSV files and
 #     OUTDIR/log.txt (everything printed). At most 8 files, none in subfolders.
 #
 # Every step runs under a time limit and its outcome is recorded; the script goes on after a
-# failed step and exits non-zero at the end if any failed. About 5 minutes on one H100.
+# failed step and exits non-zero at the end if any failed. Budget: under 6 minutes on one
+# H100 or H200 (each step's limit is its ceiling, not its expected time).
 set -euo pipefail
 
 out=${1:?usage: scripts/gpu-check.sh OUTDIR}
@@ -103,6 +108,21 @@ export PYTHONUNBUFFERED=1
 step "cuda_adasum" 240 build/bench/cuda_adasum --csv "$out/cuda_adasum.csv"
 step "torch_adasum_cuda" 300 "$python" bench/torch_adasum_cuda.py --csv "$out/torch_adasum.csv" \
   --fused "$out/cuda_adasum.csv" --table "$out/tables.md"
+
+# sumo.torch on CUDA tensors. Two ranks on one GPU do not run: sumo's shared-memory transport
+# moves host memory only (no CUDA IPC is built), and NCCL refuses two ranks on one device.
+pytest_args=(-m pytest -q -rs --color=no -p no:cacheprovider -W "ignore:Failed to initialize NumPy"
+             tests/python/test_torch_cuda.py)
+export SUMO_TIMEOUT=${SUMO_TIMEOUT:-60}
+step "torch CUDA tests, one rank (threads transport)" 150 "$python" "${pytest_args[@]}"
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+nccl_ranks=$(( gpus >= 2 ? 2 : 1 ))
+step "torch CUDA tests, NCCL transport, $nccl_ranks rank(s) under torchrun" 150 \
+  env SUMO_TEST_TRANSPORT=nccl "$python" -m torch.distributed.run --standalone \
+  --nproc_per_node "$nccl_ranks" "${pytest_args[@]}"
+if [ "$nccl_ranks" -lt 2 ]; then
+  summary+=("| torch CUDA tests, 2 ranks | not run: one GPU (NCCL takes one GPU per rank; the shm transport has no CUDA IPC) | 0 s |")
+fi
 step "torch_cuda_step" 180 "$python" bench/torch_cuda_step.py --csv "$out/torch_step.csv" --table "$out/tables.md"
 fi
 

@@ -199,6 +199,27 @@ class sumo_kernel_table(ctypes.Structure):
                 ("quantize", _KFN), ("dequantize", _KFN), ("outer_update", _KFN)]
 
 
+# -- sumo_ext.h: one collective as a struct, with the stream its kernels run on --------------
+# sumo_collective_kind
+SUMO_COLLECTIVE_ALLREDUCE = 1
+SUMO_COLLECTIVE_BROADCAST = 2
+SUMO_COLLECTIVE_ALLGATHER = 3
+SUMO_COLLECTIVE_REDUCE_SCATTER = 4
+SUMO_COLLECTIVE_BARRIER = 5
+
+
+class sumo_collective(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t),
+                ("kind", ctypes.c_int),
+                ("sendbuf", ctypes.c_void_p),
+                ("recvbuf", ctypes.c_void_p),
+                ("count", ctypes.c_size_t),
+                ("dtype", ctypes.c_int),
+                ("op", ctypes.c_uint32),
+                ("root", ctypes.c_int),
+                ("stream", ctypes.c_void_p)]
+
+
 # -- sumo_shm.h ----------------------------------------------------------------------------------
 # The types of sumo_store's operations.
 # sumo_rank_fn (sumo_threads_run): fn(comm, rank, arg)

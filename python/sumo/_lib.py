@@ -11,7 +11,7 @@ import os
 
 from . import _abi
 from ._abi import (SUMO_SUCCESS, sumo_adasum_options, sumo_aggregator_options,
-                   sumo_comm_stats, sumo_diloco_options)
+                   sumo_collective, sumo_comm_stats, sumo_diloco_options)
 
 _c_comm_p = ctypes.c_void_p
 _c_req_p = ctypes.c_void_p
@@ -154,6 +154,9 @@ _SIGS = {
     "sumo_comm_create_threads": (_R, [ctypes.c_int, ctypes.POINTER(_c_comm_p)]),
     "sumo_threads_run": (_R, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                               ctypes.POINTER(_abi.sumo_result)]),
+    "sumo_collective_run": (_R, [_c_comm_p, ctypes.POINTER(sumo_collective)]),
+    "sumo_collective_start": (_R, [_c_comm_p, ctypes.POINTER(sumo_collective),
+                                   ctypes.POINTER(_c_req_p)]),
 }
 # libsumo_mpi's (mpi() below).
 _MPI_SIGS = {
@@ -161,6 +164,20 @@ _MPI_SIGS = {
     "sumo_mpi_world_local": (_R, [ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]),
     "sumo_mpi_world_finalize": (_R, [_c_comm_p, ctypes.c_int]),
     "sumo_mpi_world_abort": (_R, [ctypes.c_int]),
+}
+# libsumo_cuda's (cuda() below; include/sumo_cuda.h).
+_CUDA_SIGS = {
+    "sumo_cuda_device_count": (_R, [ctypes.POINTER(ctypes.c_int), ctypes.c_char_p,
+                                    ctypes.c_size_t]),
+    "sumo_cuda_kernels_create": (_R, [ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]),
+    "sumo_cuda_kernels_destroy": (_R, [ctypes.c_void_p]),
+    "sumo_comm_add_cuda": (_R, [_c_comm_p, ctypes.c_void_p]),
+    "sumo_cuda_allreduce": (_R, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                 ctypes.c_int, ctypes.c_uint32, _c_comm_p, ctypes.c_void_p]),
+    "sumo_nccl_unique_id": (_R, [ctypes.c_void_p, ctypes.c_size_t]),
+    "sumo_comm_create_nccl_rank": (_R, [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t,
+                                        ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                        ctypes.POINTER(_c_comm_p)]),
 }
 
 for _name, (_res, _args) in _SIGS.items():
@@ -217,6 +234,41 @@ def mpi():
             fn.restype, fn.argtypes = res, args
         _mpi = handle
     return _mpi
+
+
+# libsumo_cuda (include/sumo_cuda.h) beside libsumo, loaded when a CUDA tensor or the NCCL
+# transport first needs it: a CPU-only program never loads it (nor the CUDA runtime).
+_cuda = None
+
+
+def cuda():
+    """libsumo_cuda, loaded on the first call; RuntimeError saying why when it cannot be
+    (not built: no nvcc when libsumo was made; or it does not load)."""
+    global _cuda
+    if _cuda is None:
+        if not os.path.exists(CUDA_LIBRARY):
+            raise RuntimeError("libsumo_cuda is not built beside %s (make builds it where nvcc "
+                               "is found)" % PATH)
+        try:
+            handle = ctypes.CDLL(CUDA_LIBRARY)
+        except OSError as e:
+            raise RuntimeError("cannot load %s: %s" % (CUDA_LIBRARY, e)) from None
+        for name, (res, args) in _CUDA_SIGS.items():
+            fn = getattr(handle, name)
+            fn.restype, fn.argtypes = res, args
+        _cuda = handle
+    return _cuda
+
+
+def cuda_devices():
+    """(count, why): the CUDA devices libsumo_cuda can use, and its sentence about them (the
+    reason where there are none)."""
+    n = ctypes.c_int()
+    why = ctypes.create_string_buffer(256)
+    code = cuda().sumo_cuda_device_count(ctypes.byref(n), why, len(why))
+    if code != SUMO_SUCCESS:
+        return 0, "sumo_cuda_device_count failed (%s)" % result_name(code)
+    return n.value, why.value.decode(errors="replace")
 
 
 def version():

@@ -1,7 +1,8 @@
 """pytest set-up for sumo.torch: one communicator per process for the whole session (MPI
 under mpirun, the process group under torchrun, else one rank; SUMO_TEST_TRANSPORT=group or
-shm under mpirun joins a group made from MPI's environment instead), a short deadline so a broken test fails instead of hanging,
-and a clean skip when PyTorch is not installed."""
+shm under mpirun joins a group made from MPI's environment instead; SUMO_TEST_TRANSPORT=nccl
+under torchrun: sumo's NCCL transport, one GPU per rank, LOCAL_RANK's), a short deadline so
+a broken test fails instead of hanging, and a clean skip when PyTorch is not installed."""
 import os
 import sys
 
@@ -47,6 +48,9 @@ def sumo_comm():
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%s" % os.environ["SUMO_TEST_PORT"],
                                 rank=int(os.environ["OMPI_COMM_WORLD_RANK"]),
                                 world_size=int(os.environ["OMPI_COMM_WORLD_SIZE"]))
+    if transport == "nccl":
+        # One GPU per rank (torchrun's LOCAL_RANK), as a user's script picks it.
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     st.init(transport=transport)
     torch.set_num_threads(1)
     yield st

@@ -30,7 +30,8 @@ from .. import _lib, _slurm
 from .._abi import (SUMO_SUCCESS, SUMO_ERR_INVALID_ARGUMENT, SUMO_ERR_TIMEOUT,
                     SUMO_ERR_PEER_FAILURE, SUMO_FLOAT32, SUMO_FLOAT64, SUMO_FLOAT16,
                     SUMO_BFLOAT16, SUMO_OP_SUM, SUMO_OP_AVERAGE, SUMO_OP_ADASUM,
-                    sumo_adasum_options, sumo_shm_options)
+                    SUMO_COLLECTIVE_ALLREDUCE, SUMO_COLLECTIVE_BROADCAST,
+                    sumo_adasum_options, sumo_collective, sumo_shm_options)
 from .._lib import lib, check, SumoError
 
 _DTYPES = {
@@ -133,8 +134,10 @@ def tensor_args(t, name):
     sumo would have to copy or cannot reduce is refused, naming the tensor."""
     if not isinstance(t, torch.Tensor):
         raise TypeError("sumo: %s is a %s, not a torch.Tensor" % (name, type(t).__name__))
-    if t.device.type != "cpu":
-        raise ValueError("sumo: tensor %s is on %s; this build of sumo reduces CPU tensors only"
+    if t.device.type == "cuda":
+        cuda_ready(t, name)
+    elif t.device.type != "cpu":
+        raise ValueError("sumo: tensor %s is on %s; sumo reduces CPU and CUDA tensors"
                          % (name, t.device))
     if t.dtype not in _DTYPES:
         raise TypeError("sumo: tensor %s has dtype %s; sumo reduces float32, float64, float16 "
@@ -145,6 +148,154 @@ def tensor_args(t, name):
     if t.is_sparse:
         raise ValueError("sumo: tensor %s is sparse" % name)
     return ctypes.c_void_p(t.data_ptr()), t.numel(), _DTYPES[t.dtype]
+
+
+# -- CUDA tensors ---------------------------------------------------------------------------------
+#
+# A CUDA tensor goes to sumo as its device pointer: libsumo_cuda's kernels (one object per
+# device, made at the first tensor on it and added to the communicator) run every touch of its
+# data on the device, on the caller's current stream, and the host waits for them before the
+# call returns; no byte goes through host memory. Transports that move device memory: the
+# threads transport (one rank: nothing moves) and NCCL (init(transport="nccl")). The shared-
+# memory, MPI and process-group transports move host memory only and refuse CUDA tensors.
+
+# Transports whose collectives take device buffers.
+CUDA_TRANSPORTS = ("threads", "nccl")
+
+
+class _Cuda:
+    kernels = {}     # device index -> sumo_cuda_kernels (ctypes.c_void_p)
+    device = None    # the NCCL communicator's device
+
+
+def _device_index(device):
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def cuda_ready(t, name):
+    """Makes the communicator take CUDA tensor t (its device's kernels, once), or refuses it
+    by name: a transport that cannot move device memory, a device other than the NCCL
+    communicator's, no libsumo_cuda, no device."""
+    if state.comm is not None and state.transport not in CUDA_TRANSPORTS:
+        raise ValueError("sumo: tensor %s is on %s; the %s transport moves host memory only "
+                         "(init(transport=\"nccl\") takes CUDA tensors, one GPU per rank)"
+                         % (name, t.device, state.transport))
+    index = _device_index(t.device)
+    if index in _Cuda.kernels:
+        return
+    if state.transport == "nccl" and _Cuda.device is not None and index != _Cuda.device:
+        raise ValueError("sumo: tensor %s is on cuda:%d; this rank's NCCL communicator is on "
+                         "cuda:%d" % (name, index, _Cuda.device))
+    try:
+        cu = _lib.cuda()
+    except RuntimeError as e:
+        raise ValueError("sumo: tensor %s is on %s: %s" % (name, t.device, e)) from None
+    _add_kernels(cu, index, "tensor %s is on %s" % (name, t.device))
+
+
+def _add_kernels(cu, index, what):
+    k = ctypes.c_void_p()
+    code = cu.sumo_cuda_kernels_create(index, ctypes.byref(k))
+    if code != SUMO_SUCCESS:
+        count, why = _lib.cuda_devices()
+        raise ValueError("sumo: %s: sumo_cuda_kernels_create(%d) failed (%s): %s"
+                         % (what, index, _lib.result_name(code), why))
+    if state.comm is not None:
+        code = cu.sumo_comm_add_cuda(state.comm, k)
+        if code != SUMO_SUCCESS:
+            cu.sumo_cuda_kernels_destroy(k)
+            raise_for(code, "sumo_comm_add_cuda for " + what)
+    _Cuda.kernels[index] = k
+
+
+def _release_kernels():
+    """After the communicator is gone (it borrows them)."""
+    if _Cuda.kernels:
+        cu = _lib.cuda()
+        for k in _Cuda.kernels.values():
+            cu.sumo_cuda_kernels_destroy(k)
+    _Cuda.kernels = {}
+    _Cuda.device = None
+
+
+def current_stream(t):
+    """The stream sumo's kernels run on for tensor t: the caller's current CUDA stream
+    (torch.cuda.current_stream().cuda_stream), 0 for a CPU tensor."""
+    if t.device.type != "cuda":
+        return 0
+    return torch.cuda.current_stream(t.device).cuda_stream
+
+
+def inputs_ready(t):
+    """Before a collective of CUDA tensor t on the current stream: where the transport moves
+    data on a stream of its own (NCCL), what was queued on the current stream must be
+    complete first (as sumo_cuda_allreduce does in C). A no-op for CPU tensors and on the
+    threads transport (one rank: the kernels on the current stream are ordered already)."""
+    if t.device.type == "cuda" and state.transport == "nccl":
+        torch.cuda.current_stream(t.device).synchronize()
+
+
+def inputs_event(t):
+    """inputs_ready for a collective run later from the worker thread: an event recorded on
+    the current stream now, which the worker waits for (None where nothing need wait)."""
+    if t.device.type == "cuda" and state.transport == "nccl":
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(t.device))
+        return ev
+    return None
+
+
+def legacy_ready(t):
+    """Before a C call that takes no stream (the legacy default stream runs its kernels):
+    the caller's current stream is waited for when it is another, or when the transport
+    moves data on a stream of its own (NCCL). A no-op for CPU tensors, and on the threads
+    transport from torch's default stream."""
+    if t.device.type == "cuda":
+        s = torch.cuda.current_stream(t.device)
+        if s.cuda_stream != 0 or state.transport == "nccl":
+            s.synchronize()
+
+
+def future_devices(t):
+    """The devices a Future completed with t must name (torch refuses CUDA tensors in a
+    Future made without them)."""
+    return [t.device] if t.device.type == "cuda" else None
+
+
+def same_device(named, what):
+    """Refuses tensors ((name, tensor) pairs) that one call would take from two devices, CPU
+    and CUDA or two GPUs, naming the first of each."""
+    first = {}
+    for name, t in named:
+        if isinstance(t, torch.Tensor):
+            first.setdefault(str(t.device), name)
+    if len(first) > 1:
+        (d0, n0), (d1, n1) = list(first.items())[:2]
+        raise ValueError("sumo: %s mixes devices: %s is on %s and %s on %s; one call takes "
+                         "tensors of one device" % (what, n0, d0, n1, d1))
+
+
+def collective(kind, sendbuf, recvbuf, count, dtype, stream, op=0, root=0, request=None):
+    """sumo_collective_run (or _start into request) of one collective whose kernels run on
+    `stream`: the stream-taking form of sumo_allreduce and the others, for CUDA tensors."""
+    c = sumo_collective(ctypes.sizeof(sumo_collective), kind, sendbuf, recvbuf, count, dtype,
+                        op, root, stream or None)
+    if request is None:
+        return lib.sumo_collective_run(state.comm, ctypes.byref(c))
+    return lib.sumo_collective_start(state.comm, ctypes.byref(c), ctypes.byref(request))
+
+
+def allreduce_call(t, ptr, n, dt, op, request=None):
+    """sumo_allreduce (request None) or sumo_allreduce_start of tensor t in place: for a CUDA
+    tensor the stream-taking form, its kernels on the current stream. Returns the code."""
+    if t.device.type != "cuda":
+        if request is None:
+            return lib.sumo_allreduce(ptr, ptr, n, dt, op, state.comm)
+        return lib.sumo_allreduce_start(ptr, ptr, n, dt, op, state.comm, ctypes.byref(request))
+    stream = current_stream(t)
+    inputs_ready(t)
+    return collective(SUMO_COLLECTIVE_ALLREDUCE, ptr, ptr, n, dt, stream, op=op,
+                      request=request)
 
 
 def fail_together(exc, code=SUMO_ERR_INVALID_ARGUMENT):
@@ -191,8 +342,9 @@ class Worker:
                 fut.set_result(value)
             self._q.task_done()
 
-    def submit(self, fn):
-        fut = torch.futures.Future()
+    def submit(self, fn, devices=None):
+        """devices: the CUDA devices of the result's tensors (future_devices)."""
+        fut = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
         self._q.put((fn, fut))
         return fut
 
@@ -269,9 +421,9 @@ def init(timeout=None, process_group=True, transport=None, group=None):
                 "group), rather than train as independent worlds of one" % launcher)
         else:
             transport = "threads"
-    if transport not in ("mpi", "threads", "shm", "group", "hierarchical", "pg"):
+    if transport not in ("mpi", "threads", "shm", "group", "hierarchical", "pg", "nccl"):
         raise ValueError("sumo.torch.init: transport must be 'mpi', 'shm', 'group', "
-                         "'hierarchical' or 'threads', not %r" % (transport,))
+                         "'hierarchical', 'nccl' or 'threads', not %r" % (transport,))
     try:
         if transport == "mpi":
             _init_mpi(process_group)
@@ -283,6 +435,8 @@ def init(timeout=None, process_group=True, transport=None, group=None):
             if process_group and not dist.is_initialized():
                 _init_gloo()  # a world of one, for DDP
                 state.made_group = True
+        elif transport == "nccl":
+            _init_nccl(group)
         else:
             _init_group(group, transport)
         if timeout is not None:
@@ -412,6 +566,71 @@ def _local_size():
     return int(value.value) if value.value else 0
 
 
+NCCL_ID_BYTES = 128  # ncclUniqueId
+
+
+def nccl_rendezvous(store, key, rank, make_id, timeout_s):
+    """The NCCL unique id every rank of the group needs: rank 0 makes it (make_id() -> bytes)
+    and sets it in the store under key; the others wait for it there. Returns the id."""
+    if rank == 0:
+        uid = bytes(make_id())
+        if len(uid) != NCCL_ID_BYTES:
+            raise RuntimeError("sumo.torch.init: an NCCL id of %d bytes, not %d"
+                               % (len(uid), NCCL_ID_BYTES))
+        store.set(key, uid)
+        return uid
+    store.wait([key], timedelta(seconds=timeout_s))
+    uid = bytes(store.get(key))
+    if len(uid) != NCCL_ID_BYTES:
+        raise RuntimeError("sumo.torch.init: the store holds %d bytes under %s, not an NCCL id "
+                           "of %d" % (len(uid), key, NCCL_ID_BYTES))
+    return uid
+
+
+def _make_nccl_id(cu):
+    buf = ctypes.create_string_buffer(NCCL_ID_BYTES)
+    code = cu.sumo_nccl_unique_id(buf, NCCL_ID_BYTES)
+    if code != SUMO_SUCCESS:
+        raise _lib.error(code, None, "sumo_nccl_unique_id (NCCL loads at run time: "
+                         "SUMO_NCCL_LIBRARY, else libnccl.so.2; sumo printed why on stderr)")
+    return buf.raw
+
+
+def _init_nccl(group):
+    """sumo over NCCL, one GPU per rank (the current CUDA device: torch.cuda.set_device first),
+    the id shared through the torch.distributed group's store (init_process_group is made, as
+    for the other group transports, when nobody has). Every collective takes CUDA tensors of
+    that device (and CPU tensors, through NCCL's staging)."""
+    try:
+        cu = _lib.cuda()
+    except RuntimeError as e:
+        raise RuntimeError("sumo.torch.init: transport 'nccl' needs libsumo_cuda: %s" % e) \
+            from None
+    count, why = _lib.cuda_devices()
+    if count == 0:
+        raise RuntimeError("sumo.torch.init: transport 'nccl' needs a CUDA device: %s" % why)
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", timeout=timedelta(seconds=_deadline_s()))
+        state.made_group = True
+    base = group if group is not None else dist.group.WORLD
+    rank, size = dist.get_rank(base), dist.get_world_size(base)
+    if rank < 0:
+        raise RuntimeError("sumo.torch.init: this process is not a member of the group passed")
+    device = torch.cuda.current_device()
+    uid = nccl_rendezvous(_store_of(base), _key_prefix(base) + "nccl_id", rank,
+                          lambda: _make_nccl_id(cu), _deadline_s())
+    comm = ctypes.c_void_p()
+    code = cu.sumo_comm_create_nccl_rank(size, uid, len(uid), rank, device, None,
+                                         ctypes.byref(comm))
+    if code != SUMO_SUCCESS:
+        raise _lib.error(code, None, "sumo_comm_create_nccl_rank (rank %d of %d on cuda:%d; "
+                         "sumo printed NCCL's reason on stderr)" % (rank, size, device))
+    state.group = base
+    _adopt(comm, "nccl", 0, 1)
+    _Cuda.device = device
+    _add_kernels(cu, device, "the NCCL communicator's device cuda:%d" % device)
+
+
 def _boot_id():
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
@@ -494,12 +713,21 @@ def _init_gloo():
                             timeout=timedelta(seconds=timeout.value))
 
 
-def _in_place(collective, t, arg, what, name):
+def _in_place(fn, t, arg, what, name):
     """Runs a blocking in-place collective on t after the queued ones, timed and checked."""
     ptr, n, dt = tensor_args(t, name)
     sync()
     t0 = time.perf_counter()
-    raise_for(collective(ptr, ptr, n, dt, int(arg), state.comm), "%s of %s" % (what, name))
+    if t.device.type == "cuda":
+        stream = current_stream(t)
+        inputs_ready(t)
+        if fn is lib.sumo_broadcast:
+            code = collective(SUMO_COLLECTIVE_BROADCAST, ptr, ptr, n, dt, stream, root=int(arg))
+        else:
+            code = collective(SUMO_COLLECTIVE_ALLREDUCE, ptr, ptr, n, dt, stream, op=int(arg))
+    else:
+        code = fn(ptr, ptr, n, dt, int(arg), state.comm)
+    raise_for(code, "%s of %s" % (what, name))
     record(t0, time.perf_counter(), n * t.element_size())
 
 
@@ -586,6 +814,7 @@ def _teardown():
             _lib.mpi().sumo_mpi_world_finalize(comm, state.initialized_mpi)
         else:
             lib.sumo_comm_destroy(comm)
+    _release_kernels()
     if state.made_group and dist.is_initialized():
         dist.destroy_process_group()
     state.made_group = False
@@ -625,4 +854,5 @@ def shutdown():
         lib.sumo_comm_destroy(comm)
         if state.made_group and dist.is_initialized():
             dist.destroy_process_group()
+    _release_kernels()  # the communicator borrowed them
     state.made_group = False

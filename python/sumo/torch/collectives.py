@@ -26,7 +26,8 @@ import torch
 
 from .. import Sum, Average, Adasum
 from .. import _lib
-from .._abi import SUMO_FLOAT64
+from .._abi import (SUMO_FLOAT64, SUMO_COLLECTIVE_ALLREDUCE, SUMO_COLLECTIVE_ALLGATHER,
+                    SUMO_COLLECTIVE_BROADCAST, SUMO_COLLECTIVE_REDUCE_SCATTER)
 from .._lib import lib, SumoError
 from . import _runtime as rt
 from .compression import Compression, check as check_compression
@@ -84,13 +85,14 @@ def _exchange(values, what):
     return list(_msg)
 
 
-def announce(kind, what, count=0, dtype=0, op=0):
-    """The announcement before a collective (see the module's note). Raises, on the active
-    ranks, for a collective that cannot run while ranks have joined."""
+def announce(kind, what, count=0, dtype=0, op=0, cuda=False):
+    """The announcement before a collective (see the module's note); cuda: its buffers are
+    CUDA memory (a joined rank's zeros must be too). Raises, on the active ranks, for a
+    collective that cannot run while ranks have joined."""
     rt.require_init()
     if rt.state.size == 1:
         return
-    got = _exchange((1.0, kind, count, dtype, op, 0.0, 0.0, 0.0),
+    got = _exchange((1.0, kind, count, dtype, op, 1.0 if cuda else 0.0, 0.0, 0.0),
                     "the join announcement before " + what)
     active = int(round(got[0]))
     if active < rt.state.size and kind not in (ALLREDUCE, _BARRIER):
@@ -103,7 +105,8 @@ def join(device=-1):
     """Horovod's join: this rank has no more data. It takes part in the other ranks'
     allreduces with zeros and in their barriers until every rank has called join(), and
     returns the rank that joined last (of several that joined in the same round, the
-    highest). `device` is accepted for Horovod's signature; sumo's tensors are on the CPU."""
+    highest). `device` is accepted for Horovod's signature: a joined rank's zeros go to the
+    memory the active ranks announce (CUDA: the current device)."""
     rt.require_init()
     size = rt.state.size
     if size == 1:
@@ -115,9 +118,10 @@ def join(device=-1):
             active = int(round(got[0]))
             if active == 0:
                 break
-            kind, count, dtype, op = (int(round(v / active)) for v in got[1:5])
+            kind, count, dtype, op, cuda = (int(round(v / active)) for v in got[1:6])
             if kind == ALLREDUCE:
-                zeros = torch.zeros(max(count, 0), dtype=_FROM_SUMO.get(dtype, torch.float64))
+                zeros = torch.zeros(max(count, 0), dtype=_FROM_SUMO.get(dtype, torch.float64),
+                                    device="cuda" if cuda else "cpu")
                 rt.allreduce_tensor(zeros, op, "join (a joined rank's zeros in an allreduce)")
             elif kind == _BARRIER:
                 rt.sync()
@@ -138,12 +142,29 @@ def join(device=-1):
 
 # -- allreduce ---------------------------------------------------------------------------------
 
-def _check_cpu(t, name):
+def _check_tensor(t, name):
+    """A tensor, on the CPU or a CUDA device (whether this communicator takes CUDA tensors is
+    rt.tensor_args's to say)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError("sumo: %s is a %s, not a torch.Tensor" % (name, type(t).__name__))
-    if t.device.type != "cpu":
-        raise ValueError("sumo: tensor %s is on %s; this build of sumo reduces CPU tensors only"
+    if t.device.type not in ("cpu", "cuda"):
+        raise ValueError("sumo: tensor %s is on %s; sumo reduces CPU and CUDA tensors"
                          % (name, t.device))
+
+
+def _is_cuda(t):
+    return t.device.type == "cuda"
+
+
+def _run(kind, t, send, recv, n, dt, op=0, root=0, request=None, cpu=None):
+    """One collective of tensor t's memory: cpu() (the sumo.h call) for a CPU tensor; for a
+    CUDA tensor sumo_collective_run (or _start into request) with its kernels on the current
+    stream, after the work the transport must see complete (rt.inputs_ready)."""
+    if not _is_cuda(t):
+        return cpu()
+    stream = rt.current_stream(t)
+    rt.inputs_ready(t)
+    return rt.collective(kind, send, recv, n, dt, stream, op=op, root=root, request=request)
 
 
 def _scale(t, factor):
@@ -155,10 +176,10 @@ def _allreduce_inplace(t, op, name, prescale, postscale):
     """t reduced in place on every rank. Floating tensors go to sumo as they are; integer
     ones through float64 (exact below 2^53), summed, and for Average divided with
     truncation, as Horovod scales integer tensors."""
-    _check_cpu(t, name)
+    _check_tensor(t, name)
     if t.dtype in rt._DTYPES:
         ptr, n, dt = rt.checked_tensor(t, name)  # refuses a bad tensor before the announcement
-        announce(ALLREDUCE, "allreduce of %s" % name, n, dt, op)
+        announce(ALLREDUCE, "allreduce of %s" % name, n, dt, op, _is_cuda(t))
         _scale(t, prescale)
         rt.allreduce_tensor(t, op, name)
         _scale(t, postscale)
@@ -173,7 +194,8 @@ def _allreduce_inplace(t, op, name, prescale, postscale):
         raise ValueError("sumo: tensor %s is not contiguous (strides %s)"
                          % (name, tuple(t.stride())))
     staged = t.to(torch.float64)
-    announce(ALLREDUCE, "allreduce of %s" % name, staged.numel(), SUMO_FLOAT64, Sum)
+    announce(ALLREDUCE, "allreduce of %s" % name, staged.numel(), SUMO_FLOAT64, Sum,
+             _is_cuda(t))
     rt.allreduce_tensor(staged, Sum, name)
     if op == Average:
         staged = torch.div(staged, rt.state.size, rounding_mode="trunc")
@@ -207,7 +229,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     op = resolve_op(op, average, "allreduce")
     check_compression(compression, "allreduce")
     name = name or "tensor"
-    _check_cpu(tensor, name)
+    _check_tensor(tensor, name)
     sent, ctx = compression.compress(tensor)
     out = _Allreduce.apply(sent, op, name, float(prescale_factor), float(postscale_factor))
     return compression.decompress(out, ctx)
@@ -226,9 +248,12 @@ def _grouped(tensors, op, name, prescale, postscale):
     """Each tensor reduced in place; tensors of one floating dtype travel in one buffer for
     Sum and Average (elementwise, so the same bits as one by one), Adasum one by one (per
     tensor, as Horovod's grouped Adasum)."""
+    for i, t in enumerate(tensors):
+        _check_tensor(t, "%s[%d]" % (name, i))
+    rt.same_device([("%s[%d]" % (name, i), t) for i, t in enumerate(tensors)],
+                   "grouped allreduce of %s" % name)
     by_dtype = {}
     for i, t in enumerate(tensors):
-        _check_cpu(t, "%s[%d]" % (name, i))
         if op != Adasum and t.dtype in rt._DTYPES:
             by_dtype.setdefault(t.dtype, []).append(i)
         else:
@@ -378,7 +403,7 @@ def _start_fused(b):
         else:
             flat = torch.cat([m.tensor.reshape(-1) for m in b.members])
         ptr, n, dt = rt.tensor_args(flat, b.what)
-        announce(ALLREDUCE, b.what, n, dt, b.op)
+        announce(ALLREDUCE, b.what, n, dt, b.op, _is_cuda(flat))
         for m in b.members:
             if m.prescale != 1.0:
                 k = m.tensor.numel()
@@ -386,8 +411,10 @@ def _start_fused(b):
         rt.sync()
         req = ctypes.c_void_p()
         b.t0 = time.perf_counter()
-        rt.raise_for(lib.sumo_allreduce_start(ptr, ptr, n, dt, b.op, rt.state.comm,
-                                              ctypes.byref(req)), b.what)
+        rt.raise_for(_run(SUMO_COLLECTIVE_ALLREDUCE, flat, ptr, ptr, n, dt, op=b.op, request=req,
+                          cpu=lambda: lib.sumo_allreduce_start(ptr, ptr, n, dt, b.op,
+                                                               rt.state.comm,
+                                                               ctypes.byref(req))), b.what)
         b.flat, b.req = flat, req
     except BaseException as e:
         b.error = e
@@ -409,7 +436,7 @@ def _start_open():
 def _fuse(p, op, threshold):
     """Adds p to the open buffer of its dtype and op, starting that buffer where the
     threshold says."""
-    key = (p.tensor.dtype, op)
+    key = (p.tensor.dtype, op, str(p.tensor.device))  # a buffer holds one device's tensors
     nbytes = p.tensor.numel() * p.tensor.element_size()
     b = _fusion.open.get(key)
     if b is not None and b.nbytes + nbytes > threshold:
@@ -446,7 +473,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     rt.require_init()
     op = resolve_op(op, average, "allreduce_async_")
     name = name or "tensor"
-    _check_cpu(tensor, name)
+    _check_tensor(tensor, name)
     handle = next(_handle_ids)
     if tensor.dtype not in rt._DTYPES:  # integers: through float64, at once
         _allreduce_inplace(tensor, op, name, float(prescale_factor), float(postscale_factor))
@@ -472,7 +499,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0):
     """As allreduce_async_, on a copy: synchronize() returns the new tensor."""
-    _check_cpu(tensor, name or "tensor")
+    _check_tensor(tensor, name or "tensor")
     return allreduce_async_(tensor.detach().clone(memory_format=torch.contiguous_format),
                             average, name, op, prescale_factor, postscale_factor)
 
@@ -534,7 +561,7 @@ def _to_words(t):
     broadcast or an allgather copies them bit for bit, whatever t's dtype."""
     flat = t.detach().contiguous().view(-1)
     u8 = flat.view(torch.uint8)
-    words = torch.zeros((u8.numel() + 7) // 8, dtype=torch.float64)
+    words = u8.new_zeros((u8.numel() + 7) // 8, dtype=torch.float64)  # on t's device
     words.view(torch.uint8)[:u8.numel()] = u8
     return words, u8.numel()
 
@@ -545,7 +572,7 @@ def _from_bytes(u8, dtype, shape):
 
 def _broadcast_raw(t, root, name):
     """t (any dtype) replaced by the root's, in place, with no announcement."""
-    _check_cpu(t, name)
+    _check_tensor(t, name)
     if t.dtype in rt._DTYPES and t.is_contiguous():
         rt.broadcast_tensor(t, root, name)
         return t
@@ -567,7 +594,7 @@ def broadcast_(tensor, root_rank=0, name=None):
     rt.require_init()
     name = name or "tensor"
     _check_root(root_rank, "broadcast_ of %s" % name)
-    _check_cpu(tensor, name)
+    _check_tensor(tensor, name)
     announce(_BROADCAST, "broadcast of %s" % name)
     return _broadcast_raw(tensor, root_rank, name)
 
@@ -598,14 +625,17 @@ def broadcast_async_(tensor, root_rank=0, name=None):
     rt.require_init()
     name = name or "tensor"
     _check_root(root_rank, "broadcast_async_ of %s" % name)
-    _check_cpu(tensor, name)
+    _check_tensor(tensor, name)
     ptr, n, dt = rt.checked_tensor(tensor, name)
     announce(_BROADCAST, "broadcast of %s" % name)
     rt.sync()
     req = ctypes.c_void_p()
     t0 = time.perf_counter()
-    rt.raise_for(lib.sumo_broadcast_start(ptr, ptr, n, dt, int(root_rank), rt.state.comm,
-                                          ctypes.byref(req)), "broadcast of %s" % name)
+    rt.raise_for(_run(SUMO_COLLECTIVE_BROADCAST, tensor, ptr, ptr, n, dt, root=int(root_rank),
+                      request=req,
+                      cpu=lambda: lib.sumo_broadcast_start(ptr, ptr, n, dt, int(root_rank),
+                                                           rt.state.comm, ctypes.byref(req))),
+                 "broadcast of %s" % name)
     handle = next(_handle_ids)
     _pending[handle] = _Pending(req, tensor, 1.0, name, t0)
     return handle
@@ -617,7 +647,7 @@ def _reducescatter_args(tensor, op, name, where):
     if op == Adasum:
         raise ValueError("%s: Adasum's result is not defined piece by piece; use Sum or "
                          "Average" % where)
-    _check_cpu(tensor, name)
+    _check_tensor(tensor, name)
     size = rt.state.size
     if tensor.dim() == 0 or tensor.shape[0] % size:
         rt.fail_together(ValueError("%s of %s: the first dimension (%s) must divide among the "
@@ -636,8 +666,10 @@ def reducescatter(tensor, op=None, name=None):
     src, ptr, out, n, dt, op = _reducescatter_args(tensor, op, name, "reducescatter")
     rt.sync()
     t0 = time.perf_counter()
-    rt.raise_for(lib.sumo_reduce_scatter(ptr, rt.tensor_args(out, name)[0], n, dt, op,
-                                         rt.state.comm), "reducescatter of %s" % name)
+    recv = rt.tensor_args(out, name)[0]
+    rt.raise_for(_run(SUMO_COLLECTIVE_REDUCE_SCATTER, src, ptr, recv, n, dt, op=op,
+                      cpu=lambda: lib.sumo_reduce_scatter(ptr, recv, n, dt, op, rt.state.comm)),
+                 "reducescatter of %s" % name)
     rt.record(t0, time.perf_counter(), src.numel() * src.element_size())
     return out
 
@@ -650,8 +682,11 @@ def reducescatter_async(tensor, op=None, name=None):
     rt.sync()
     req = ctypes.c_void_p()
     t0 = time.perf_counter()
-    rt.raise_for(lib.sumo_reduce_scatter_start(ptr, rt.tensor_args(out, name)[0], n, dt, op,
-                                               rt.state.comm, ctypes.byref(req)),
+    recv = rt.tensor_args(out, name)[0]
+    rt.raise_for(_run(SUMO_COLLECTIVE_REDUCE_SCATTER, src, ptr, recv, n, dt, op=op, request=req,
+                      cpu=lambda: lib.sumo_reduce_scatter_start(ptr, recv, n, dt, op,
+                                                                rt.state.comm,
+                                                                ctypes.byref(req))),
                  "reducescatter of %s" % name)
     handle = next(_handle_ids)
     p = _Pending(req, out, 1.0, name, t0)
@@ -665,7 +700,7 @@ def broadcast(tensor, root_rank=0, name=None):
     rt.require_init()
     name = name or "tensor"
     _check_root(root_rank, "broadcast of %s" % name)
-    _check_cpu(tensor, name)
+    _check_tensor(tensor, name)
     return _Broadcast.apply(tensor, root_rank, name)
 
 
@@ -674,7 +709,9 @@ def _allgather_tensor(send, recv, name):
     rp = rt.tensor_args(recv, name)[0]
     rt.sync()
     t0 = time.perf_counter()
-    rt.raise_for(lib.sumo_allgather(sp, rp, n, dt, rt.state.comm), "allgather of %s" % name)
+    rt.raise_for(_run(SUMO_COLLECTIVE_ALLGATHER, send, sp, rp, n, dt,
+                      cpu=lambda: lib.sumo_allgather(sp, rp, n, dt, rt.state.comm)),
+                 "allgather of %s" % name)
     rt.record(t0, time.perf_counter(), recv.numel() * recv.element_size())
 
 
@@ -717,9 +754,9 @@ def _allgather_raw(t, name):
     width = (max(lengths) + 7) // 8
     if width == 0:
         return t.new_empty((sum(rows),) + tuple(t.shape[1:])), rows
-    send = torch.zeros(width, dtype=torch.float64)
+    send = words.new_zeros(width)  # on t's device, as recv
     send[:words.numel()] = words
-    recv = torch.empty(size * width, dtype=torch.float64)
+    recv = words.new_empty(size * width)
     _allgather_tensor(send, recv, name)
     u8 = recv.view(size, width).view(torch.uint8)
     joined = torch.cat([u8[r, :lengths[r]] for r in range(size)])
@@ -753,7 +790,7 @@ def allgather(tensor, name=None):
     Differentiable."""
     rt.require_init()
     name = name or "tensor"
-    _check_cpu(tensor, name)
+    _check_tensor(tensor, name)
     return _Allgather.apply(tensor, name)
 
 
@@ -818,8 +855,9 @@ def broadcast_parameters(params, root_rank=0):
         name, t = item if isinstance(item, tuple) else ("params[%d]" % i, item)
         if not isinstance(t, torch.Tensor):
             raise TypeError("broadcast_parameters: %s is not a tensor" % name)
-        _check_cpu(t, name)
+        _check_tensor(t, name)
         named.append((name, t))
+    rt.same_device(named, "broadcast_parameters")
     announce(_BROADCAST, "broadcast_parameters")
     for name, t in named:
         _broadcast_raw(t, root_rank, name)
@@ -859,12 +897,14 @@ def gloo_enabled():
 
 
 def nccl_built():
-    """0, as Horovod says it: sumo reduces CPU tensors only."""
-    return 0
+    """1 where libsumo_cuda is built (its NCCL transport loads NCCL at run time), else 0."""
+    return int(cuda_built())
 
 
 def cuda_built():
-    return False
+    """Whether libsumo_cuda is built beside libsumo: CUDA tensors (sumo.torch.init with the
+    threads or the NCCL transport)."""
+    return os.path.exists(_lib.CUDA_LIBRARY)
 
 
 def rocm_built():

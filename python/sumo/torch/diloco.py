@@ -114,7 +114,9 @@ class DiLoCo(WrappedOptimizer):
         for c in counts:
             self._offsets.append(self._offsets[-1] + c)
         n = self._offsets[-1]
-        self._flat = torch.zeros(n, dtype=self.dtype)
+        # The flat copy sumo reads and writes lives with the parameters (CUDA memory for CUDA
+        # parameters: the outer loop's state moves there at the first step).
+        self._flat = self._params[0].detach().new_zeros(n, dtype=self.dtype)
         dt = rt.tensor_args(self._flat, "the parameters")[2]
         layout = (ctypes.c_size_t * len(counts))(*counts)
         if fragment_of is not None:
@@ -145,15 +147,20 @@ class DiLoCo(WrappedOptimizer):
         o = sumo_diloco_options()
         rt.raise_for(lib.sumo_diloco_options_default(_choice(_PRESETS, preset, "preset"),
                                                     ctypes.byref(o)))
-        params = []
+        params, names = [], []
         for gi, g in enumerate(self._opt.param_groups):
             for pi, p in enumerate(g["params"]):
                 name = "param_groups[%d].params[%d]" % (gi, pi)
                 if not isinstance(p, torch.Tensor):
                     raise TypeError("sumo.DiLoCo: %s is not a tensor" % name)
-                if p.device.type != "cpu":
-                    raise ValueError("sumo.DiLoCo: %s is on %s; this build of sumo works on CPU "
-                                     "tensors only" % (name, p.device))
+                if p.device.type not in ("cpu", "cuda"):
+                    raise ValueError("sumo.DiLoCo: %s is on %s; sumo works on CPU and CUDA "
+                                     "tensors" % (name, p.device))
+                if params and p.device != params[0].device:
+                    raise ValueError("sumo.DiLoCo: the parameters mix devices: %s is on %s and "
+                                     "%s on %s; the outer loop runs on one device"
+                                     % (names[0], params[0].device, name, p.device))
+                names.append(name)
                 if p.dtype not in (torch.float32, torch.float64):
                     raise TypeError("sumo.DiLoCo: parameters must be float32 or float64 (%s is "
                                     "%s)" % (name, p.dtype))
@@ -307,6 +314,7 @@ class DiLoCo(WrappedOptimizer):
         lr = self._inner_rate(started)
         if not self._anchored:
             self._gather(range(len(self._params)))
+            rt.legacy_ready(self._flat)  # the C loop runs its kernels on the legacy stream
             rt.raise_for(lib.sumo_diloco_begin(self._handle, self._ptr()), "DiLoCo anchors")
             self._anchored = True
         loss = self._local_step(closure)
@@ -316,6 +324,7 @@ class DiLoCo(WrappedOptimizer):
         if what:
             self._gather(moved)
             rt.sync()  # the exchange is ordered after collectives already queued
+        rt.legacy_ready(self._flat)
         rt.raise_for(lib.sumo_diloco_end(self._handle, self._ptr(), ctypes.c_double(lr), None),
                      "DiLoCo step %d%s%s" % (
                          self.steps + self.skipped,

@@ -29,8 +29,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from .._abi import (SUMO_AGGREGATE_ACGA, SUMO_ERR_PEER_FAILURE, SUMO_ERR_TIMEOUT, SUMO_FLOAT32,
-                    SUMO_OP_ADASUM, SUMO_OP_AVERAGE, SUMO_OP_SUM, sumo_aggregator_options)
+from .._abi import (SUMO_AGGREGATE_ACGA, SUMO_COLLECTIVE_ALLREDUCE, SUMO_ERR_PEER_FAILURE,
+                    SUMO_ERR_TIMEOUT, SUMO_FLOAT32, SUMO_OP_ADASUM, SUMO_OP_AVERAGE, SUMO_OP_SUM,
+                    sumo_aggregator_options)
 from .._lib import lib, SumoError
 from . import _runtime as rt
 
@@ -177,6 +178,8 @@ def _start(state, index, buf, op, what, gram_form, kind=None, layout=None):
     in place instead."""
     # A bad bucket is refused before anything is allocated, on every rank at once.
     send, n, dt = rt.checked_tensor(buf, what)
+    if buf.device.type == "cuda":
+        return _start_cuda(buf, send, n, dt, op, what)
     t0 = time.perf_counter()
     hier = rt.state.hier
     if hier is not None and kind in hier.ops:
@@ -205,6 +208,25 @@ def _start(state, index, buf, op, what, gram_form, kind=None, layout=None):
     return rt.state.worker.submit(wait)
 
 
+def _start_cuda(buf, ptr, n, dt, op, what):
+    """A CUDA bucket, reduced in place on the device: the worker thread runs the collective
+    (sumo_collective_run) with its kernels on the stream that was current when DDP called the
+    hook, after the work queued there (rt.inputs_event, where the transport needs it)."""
+    stream = rt.current_stream(buf)
+    ready = rt.inputs_event(buf)
+
+    def run():
+        if ready is not None:
+            ready.synchronize()
+        t0 = time.perf_counter()
+        rt.raise_for(rt.collective(SUMO_COLLECTIVE_ALLREDUCE, ptr, ptr, n, dt, stream, op=op),
+                     what)
+        rt.record(t0, time.perf_counter(), n * buf.element_size())
+        return buf
+
+    return rt.state.worker.submit(run, rt.future_devices(buf))
+
+
 def average_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The average of the ranks' gradients (sum in rank order divided by the rank count)."""
     return _start(state, bucket.index(), bucket.buffer(), SUMO_OP_AVERAGE,
@@ -230,6 +252,10 @@ def acga_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
     acga_per_tensor); its coefficient momentum lives in the state."""
     buf, layout = _bucket_layout(bucket)
     what = "bucket %d (ACGA)" % bucket.index()
+    if buf.device.type == "cuda":
+        rt.fail_together(ValueError("sumo: %s is on %s; the ACGA hook combines CPU gradients "
+                                    "only (average_hook, sum_hook and adasum_hook take CUDA "
+                                    "buckets)" % (what, buf.device)))
     ptr, n, dt = rt.checked_tensor(buf, what)
     if dt != SUMO_FLOAT32:
         rt.fail_together(TypeError("sumo: ACGA combines float32 gradients only; %s is %s"

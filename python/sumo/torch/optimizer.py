@@ -133,11 +133,19 @@ class DistributedOptimizer(WrappedOptimizer):
         self._names = []
         for i, p in enumerate(params):
             name = names.get(id(p), "param.%d" % i)
-            rt.tensor_args(p.detach(), name)  # refuse int, non-contiguous, CUDA tensors now
             g = self._groups.setdefault(p.dtype, _Group(p.dtype))
             g.params.append(p)
             g.names.append(name)
             self._names.append(name)
+        # One device for every parameter (its buffers and collectives are that device's),
+        # then each refused now if sumo cannot reduce it (int, non-contiguous, a CUDA tensor
+        # this communicator does not take).
+        rt.same_device(list(zip(self._names, params)), "sumo.DistributedOptimizer's parameters")
+        # Buffers are made like the first parameter: on its device.
+        self._like = params[0].detach() if params else torch.empty(0)
+        self._device = self._like.device
+        for p, name in zip(params, self._names):
+            rt.tensor_args(p.detach(), name)
         self._all_params = params
         self._sync_groups = _partition(params, groups)
         if op == Adasum:
@@ -206,17 +214,20 @@ class DistributedOptimizer(WrappedOptimizer):
             b.add(i, p)
         for b in self._buckets:
             if self.op != Adasum:
-                # Gradients in the wire dtype, reduced in place, in memory every process of
-                # the node maps (under MPI or shm on one node): the ranks then read each
-                # other's buckets directly instead of through the staging areas.
+                # Gradients in the wire dtype, reduced in place. Host ones in memory every
+                # process of the node maps (under MPI or shm on one node), so the ranks read
+                # each other's buckets directly instead of through the staging areas; CUDA
+                # ones on their device.
                 b.what = "the %s gradient bucket %d of %d tensors (%s%s)" % (
                     "Sum" if self.op == Sum else "Average", b.index, len(b.slots),
                     ", ".join(self._names[i] for i in b.slots[:3]),
                     ", ..." if len(b.slots) > 3 else "")
-                b.grad = rt.shared_empty(b.numel, self._wire(b.dtype), b.what)
+                b.grad = (rt.shared_empty(b.numel, self._wire(b.dtype), b.what)
+                          if self._like.device.type == "cpu"
+                          else self._like.new_empty(b.numel, dtype=self._wire(b.dtype)))
                 b.op = self.op
                 continue
-            b.start = torch.empty(b.numel, dtype=b.dtype)
+            b.start = self._like.new_empty(b.numel, dtype=b.dtype)
             b.what = "the Adasum delta bucket %d of %d tensors (%s%s)" % (
                 b.index, len(b.slots), ", ".join(self._names[i] for i in b.slots[:3]),
                 ", ..." if len(b.slots) > 3 else "")
@@ -226,7 +237,12 @@ class DistributedOptimizer(WrappedOptimizer):
             # the delta in the parameter's own storage, as Horovod does (no third buffer).
             wire = self._wire(b.dtype)
             single = len(b.slots) == 1 and not rt.node_maps_memory() and wire == b.dtype
-            b.delta = None if single else rt.shared_empty(b.numel, wire, b.what)
+            if single:
+                b.delta = None
+            elif self._device.type == "cuda":
+                b.delta = self._like.new_empty(b.numel, dtype=wire)
+            else:
+                b.delta = rt.shared_empty(b.numel, wire, b.what)
             b.op = rt.adasum_op(comm, tuple(params[i].numel() for i in b.slots), b.what)
         if self.op != Adasum:
             # Each parameter's place in its bucket, as a view made once (not per backward).
@@ -352,14 +368,13 @@ class DistributedOptimizer(WrappedOptimizer):
             if self.op != Adasum:
                 flat = b.grad
                 ptr, n, dt = rt.tensor_args(flat, b.what)
-                announce(ALLREDUCE, b.what, n, dt, b.op)  # join's: see collectives.py
+                announce(ALLREDUCE, b.what, n, dt, b.op, flat.is_cuda)  # join's: collectives.py
             else:
                 flat = self._params[b.slots[0]].detach() if b.delta is None else b.delta
                 ptr, n, dt = rt.tensor_args(flat, b.what)
             req = ctypes.c_void_p()
             b.t0 = time.perf_counter()
-            rt.raise_for(lib.sumo_allreduce_start(ptr, ptr, n, dt, b.op, rt.state.comm,
-                                                  ctypes.byref(req)), b.what)
+            rt.raise_for(rt.allreduce_call(flat, ptr, n, dt, b.op, req), b.what)
             b.req = req
             self._next += 1
 
@@ -525,7 +540,7 @@ class DistributedOptimizer(WrappedOptimizer):
             len(group.params), group.names[0]))
         rt.sync()
         t0 = time.perf_counter()
-        rt.raise_for(lib.sumo_allreduce(ptr, ptr, n, dt, op, rt.state.comm),
+        rt.raise_for(rt.allreduce_call(flat, ptr, n, dt, op),
                      "DistributedOptimizer.step (%d tensors: %s, ...)" % (
                          len(group.params), ", ".join(group.names[:3])))
         rt.record(t0, time.perf_counter(), n * flat.element_size())
@@ -563,12 +578,12 @@ class DistributedOptimizer(WrappedOptimizer):
                 batches.append((flat, entries, what))
         for flat, entries, what in batches:
             ptr, n, dt = rt.tensor_args(flat, what)
-            announce(ALLREDUCE, what, n, dt, self.op)
+            announce(ALLREDUCE, what, n, dt, self.op, flat.is_cuda)
             if prescale != 1.0:
                 flat.mul_(prescale)
             rt.sync()
             t0 = time.perf_counter()
-            rt.raise_for(lib.sumo_allreduce(ptr, ptr, n, dt, self.op, rt.state.comm), what)
+            rt.raise_for(rt.allreduce_call(flat, ptr, n, dt, self.op), what)
             rt.record(t0, time.perf_counter(), n * flat.element_size())
             if postscale != 1.0:
                 flat.mul_(postscale)
@@ -589,7 +604,7 @@ class DistributedOptimizer(WrappedOptimizer):
         loss = self._opt.step(closure)
         for g in self._groups.values():
             starts_g = [starts[id(p)] for p in g.params]
-            delta = torch.empty(sum(p.numel() for p in g.params), dtype=g.dtype)
+            delta = self._like.new_empty(sum(p.numel() for p in g.params), dtype=g.dtype)
             off = 0
             for p, s in zip(g.params, starts_g):
                 n = p.numel()
@@ -619,6 +634,7 @@ def _delta(out, params, start):
     """out = params - start: sumo's delta step (the C optimizer's own), or, where the wire
     type differs from the parameters' (a compressor), torch's subtraction and cast."""
     if out.dtype == params.dtype == start.dtype and out.dtype in rt._DTYPES:
+        rt.legacy_ready(out)  # the C step runs on the legacy stream
         rt.raise_for(lib.sumo_delta_compute(rt.state.comm, rt.tensor_args(out, "delta")[0],
                                             rt.tensor_args(params, "parameter")[0],
                                             rt.tensor_args(start, "start")[0], out.numel(),
@@ -631,6 +647,7 @@ def _apply_delta(params, start, delta, what):
     """params = start + combined delta (sumo's, which puts params back at start and raises
     SUMO_ERR_NONFINITE when a result is not finite), or torch's add of a compressed delta."""
     if params.dtype == start.dtype == delta.dtype and params.dtype in rt._DTYPES:
+        rt.legacy_ready(params)  # the C step runs on the legacy stream
         rt.raise_for(lib.sumo_delta_apply(rt.state.comm, rt.tensor_args(params, "parameter")[0],
                                           rt.tensor_args(start, "start")[0],
                                           rt.tensor_args(delta, "delta")[0], params.numel(),
