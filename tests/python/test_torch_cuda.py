@@ -161,7 +161,7 @@ def test_acga_hook_refuses_a_cuda_bucket(monkeypatch):
 
 
 def test_init_refuses_an_unknown_transport_naming_nccl():
-    with pytest.raises(ValueError, match="'mpi', 'shm', 'group', 'nccl' or 'threads'"):
+    with pytest.raises(ValueError, match="'hierarchical', 'nccl' or 'threads'"):
         saved, rt.state.comm = rt.state.comm, None
         try:
             st.init(transport="infiniband")

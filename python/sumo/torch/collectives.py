@@ -74,8 +74,34 @@ def resolve_op(op, average, where):
 _msg = (ctypes.c_double * _MSG)()  # the announcement's buffer: ctypes, no tensor to make
 
 
+# Announcements of allreduces started without waiting (announce(..., wait=False)): each
+# buffer with its request, in order, until reaped.
+_started = []
+
+
+def reap_announcements(block=True):
+    """Waits for the announcements started without waiting (queued ahead of whatever follows
+    them, so by then mostly done) and frees their requests; raises the first failure. With
+    block=False only those already done, oldest first."""
+    err = None
+    while _started:
+        buf, req, what = _started[0]
+        if not block:
+            done = ctypes.c_int(0)
+            lib.sumo_request_test(req, ctypes.byref(done))
+            if not done.value:
+                break
+        _started.pop(0)
+        code = lib.sumo_request_wait(req)
+        if code != 0 and err is None:
+            err = (code, what)
+    if err is not None:
+        rt.raise_for(*err)
+
+
 def _exchange(values, what):
     """The announcement's allreduce (sum) of eight doubles: values in, the sums out."""
+    reap_announcements()
     _msg[:] = values
     rt.sync()
     t0 = time.perf_counter()
@@ -85,12 +111,28 @@ def _exchange(values, what):
     return list(_msg)
 
 
-def announce(kind, what, count=0, dtype=0, op=0, cuda=False):
+def announce(kind, what, count=0, dtype=0, op=0, cuda=False, wait=True):
     """The announcement before a collective (see the module's note); cuda: its buffers are
     CUDA memory (a joined rank's zeros must be too). Raises, on the active ranks, for a
-    collective that cannot run while ranks have joined."""
+    collective that cannot run while ranks have joined.
+
+    wait=False, for an allreduce started without waiting (the optimizer's buckets, fused
+    buffers): the announcement is started too, queued ahead of the allreduce, rather than run
+    to the end. An allreduce runs whoever has joined, so nobody needs its answer, and a blocking
+    one would wait for every allreduce still in flight (a blocking call runs after the queued
+    ones), taking the overlap away. The joined ranks meet the same sequence either way."""
     rt.require_init()
     if rt.state.size == 1:
+        return
+    if not wait and kind == ALLREDUCE:
+        buf = (ctypes.c_double * _MSG)(1.0, kind, count, dtype, op, 1.0 if cuda else 0.0, 0.0, 0.0)
+        rt.sync()
+        req = ctypes.c_void_p()
+        what = "the join announcement before " + what
+        rt.raise_for(lib.sumo_allreduce_start(buf, buf, _MSG, SUMO_FLOAT64, Sum, rt.state.comm,
+                                              ctypes.byref(req)), what)
+        _started.append((buf, req, what))
+        _join.rounds += 1
         return
     got = _exchange((1.0, kind, count, dtype, op, 1.0 if cuda else 0.0, 0.0, 0.0),
                     "the join announcement before " + what)
@@ -403,7 +445,7 @@ def _start_fused(b):
         else:
             flat = torch.cat([m.tensor.reshape(-1) for m in b.members])
         ptr, n, dt = rt.tensor_args(flat, b.what)
-        announce(ALLREDUCE, b.what, n, dt, b.op, _is_cuda(flat))
+        announce(ALLREDUCE, b.what, n, dt, b.op, _is_cuda(flat), wait=False)
         for m in b.members:
             if m.prescale != 1.0:
                 k = m.tensor.numel()
@@ -460,6 +502,7 @@ def _wait_fused(b):
     b.done = True
     rt.record(b.t0, time.perf_counter(), b.flat.numel() * b.flat.element_size())
     try:
+        reap_announcements(block=False)  # those queued ahead of this buffer are done
         rt.raise_for(code, b.what)
     except Exception as e:
         b.error = e

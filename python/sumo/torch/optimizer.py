@@ -45,7 +45,7 @@ import torch
 from .. import Sum, Average, Adasum
 from .._lib import lib
 from . import _runtime as rt
-from .collectives import announce, ALLREDUCE
+from .collectives import announce, reap_announcements, ALLREDUCE
 from .compression import Compression, check as check_compression
 from ._wrapped import WrappedOptimizer
 
@@ -368,7 +368,7 @@ class DistributedOptimizer(WrappedOptimizer):
             if self.op != Adasum:
                 flat = b.grad
                 ptr, n, dt = rt.tensor_args(flat, b.what)
-                announce(ALLREDUCE, b.what, n, dt, b.op, flat.is_cuda)  # join's: collectives.py
+                announce(ALLREDUCE, b.what, n, dt, b.op, flat.is_cuda, wait=False)  # collectives.py
             else:
                 flat = self._params[b.slots[0]].detach() if b.delta is None else b.delta
                 ptr, n, dt = rt.tensor_args(flat, b.what)
@@ -466,6 +466,10 @@ class DistributedOptimizer(WrappedOptimizer):
                         p.grad.copy_(got)
             except Exception as e:
                 err = e
+        try:
+            reap_announcements()
+        except Exception as e:
+            err = err or e
         self._reset()
         if err is not None:
             raise err
