@@ -70,12 +70,11 @@ static double abs_scale(const tensor_run *t, int a, int b)
  * Combines the node on ranks [a, m) (left) with the node on [m, b) (right) into *out, the tree's
  * pairwise rule with the guard and the trust check when the result is not the root.
  */
-static void combine(tensor_run *t, int a, int m, int b, const node *L, const node *Rn, node *out,
-                    int depth, bool root)
+static void combine_dot(tensor_run *t, int a, int m, int b, double dot, const node *L,
+                        const node *Rn, node *out, int depth, bool root)
 {
     /* out may be L: read the operands first. */
     const double nl = L->n2, nr = Rn->n2, sl = L->s, sr = Rn->s;
-    double dot = bilinear(t, a, m, m, b);
     if (!isfinite(dot) || !isfinite(nl) || !isfinite(nr)) {
         t->bad = true;
         return;
@@ -105,6 +104,12 @@ static void combine(tensor_run *t, int a, int m, int b, const node *L, const nod
     } else if (t->p->need > 0 && noise > t->p->need * out->n2) {
         t->flags |= SUMO__GRAM_INEXACT;
     }
+}
+
+static void combine(tensor_run *t, int a, int m, int b, const node *L, const node *Rn, node *out,
+                    int depth, bool root)
+{
+    combine_dot(t, a, m, b, bilinear(t, a, m, m, b), L, Rn, out, depth, root);
 }
 
 /* Leaf: participant k, ranks [k g, (k+1) g) with weight 1/g each. */
@@ -159,6 +164,36 @@ static void pair_weights(tensor_run *t)
     t->w[1] = n1 < TINY_NORM_SQ ? 1.0 : 1.0 - dot / (2.0 * n1);
 }
 
+/*
+ * Four flat ranks: one_tensor's tree, A(A(u0,u1), A(u2,u3)), with its loops unrolled and its
+ * quadratic forms written out for weights known to be 1 at the leaves, for the many small
+ * tensors of a bucket. Every expression is bilinear's and abs_scale's, operation for
+ * operation (0 + 1 * x is kept, not folded to x), so the bits are one_tensor's. The caller
+ * checked that every entry is finite.
+ */
+static void quad_weights(tensor_run *t)
+{
+    const double *G = t->G; /* packed: 00 01 02 03 11 12 13 22 23 33 */
+    double *w = t->w;
+    const double d00 = G[0], d11 = G[4], d22 = G[7], d33 = G[9];
+    node slot[4];
+    const double diag[4] = {d00, d11, d22, d33};
+    for (int k = 0; k < 4; k++) {
+        w[k] = 1.0;
+        slot[k].n2 = 0.0 + 1.0 * (0.0 + 1.0 * diag[k]);
+        slot[k].s = 0.0 + fabs(1.0) * sqrt(diag[k]);
+    }
+    combine_dot(t, 0, 1, 2, 0.0 + 1.0 * (0.0 + 1.0 * G[1]), &slot[0], &slot[1], &slot[0], 0, false);
+    if (t->bad) return;
+    combine_dot(t, 2, 3, 4, 0.0 + 1.0 * (0.0 + 1.0 * G[8]), &slot[2], &slot[3], &slot[2], 0, false);
+    if (t->bad) return;
+    /* bilinear(0, 2, 2, 4): rows 0 and 1 (skipped when zeroed), columns 2 and 3. */
+    double dot = 0;
+    if (w[0] != 0) dot += w[0] * ((0.0 + w[2] * G[2]) + w[3] * G[3]);
+    if (w[1] != 0) dot += w[1] * ((0.0 + w[2] * G[5]) + w[3] * G[6]);
+    combine_dot(t, 0, 2, 4, dot, &slot[0], &slot[2], &slot[0], 1, true);
+}
+
 size_t sumo__adasum_gram_weights(const sumo__adasum_gram_params *p, const double *gram,
                                  size_t ntensors, double *w, unsigned char *flags, double *work)
 {
@@ -172,6 +207,7 @@ size_t sumo__adasum_gram_weights(const sumo__adasum_gram_params *p, const double
         for (size_t e = 0; e < len; e++)
             if (!isfinite(r.G[e])) r.bad = true;
         if (!r.bad && P == 2 && r.g == 1) pair_weights(&r);
+        else if (!r.bad && P == 4 && r.g == 1) quad_weights(&r);
         else if (!r.bad) one_tensor(&r, slot);
         if (r.bad) {
             for (int i = 0; i < P; i++) r.w[i] = NAN;

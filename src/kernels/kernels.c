@@ -487,40 +487,13 @@ void sumo__kernel_weighted_sum_isa(sumo__isa isa, sumo_dtype dtype, void *const 
 
 /* ---- over a tensor layout ----------------------------------------------------------------- */
 
-/* A bucket of many small tensors makes one kernel call per tensor: the path is picked once per
- * layout here rather than per tensor (each pick reads the CPU's features twice). */
-typedef void (*gram_body)(sumo_dtype, const void *const *, int, size_t, double *);
-typedef void (*wsum_body)(sumo_dtype, void *const *, int, const void *const *, const double *,
-                          int, size_t);
-
-static gram_body gram_body_of(sumo__isa isa)
+/* A bucket of many small tensors makes one piece per tensor: the vector paths loop over the
+ * pieces with the body inlined (kernels_simd.h), picked once per layout. The portable path
+ * loops here over its body. */
+static void gram_layout_portable(sumo_dtype dtype, const void *const *ins, int nin,
+                                 const size_t *offsets, size_t ntensors, size_t lo, size_t hi,
+                                 double *gram)
 {
-    switch (usable(isa)) {
-#if SUMO__KERNELS_X86
-    case SUMO__ISA_AVX512: return sumo__gram_partials_avx512;
-    case SUMO__ISA_AVX2: return sumo__gram_partials_avx2;
-#endif
-    default: return sumo__gram_partials_portable;
-    }
-}
-
-static wsum_body wsum_body_of(sumo__isa isa)
-{
-    switch (usable(isa)) {
-#if SUMO__KERNELS_X86
-    case SUMO__ISA_AVX512: return sumo__weighted_sum_avx512;
-    case SUMO__ISA_AVX2: return sumo__weighted_sum_avx2;
-#endif
-    default: return sumo__weighted_sum_portable;
-    }
-}
-
-void sumo__kernel_gram_partials_layout(sumo_dtype dtype, const void *const *ins, int nin,
-                                       const size_t *offsets, size_t ntensors, size_t lo,
-                                       size_t hi, double *gram)
-{
-    if (nin < 1 || nin > SUMO__GRAM_MAX_IN || hi <= lo || !sumo__dtype_valid((int)dtype)) return;
-    const gram_body body = gram_body_of(sumo__kernel_isa_best());
     const size_t esz = sumo__dtype_bytes(dtype), L = (size_t)nin * (size_t)(nin + 1) / 2;
     const void *in_at[SUMO__GRAM_MAX_IN];
     double piece[SUMO__GRAM_MAX_IN * (SUMO__GRAM_MAX_IN + 1) / 2];
@@ -529,8 +502,43 @@ void sumo__kernel_gram_partials_layout(sumo_dtype dtype, const void *const *ins,
         size_t s = SUMO__MAX(lo, offsets[t]), e = SUMO__MIN(hi, offsets[t + 1]);
         if (e <= s) continue;
         for (int k = 0; k < nin; k++) in_at[k] = (const unsigned char *)ins[k] + (s - lo) * esz;
-        body(dtype, in_at, nin, e - s, piece);
+        sumo__gram_partials_portable(dtype, in_at, nin, e - s, piece);
         for (size_t q = 0; q < L; q++) gram[t * L + q] += piece[q];
+    }
+}
+
+static void wsum_layout_portable(sumo_dtype dtype, void *const *outs, int nout,
+                                 const void *const *ins, int nin, const size_t *offsets,
+                                 size_t ntensors, size_t lo, size_t hi, const double *w)
+{
+    const size_t esz = sumo__dtype_bytes(dtype);
+    const void *in_at[SUMO__GRAM_MAX_IN];
+    void *out_at[SUMO__GRAM_MAX_IN];
+    for (size_t t = sumo__first_tensor(offsets, ntensors, lo); t < ntensors && offsets[t] < hi;
+         t++) {
+        size_t s = SUMO__MAX(lo, offsets[t]), e = SUMO__MIN(hi, offsets[t + 1]);
+        if (e <= s) continue;
+        for (int k = 0; k < nin; k++) in_at[k] = (const unsigned char *)ins[k] + (s - lo) * esz;
+        for (int k = 0; k < nout; k++) out_at[k] = (unsigned char *)outs[k] + (s - lo) * esz;
+        sumo__weighted_sum_portable(dtype, out_at, nout, in_at, w + t * (size_t)nin, nin, e - s);
+    }
+}
+
+void sumo__kernel_gram_partials_layout(sumo_dtype dtype, const void *const *ins, int nin,
+                                       const size_t *offsets, size_t ntensors, size_t lo,
+                                       size_t hi, double *gram)
+{
+    if (nin < 1 || nin > SUMO__GRAM_MAX_IN || hi <= lo || !sumo__dtype_valid((int)dtype)) return;
+    switch (usable(sumo__kernel_isa_best())) {
+#if SUMO__KERNELS_X86
+    case SUMO__ISA_AVX512:
+        sumo__gram_partials_layout_avx512(dtype, ins, nin, offsets, ntensors, lo, hi, gram);
+        return;
+    case SUMO__ISA_AVX2:
+        sumo__gram_partials_layout_avx2(dtype, ins, nin, offsets, ntensors, lo, hi, gram);
+        return;
+#endif
+    default: gram_layout_portable(dtype, ins, nin, offsets, ntensors, lo, hi, gram); return;
     }
 }
 
@@ -541,17 +549,16 @@ void sumo__kernel_weighted_sum_layout(sumo_dtype dtype, void *const *outs, int n
     if (nin < 1 || nin > SUMO__GRAM_MAX_IN || nout < 1 || nout > SUMO__GRAM_MAX_IN || hi <= lo ||
         !sumo__dtype_valid((int)dtype))
         return;
-    const wsum_body body = wsum_body_of(sumo__kernel_isa_best());
-    const size_t esz = sumo__dtype_bytes(dtype);
-    const void *in_at[SUMO__GRAM_MAX_IN];
-    void *out_at[SUMO__GRAM_MAX_IN];
-    for (size_t t = sumo__first_tensor(offsets, ntensors, lo); t < ntensors && offsets[t] < hi;
-         t++) {
-        size_t s = SUMO__MAX(lo, offsets[t]), e = SUMO__MIN(hi, offsets[t + 1]);
-        if (e <= s) continue;
-        for (int k = 0; k < nin; k++) in_at[k] = (const unsigned char *)ins[k] + (s - lo) * esz;
-        for (int k = 0; k < nout; k++) out_at[k] = (unsigned char *)outs[k] + (s - lo) * esz;
-        body(dtype, out_at, nout, in_at, w + t * (size_t)nin, nin, e - s);
+    switch (usable(sumo__kernel_isa_best())) {
+#if SUMO__KERNELS_X86
+    case SUMO__ISA_AVX512:
+        sumo__weighted_sum_layout_avx512(dtype, outs, nout, ins, nin, offsets, ntensors, lo, hi, w);
+        return;
+    case SUMO__ISA_AVX2:
+        sumo__weighted_sum_layout_avx2(dtype, outs, nout, ins, nin, offsets, ntensors, lo, hi, w);
+        return;
+#endif
+    default: wsum_layout_portable(dtype, outs, nout, ins, nin, offsets, ntensors, lo, hi, w); return;
     }
 }
 

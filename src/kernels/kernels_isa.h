@@ -61,7 +61,14 @@ void sumo__kernel_weighted_sum_isa(sumo__isa isa, sumo_dtype dtype, void *const 
     void sumo__gram_partials_##sfx(sumo_dtype dtype, const void *const *ins, int nin, size_t n,   \
                                    double *out);                                                 \
     void sumo__weighted_sum_##sfx(sumo_dtype dtype, void *const *outs, int nout,                 \
-                                  const void *const *ins, const double *w, int nin, size_t n)
+                                  const void *const *ins, const double *w, int nin, size_t n);   \
+    void sumo__gram_partials_layout_##sfx(sumo_dtype dtype, const void *const *ins, int nin,     \
+                                          const size_t *offsets, size_t ntensors, size_t lo,     \
+                                          size_t hi, double *gram);                              \
+    void sumo__weighted_sum_layout_##sfx(sumo_dtype dtype, void *const *outs, int nout,          \
+                                         const void *const *ins, int nin,                        \
+                                         const size_t *offsets, size_t ntensors, size_t lo,      \
+                                         size_t hi, const double *w)
 
 SUMO__KERNEL_DECLARE_PATH(portable);
 #if SUMO__KERNELS_X86

@@ -617,6 +617,117 @@ SIMD_INLINE void gram_f(sumo_dtype dt, const void *const *ins, int nin, size_t n
         for (int j = i; j < nin; j++) out[e++] = vd_hsum(acc[i * pp + j]);
 }
 
+/*
+ * gram_f for 3 or 4 inputs (NIN, a constant) of at most one block: the same FMAs into the
+ * same lanes in the same order (lane l of entry (i,j) takes elements l, l + WD, .. from the
+ * first, the last vector zero-padded, then vd_hsum), straight from the inputs. The block's
+ * buffer, its stores and reloads, and a 4 x 4 tile's 16 accumulators (10 used) cost more
+ * than the arithmetic on the few elements of a small tensor's piece; all 10 accumulators and
+ * 4 operands stay in registers.
+ */
+SIMD_INLINE void gram_direct(sumo_dtype dt, const void *const *ins, const int NIN, size_t n,
+                             double *out)
+{
+    /* Named, not an array: an array of accumulators indexed in loops stays on the stack. */
+    const vd z = vd_zero();
+    vd a00 = z, a01 = z, a02 = z, a03 = z, a11 = z, a12 = z, a13 = z, a22 = z, a23 = z, a33 = z;
+    const void *p0 = ins[0], *p1 = ins[1], *p2 = ins[2], *p3 = NIN == 4 ? ins[3] : ins[2];
+    size_t i = 0;
+#define GRAM_DIRECT_STEP(x0, x1, x2, x3)                                                           \
+    do {                                                                                           \
+        a00 = vd_fmadd(x0, x0, a00);                                                               \
+        a01 = vd_fmadd(x0, x1, a01);                                                               \
+        a02 = vd_fmadd(x0, x2, a02);                                                               \
+        a11 = vd_fmadd(x1, x1, a11);                                                               \
+        a12 = vd_fmadd(x1, x2, a12);                                                               \
+        a22 = vd_fmadd(x2, x2, a22);                                                               \
+        if (NIN == 4) {                                                                            \
+            a03 = vd_fmadd(x0, x3, a03);                                                           \
+            a13 = vd_fmadd(x1, x3, a13);                                                           \
+            a23 = vd_fmadd(x2, x3, a23);                                                           \
+            a33 = vd_fmadd(x3, x3, a33);                                                           \
+        }                                                                                          \
+    } while (0)
+    if (dt == SUMO_FLOAT64) {
+        const double *d0 = p0, *d1 = p1, *d2 = p2, *d3 = p3;
+        for (; i + WD <= n; i += WD)
+            GRAM_DIRECT_STEP(vd_loadu(d0 + i), vd_loadu(d1 + i), vd_loadu(d2 + i), vd_loadu(d3 + i));
+    } else {
+        for (; i + WF <= n; i += WF) {
+            const vf v0 = ld(dt, p0, i), v1 = ld(dt, p1, i), v2 = ld(dt, p2, i), v3 = ld(dt, p3, i);
+            GRAM_DIRECT_STEP(vd_from_lo(v0), vd_from_lo(v1), vd_from_lo(v2), vd_from_lo(v3));
+            GRAM_DIRECT_STEP(vd_from_hi(v0), vd_from_hi(v1), vd_from_hi(v2), vd_from_hi(v3));
+        }
+    }
+    if (i < n) {
+        /* The tail, widened as gram_widen widens it and zero-padded to whole vectors. */
+        _Alignas(64) double tail[4][WF];
+        const void *ip[4] = {p0, p1, p2, p3};
+        const size_t m = n - i, mpad = (m + WD - 1) / WD * WD;
+        for (int p = 0; p < NIN; p++) {
+            size_t k = 0;
+            if (dt == SUMO_FLOAT64)
+                for (; k < m; k++) tail[p][k] = ((const double *)ip[p])[i + k];
+            else
+                for (; k < m; k++) tail[p][k] = (double)lds(dt, ip[p], i + k);
+            for (; k < mpad; k++) tail[p][k] = 0.0;
+        }
+        for (size_t k = 0; k < mpad; k += WD)
+            GRAM_DIRECT_STEP(vd_loadu(&tail[0][k]), vd_loadu(&tail[1][k]), vd_loadu(&tail[2][k]),
+                             vd_loadu(&tail[NIN - 1][k]));
+    }
+#undef GRAM_DIRECT_STEP
+    if (NIN == 4) {
+        const vd acc[10] = {a00, a01, a02, a03, a11, a12, a13, a22, a23, a33};
+        for (int e = 0; e < 10; e++) out[e] = vd_hsum(acc[e]);
+    } else {
+        const vd acc[6] = {a00, a01, a02, a11, a12, a22};
+        for (int e = 0; e < 6; e++) out[e] = vd_hsum(acc[e]);
+    }
+}
+
+/* One tensor piece's partials: gram_f's, by the direct loop where it gives the same bits for
+ * less (3 or 4 inputs, one block). */
+SIMD_INLINE void gram_piece(sumo_dtype dt, const void *const *ins, int nin, size_t n, double *out)
+{
+    const size_t B = GRAM_BUF_DOUBLES / 4 / WF * WF; /* gram_f's block for 3 or 4 inputs */
+    if (nin == 4 && n <= B) gram_direct(dt, ins, 4, n, out);
+    else if (nin == 3 && n <= B) gram_direct(dt, ins, 3, n, out);
+    else gram_f(dt, ins, nin, n, out);
+}
+
+/* sumo__kernel_gram_partials_layout's loop, with the body inlined: a bucket of many small
+ * tensors makes one piece per tensor, and a call and a dispatch per piece cost as much as
+ * the piece's arithmetic. */
+SIMD_INLINE void gram_layout(sumo_dtype dt, const void *const *ins, int nin, const size_t *offsets,
+                             size_t ntensors, size_t lo, size_t hi, double *gram)
+{
+    const size_t esz = sumo__dtype_bytes(dt), L = (size_t)nin * (size_t)(nin + 1) / 2;
+    const void *in_at[SUMO__GRAM_MAX_IN];
+    double piece[SUMO__GRAM_MAX_IN * (SUMO__GRAM_MAX_IN + 1) / 2];
+    for (size_t t = sumo__first_tensor(offsets, ntensors, lo); t < ntensors && offsets[t] < hi;
+         t++) {
+        size_t s = SUMO__MAX(lo, offsets[t]), e = SUMO__MIN(hi, offsets[t + 1]);
+        if (e <= s) continue;
+        for (int k = 0; k < nin; k++) in_at[k] = (const unsigned char *)ins[k] + (s - lo) * esz;
+        gram_piece(dt, in_at, nin, e - s, piece);
+        for (size_t q = 0; q < L; q++) gram[t * L + q] += piece[q];
+    }
+}
+
+SUMO__SIMD_TARGET void SUMO__SIMD_NAME(sumo__gram_partials_layout)(
+    sumo_dtype dtype, const void *const *ins, int nin, const size_t *offsets, size_t ntensors,
+    size_t lo, size_t hi, double *gram)
+{
+    switch (dtype) {
+    case SUMO_FLOAT32: gram_layout(SUMO_FLOAT32, ins, nin, offsets, ntensors, lo, hi, gram); break;
+    case SUMO_FLOAT16: gram_layout(SUMO_FLOAT16, ins, nin, offsets, ntensors, lo, hi, gram); break;
+    case SUMO_BFLOAT16: gram_layout(SUMO_BFLOAT16, ins, nin, offsets, ntensors, lo, hi, gram); break;
+    case SUMO_FLOAT64: gram_layout(SUMO_FLOAT64, ins, nin, offsets, ntensors, lo, hi, gram); break;
+    default: break;
+    }
+}
+
 SUMO__SIMD_TARGET void SUMO__SIMD_NAME(sumo__gram_partials)(sumo_dtype dtype,
                                                            const void *const *ins, int nin,
                                                            size_t n, double *out)
@@ -730,6 +841,42 @@ SUMO__SIMD_TARGET void SUMO__SIMD_NAME(sumo__weighted_sum)(sumo_dtype dtype, voi
         else wsum_half(SUMO_BFLOAT16, outs, nout, ins, w, nin, n);
         break;
     default: break;
+    }
+}
+
+/* One piece of the weighted sum: sumo__weighted_sum's body. */
+SIMD_INLINE void wsum_piece(sumo_dtype dtype, void *const *outs, int nout, const void *const *ins,
+                            const double *w, int nin, size_t n)
+{
+    switch (dtype) {
+    case SUMO_FLOAT32: wsum_wide_shapes(SUMO_FLOAT32, outs, nout, ins, w, nin, n); break;
+    case SUMO_FLOAT64: wsum_wide_shapes(SUMO_FLOAT64, outs, nout, ins, w, nin, n); break;
+    case SUMO_FLOAT16:
+    case SUMO_BFLOAT16:
+        if (!sumo__coefs_fit_float(w, nin))
+            sumo__weighted_sum_half_wide(dtype, outs, nout, ins, w, nin, n);
+        else if (dtype == SUMO_FLOAT16) wsum_half(SUMO_FLOAT16, outs, nout, ins, w, nin, n);
+        else wsum_half(SUMO_BFLOAT16, outs, nout, ins, w, nin, n);
+        break;
+    default: break;
+    }
+}
+
+/* sumo__kernel_weighted_sum_layout's loop with the body inlined, as gram_layout. */
+SUMO__SIMD_TARGET void SUMO__SIMD_NAME(sumo__weighted_sum_layout)(
+    sumo_dtype dtype, void *const *outs, int nout, const void *const *ins, int nin,
+    const size_t *offsets, size_t ntensors, size_t lo, size_t hi, const double *w)
+{
+    const size_t esz = sumo__dtype_bytes(dtype);
+    const void *in_at[SUMO__GRAM_MAX_IN];
+    void *out_at[SUMO__GRAM_MAX_IN];
+    for (size_t t = sumo__first_tensor(offsets, ntensors, lo); t < ntensors && offsets[t] < hi;
+         t++) {
+        size_t s = SUMO__MAX(lo, offsets[t]), e = SUMO__MIN(hi, offsets[t + 1]);
+        if (e <= s) continue;
+        for (int k = 0; k < nin; k++) in_at[k] = (const unsigned char *)ins[k] + (s - lo) * esz;
+        for (int k = 0; k < nout; k++) out_at[k] = (unsigned char *)outs[k] + (s - lo) * esz;
+        wsum_piece(dtype, out_at, nout, in_at, w + t * (size_t)nin, nin, e - s);
     }
 }
 
