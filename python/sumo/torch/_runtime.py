@@ -481,6 +481,15 @@ def _init_mpi(process_group):
         state.made_group = True
 
 
+
+def _membership(group):
+    """The group sumo.torch runs on (the default one when None), this rank in it, its size."""
+    base = group if group is not None else dist.group.WORLD
+    rank, size = dist.get_rank(base), dist.get_world_size(base)
+    if rank < 0:
+        raise RuntimeError("sumo.torch.init: this process is not a member of the group passed")
+    return base, rank, size
+
 def _init_group(group, transport):
     """sumo over a torch.distributed group: the processes of one host through sumo's shared
     memory (rendezvous through the group's store), else through the group itself."""
@@ -497,10 +506,7 @@ def _init_group(group, transport):
             # torchrun's rendezvous: env:// (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE).
             dist.init_process_group("gloo", timeout=timedelta(seconds=_deadline_s()))
         state.made_group = True
-    base = group if group is not None else dist.group.WORLD
-    rank, size = dist.get_rank(base), dist.get_world_size(base)
-    if rank < 0:
-        raise RuntimeError("sumo.torch.init: this process is not a member of the group passed")
+    base, rank, size = _membership(group)
     # Where each rank runs: hosts by name and boot id, so containers on one host that do not
     # share memory are not taken for one machine. (A digest in a tensor, not
     # all_gather_object, which needs numpy in torch 2.x.)
@@ -612,10 +618,7 @@ def _init_nccl(group):
     if not dist.is_initialized():
         dist.init_process_group("gloo", timeout=timedelta(seconds=_deadline_s()))
         state.made_group = True
-    base = group if group is not None else dist.group.WORLD
-    rank, size = dist.get_rank(base), dist.get_world_size(base)
-    if rank < 0:
-        raise RuntimeError("sumo.torch.init: this process is not a member of the group passed")
+    base, rank, size = _membership(group)
     device = torch.cuda.current_device()
     uid = nccl_rendezvous(_store_of(base), _key_prefix(base) + "nccl_id", rank,
                           lambda: _make_nccl_id(cu), _deadline_s())

@@ -475,17 +475,23 @@ class DistributedOptimizer(WrappedOptimizer):
             raise err
 
     # -- step ------------------------------------------------------------------------------------
+    def _combine_once(self, combine):
+        """Runs combine unless synchronize() already did. Horovod combines a second time
+        here; combining an already combined Sum again would multiply it by size(), so sumo
+        warns instead."""
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("sumo.DistributedOptimizer: step() after synchronize() "
+                              "without skip_synchronize(); the gradients were combined "
+                              "once and are not combined again", stacklevel=3)
+            else:
+                combine()
+        self._synchronized = False
+
     def step(self, closure=None):
         if self.overlap and self.op != Adasum:
             with torch.no_grad():
-                if self._should_synchronize:
-                    if self._synchronized:
-                        warnings.warn("sumo.DistributedOptimizer: step() after synchronize() "
-                                      "without skip_synchronize(); the gradients were combined "
-                                      "once and are not combined again", stacklevel=2)
-                    else:
-                        self._finish_grads()
-                self._synchronized = False
+                self._combine_once(self._finish_grads)
                 return self._opt.step(closure)
         if self.overlap:
             loss = None
@@ -497,16 +503,7 @@ class DistributedOptimizer(WrappedOptimizer):
         with torch.no_grad():
             if self.op == Adasum:
                 return self._step_delta(closure)
-            if self._should_synchronize:
-                if self._synchronized:
-                    # Horovod combines a second time here; combining an already combined
-                    # Sum again would multiply it by size(), so sumo does not.
-                    warnings.warn("sumo.DistributedOptimizer: step() after synchronize() "
-                                  "without skip_synchronize(); the gradients were combined "
-                                  "once and are not combined again", stacklevel=2)
-                else:
-                    self._combine_grads()
-            self._synchronized = False
+            self._combine_once(self._combine_grads)
             return self._opt.step(closure)
 
     def synchronize(self):
