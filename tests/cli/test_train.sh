@@ -252,6 +252,29 @@ if command -v mpirun > /dev/null && ldd "$sumo" | grep libmpi > /dev/null; then
     && ok "MPI: a log rank 0 cannot open ends every rank before training" || fail "MPI unwritable log: exit $code"
 fi
 
+# The tasks of an srun step, from the variables srun sets (tests/slurm/run.sh runs a real
+# Slurm): two processes meet through a folder under TMPDIR, reduce over shared memory, get the
+# threads transport's bits and leave no folder behind; a step across nodes, and shm outside a
+# step, are refused by name.
+step_env() { env SLURM_JOB_ID=$$ SLURM_STEP_ID=0 SLURM_NTASKS=2 SLURM_STEP_NUM_NODES=1 SLURM_SRUN_COMM_PORT=1 \
+  TMPDIR="$tmp" "$@"; }
+no_workers=("${common[@]:2}")
+step_env SLURM_PROCID=0 "$sumo" train "${no_workers[@]}" > "$tmp/srun0.out" 2>&1 &
+p0=$!
+step_env SLURM_PROCID=1 "$sumo" train "${no_workers[@]}" > "$tmp/srun1.out" 2>&1
+wait $p0
+[ "$(checksum "$tmp/srun0.out")" = "$A" ] && [ -z "$(checksum "$tmp/srun1.out")" ] \
+  && [ -z "$(ls -d "$tmp"/sumo-* 2> /dev/null)" ] \
+  && ok "two srun tasks (shm, meeting in a folder) = threads transport, bit for bit; the folder removed" \
+  || { fail "srun tasks: $(checksum "$tmp/srun0.out") vs $A"; tail -3 "$tmp/srun0.out" "$tmp/srun1.out"; }
+step_env SLURM_PROCID=0 SLURM_STEP_NUM_NODES=2 "$sumo" train "${quick[@]:2}" > "$tmp/srun2.out" 2>&1
+[ $? -eq 2 ] && grep -q "spans 2 nodes.*--mpi=pmix" "$tmp/srun2.out" && ok "an srun step across nodes without MPI refused, naming srun --mpi=pmix" \
+  || fail "srun across nodes: $(head -2 "$tmp/srun2.out")"
+step_env SLURM_PROCID=zero "$sumo" train "${quick[@]:2}" > "$tmp/srun3.out" 2>&1
+[ $? -eq 2 ] && grep -q "SLURM_PROCID=zero is not a number" "$tmp/srun3.out" && ok "a malformed SLURM_PROCID refused, naming it" \
+  || fail "malformed SLURM_PROCID: $(head -2 "$tmp/srun3.out")"
+refused "--transport shm joins the tasks of an srun step" --transport shm
+
 # Streaming DiLoCo stopped while an exchange is in flight (fragment 0 starts at step 12 and is
 # applied at 14) and resumed: the same parameters and log as the run that never stopped.
 sd=(--reduce streaming-diloco --sync-every 8 --fragments 2 --delay 2 --quantize e4m3 --strided-fragments)

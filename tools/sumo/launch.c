@@ -49,6 +49,11 @@ int launch_detect(const char *transport, launch *l, char *err, size_t errlen)
         return 0;
     }
     /* transport "shm", or a plain srun step */
+    if (!in_srun_step()) {
+        snprintf(err, errlen, "--transport shm joins the tasks of an srun step of more than one "
+                              "task, and this process is not one (start it with srun -n N)");
+        return 2;
+    }
     long rank, size, nodes, job, step;
     int rc = 0;
     if (!rc) rc = env_int("SLURM_PROCID", 0, INT_MAX, &rank, err, errlen);

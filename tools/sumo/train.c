@@ -1,7 +1,8 @@
 /*
  * `sumo train`: data-parallel training on Fashion-MNIST with any aggregation method, on the
- * threads transport (default), under mpirun, or as the tasks of an srun step. A comma-separated --reduce runs each method
- * in turn with otherwise identical settings and prints a comparison table.
+ * threads transport (default), under mpirun, or as the tasks of an srun step. A
+ * comma-separated --reduce runs each method in turn with otherwise identical settings and
+ * prints a comparison table.
  */
 #include "args.h"
 #include "commands.h"
