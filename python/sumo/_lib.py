@@ -151,7 +151,6 @@ _SIGS = {
     "sumo_comm_create_shm": (_R, [ctypes.c_void_p, ctypes.POINTER(_c_comm_p)]),
     "sumo_comm_set_param": (_R, [_c_comm_p, ctypes.c_int, ctypes.c_int]),
     "sumo_host_kernels": (_R, [ctypes.POINTER(ctypes.c_void_p)]),
-    "sumo_comm_create_threads": (_R, [ctypes.c_int, ctypes.POINTER(_c_comm_p)]),
     "sumo_threads_run": (_R, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                               ctypes.POINTER(_abi.sumo_result)]),
     "sumo_collective_run": (_R, [_c_comm_p, ctypes.POINTER(sumo_collective)]),

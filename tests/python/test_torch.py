@@ -16,7 +16,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import sumo
 import sumo.torch as st
-from sumo.torch import hooks as sumo_hooks
 
 from driver_files import run_outer_driver
 from reference import adasum_per_tensor

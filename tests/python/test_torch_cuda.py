@@ -11,7 +11,6 @@ rounding bound, the DDP hooks, DistributedOptimizer and DiLoCo.
 
 Every test is collective where it runs one (all ranks, same order)."""
 import copy
-import ctypes
 import threading
 
 import pytest
@@ -22,7 +21,6 @@ import sumo
 import sumo.torch as st
 from sumo import _lib
 from sumo.torch import _runtime as rt
-from sumo.torch import collectives as coll
 from sumo.torch import hooks as sumo_hooks
 
 HAVE_CUDA = torch.cuda.is_available()

@@ -481,7 +481,6 @@ def _init_mpi(process_group):
         state.made_group = True
 
 
-
 def _membership(group):
     """The group sumo.torch runs on (the default one when None), this rank in it, its size."""
     base = group if group is not None else dist.group.WORLD
@@ -489,6 +488,7 @@ def _membership(group):
     if rank < 0:
         raise RuntimeError("sumo.torch.init: this process is not a member of the group passed")
     return base, rank, size
+
 
 def _init_group(group, transport):
     """sumo over a torch.distributed group: the processes of one host through sumo's shared
