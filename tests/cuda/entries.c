@@ -115,51 +115,79 @@ static void check_fill_scan(const entry_run *er, sumo_dtype dt, size_t n, size_t
     free(h);
 }
 
-static void check_reduce(const entry_run *er, sumo_dtype dt, size_t n, size_t off, int nin,
-                         int nout, int divisor, bool in_place)
+/* The inputs and outputs of a reduce or weighted-sum check, on the host and on the device (n
+ * elements at `off`): inputs generated from `seed` + j (input `special` with the generator's
+ * special values), outputs uninitialised; in place, output 0 is input 0 on both sides, as the
+ * shared-memory algorithms run. */
+typedef struct io_set {
+    int nin, nout;
+    bool in_place;
+    void *hin[40], *hout[4];
+    tbuf din[40], dout[4];
+    const void *ki[40], *hi[40];
+    void *ko[4], *ho[4];
+} io_set;
+
+static void io_make(io_set *io, const entry_run *er, sumo_dtype dt, size_t n, size_t off, int nin,
+                    int nout, bool in_place, uint64_t seed, int special)
 {
     size_t bytes = n * esz(dt);
-    void *hin[40] = {0}, *hout[4] = {0};
-    tbuf din[40] = {0}, dout[4] = {0};
+    *io = (io_set){.nin = nin, .nout = nout, .in_place = in_place};
     for (int j = 0; j < nin; j++) {
-        hin[j] = malloc(bytes + 1);
-        gen(dt, hin[j], n, 100 + (uint64_t)j, j == 1);
-        din[j] = t_upload(er->kind, dt, hin[j], n, off);
+        io->hin[j] = malloc(bytes + 1);
+        gen(dt, io->hin[j], n, seed + (uint64_t)j, j == special);
+        io->din[j] = t_upload(er->kind, dt, io->hin[j], n, off);
     }
     for (int o = 0; o < nout; o++) {
-        hout[o] = malloc(bytes + 1);
-        dout[o] = t_alloc(er->kind, dt, n, off);
+        io->hout[o] = malloc(bytes + 1);
+        io->dout[o] = t_alloc(er->kind, dt, n, off);
     }
-    if (in_place) { /* outs[0] is ins[0], as the shared-memory algorithms run in place */
-        memcpy(hout[0], hin[0], bytes);
-        m_free(er->kind, dout[0].base);
-        dout[0] = din[0];
+    if (in_place) {
+        memcpy(io->hout[0], io->hin[0], bytes);
+        m_free(er->kind, io->dout[0].base);
+        io->dout[0] = io->din[0];
     }
-    const void *ki[40], *hi_[40];
-    void *ko[4], *ho[4];
-    for (int j = 0; j < nin; j++) ki[j] = din[j].p, hi_[j] = hin[j];
-    for (int o = 0; o < nout; o++) ko[o] = dout[o].p, ho[o] = hout[o];
-    if (in_place) hi_[0] = hout[0];
-    CHECK_OK(er->k->reduce(er->k->ctx, er->stream, dt, ko, nout, ki, nin, n, divisor));
-    CHECK_OK(g_host->reduce(g_host->ctx, NULL, dt, ho, nout, hi_, nin, n, divisor));
-    for (int o = 0; o < nout; o++) {
-        void *got = fetch(er->kind, dt, &dout[o], n);
-        size_t at = first_diff(dt, got, hout[o], n);
-        free(got);
-        CHECK(at == SIZE_MAX, "reduce %s n %zu off %zu nin %d nout %d div %d in place %d: out %d at %zu",
-              DT_NAME[dt], n, off, nin, nout, divisor, in_place, o, at);
+    for (int j = 0; j < nin; j++) io->ki[j] = io->din[j].p, io->hi[j] = io->hin[j];
+    for (int o = 0; o < nout; o++) io->ko[o] = io->dout[o].p, io->ho[o] = io->hout[o];
+    if (in_place) io->hi[0] = io->hout[0];
+}
+
+/* Where output o's device bits first differ from the host's (SIZE_MAX: nowhere). */
+static size_t io_diff(const io_set *io, const entry_run *er, sumo_dtype dt, size_t n, int o)
+{
+    void *got = fetch(er->kind, dt, &io->dout[o], n);
+    size_t at = first_diff(dt, got, io->hout[o], n);
+    free(got);
+    return at;
+}
+
+static void io_free(io_set *io, const entry_run *er)
+{
+    for (int j = 0; j < io->nin; j++) {
+        free(io->hin[j]);
+        m_free(er->kind, io->din[j].base);
     }
-    for (int j = 0; j < nin; j++) {
-        free(hin[j]);
-        m_free(er->kind, din[j].base);
-    }
-    for (int o = 0; o < nout; o++) {
-        free(hout[o]);
-        if (!(in_place && o == 0)) m_free(er->kind, dout[o].base);
+    for (int o = 0; o < io->nout; o++) {
+        free(io->hout[o]);
+        if (!(io->in_place && o == 0)) m_free(er->kind, io->dout[o].base);
     }
 }
 
-/* Two-buffer entries: convert, scaled_add, delta, apply_delta. */
+static void check_reduce(const entry_run *er, sumo_dtype dt, size_t n, size_t off, int nin,
+                         int nout, int divisor, bool in_place)
+{
+    io_set io;
+    io_make(&io, er, dt, n, off, nin, nout, in_place, 100, 1);
+    CHECK_OK(er->k->reduce(er->k->ctx, er->stream, dt, io.ko, nout, io.ki, nin, n, divisor));
+    CHECK_OK(g_host->reduce(g_host->ctx, NULL, dt, io.ho, nout, io.hi, nin, n, divisor));
+    for (int o = 0; o < nout; o++) {
+        size_t at = io_diff(&io, er, dt, n, o);
+        CHECK(at == SIZE_MAX, "reduce %s n %zu off %zu nin %d nout %d div %d in place %d: out %d at %zu",
+              DT_NAME[dt], n, off, nin, nout, divisor, in_place, o, at);
+    }
+    io_free(&io, er);
+}
+
 static void check_elementwise(const entry_run *er, sumo_dtype dt, size_t n, size_t off)
 {
     size_t bytes = n * esz(dt);
@@ -336,50 +364,22 @@ static void check_weighted(const entry_run *er, sumo_dtype dt, int nin, int nout
                            size_t lo_cut, size_t hi_cut, size_t off)
 {
     size_t offs[NLAYOUT + 1], total = layout_offsets(offs);
-    size_t lo = lo_cut, hi = total - hi_cut, n = hi - lo, bytes = n * esz(dt);
+    size_t lo = lo_cut, hi = total - hi_cut, n = hi - lo;
     double w[NLAYOUT * 16];
     uint64_t s = 77 + (uint64_t)nin;
     for (size_t i = 0; i < NLAYOUT * (size_t)nin; i++) w[i] = 2.0 * harness_uniform(&s);
     w[2 * nin + nin - 1] = 1e-40; /* tensor 2: a weight outside float's range (wide path) */
     w[4 * nin] = -3e39;           /* tensor 4: another */
-    void *hin[16] = {0}, *hout[4] = {0};
-    tbuf din[16] = {0}, dout[4] = {0};
-    for (int j = 0; j < nin; j++) {
-        hin[j] = malloc(bytes + 1);
-        gen(dt, hin[j], n, 300 + (uint64_t)j, j == 0);
-        din[j] = t_upload(er->kind, dt, hin[j], n, off);
-    }
+    io_set io;
+    io_make(&io, er, dt, n, off, nin, nout, in_place, 300, 0);
+    CHECK_OK(er->k->weighted_sum(er->k->ctx, er->stream, dt, io.ko, nout, io.ki, nin, offs, NLAYOUT, lo, hi, w));
+    CHECK_OK(g_host->weighted_sum(g_host->ctx, NULL, dt, io.ho, nout, io.hi, nin, offs, NLAYOUT, lo, hi, w));
     for (int o = 0; o < nout; o++) {
-        hout[o] = malloc(bytes + 1);
-        dout[o] = t_alloc(er->kind, dt, n, off);
-    }
-    if (in_place) {
-        memcpy(hout[0], hin[0], bytes);
-        m_free(er->kind, dout[0].base);
-        dout[0] = din[0];
-    }
-    const void *ki[16], *hi_[16];
-    void *ko[4], *ho[4];
-    for (int j = 0; j < nin; j++) ki[j] = din[j].p, hi_[j] = hin[j];
-    for (int o = 0; o < nout; o++) ko[o] = dout[o].p, ho[o] = hout[o];
-    if (in_place) hi_[0] = hout[0];
-    CHECK_OK(er->k->weighted_sum(er->k->ctx, er->stream, dt, ko, nout, ki, nin, offs, NLAYOUT, lo, hi, w));
-    CHECK_OK(g_host->weighted_sum(g_host->ctx, NULL, dt, ho, nout, hi_, nin, offs, NLAYOUT, lo, hi, w));
-    for (int o = 0; o < nout; o++) {
-        void *got = fetch(er->kind, dt, &dout[o], n);
-        size_t at = first_diff(dt, got, hout[o], n);
-        free(got);
+        size_t at = io_diff(&io, er, dt, n, o);
         CHECK(at == SIZE_MAX, "weighted_sum %s nin %d nout %d in place %d [%zu, %zu) off %zu: out %d at %zu",
               DT_NAME[dt], nin, nout, in_place, lo, hi, off, o, at);
     }
-    for (int j = 0; j < nin; j++) {
-        free(hin[j]);
-        m_free(er->kind, din[j].base);
-    }
-    for (int o = 0; o < nout; o++) {
-        free(hout[o]);
-        if (!(in_place && o == 0)) m_free(er->kind, dout[o].base);
-    }
+    io_free(&io, er);
 }
 
 void check_exact_entries(int kind)
