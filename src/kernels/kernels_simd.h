@@ -826,25 +826,7 @@ SIMD_INLINE void wsum_half(sumo_dtype dt, void *const *outs, int nout, const voi
     }
 }
 
-SUMO__SIMD_TARGET void SUMO__SIMD_NAME(sumo__weighted_sum)(sumo_dtype dtype, void *const *outs,
-                                                          int nout, const void *const *ins,
-                                                          const double *w, int nin, size_t n)
-{
-    switch (dtype) {
-    case SUMO_FLOAT32: wsum_wide_shapes(SUMO_FLOAT32, outs, nout, ins, w, nin, n); break;
-    case SUMO_FLOAT64: wsum_wide_shapes(SUMO_FLOAT64, outs, nout, ins, w, nin, n); break;
-    case SUMO_FLOAT16:
-    case SUMO_BFLOAT16:
-        if (!sumo__coefs_fit_float(w, nin))
-            sumo__weighted_sum_half_wide(dtype, outs, nout, ins, w, nin, n);
-        else if (dtype == SUMO_FLOAT16) wsum_half(SUMO_FLOAT16, outs, nout, ins, w, nin, n);
-        else wsum_half(SUMO_BFLOAT16, outs, nout, ins, w, nin, n);
-        break;
-    default: break;
-    }
-}
-
-/* One piece of the weighted sum: sumo__weighted_sum's body. */
+/* The weighted sum of one piece, inlined into the layout loop below as well. */
 SIMD_INLINE void wsum_piece(sumo_dtype dtype, void *const *outs, int nout, const void *const *ins,
                             const double *w, int nin, size_t n)
 {
@@ -860,6 +842,13 @@ SIMD_INLINE void wsum_piece(sumo_dtype dtype, void *const *outs, int nout, const
         break;
     default: break;
     }
+}
+
+SUMO__SIMD_TARGET void SUMO__SIMD_NAME(sumo__weighted_sum)(sumo_dtype dtype, void *const *outs,
+                                                          int nout, const void *const *ins,
+                                                          const double *w, int nin, size_t n)
+{
+    wsum_piece(dtype, outs, nout, ins, w, nin, n);
 }
 
 /* sumo__kernel_weighted_sum_layout's loop with the body inlined, as gram_layout. */
