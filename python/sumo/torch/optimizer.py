@@ -336,24 +336,18 @@ class DistributedOptimizer(WrappedOptimizer):
         if self.compression is Compression.none and g is not None and not g.is_sparse \
                 and g.dtype == p.dtype:
             # The common case, kept short: this runs once per parameter in the backward pass.
-            piece = self._pieces[i]
-            piece.copy_(g.reshape(-1))
-            if self._prescale != 1.0:
-                piece.mul_(self._prescale)
-            self._ctx[i] = (None, False)
-            self._stepped[i] = True
-            b.missing -= 1
-            return
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        g, sparse = p.grad, p.grad.is_sparse
-        if sparse:
-            if not self.sparse_as_dense:
-                raise ValueError("sumo.DistributedOptimizer: %s has a sparse gradient; "
-                                 "pass sparse_as_dense=True" % self._names[i])
-            g = g.to_dense()
-        sent, ctx = self.compression.compress(g)
-        rt.tensor_args(sent, self._names[i] + ".grad")
+            sent, ctx, sparse = g, None, False
+        else:
+            if g is None:
+                g = p.grad = torch.zeros_like(p)
+            sparse = g.is_sparse
+            if sparse:
+                if not self.sparse_as_dense:
+                    raise ValueError("sumo.DistributedOptimizer: %s has a sparse gradient; "
+                                     "pass sparse_as_dense=True" % self._names[i])
+                g = g.to_dense()
+            sent, ctx = self.compression.compress(g)
+            rt.tensor_args(sent, self._names[i] + ".grad")
         piece = self._pieces[i]
         piece.copy_(sent.reshape(-1))
         if self._prescale != 1.0:
