@@ -779,7 +779,13 @@ def hier_allreduce(t, kind, layout, what):
     """The hierarchical allreduce (state.hier), blocking, after the queued collectives."""
     dt = tensor_args(t, what)[2]
     sync()
-    t0 = time.perf_counter()
+    hier_run(t, dt, kind, layout, what, time.perf_counter())
+
+
+def hier_run(t, dt, kind, layout, what, t0):
+    """The hierarchical allreduce itself, on whatever thread keeps the collectives' order (the
+    caller's after sync(), or the worker's): a peer lost or late makes the communicator
+    unusable, as it does for sumo's own collectives."""
     try:
         state.hier.allreduce(t, dt, kind, layout, what)
     except SumoError as e:

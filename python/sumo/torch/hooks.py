@@ -29,10 +29,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from .._abi import (SUMO_AGGREGATE_ACGA, SUMO_COLLECTIVE_ALLREDUCE, SUMO_ERR_PEER_FAILURE,
-                    SUMO_ERR_TIMEOUT, SUMO_FLOAT32, SUMO_OP_ADASUM, SUMO_OP_AVERAGE, SUMO_OP_SUM,
-                    sumo_aggregator_options)
-from .._lib import lib, SumoError
+from .._abi import (SUMO_AGGREGATE_ACGA, SUMO_COLLECTIVE_ALLREDUCE, SUMO_FLOAT32, SUMO_OP_ADASUM,
+                    SUMO_OP_AVERAGE, SUMO_OP_SUM, sumo_aggregator_options)
+from .._lib import lib
 from . import _runtime as rt
 
 
@@ -184,13 +183,7 @@ def _start(state, index, buf, op, what, gram_form, kind=None, layout=None):
     hier = rt.state.hier
     if hier is not None and kind in hier.ops:
         def run():
-            try:
-                hier.allreduce(buf, dt, kind, layout, what)
-            except SumoError as e:
-                if e.code in (SUMO_ERR_TIMEOUT, SUMO_ERR_PEER_FAILURE):
-                    rt.state.broken = True
-                raise
-            rt.record(t0, time.perf_counter(), n * buf.element_size())
+            rt.hier_run(buf, dt, kind, layout, what, t0)
             return buf
 
         return rt.state.worker.submit(run)
