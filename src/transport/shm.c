@@ -206,6 +206,119 @@ sumo_result sumo__shm_announce(sumo__transport *tp, sumo__shm *shm, const void *
     return SUMO_SUCCESS;
 }
 
+/* ---- shrink --------------------------------------------------------------------------------- */
+
+/* Waits in a shrink poll at this pace: a shrink follows a failure, so a few milliseconds do not
+ * count, and polling needs no wake-up protocol between the ranks of a broken group. */
+#define SHRINK_SLICE_NS (2 * 1000 * 1000)
+#define CLAIM_ROUND_SHIFT 11
+
+/* Whether rank r can no longer enter a shrink: it left the group or its process ended. */
+static bool shrink_dead(sumo__shm *shm, int r)
+{
+    if (atomic_load(&shm->ctl->desc[r].gone)) return true;
+    char why[128];
+    return shm->watch != NULL && shm->watch(shm, r, why, sizeof why) == r;
+}
+
+/* Whether rank r is out of round: not among the previous round's survivors, dead, or absent
+ * past the deadline. The previous verdict stays in place until this round is decided. */
+static bool shrink_out(sumo__shm *shm, int r, uint32_t round, bool late)
+{
+    if (round > 1 && !sumo__shrink_member(&shm->ctl->verdict, r)) return true;
+    if (shrink_dead(shm, r)) return true;
+    return late && atomic_load_explicit(&shm->ctl->desc[r].shrink_round, memory_order_acquire) < round;
+}
+
+/* The verdict of round as this rank reads it from the control block. */
+static sumo_result shrink_read(sumo__transport *tp, sumo__shm *shm, uint32_t round,
+                               sumo__shrink_verdict *out, void **handoff)
+{
+    sumo__shm_ctl *ctl = shm->ctl;
+    *out = ctl->verdict;
+    if (handoff) *handoff = ctl->handoff;
+    if (out->round != round || !sumo__shrink_member(out, shm->rank))
+        return SUMO__FAIL(tp, SUMO_ERR_PEER_FAILURE,
+                          "shrink: rank %d was left out of the survivors of round %u (it came "
+                          "after the deadline, or was taken for dead)",
+                          shm->rank, round);
+    out->rank = 0;
+    for (int r = 0; r < shm->rank; r++) out->rank += sumo__shrink_member(out, r);
+    return SUMO_SUCCESS;
+}
+
+sumo_result sumo__shm_shrink_agree(sumo__transport *tp, sumo__shm *shm, uint32_t round,
+                                   uint64_t value, int64_t deadline_ns,
+                                   sumo_result (*decide)(void *ctx, const sumo__shrink_verdict *v,
+                                                         void **handoff),
+                                   void *ctx, sumo__shrink_verdict *out, void **handoff)
+{
+    sumo__shm_ctl *ctl = shm->ctl;
+    int me = shm->rank, size = shm->size;
+    if (round == 0 || round >= (1u << (32 - CLAIM_ROUND_SHIFT)) || size > 64 * SUMO__SHRINK_WORDS)
+        return SUMO__FAIL(tp, SUMO_ERR_INTERNAL, "shrink round %u of %d ranks", round, size);
+    uint32_t decided = atomic_load_explicit(&ctl->decided_round, memory_order_acquire);
+    if (round > 1 && decided < round - 1)
+        return SUMO__FAIL(tp, SUMO_ERR_INVALID_USAGE,
+                          "shrink: rank %d entered round %u before round %u was decided", me,
+                          round, round - 1);
+    if (round > 1 && decided == round - 1 && !sumo__shrink_member(&ctl->verdict, me))
+        return SUMO__FAIL(tp, SUMO_ERR_PEER_FAILURE,
+                          "shrink: rank %d is not among the survivors of round %u", me, round - 1);
+    ctl->desc[me].shrink_value = value;
+    atomic_store_explicit(&ctl->desc[me].shrink_round, round, memory_order_release);
+    for (;;) {
+        if (atomic_load_explicit(&ctl->decided_round, memory_order_acquire) >= round)
+            return shrink_read(tp, shm, round, out, handoff);
+        bool late = sumo__now_ns() >= deadline_ns;
+        /* The decider is the lowest rank still in the round, once nobody else may still come:
+         * every rank has entered it or is out. */
+        bool lowest = true, all_in = true;
+        for (int r = 0; r < size && (lowest || all_in); r++) {
+            if (r == me) continue;
+            bool out_of_round = shrink_out(shm, r, round, late);
+            if (r < me && !out_of_round) lowest = false;
+            if (!out_of_round &&
+                atomic_load_explicit(&ctl->desc[r].shrink_round, memory_order_acquire) < round)
+                all_in = false;
+        }
+        uint32_t claim = atomic_load(&ctl->claim);
+        int claimant = (int)(claim & ((1u << CLAIM_ROUND_SHIFT) - 1)) - 1;
+        /* A claim of this round by a rank that is still alive stands: wait for its verdict. A
+         * dead claimant's is taken over (it published nothing, or decided_round would say so). */
+        bool claimed = (claim >> CLAIM_ROUND_SHIFT) == round && claimant != me &&
+                       !shrink_dead(shm, claimant);
+        if (lowest && all_in && !claimed) {
+            uint32_t mine = (round << CLAIM_ROUND_SHIFT) | (uint32_t)(me + 1);
+            if (atomic_compare_exchange_strong(&ctl->claim, &claim, mine)) {
+                sumo__shrink_verdict v = {.round = round, .value = UINT64_MAX};
+                for (int r = 0; r < size; r++) {
+                    if (r != me && (shrink_out(shm, r, round, false) ||
+                                    atomic_load_explicit(&ctl->desc[r].shrink_round,
+                                                         memory_order_acquire) < round))
+                        continue;
+                    v.members[r / 64] |= (uint64_t)1 << (r % 64);
+                    v.size++;
+                    v.value = SUMO__MIN(v.value, ctl->desc[r].shrink_value);
+                }
+                void *given = NULL;
+                if (decide) SUMO__CHECK(decide(ctx, &v, &given));
+                ctl->verdict = v;
+                ctl->handoff = given;
+                atomic_store_explicit(&ctl->decided_round, round, memory_order_release);
+                continue;
+            }
+        }
+        if (sumo__now_ns() >= deadline_ns + tp->timeout_ns)
+            return SUMO__FAIL(tp, SUMO_ERR_TIMEOUT,
+                              "shrink: rank %d had no verdict for round %u within twice the "
+                              "deadline (%.3f s)",
+                              me, round, 2 * (double)tp->timeout_ns / 1e9);
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = SHRINK_SLICE_NS};
+        nanosleep(&ts, NULL);
+    }
+}
+
 bool sumo__shm_region_tables(sumo__shm_region *g, int size)
 {
     g->owner_address = calloc((size_t)size, sizeof *g->owner_address);

@@ -24,6 +24,9 @@ typedef struct sumo__shm_desc {
      * rank, or a barrier it can no longer reach, fails at once. Waits on other ranks go on, so
      * a rank that leaves after its last collective does not fail peers still finishing it. */
     _Atomic uint32_t gone __attribute__((aligned(SUMO__CACHELINE)));
+    /* The shrink round this rank has entered (0: none), published after its value. */
+    _Atomic uint32_t shrink_round;
+    uint64_t shrink_value;
 } __attribute__((aligned(SUMO__CACHELINE))) sumo__shm_desc;
 
 typedef struct sumo__shm_ctl {
@@ -34,6 +37,13 @@ typedef struct sumo__shm_ctl {
     _Atomic uint32_t abort_flag __attribute__((aligned(SUMO__CACHELINE)));
     /* 0 while every rank is present, else 1 + the first rank that left (desc[r].gone). */
     _Atomic uint32_t departed;
+    /* Shrinks (sumo__shm_shrink_agree): the round decided last, the claim of the rank deciding
+     * the next ((round << 11) | (rank + 1)), and the verdict with what its decider hands over
+     * (the threads transport: the new group's handles). */
+    _Atomic uint32_t decided_round __attribute__((aligned(SUMO__CACHELINE)));
+    _Atomic uint32_t claim;
+    sumo__shrink_verdict verdict;
+    void *handoff;
     int32_t size;
     sumo__shm_desc desc[]; /* size entries */
 } sumo__shm_ctl;
@@ -52,6 +62,8 @@ typedef struct sumo__shm {
     uint32_t spin_limit;
     /* Announcements this rank made: picks the payload slot (every rank counts alike). */
     uint32_t announces;
+    /* Shrink rounds this rank entered on the group (sumo__shm_shrink_agree). */
+    uint32_t shrinks;
     /* Optional (NULL for threads and MPI, where one process holds every rank or the launcher
      * ends the job): processes that nothing else watches (shm_liveness.c) look at each sleep
      * slice of a wait for a rank that died. Returns the rank whose death makes the wait on
@@ -112,6 +124,28 @@ SUMO__PLUGIN_API sumo_result sumo__shm_barrier(sumo__transport *tp, sumo__shm *s
 /* The transports' announce over the control block: one barrier. */
 SUMO__PLUGIN_API sumo_result sumo__shm_announce(sumo__transport *tp, sumo__shm *shm,
                                                 const void *record, void *all, size_t bytes);
+/*
+ * The agreement of a shrink: every rank still here calls it with the same round (1 for the
+ * first shrink of this group, one more after each that failed to make the new group) and a
+ * value. One of them, the lowest rank not dead, decides once every rank has entered the round
+ * or is dead (left, or its process ended, as shm->watch sees it) or the deadline has passed:
+ * the members are the ranks that entered and are alive, the value their smallest. A decider that
+ * dies before publishing is replaced (its claim is taken over), so the agreement survives a
+ * further failure while it runs; every rank that returns SUMO_SUCCESS holds the same verdict.
+ * decide (may be NULL) runs on the decider before the verdict is published, and what it puts in
+ * *handoff reaches every member in *handoff. SUMO_ERR_PEER_FAILURE when this rank was left out
+ * (it came after the deadline), SUMO_ERR_TIMEOUT when no verdict came in time. The abort flag
+ * and departures of the old group do not stop it: they are why it runs.
+ */
+SUMO__PLUGIN_API sumo_result sumo__shm_shrink_agree(sumo__transport *tp, sumo__shm *shm,
+                                                    uint32_t round, uint64_t value,
+                                                    int64_t deadline_ns,
+                                                    sumo_result (*decide)(void *ctx,
+                                                                          const sumo__shrink_verdict *v,
+                                                                          void **handoff),
+                                                    void *ctx, sumo__shrink_verdict *out,
+                                                    void **handoff);
+
 /* Raises the abort flag on behalf of rank and wakes everyone. */
 SUMO__PLUGIN_API void sumo__shm_abort(sumo__shm *shm, int rank);
 /* Marks rank as gone (it leaves between collectives) and wakes everyone. */

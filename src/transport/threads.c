@@ -138,6 +138,48 @@ static sumo_result threads_destroy(sumo__transport *tp)
     return SUMO_SUCCESS;
 }
 
+/* The new group's handles, from the rank that decided to each member; the last to take its
+ * own frees the table. */
+typedef struct threads_handoff {
+    sumo__transport **tps;
+    _Atomic int left;
+} threads_handoff;
+
+static sumo_result threads_decide(void *ctx, const sumo__shrink_verdict *v, void **handoff)
+{
+    const sumo__transport *old = ctx;
+    sumo__env env = {.timeout_s = (double)old->timeout_ns / 1e9, .log_level = old->log_level};
+    threads_handoff *h = calloc(1, sizeof *h);
+    if (h) h->tps = calloc((size_t)v->size, sizeof *h->tps);
+    if (h == NULL || h->tps == NULL || sumo__threads_transport_create(v->size, &env, h->tps) != SUMO_SUCCESS) {
+        if (h) free(h->tps);
+        free(h);
+        return SUMO_ERR_SYSTEM;
+    }
+    atomic_store(&h->left, v->size);
+    *handoff = h;
+    return SUMO_SUCCESS;
+}
+
+static sumo_result threads_shrink(sumo__transport *tp, const sumo__shrink_args *args,
+                                  sumo__transport **out, sumo__shrink_verdict *verdict)
+{
+    threads_transport *t = (threads_transport *)tp;
+    void *given = NULL;
+    /* Nothing can fail between the verdict and the new group (it is made whole by the decider),
+     * so one round is all a threads group ever needs. */
+    SUMO__CHECK(sumo__shm_shrink_agree(tp, &t->shm, ++t->shm.shrinks, args->value,
+                                       sumo__now_ns() + tp->timeout_ns, threads_decide, tp,
+                                       verdict, &given));
+    threads_handoff *h = given;
+    *out = h->tps[verdict->rank];
+    if (atomic_fetch_sub(&h->left, 1) == 1) {
+        free(h->tps);
+        free(h);
+    }
+    return SUMO_SUCCESS;
+}
+
 static const sumo__transport_ops threads_ops = {
     .name = "threads",
     .sendrecv = threads_sendrecv,
@@ -146,6 +188,7 @@ static const sumo__transport_ops threads_ops = {
     .peer_buffer = threads_peer_buffer,
     .abort = threads_abort,
     .destroy = threads_destroy,
+    .shrink = threads_shrink,
 };
 
 static void *aligned_zalloc(size_t bytes)

@@ -55,6 +55,32 @@ typedef enum sumo__reach {
 
 typedef struct sumo__transport sumo__transport;
 
+/* The survivors of a shrink (sumo_comm_shrink), as a set of the old group's ranks. */
+#define SUMO__SHRINK_WORDS (1024 / 64)
+typedef struct sumo__shrink_verdict {
+    uint32_t round;
+    uint64_t value; /* the smallest value a member entered with */
+    uint64_t members[SUMO__SHRINK_WORDS];
+    int size;       /* members in it */
+    int rank;       /* the caller's place among them */
+} sumo__shrink_verdict;
+
+static inline bool sumo__shrink_member(const sumo__shrink_verdict *v, int r)
+{
+    return (v->members[r / 64] >> (r % 64)) & 1u;
+}
+
+/* What a shrink is asked for: the caller's value, and where a transport whose ranks meet
+ * through a store (shm) makes the new group. */
+struct sumo_store;
+typedef struct sumo__shrink_args {
+    uint64_t value;
+    const struct sumo_store *store;
+    const char *key_prefix;
+    char *err; /* why it failed, when the transport's status cannot say (no group was made) */
+    size_t errlen;
+} sumo__shrink_args;
+
 typedef struct sumo__transport_ops {
     const char *name;
     /*
@@ -96,6 +122,12 @@ typedef struct sumo__transport_ops {
      * Returns SUMO_SUCCESS, or why the peers could not be met to free what they share (which
      * is then left allocated: the caller should end the job). */
     sumo_result (*destroy)(sumo__transport *tp);
+    /* Optional (NULL: the transport cannot shrink). Collective over the ranks still here after
+     * a failure: they agree on who they are (shm.h's sumo__shm_shrink_agree) and make a new
+     * group of themselves, ordered as before, in *out; *verdict says who. The old group is
+     * left as it was, for the caller to destroy. */
+    sumo_result (*shrink)(sumo__transport *tp, const sumo__shrink_args *args,
+                          sumo__transport **out, sumo__shrink_verdict *verdict);
     /* Optional: whether sendrecv moves buffers of the named kernel memory besides the host's
      * (a transport over NCCL moves "cuda"). */
     bool (*carries)(sumo__transport *tp, const char *memory);

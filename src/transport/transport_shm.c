@@ -367,6 +367,46 @@ static sumo_result shm_destroy(sumo__transport *tp)
     return SUMO_SUCCESS;
 }
 
+/* The survivors meet again through the caller's store, under a prefix of this round's: a
+ * member that dies while the new group is made fails the making on the others, and they agree
+ * again without it in the next round, as long as the deadline allows. */
+static sumo_result shm_shrink(sumo__transport *tp, const sumo__shrink_args *args,
+                              sumo__transport **out, sumo__shrink_verdict *verdict)
+{
+    shm_transport *t = (shm_transport *)tp;
+    if (args->store == NULL || args->key_prefix == NULL) {
+        snprintf(args->err, args->errlen, "the shm transport shrinks through a store: "
+                                          "options.store and options.key_prefix are needed");
+        return SUMO_ERR_INVALID_ARGUMENT;
+    }
+    int64_t deadline = sumo__now_ns() + tp->timeout_ns;
+    for (;;) {
+        uint32_t round = ++t->shm.shrinks;
+        SUMO__CHECK(sumo__shm_shrink_agree(tp, &t->shm, round, args->value,
+                                           sumo__now_ns() + tp->timeout_ns, NULL, NULL, verdict,
+                                           NULL));
+        char prefix[240];
+        int n = snprintf(prefix, sizeof prefix, "%s%u/", args->key_prefix, round);
+        if (n < 0 || (size_t)n >= sizeof prefix) {
+            snprintf(args->err, args->errlen, "options.key_prefix is longer than 230 bytes");
+            return SUMO_ERR_INVALID_ARGUMENT;
+        }
+        sumo_shm_options o = {.struct_size = sizeof o,
+                              .rank = verdict->rank,
+                              .size = verdict->size,
+                              .store = (const sumo_store *)args->store,
+                              .key_prefix = prefix,
+                              .stage_bytes = tp->stage_bytes};
+        sumo__env env = {.timeout_s = (double)tp->timeout_ns / 1e9, .log_level = tp->log_level};
+        sumo_result r = sumo__shm_transport_create(&o, &env, out, args->err, args->errlen);
+        if (r == SUMO_SUCCESS || (r != SUMO_ERR_PEER_FAILURE && r != SUMO_ERR_TIMEOUT) ||
+            sumo__now_ns() >= deadline)
+            return r;
+        SUMO__LOG(tp->log_level, SUMO__LOG_WARN, "shrink round %u: making the new group failed (%s); "
+                                      "agreeing again", round, args->err);
+    }
+}
+
 static const sumo__transport_ops shm_ops = {
     .name = "shm",
     .sendrecv = shm_sendrecv,
@@ -380,6 +420,7 @@ static const sumo__transport_ops shm_ops = {
     .stage = shm_stage,
     .abort = shm_abort,
     .destroy = shm_destroy,
+    .shrink = shm_shrink,
 };
 
 /* ---- creation ----------------------------------------------------------------------------- */

@@ -1,0 +1,76 @@
+/*
+ * Training that survives a lost rank. When a peer dies, every collective on the communicator
+ * fails with SUMO_ERR_PEER_FAILURE and the handle stays broken; sumo_comm_shrink then lets the
+ * ranks still here agree on who they are and go on as a smaller communicator, in the spirit of
+ * ULFM's MPI_Comm_shrink and MPI_Comm_agree.
+ *
+ * Who can shrink: the threads transport (ranks that leave: a thread that aborts and destroys
+ * its handle) and the shm transport (processes of one machine, a process killed outright
+ * included). The MPI transport cannot: Debian's Open MPI 4.1 has no ULFM, and a process that
+ * dies ends the job under mpirun; across hosts, sumo.torch makes a new process group per
+ * membership from its store instead.
+ *
+ * What a failure costs. A collective in flight when a peer died fails on every survivor; its
+ * output is then undefined (in-place buffers included): the caller redoes the step from state
+ * it kept. The value each rank brings to the shrink (say, the last step it committed) comes
+ * back as the survivors' smallest, so ranks that got one step further than others (the
+ * collective completed on some before the failure was seen) learn to go back to that step.
+ */
+#ifndef SUMO_ELASTIC_H
+#define SUMO_ELASTIC_H
+
+#include "sumo.h"
+#include "sumo_shm.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct sumo_shrink_options {
+    size_t struct_size;      /* sizeof(sumo_shrink_options) */
+    uint64_t value;          /* this rank's part of the agreement: the survivors' smallest
+                                comes back in sumo_shrink_info.value */
+    const sumo_store *store; /* shm transport: where the survivors make their new group (the
+                                store the group was made with will do); NULL elsewhere */
+    const char *key_prefix;  /* shm: unique per shrink within the store, at most 230 bytes;
+                                rounds add their own suffix */
+    char *error;             /* optional: why it failed, where no handle can say */
+    size_t error_bytes;
+} sumo_shrink_options;
+
+typedef struct sumo_shrink_info {
+    size_t struct_size; /* sizeof(sumo_shrink_info) */
+    int rank, size;     /* this rank's place in the new communicator, and its size */
+    uint64_t value;     /* the smallest value the survivors brought */
+    /* Optional (NULL: not wanted): the caller's array of the old communicator's size, filled
+     * with each new rank's old rank (new ranks keep the old ranks' order) and -1 after. */
+    int *old_ranks;
+} sumo_shrink_info;
+
+/* struct_size set, everything else 0 or NULL. */
+SUMO_API sumo_result sumo_shrink_options_default(sumo_shrink_options *options);
+
+/*
+ * Collective over the ranks of comm still alive, usually after a collective failed with
+ * SUMO_ERR_PEER_FAILURE or SUMO_ERR_TIMEOUT (a healthy communicator shrinks too, to itself).
+ * Every survivor calls it once on the old handle; the lowest surviving rank decides who is in
+ * once each rank has called it, is dead (its process ended, or it destroyed its handle) or has
+ * not come within the communicator's timeout; a failure while they agree (the decider's
+ * included) is survived. On success *out is the new communicator (same timeout and algorithm
+ * setting; ops made with sumo_op_create_adasum must be made again) and info says who is who.
+ * The old handle is left broken: destroy it. SUMO_ERR_PEER_FAILURE for a rank that came too
+ * late and was left out; SUMO_ERR_TIMEOUT when no verdict came within twice the timeout;
+ * SUMO_ERR_INVALID_USAGE for a transport that cannot shrink (MPI, a caller's); the detail in
+ * sumo_comm_error_message(comm) or options->error.
+ */
+SUMO_API sumo_result sumo_comm_shrink(sumo_comm *comm, const sumo_shrink_options *options,
+                                      sumo_comm **out, sumo_shrink_info *info);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
