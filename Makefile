@@ -246,6 +246,7 @@ test-mpi: $(MPI_TEST_BINS)
 # End-to-end checks of the command (training, checkpoints, resume, data errors).
 test-cli: $(BUILD)/sumo
 	tests/cli/test_train.sh $(BUILD)/sumo $(CRASHTEST)
+	tests/cli/test_elastic.sh $(BUILD)/sumo
 
 ifneq ($(MPICC),)
 test: test-unit test-mpi test-cli

@@ -11,6 +11,7 @@
 #include "sumo_aggregation.h"
 #include "sumo_diloco.h"
 #include "sumo_distributed.h"
+#include "sumo_elastic.h"
 #include "sumo_optim.h"
 #include "train/model.h"
 
@@ -51,6 +52,8 @@ static inline bool sumo__method_is_outer(sumo__method m)
 const char *sumo__method_name(sumo__method m);
 /* Parses a --reduce value; false when unknown. */
 bool sumo__method_parse(const char *name, sumo__method *out);
+
+#define SUMO__MAX_TRAIN_EVENTS 8
 
 typedef struct sumo__train_config {
     int workers;                 /* N: ranks of the communicator (checked) */
@@ -94,6 +97,17 @@ typedef struct sumo__train_config {
                                     checkpoint_dir is set; 0: never */
     bool verify_ranks;           /* after every synchronised step, check that all ranks hold
                                     bit-identical parameters (tests; costs an allgather) */
+    /* Elastic training: a rank that is lost costs the step in flight. Every rank keeps the
+     * state of its last two steps; the survivors shrink the communicator (sumo_elastic.h),
+     * go back to the newest step they all completed, and carry on with the data of each step
+     * dealt over the ranks left. */
+    bool elastic;
+    const sumo_store *store;     /* processes (shm): where survivors meet again; threads: NULL */
+    /* Losses staged for demonstration and tests: at step `step` the rank that started as
+     * `rank` leaves cleanly (destroys its handle) or dies (threads: aborts without a word;
+     * processes: SIGKILL on itself), before its part of the step's exchange. */
+    struct { int rank; long step; bool die; } events[SUMO__MAX_TRAIN_EVENTS];
+    int nevents;
 } sumo__train_config;
 
 void sumo__train_config_default(sumo__train_config *cfg);

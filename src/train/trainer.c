@@ -5,6 +5,8 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +46,12 @@ typedef struct rank_state {
     size_t nparams, pixels;
     long steps_per_epoch, total_steps;
     long step;              /* steps taken */
+    /* Where the next step's data starts: the epoch and the items of its permutation used so
+     * far. Each step uses size x batch items, so with a fixed size this is the step count
+     * split in two; kept apart because an elastic run's size changes. */
+    int epoch;
+    size_t pos;
+    size_t usable;          /* items of the training set in use */
     double loss_sum;        /* local losses since the last evaluation */
     long loss_count;
     float *xbatch;
@@ -61,6 +69,11 @@ typedef struct rank_state {
     size_t errlen;
     void *shared_params, *shared_grads; /* from sumo_mem_alloc (share_buffers), or NULL */
     bool ended_together;                /* the training loop ended in step on every rank */
+    int origin;                         /* this rank's number when the run started */
+    /* What build() chose, kept to make the exchange again on a shrunk communicator. */
+    bool needs_agg;
+    sumo_aggregator_options aopt;
+    sumo_distributed_options dopt;
 } rank_state;
 
 static sumo_result fail(rank_state *s, sumo_result r, const char *what)
@@ -73,37 +86,17 @@ static sumo_result fail(rank_state *s, sumo_result r, const char *what)
     return r;
 }
 
-static sumo_result build(rank_state *s)
+/* The parts that hold the communicator: the aggregator and the distributed optimizer. */
+static sumo_result build_exchange(rank_state *s)
 {
     const sumo__train_config *c = s->cfg;
-    sumo_result r = sumo__model_create(c->model, c->hidden, (size_t)c->batch, c->seed, &s->model);
-    if (r != SUMO_SUCCESS) return fail(s, r, "model");
-    s->nparams = sumo__model_num_params(s->model);
     const size_t *layout;
     size_t ntensors;
     sumo__model_layout(s->model, &layout, &ntensors);
-    r = sumo_optimizer_create(&c->optim, layout, ntensors, &s->opt);
-    if (r != SUMO_SUCCESS) return fail(s, r, "optimizer options");
-
-    sumo_distributed_options dopt = {.struct_size = sizeof dopt, .mode = SUMO_UPDATE_GRADIENT,
-                                     .outer = c->outer, .buffers = c->buffers};
-    sumo_aggregator_options aopt;
-    bool needs_agg = true;
-    switch (c->method) {
-    case SUMO__METHOD_SUM: sumo_aggregator_options_default(SUMO_AGGREGATE_SUM, &aopt); break;
-    case SUMO__METHOD_AVG: sumo_aggregator_options_default(SUMO_AGGREGATE_AVERAGE, &aopt); break;
-    case SUMO__METHOD_ADASUM_DELTA: dopt.mode = SUMO_UPDATE_DELTA; /* fall through */
-    case SUMO__METHOD_ADASUM: sumo_aggregator_options_default(SUMO_AGGREGATE_ADASUM, &aopt); break;
-    case SUMO__METHOD_ACGA:
-        sumo_aggregator_options_default(SUMO_AGGREGATE_ACGA, &aopt);
-        aopt.acga = c->acga;
-        break;
-    default:
-        dopt.mode = SUMO_UPDATE_OUTER;
-        needs_agg = false;
-        break;
-    }
-    if (needs_agg) {
+    sumo_aggregator_options aopt = s->aopt;
+    sumo_distributed_options dopt = s->dopt;
+    sumo_result r;
+    if (s->needs_agg) {
         aopt.tensor_counts = layout;
         aopt.ntensors = ntensors;
         aopt.adasum_hierarchical = c->adasum_hierarchical;
@@ -124,8 +117,46 @@ static sumo_result build(rank_state *s)
         return fail(s, r, sumo__method_is_diloco(c->method)
                               ? "DiLoCo outer loop (check --sync-every/--fragments/--delay)"
                               : "distributed optimizer (check --tau/--inner-period)");
+    return SUMO_SUCCESS;
+}
 
+static sumo_result build(rank_state *s)
+{
+    const sumo__train_config *c = s->cfg;
+    sumo_result r = sumo__model_create(c->model, c->hidden, (size_t)c->batch, c->seed, &s->model);
+    if (r != SUMO_SUCCESS) return fail(s, r, "model");
+    s->nparams = sumo__model_num_params(s->model);
+    const size_t *layout;
+    size_t ntensors;
+    sumo__model_layout(s->model, &layout, &ntensors);
+    r = sumo_optimizer_create(&c->optim, layout, ntensors, &s->opt);
+    if (r != SUMO_SUCCESS) return fail(s, r, "optimizer options");
+
+    sumo_distributed_options dopt = {.struct_size = sizeof dopt, .mode = SUMO_UPDATE_GRADIENT,
+                                     .outer = c->outer, .buffers = c->buffers};
+    sumo_aggregator_options aopt = {0};
+    bool needs_agg = true;
+    switch (c->method) {
+    case SUMO__METHOD_SUM: sumo_aggregator_options_default(SUMO_AGGREGATE_SUM, &aopt); break;
+    case SUMO__METHOD_AVG: sumo_aggregator_options_default(SUMO_AGGREGATE_AVERAGE, &aopt); break;
+    case SUMO__METHOD_ADASUM_DELTA: dopt.mode = SUMO_UPDATE_DELTA; /* fall through */
+    case SUMO__METHOD_ADASUM: sumo_aggregator_options_default(SUMO_AGGREGATE_ADASUM, &aopt); break;
+    case SUMO__METHOD_ACGA:
+        sumo_aggregator_options_default(SUMO_AGGREGATE_ACGA, &aopt);
+        aopt.acga = c->acga;
+        break;
+    default:
+        dopt.mode = SUMO_UPDATE_OUTER;
+        needs_agg = false;
+        break;
+    }
+    s->needs_agg = needs_agg;
+    s->aopt = aopt;
+    s->dopt = dopt;
+    r = build_exchange(s);
+    if (r != SUMO_SUCCESS) return r;
     size_t usable = c->train_limit && c->train_limit < s->train->n ? c->train_limit : s->train->n;
+    s->usable = usable;
     s->steps_per_epoch = (long)(usable / ((size_t)s->size * (size_t)c->batch));
     if (s->steps_per_epoch < 1) {
         snprintf(s->err, s->errlen, "%zu training items (--train-limit) cannot fill one step of %d workers "
@@ -338,9 +369,10 @@ static void state_sections(rank_state *s, section sec[5])
     sec[4] = (section){NULL, sizeof(train_counters)};
 }
 
-static sumo_result save_checkpoint(rank_state *s)
+/* The rank's whole state as one blob (checkpoints and elastic commits): each section's length,
+ * then its bytes. */
+static sumo_result pack_state(rank_state *s, unsigned char **out, size_t *bytes)
 {
-    const sumo__train_config *c = s->cfg;
     section sec[5];
     state_sections(s, sec);
     size_t total = 0;
@@ -368,6 +400,61 @@ static sumo_result save_checkpoint(rank_state *s)
         }
         p += len;
     }
+    if (r != SUMO_SUCCESS) {
+        free(blob);
+        return r;
+    }
+    *out = blob;
+    *bytes = total;
+    return SUMO_SUCCESS;
+}
+
+/* Loads what pack_state made into the rank's parts; SUMO_ERR_INVALID_ARGUMENT when a section
+ * does not fit them. The counters are left to the caller. */
+static sumo_result unpack_state(rank_state *s, const unsigned char *blob, size_t bytes,
+                                train_counters *tc)
+{
+    section sec[5];
+    state_sections(s, sec);
+    const unsigned char *p = blob, *end = p + bytes;
+    sumo_result r = SUMO_SUCCESS;
+    for (int i = 0; i < 5 && r == SUMO_SUCCESS; i++) {
+        uint64_t len;
+        if ((size_t)(end - p) < sizeof len) return SUMO_ERR_INVALID_ARGUMENT;
+        memcpy(&len, p, sizeof len);
+        p += sizeof len;
+        if (len != sec[i].bytes || (size_t)(end - p) < len) return SUMO_ERR_INVALID_ARGUMENT;
+        switch (i) {
+        case 0: memcpy(sec[0].ptr, p, len); break;
+        case 1: r = sumo_optimizer_state_load(s->opt, p, len); break;
+        case 2: if (s->agg) r = sumo_aggregator_state_load(s->agg, p, len); break;
+        case 3: r = sumo_distributed_state_load(s->dist, p, len); break;
+        default: memcpy(tc, p, sizeof *tc); break;
+        }
+        p += len;
+    }
+    return r == SUMO_SUCCESS && p != end ? SUMO_ERR_INVALID_ARGUMENT : r;
+}
+
+static void apply_counters(rank_state *s, const train_counters *tc)
+{
+    s->step = tc->step;
+    s->loss_sum = tc->loss_sum;
+    s->loss_count = tc->loss_count;
+    s->elapsed_before = tc->elapsed;
+    s->comm_before = tc->comm;
+    s->peak_step_bytes = tc->peak_step_bytes;
+    s->summary->best_accuracy = tc->best_accuracy;
+    s->summary->steps_to_target = tc->steps_to_target;
+    s->summary->epochs_to_target = tc->epochs_to_target;
+}
+
+static sumo_result save_checkpoint(rank_state *s)
+{
+    const sumo__train_config *c = s->cfg;
+    unsigned char *blob = NULL;
+    size_t total = 0;
+    sumo_result r = pack_state(s, &blob, &total);
     sumo__ckpt_id id = {.dir = c->checkpoint_dir, .step = s->step, .rank = s->rank, .size = s->size,
                         .config_hash = config_hash(s->config), .config_text = s->config};
     if (r == SUMO_SUCCESS) r = sumo__checkpoint_write_rank(&id, blob, total, s->err, s->errlen);
@@ -396,40 +483,17 @@ static sumo_result load_checkpoint(rank_state *s)
     size_t bytes = 0;
     r = sumo__checkpoint_read_rank(&id, &blob, &bytes, s->err, s->errlen);
     if (r != SUMO_SUCCESS) return r;
-    section sec[5];
-    state_sections(s, sec);
-    unsigned char *p = blob, *end = p + bytes;
     train_counters tc;
-    for (int i = 0; i < 5 && r == SUMO_SUCCESS; i++) {
-        uint64_t len;
-        if ((size_t)(end - p) < sizeof len) { r = SUMO_ERR_INVALID_ARGUMENT; break; }
-        memcpy(&len, p, sizeof len);
-        p += sizeof len;
-        if (len != sec[i].bytes || (size_t)(end - p) < len) { r = SUMO_ERR_INVALID_ARGUMENT; break; }
-        switch (i) {
-        case 0: memcpy(sec[0].ptr, p, len); break;
-        case 1: r = sumo_optimizer_state_load(s->opt, p, len); break;
-        case 2: if (s->agg) r = sumo_aggregator_state_load(s->agg, p, len); break;
-        case 3: r = sumo_distributed_state_load(s->dist, p, len); break;
-        default: memcpy(&tc, p, sizeof tc); break;
-        }
-        p += len;
-    }
+    r = unpack_state(s, blob, bytes, &tc);
     free(blob);
-    if (r != SUMO_SUCCESS || p != end) {
+    if (r != SUMO_SUCCESS) {
         snprintf(s->err, s->errlen, "%s: step %ld, rank %d: state does not fit this model/optimizer",
                  c->checkpoint_dir, id.step, s->rank);
         return SUMO_ERR_INVALID_ARGUMENT;
     }
-    s->step = tc.step;
-    s->loss_sum = tc.loss_sum;
-    s->loss_count = tc.loss_count;
-    s->elapsed_before = tc.elapsed;
-    s->comm_before = tc.comm;
-    s->peak_step_bytes = tc.peak_step_bytes;
-    s->summary->best_accuracy = tc.best_accuracy;
-    s->summary->steps_to_target = tc.steps_to_target;
-    s->summary->epochs_to_target = tc.epochs_to_target;
+    apply_counters(s, &tc);
+    s->epoch = (int)(s->step / s->steps_per_epoch);
+    s->pos = (size_t)(s->step % s->steps_per_epoch) * (size_t)s->size * (size_t)c->batch;
     return SUMO_SUCCESS;
 }
 
@@ -480,25 +544,188 @@ static sumo_result open_log(rank_state *s)
     return SUMO_SUCCESS;
 }
 
+/* ---- elastic runs -------------------------------------------------------------------------- */
+
+/* The state after the last two completed steps: a peer lost in the middle of a step leaves
+ * some survivors one step further than others, and the survivors go back to the newest step
+ * they all hold. */
+typedef struct commits {
+    unsigned char *blob[2];
+    size_t bytes[2];
+    long step[2];
+    int epoch[2];
+    size_t pos[2];
+    int latest;
+    int shrinks;  /* counted alike by every survivor: names each regrouping in the store */
+    int *origins; /* origins[r]: the rank that rank r was when the run started */
+    int norigins;
+} commits;
+
+static sumo_result commit(rank_state *s, commits *ec)
+{
+    int slot = 1 - ec->latest;
+    free(ec->blob[slot]);
+    ec->blob[slot] = NULL;
+    sumo_result r = pack_state(s, &ec->blob[slot], &ec->bytes[slot]);
+    if (r != SUMO_SUCCESS) return fail(s, r, "keeping the step's state");
+    ec->step[slot] = s->step;
+    ec->epoch[slot] = s->epoch;
+    ec->pos[slot] = s->pos;
+    ec->latest = slot;
+    return SUMO_SUCCESS;
+}
+
+static void commits_free(commits *ec)
+{
+    free(ec->blob[0]);
+    free(ec->blob[1]);
+    free(ec->origins);
+}
+
+/* A failure the survivors can get past: a peer that is gone or never came. */
+static bool recoverable(const rank_state *s, sumo_result r)
+{
+    return s->cfg->elastic && (r == SUMO_ERR_PEER_FAILURE || r == SUMO_ERR_TIMEOUT);
+}
+
+/* The log's rows after the step the survivors went back to will be written again. */
+static sumo_result reopen_log(rank_state *s)
+{
+    if (s->log) fclose(s->log);
+    s->log = NULL;
+    truncate_log(s->cfg->log_path, s->step);
+    s->log = fopen(s->cfg->log_path, "a");
+    if (s->log == NULL) {
+        snprintf(s->err, s->errlen, "%s: cannot open the log: %s", s->cfg->log_path, strerror(errno));
+        return SUMO_ERR_SYSTEM;
+    }
+    return SUMO_SUCCESS;
+}
+
+/* After a lost peer: the survivors shrink the communicator, make the exchange again on it and
+ * go back to the newest state they all hold. */
+static sumo_result recover(rank_state *s, commits *ec, sumo_comm **comm, sumo_result cause)
+{
+    char prefix[64], why[256] = "";
+    snprintf(prefix, sizeof prefix, "sumo-train/regroup-%d/", ec->shrinks++);
+    sumo_shrink_options o;
+    sumo_shrink_options_default(&o);
+    o.value = (uint64_t)ec->step[ec->latest];
+    o.store = s->cfg->store;
+    o.key_prefix = prefix;
+    o.error = why;
+    o.error_bytes = sizeof why;
+    int old_size = s->size;
+    int *old = malloc((size_t)old_size * sizeof *old);
+    if (old == NULL) return SUMO_ERR_SYSTEM;
+    sumo_shrink_info info = {.struct_size = sizeof info, .old_ranks = old};
+    sumo_comm *fresh = NULL;
+    sumo_result r = sumo_comm_shrink(*comm, &o, &fresh, &info);
+    if (r != SUMO_SUCCESS) {
+        snprintf(s->err, s->errlen, "rank %d: a peer was lost (%s) and the survivors could not regroup: %s",
+                 s->rank, sumo_result_name(cause), why[0] ? why : sumo_strerror(r));
+        free(old);
+        return r;
+    }
+    /* The exchange holds the old handle: it goes first. */
+    sumo_distributed_destroy(s->dist);
+    sumo_aggregator_destroy(s->agg);
+    s->dist = NULL;
+    s->agg = NULL;
+    sumo_comm_destroy(*comm);
+    *comm = s->comm = fresh;
+    s->rank = info.rank;
+    s->size = info.size;
+    char lost[128] = "";
+    size_t used = 0;
+    for (int k = 0, n = 0; k < old_size; k++) {
+        if (n < info.size && old[n] == k) {
+            ec->origins[n++] = ec->origins[k];
+            continue;
+        }
+        int w = snprintf(lost + used, sizeof lost - used, "%s%d", used ? ", " : "", ec->origins[k]);
+        if (w > 0 && (size_t)w < sizeof lost - used) used += (size_t)w;
+    }
+    ec->norigins = info.size;
+    free(old);
+    long back = (long)info.value;
+    int slot = ec->step[ec->latest] == back ? ec->latest : ec->step[1 - ec->latest] == back ? 1 - ec->latest : -1;
+    if (slot < 0) {
+        snprintf(s->err, s->errlen, "rank %d: the survivors went back to step %ld, which this rank does not hold "
+                 "(it holds %ld and %ld)", s->rank, back, ec->step[ec->latest], ec->step[1 - ec->latest]);
+        return SUMO_ERR_INTERNAL;
+    }
+    r = build_exchange(s);
+    if (r != SUMO_SUCCESS) return r;
+    train_counters tc;
+    r = unpack_state(s, ec->blob[slot], ec->bytes[slot], &tc);
+    if (r != SUMO_SUCCESS) {
+        snprintf(s->err, s->errlen, "rank %d: the state of step %ld does not fit the exchange of %d ranks "
+                 "(this method keeps state whose size depends on the number of ranks)", s->rank, back, s->size);
+        return r;
+    }
+    apply_counters(s, &tc);
+    s->epoch = ec->epoch[slot];
+    s->pos = ec->pos[slot];
+    ec->latest = slot;
+    if (s->rank == 0) {
+        fprintf(stderr, "sumo train: lost worker(s) %s (%s); going on with %d from step %ld\n", lost,
+                sumo_result_name(cause), s->size, s->step);
+        if (s->cfg->log_path) return reopen_log(s);
+    }
+    return SUMO_SUCCESS;
+}
+
+/* The staged loss of this rank at this step, if any: leaves or dies. Returns whether it did. */
+static bool staged_loss(rank_state *s, sumo_comm **comm)
+{
+    const sumo__train_config *c = s->cfg;
+    for (int i = 0; i < c->nevents; i++) {
+        if (c->events[i].rank != s->origin || c->events[i].step != s->step) continue;
+        const char *transport = "";
+        sumo_comm_transport(*comm, &transport);
+        if (c->events[i].die) {
+            /* A process dies outright; a thread cannot without taking the others along, so it
+             * aborts the group without a word (its peers fail as they would on a death). */
+            if (strcmp(transport, "threads") != 0) raise(SIGKILL);
+            sumo_comm_abort(*comm, "sumo train: a staged death (--kill)");
+        }
+        sumo_comm_destroy(*comm);
+        *comm = s->comm = NULL;
+        s->summary->lost = true;
+        return true;
+    }
+    return false;
+}
+
 /* ---- the loop ----------------------------------------------------------------------------- */
 
-static void gather_batch(rank_state *s, long step)
+static void gather_batch(rank_state *s)
 {
-    int epoch = (int)(step / s->steps_per_epoch);
-    long in_epoch = step % s->steps_per_epoch;
-    if (epoch != s->perm_epoch) {
-        size_t usable = s->cfg->train_limit && s->cfg->train_limit < s->train->n ? s->cfg->train_limit : s->train->n;
-        epoch_permutation(s->perm, usable, s->cfg->seed, epoch);
-        s->perm_epoch = epoch;
+    if (s->epoch != s->perm_epoch) {
+        epoch_permutation(s->perm, s->usable, s->cfg->seed, s->epoch);
+        s->perm_epoch = s->epoch;
     }
     size_t b = (size_t)s->cfg->batch;
-    size_t first = ((size_t)in_epoch * (size_t)s->size + (size_t)s->rank) * b;
+    size_t first = s->pos + (size_t)s->rank * b;
     for (size_t i = 0; i < b; i++) {
         uint32_t item = s->perm[first + i];
         memcpy(s->xbatch + i * s->pixels, s->train->images + (size_t)item * s->pixels,
                s->pixels * sizeof(float));
         s->ybatch[i] = s->train->labels[item];
     }
+}
+
+/* Moves past the step's data; true when that ended the epoch (too few items left for another
+ * step of this many ranks). */
+static bool advance_data(rank_state *s)
+{
+    size_t step_items = (size_t)s->size * (size_t)s->cfg->batch;
+    s->pos += step_items;
+    if (s->pos + step_items <= s->usable) return false;
+    s->epoch++;
+    s->pos = 0;
+    return true;
 }
 
 static uint64_t checksum(const float *p, size_t n)
@@ -525,17 +752,19 @@ static sumo_result verify_ranks(rank_state *s, const float *params)
     return r;
 }
 
-sumo_result sumo__train_rank(sumo_comm *comm, const sumo__train_config *cfg,
+sumo_result sumo__train_rank(sumo_comm **commp, const sumo__train_config *cfg,
                              const sumo__dataset *train, const sumo__dataset *test,
                              sumo__train_summary *summary, char *err, size_t errlen)
 {
-    if (comm == NULL || cfg == NULL || train == NULL || test == NULL || summary == NULL)
+    if (commp == NULL || *commp == NULL || cfg == NULL || train == NULL || test == NULL || summary == NULL)
         return SUMO_ERR_INVALID_ARGUMENT;
+    sumo_comm *comm = *commp;
     if (err && errlen) err[0] = '\0';
     rank_state s = {.comm = comm, .cfg = cfg, .train = train, .test = test, .summary = summary,
                     .err = err, .errlen = errlen};
     sumo_comm_rank(comm, &s.rank);
     sumo_comm_size(comm, &s.size);
+    s.origin = s.rank;
     sumo__train_summary local = {.steps_to_target = -1};
     *summary = local;
     if (cfg->workers != s.size) {
@@ -568,8 +797,18 @@ sumo_result sumo__train_rank(sumo_comm *comm, const sumo__train_config *cfg,
     float *params = sumo__model_params(s.model);
     float *grads = sumo__model_grads(s.model);
     double compute = 0, aggregate = 0;
-    while (s.step < s.total_steps && r == SUMO_SUCCESS) {
-        gather_batch(&s, s.step);
+    commits ec = {.latest = 1, .step = {-1, -1}};
+    if (cfg->elastic) {
+        ec.origins = malloc((size_t)s.size * sizeof *ec.origins);
+        if (ec.origins == NULL) r = SUMO_ERR_SYSTEM;
+        for (int k = 0; ec.origins && k < s.size; k++) ec.origins[k] = k;
+        ec.norigins = s.size;
+        if (r == SUMO_SUCCESS) r = commit(&s, &ec);
+    }
+    /* An elastic run's step count follows its size: it ends with the epochs. */
+    while (r == SUMO_SUCCESS && (cfg->elastic ? s.epoch < cfg->epochs : s.step < s.total_steps)) {
+        if (cfg->nevents && staged_loss(&s, commp)) break;
+        gather_batch(&s);
         double loss = 0, t1 = now_s();
         sumo__model_forward_backward(s.model, s.xbatch, s.ybatch, (size_t)cfg->batch, &loss);
         double lr = 0, t2 = now_s();
@@ -586,22 +825,27 @@ sumo_result sumo__train_rank(sumo_comm *comm, const sumo__train_config *cfg,
         s.loss_sum += loss;
         s.loss_count++;
         s.step++;
+        bool epoch_end = advance_data(&s);
         if (r == SUMO_ERR_NONFINITE) {
             summary->diverged = true; /* every rank sees the same status */
             r = SUMO_SUCCESS;
             break;
         }
+        if (r == SUMO_SUCCESS && cfg->verify_ranks) r = verify_ranks(&s, params);
+        bool last = cfg->elastic ? s.epoch >= cfg->epochs : s.step == s.total_steps;
+        bool eval = cfg->eval_every > 0 ? s.step % cfg->eval_every == 0 || last : epoch_end;
+        double test_loss = NAN, train_loss = NAN;
+        if (r == SUMO_SUCCESS && eval) r = evaluate(&s, &test_loss, &acc, &train_loss);
         if (r != SUMO_SUCCESS) {
+            if (recoverable(&s, r)) {
+                r = recover(&s, &ec, commp, r);
+                comm = *commp;
+                continue;
+            }
             fail(&s, r, "step");
             break;
         }
-        if (cfg->verify_ranks && (r = verify_ranks(&s, params)) != SUMO_SUCCESS) break;
-        bool epoch_end = s.step % s.steps_per_epoch == 0;
-        bool eval = cfg->eval_every > 0 ? s.step % cfg->eval_every == 0 || s.step == s.total_steps : epoch_end;
         if (eval) {
-            double test_loss = NAN, train_loss = NAN;
-            r = evaluate(&s, &test_loss, &acc, &train_loss);
-            if (r != SUMO_SUCCESS) break;
             log_row(&s, train_loss, test_loss, acc);
             if (!isfinite(train_loss) || !isfinite(test_loss)) {
                 summary->diverged = true;
@@ -614,10 +858,16 @@ sumo_result sumo__train_rank(sumo_comm *comm, const sumo__train_config *cfg,
                                     s.step == s.total_steps || stop))
             r = save_checkpoint(&s);
         if (stop) break;
+        if (cfg->elastic && r == SUMO_SUCCESS) r = commit(&s, &ec);
+    }
+    commits_free(&ec);
+    if (summary->lost) {
+        teardown(&s);
+        return SUMO_SUCCESS;
     }
     /* Every rank runs the same number of steps (the configuration hash says so), except
      * where --stop-after, which may differ between ranks, or a divergence ended the loop. */
-    s.ended_together = r == SUMO_SUCCESS && s.step == s.total_steps;
+    s.ended_together = r == SUMO_SUCCESS && (cfg->elastic ? s.epoch >= cfg->epochs : s.step == s.total_steps);
     if (s.rank == 0 && cfg->progress && cfg->progress_inline) fputc('\n', stderr);
     if (s.log) {
         /* Buffered rows reach the disk here: a full disk is found now or never. */
@@ -630,6 +880,7 @@ sumo_result sumo__train_rank(sumo_comm *comm, const sumo__train_config *cfg,
         }
     }
     summary->steps = s.step;
+    summary->workers = s.size;
     summary->wall_seconds = s.elapsed_before + now_s() - s.t0;
     summary->compute_seconds = compute;
     summary->aggregation_seconds = aggregate;
@@ -656,7 +907,52 @@ static sumo_result train_thread(sumo_comm *comm, int rank, void *arg)
 {
     thread_job *j = (thread_job *)arg + rank;
     j->ran = true;
-    return sumo__train_rank(comm, j->cfg, j->train, j->test, &j->summary, j->err, sizeof j->err);
+    return sumo__train_rank(&comm, j->cfg, j->train, j->test, &j->summary, j->err, sizeof j->err);
+}
+
+/* An elastic run's threads own their handles: a shrink replaces them, so sumo_threads_run
+ * (which destroys the handle it gave) cannot hold them. */
+typedef struct elastic_thread {
+    thread_job *job;
+    sumo_comm *comm;
+    sumo_result result;
+} elastic_thread;
+
+static void *elastic_main(void *p)
+{
+    elastic_thread *t = p;
+    t->job->ran = true;
+    t->result = sumo__train_rank(&t->comm, t->job->cfg, t->job->train, t->job->test, &t->job->summary,
+                                 t->job->err, sizeof t->job->err);
+    if (t->comm) sumo_comm_destroy(t->comm);
+    return NULL;
+}
+
+static sumo_result run_elastic_threads(int n, thread_job *jobs, sumo_result *results)
+{
+    sumo_comm **comms = calloc((size_t)n, sizeof *comms);
+    elastic_thread *ts = calloc((size_t)n, sizeof *ts);
+    pthread_t *ids = calloc((size_t)n, sizeof *ids);
+    sumo_result r = comms && ts && ids ? sumo_comm_create_threads(n, comms) : SUMO_ERR_SYSTEM;
+    int started = 0;
+    for (int i = 0; r == SUMO_SUCCESS && i < n; i++) {
+        ts[i] = (elastic_thread){.job = &jobs[i], .comm = comms[i]};
+        if (pthread_create(&ids[i], NULL, elastic_main, &ts[i]) != 0) {
+            /* The ranks not started leave at once; those running lose them as peers. */
+            for (int k = i; k < n; k++) sumo_comm_destroy(comms[k]);
+            r = SUMO_ERR_SYSTEM;
+            break;
+        }
+        started++;
+    }
+    for (int i = 0; i < started; i++) {
+        pthread_join(ids[i], NULL);
+        results[i] = ts[i].result;
+    }
+    free(comms);
+    free(ts);
+    free(ids);
+    return r;
 }
 
 sumo_result sumo__train_threads(const sumo__train_config *cfg, const sumo__dataset *train,
@@ -679,7 +975,8 @@ sumo_result sumo__train_threads(const sumo__train_config *cfg, const sumo__datas
     for (int i = 0; i < n; i++) jobs[i] = (thread_job){.cfg = cfg, .train = train, .test = test};
     /* The runner makes the ranks that did start fail at once when one could not, instead of
      * waiting for it until the deadline. */
-    sumo_result r = sumo_threads_run(n, train_thread, jobs, results);
+    sumo_result r = cfg->elastic ? run_elastic_threads(n, jobs, results)
+                                 : sumo_threads_run(n, train_thread, jobs, results);
     int missing = 0, first_missing = -1;
     for (int i = 0; i < n; i++)
         if (!jobs[i].ran) {
@@ -693,8 +990,11 @@ sumo_result sumo__train_threads(const sumo__train_config *cfg, const sumo__datas
                  "lower --workers or raise the memory or thread limit", missing, n, first_missing);
         r = SUMO_ERR_SYSTEM;
     } else {
-        r = results[0];
-        *summary = jobs[0].summary;
+        /* The report comes from the first worker still there at the end. */
+        int first = 0;
+        while (first < n - 1 && jobs[first].summary.lost) first++;
+        r = results[first];
+        *summary = jobs[first].summary;
         /* Report the rank that failed first-hand, not the peers that failed because of it. */
         for (int pass = 0; pass < 2 && err[0] == '\0'; pass++)
             for (int i = 0; i < n && err[0] == '\0'; i++)
@@ -704,13 +1004,14 @@ sumo_result sumo__train_threads(const sumo__train_config *cfg, const sumo__datas
                 }
         for (int i = 0; i < n; i++) {
             /* Every rank must end with the same parameters (SlowMo only after its last sync). */
-            if (jobs[i].summary.param_checksum != jobs[0].summary.param_checksum && r == SUMO_SUCCESS &&
+            if (jobs[i].summary.lost) continue;
+            if (jobs[i].summary.param_checksum != jobs[first].summary.param_checksum && r == SUMO_SUCCESS &&
                 !sumo__method_is_outer(cfg->method)) {
-                snprintf(err, errlen, "rank %d ended with parameters different from rank 0", i);
+                snprintf(err, errlen, "rank %d ended with parameters different from rank %d", i, first);
                 r = SUMO_ERR_INTERNAL;
             }
         }
-        if (err[0] == '\0' && jobs[0].err[0]) snprintf(err, errlen, "%s", jobs[0].err);
+        if (err[0] == '\0' && jobs[first].err[0]) snprintf(err, errlen, "%s", jobs[first].err);
     }
     free(jobs);
     free(results);

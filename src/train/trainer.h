@@ -39,13 +39,17 @@ typedef struct sumo__train_summary {
     size_t extra_memory_bytes;
     size_t nparams;
     uint64_t param_checksum;     /* FNV-1a of the final parameters' bits */
+    int workers;                 /* ranks at the end (an elastic run's may be fewer) */
+    bool lost;                   /* this rank left or died before the end (--leave, --kill) */
 } sumo__train_summary;
 
 /*
- * Trains on this rank of comm. Every rank must call it with the same configuration and the
- * same data. Rank 0 writes the log and the summary; err gets a sentence on failure.
+ * Trains on this rank of *comm. Every rank must call it with the same configuration and the
+ * same data. Rank 0 writes the log and the summary; err gets a sentence on failure. In an
+ * elastic run *comm is replaced by the shrunk communicator after a loss, and set to NULL when
+ * this rank is the one lost (summary->lost); the caller destroys what is left in *comm.
  */
-sumo_result sumo__train_rank(sumo_comm *comm, const sumo__train_config *cfg,
+sumo_result sumo__train_rank(sumo_comm **comm, const sumo__train_config *cfg,
                              const sumo__dataset *train, const sumo__dataset *test,
                              sumo__train_summary *summary, char *err, size_t errlen);
 

@@ -91,9 +91,10 @@ int launch_detect(const char *transport, launch *l, char *err, size_t errlen)
     return 0;
 }
 
-int launch_join_srun(const launch *l, sumo_comm **comm, char *err, size_t errlen)
+int launch_join_srun(const launch *l, sumo_comm **comm, sumo_store **keep, char *err, size_t errlen)
 {
     *comm = NULL;
+    if (keep) *keep = NULL;
     sumo_store *store = NULL;
     sumo_result r = sumo_store_create_dir(l->store_dir, &store);
     if (r != SUMO_SUCCESS) {
@@ -113,7 +114,8 @@ int launch_join_srun(const launch *l, sumo_comm **comm, char *err, size_t errlen
     r = sumo_comm_create_shm(&o, comm);
     /* Once every task has mapped the memory nobody reads the store again. */
     if (r == SUMO_SUCCESS) r = sumo_barrier(*comm);
-    sumo_store_destroy_dir(store, l->rank == 0);
+    if (r == SUMO_SUCCESS && keep) *keep = store;
+    else sumo_store_destroy_dir(store, l->rank == 0);
     if (r != SUMO_SUCCESS) {
         snprintf(err, errlen, "task %d of %d cannot join the others over shared memory: %s", l->rank, l->size,
                  why[0] ? why : sumo_strerror(r));

@@ -26,7 +26,9 @@ typedef struct launch {
 int launch_detect(const char *transport, launch *l, char *err, size_t errlen);
 
 /* LAUNCH_SRUN: the shared-memory communicator of the step's tasks. The store's directory is
- * removed once every task has joined. Returns 0, or 1 with the reason in err. */
-int launch_join_srun(const launch *l, sumo_comm **comm, char *err, size_t errlen);
+ * removed once every task has joined, unless keep (an elastic run's survivors meet there
+ * again): *keep is then the store, for the caller to destroy. Returns 0, or 1 with the reason
+ * in err. */
+int launch_join_srun(const launch *l, sumo_comm **comm, sumo_store **keep, char *err, size_t errlen);
 
 #endif

@@ -75,6 +75,10 @@ static void usage(FILE *out)
         "  --stop-after K         stop after step K (with D: after saving a checkpoint there)\n"
         "  --no-progress          no progress on stderr (a line per epoch when not a terminal)\n"
         "  --verify-ranks         check all ranks agree after every step\n"
+        "  --elastic              survive lost workers (threads, or tasks of srun on one node):\n"
+        "                         the survivors regroup and redo the step in flight\n"
+        "  --leave R@S, --kill R@S   (with --elastic) worker R leaves cleanly, or dies (a task:\n"
+        "                         SIGKILL on itself), at step S; may be repeated\n"
         "The results table ends with a line per column saying what it shows; \"to target\"\n"
         "counts epochs until the test accuracy first reached --target.\n");
 }
@@ -340,6 +344,22 @@ static int parse(int argc, char **argv, options *o)
         else if (FLAG("--stop-after")) I64(c->stop_after, 1, LONG_MAX);
         else if (FLAG("--no-progress")) c->progress = false;
         else if (FLAG("--verify-ranks")) c->verify_ranks = true;
+        else if (FLAG("--elastic")) c->elastic = true;
+        else if (FLAG("--leave") || FLAG("--kill")) {
+            NEED();
+            int rk, used = 0;
+            long st;
+            if (sscanf(v, "%d@%ld%n", &rk, &st, &used) != 2 || v[used] != '\0' || rk < 0 || st < 0)
+                return bad(a, v);
+            if (c->nevents == SUMO__MAX_TRAIN_EVENTS) {
+                fprintf(stderr, "sumo train: at most %d --leave/--kill\n", SUMO__MAX_TRAIN_EVENTS);
+                return 2;
+            }
+            c->events[c->nevents].rank = rk;
+            c->events[c->nevents].step = st;
+            c->events[c->nevents].die = FLAG("--kill");
+            c->nevents++;
+        }
         else {
             fprintf(stderr, "sumo train: unknown option '%s' (see sumo train --help)\n", a);
             return 2;
@@ -359,6 +379,15 @@ static int parse(int argc, char **argv, options *o)
         }
     } else if (c->checkpoint_dir[0] == '\0') {
         return bad("--checkpoint-dir", c->checkpoint_dir);
+    }
+    if (c->nevents && !c->elastic) {
+        fprintf(stderr, "sumo train: --leave and --kill stage losses for an --elastic run\n");
+        return 2;
+    }
+    if (c->elastic && c->checkpoint_dir) {
+        /* Checkpoints are per rank and name the size; an elastic run's size changes. */
+        fprintf(stderr, "sumo train: --elastic keeps its state in memory and does not take --checkpoint-dir yet\n");
+        return 2;
     }
     if (c->resume && o->overwrite) {
         fprintf(stderr, "sumo train: --resume continues the checkpoint that --overwrite would discard: give one\n");
@@ -662,6 +691,15 @@ int sumo_cmd_train(int argc, char **argv)
         return rc;
     }
     sumo_comm *comm = NULL; /* NULL: worker threads */
+    sumo_store *store = NULL; /* an elastic srun step's: survivors regroup through it */
+    if (o.cfg.elastic && (how.kind == LAUNCH_MPI || o.nmethods > 1)) {
+        fprintf(stderr, "sumo train: --elastic %s\n",
+                how.kind == LAUNCH_MPI ? "needs a communicator that can shrink: worker threads or the tasks of "
+                                         "a plain srun step (Open MPI 4.1 has no ULFM, and mpirun ends the "
+                                         "job when a rank dies)"
+                                       : "trains one method at a time");
+        return 2;
+    }
     if (how.kind == LAUNCH_MPI) {
 #ifdef SUMO_HAVE_MPI
         MPI_Init(&argc, &argv);
@@ -678,7 +716,7 @@ int sumo_cmd_train(int argc, char **argv)
     } else if (how.kind == LAUNCH_SRUN) {
         rank = how.rank;
         size = how.size;
-        if (launch_join_srun(&how, &comm, err, sizeof err) != 0) {
+        if (launch_join_srun(&how, &comm, o.cfg.elastic ? &store : NULL, err, sizeof err) != 0) {
             fprintf(stderr, "sumo train: %s\n", err);
             return 1;
         }
@@ -751,9 +789,16 @@ int sumo_cmd_train(int argc, char **argv)
     if (rc) goto out;
     for (int k = 0; k < o.nmethods; k++) {
         sumo__train_config *c = &configs[k];
+        c->store = store;
         err[0] = '\0';
-        r = comm ? sumo__train_rank(comm, c, &train, &test, &summaries[k], err, sizeof err)
+        r = comm ? sumo__train_rank(&comm, c, &train, &test, &summaries[k], err, sizeof err)
                      : sumo__train_threads(c, &train, &test, &summaries[k], err, sizeof err);
+        if (r == SUMO_SUCCESS && summaries[k].lost) {
+            /* This task left or died on purpose (--leave, --kill): the others go on. */
+            fprintf(stderr, "sumo train: worker %d left at step %ld\n", rank, summaries[k].steps);
+            goto out;
+        }
+        if (comm) sumo_comm_rank(comm, &rank);
         if (r != SUMO_SUCCESS) {
             fprintf(stderr, "sumo train: %s: %s (%s)\n", o.labels[k],
                     err[0] ? err : sumo_strerror(r), sumo_result_name(r));
@@ -776,6 +821,10 @@ int sumo_cmd_train(int argc, char **argv)
                        (unsigned long long)s->peak_bytes_in_flight);
             printf("\n");
         }
+        for (int k = 0; k < o.nmethods; k++)
+            if (configs[k].elastic)
+                printf("%s: elastic, ended with %d of %d workers\n", o.labels[k], summaries[k].workers,
+                       configs[k].workers);
         /* The hashes hold for machines that agree on these (machine.h says why). */
         printf("bits depend on the code, the flags and: OpenBLAS core %s, sumo kernels %s\n",
                sumo_tool_blas_core(), sumo_tool_kernel_isa());
@@ -809,6 +858,12 @@ out:
         comm = NULL;
     }
 #endif
+    /* The store's files go once every survivor is past its last regrouping: after a
+     * barrier on the final communicator (a failed one leaves them for the folder's owner). */
+    if (store) {
+        bool all_done = comm && rc == 0 && sumo_barrier(comm) == SUMO_SUCCESS;
+        sumo_store_destroy_dir(store, all_done && rank == 0);
+    }
     /* Over shared memory leaving needs nobody: the peers of a rank that failed see it gone. */
     if (comm) sumo_comm_destroy(comm);
     (void)size;

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# `sumo train --elastic`: a lost worker costs the step in flight, not the run. Checked against
+# runs that take no failure path: an elastic run with no loss has the plain run's bits; one
+# whose worker leaves before step 0 has the bits of a plain run without it; a staged death
+# (threads: an abort; srun tasks: SIGKILL) has the bits of a clean leave at the same step, and
+# so does kill -9 from outside at a random moment, whatever step it caught (the survivors say
+# which step they went back to). Nothing is left in /dev/shm or in the meeting folder.
+set -uo pipefail
+sumo=${1:?usage: test_elastic.sh path/to/sumo}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0 failed=0
+ok()   { echo "ok   - $*"; passed=$((passed + 1)); }
+fail() { echo "FAIL - $*"; failed=$((failed + 1)); }
+checksum() { sed -n 's/.*fnv1a \([0-9a-f]*\).*/\1/p' "$1" | head -1; }
+export SUMO_TIMEOUT=10 TMPDIR=$tmp
+
+common=(--train-limit 6000 --test-limit 500 --batch 16 --epochs 2 --eval-every 10 --no-progress)
+run() { local out=$1; shift; "$sumo" train "${common[@]}" "$@" > "$tmp/$out" 2>&1; }
+
+for m in avg adasum; do
+  run plain4 --reduce $m --workers 4
+  run el4 --reduce $m --workers 4 --elastic
+  [ -n "$(checksum "$tmp/plain4")" ] && [ "$(checksum "$tmp/el4")" = "$(checksum "$tmp/plain4")" ] \
+    && ok "$m: elastic with no loss = the plain run" || fail "$m: elastic with no loss differs"
+  run plain3 --reduce $m --workers 3
+  run leave0 --reduce $m --workers 4 --elastic --leave 2@0
+  [ "$(checksum "$tmp/leave0")" = "$(checksum "$tmp/plain3")" ] && grep -q "ended with 3 of 4" "$tmp/leave0" \
+    && ok "$m: a worker that leaves before step 0 = a plain run of 3" || fail "$m: leave@0 differs from 3 workers"
+  run leave --reduce $m --workers 4 --elastic --leave 1@40 --leave 3@77
+  run kill --reduce $m --workers 4 --elastic --kill 1@40 --kill 3@77
+  [ -n "$(checksum "$tmp/leave")" ] && [ "$(checksum "$tmp/kill")" = "$(checksum "$tmp/leave")" ] \
+    && grep -q "ended with 2 of 4" "$tmp/kill" \
+    && ok "$m: threads, two workers die at steps 40 and 77 = they leave there" || { fail "$m: threads kill differs"; cat "$tmp/kill"; }
+done
+
+# The tasks of a plain srun step, started by hand: shared memory, a store in a folder. Each runs
+# in the background, where exec makes the job's pid the task's own (kill -9 reaches it).
+task() { exec env SLURM_JOB_ID=$$ SLURM_STEP_ID=$1 SLURM_NTASKS=4 SLURM_STEP_NUM_NODES=1 SLURM_SRUN_COMM_PORT=9 \
+           SLURM_PROCID=$2 "$sumo" train "${common[@]}" --reduce adasum --elastic "${@:3}"; }
+for r in 0 1 2 3; do task 1 $r --kill 2@33 > "$tmp/self$r" 2>&1 & done
+wait
+run ref --reduce adasum --workers 4 --elastic --leave 2@33
+[ -n "$(checksum "$tmp/ref")" ] && [ "$(checksum "$tmp/self0")" = "$(checksum "$tmp/ref")" ] && [ -z "$(checksum "$tmp/self2")" ] \
+  && ok "srun tasks: one SIGKILLs itself at step 33 = threads where it leaves there" \
+  || { fail "srun tasks, self-kill"; head -3 "$tmp"/self*; }
+
+# kill -9 from outside, after training started, at a random moment and on a random task.
+for trial in 1 2 3; do
+  rm -f "$tmp/log.csv"
+  pids=()
+  for r in 0 1 2 3; do task $((trial + 1)) $r --log "$tmp/log.csv" > "$tmp/ext$r" 2>&1 & pids[$r]=$!; done
+  victim=$((RANDOM % 4))
+  for _ in $(seq 500); do [ "$(cat "$tmp/log.csv" 2>/dev/null | wc -l)" -ge 2 ] && break; sleep 0.02; done
+  sleep "0.0$((RANDOM % 10))"
+  kill -9 "${pids[$victim]}" 2>/dev/null
+  wait 2>/dev/null
+  back=$(sed -n 's/.*going on with 3 from step \([0-9]*\).*/\1/p' "$tmp"/ext* | head -1)
+  if [ -z "$back" ]; then
+    # The run ended before the kill landed: every task finished, all with the same bits.
+    [ "$(grep -l "ended with 4 of 4" "$tmp"/ext* | wc -l)" -ge 1 ] && ok "trial $trial: finished before the kill" \
+      || { fail "trial $trial: no recovery and no end"; head -3 "$tmp"/ext*; }
+    continue
+  fi
+  survivor=$(grep -l "fnv1a" "$tmp"/ext* | head -1)
+  run ref --reduce adasum --workers 4 --elastic --leave "$victim@$back"
+  [ -n "$survivor" ] && [ "$(checksum "$survivor")" = "$(checksum "$tmp/ref")" ] \
+    && ok "trial $trial: kill -9 of task $victim, survivors went back to step $back = it leaves there" \
+    || { fail "trial $trial: task $victim killed, back to $back: bits differ"; head -3 "$tmp"/ext*; }
+done
+left=$(ls /dev/shm | grep -c "^sumo\.") ; stores=$(ls "$tmp" | grep -c "^sumo-")
+[ "$left" = 0 ] && [ "$stores" = 0 ] && ok "nothing left in /dev/shm or the meeting folder" \
+  || fail "left behind: $left in /dev/shm, $stores meeting folders"
+
+echo "elastic cli: $passed passed, $failed failed"
+[ $failed -eq 0 ]
