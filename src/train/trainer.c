@@ -606,6 +606,7 @@ static sumo_result reopen_log(rank_state *s)
  * go back to the newest state they all hold. */
 static sumo_result recover(rank_state *s, commits *ec, sumo_comm **comm, sumo_result cause)
 {
+    double t0 = now_s();
     char prefix[64], why[256] = "";
     snprintf(prefix, sizeof prefix, "sumo-train/regroup-%d/", ec->shrinks++);
     sumo_shrink_options o;
@@ -669,8 +670,8 @@ static sumo_result recover(rank_state *s, commits *ec, sumo_comm **comm, sumo_re
     s->pos = ec->pos[slot];
     ec->latest = slot;
     if (s->rank == 0) {
-        fprintf(stderr, "sumo train: lost worker(s) %s (%s); going on with %d from step %ld\n", lost,
-                sumo_result_name(cause), s->size, s->step);
+        fprintf(stderr, "sumo train: lost worker(s) %s (%s); going on with %d from step %ld (regrouped in %.1f ms)\n",
+                lost, sumo_result_name(cause), s->size, s->step, 1e3 * (now_s() - t0));
         if (s->cfg->log_path) return reopen_log(s);
     }
     return SUMO_SUCCESS;
