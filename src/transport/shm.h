@@ -137,14 +137,11 @@ SUMO__PLUGIN_API sumo_result sumo__shm_announce(sumo__transport *tp, sumo__shm *
  * (it came after the deadline), SUMO_ERR_TIMEOUT when no verdict came in time. The abort flag
  * and departures of the old group do not stop it: they are why it runs.
  */
-SUMO__PLUGIN_API sumo_result sumo__shm_shrink_agree(sumo__transport *tp, sumo__shm *shm,
-                                                    uint32_t round, uint64_t value,
-                                                    int64_t deadline_ns,
-                                                    sumo_result (*decide)(void *ctx,
-                                                                          const sumo__shrink_verdict *v,
-                                                                          void **handoff),
-                                                    void *ctx, sumo__shrink_verdict *out,
-                                                    void **handoff);
+sumo_result sumo__shm_shrink_agree(sumo__transport *tp, sumo__shm *shm, uint32_t round,
+                                   uint64_t value, int64_t deadline_ns,
+                                   sumo_result (*decide)(void *ctx, const sumo__shrink_verdict *v,
+                                                         void **handoff),
+                                   void *ctx, sumo__shrink_verdict *out, void **handoff);
 
 /* Raises the abort flag on behalf of rank and wakes everyone. */
 SUMO__PLUGIN_API void sumo__shm_abort(sumo__shm *shm, int rank);
