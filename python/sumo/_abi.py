@@ -249,6 +249,31 @@ class sumo_shm_options(ctypes.Structure):
                 ("error_bytes", ctypes.c_size_t)]
 
 
+# -- sumo_elastic.h ------------------------------------------------------------------------------
+class sumo_shrink_options(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t),
+                ("value", ctypes.c_uint64),
+                ("store", ctypes.POINTER(sumo_store)),
+                ("key_prefix", ctypes.c_char_p),
+                ("error", ctypes.c_char_p),
+                ("error_bytes", ctypes.c_size_t)]
+
+
+class sumo_shrink_info(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t),
+                ("rank", ctypes.c_int),
+                ("size", ctypes.c_int),
+                ("value", ctypes.c_uint64),
+                ("old_ranks", ctypes.POINTER(ctypes.c_int))]
+
+
+# Structs whose size the library does not report (sumo_struct_size does not list them yet):
+# check() passes them over rather than refuse a library that only lacks the entry, and
+# tests/python/test_abi.py compares their sizes and field offsets with the headers by
+# compiling them. A library that reports one is checked as any other.
+NOT_REPORTED = ("sumo_shrink_options", "sumo_shrink_info")
+
+
 # -- the check -----------------------------------------------------------------------------------
 
 def _mirrored():
@@ -283,7 +308,8 @@ def check(lib):
     for s in structs:
         name = s.__name__.encode()
         if lib.sumo_struct_size(name, ctypes.byref(n)) != SUMO_SUCCESS:
-            differ.append("%s is not a struct it knows" % s.__name__)
+            if s.__name__ not in NOT_REPORTED:
+                differ.append("%s is not a struct it knows" % s.__name__)
         elif n.value != ctypes.sizeof(s):
             differ.append("%s is %d bytes there, %d here" % (s.__name__, n.value, ctypes.sizeof(s)))
     value = ctypes.c_int64()
