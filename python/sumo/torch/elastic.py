@@ -12,8 +12,8 @@ job. A Horovod elastic script runs with its import changed (import sumo.torch as
     train(state)
 
 The processes must be started each on its own, meeting through a store none of them holds
-(init(store=..., rank=..., size=...), or `python -m sumo.torch.launch`): a launcher that ends
-every process when one fails (torchrun, mpirun) takes the survivors down with it.
+(init(store=..., rank=..., size=...), or `python -m sumo.launch`): a launcher that ends every
+process when one fails (torchrun, mpirun) takes the survivors down with it.
 
 A lost process. Every collective on the communicator then fails (SUMO_ERR_PEER_FAILURE; a
 process that stops answering: SUMO_ERR_TIMEOUT), raised as HorovodInternalError (a SumoError
@@ -25,8 +25,9 @@ agreed one: the same state everywhere, nothing committed lost. What was made on 
 communicator is made again on the new one (the optimizer's buffers and Adasum ops, the hooks'
 caches), rank() and size() give the new membership, the reset callbacks run, the state is
 synced from rank 0 and the function is called again: the steps since the commit are redone.
+An ElasticSampler in the state cuts what is left of the epoch again for the new membership.
 
-A joining process (init(store=..., join=True), `python -m sumo.torch.launch --join`) takes a
+A joining process (init(store=..., join=True), `python -m sumo.launch --join`) takes a
 ticket in the store and waits. Each commit() asks rank 0 whether tickets were taken
 (check_host_updates: one small collective, as Horovod's); if so every member raises
 HostsUpdatedInterrupt, run() makes the communicator again with the joiners ranked after the
@@ -39,14 +40,17 @@ transports cannot shrink, and a failure there ends the job as before (docs/torch
 """
 import copy
 import functools
+import math
+import random
 
 import torch
+import torch.utils.data
 
 from . import _runtime as rt
 from . import collectives
 from ._runtime import HorovodInternalError, HostsUpdatedInterrupt, init, shutdown
 
-__all__ = ["run", "State", "ObjectState", "TorchState", "HorovodInternalError",
+__all__ = ["run", "State", "ObjectState", "TorchState", "ElasticSampler", "HorovodInternalError",
            "HostsUpdatedInterrupt", "init", "shutdown"]
 
 
@@ -221,10 +225,67 @@ class _SchedulerHandler(_Handler):
         self.value.load_state_dict(sd)
 
 
+class ElasticSampler(torch.utils.data.Sampler):
+    """Horovod's ElasticSampler: the epoch's indices (shuffled with seed + epoch, the same on
+    every process) that are not processed yet, cut among the processes there are: process r
+    of P takes every P-th from the r-th, the last ones repeated so that each gets as many.
+    record_batch(batch_idx, batch_size) after each batch counts batch_size samples for every
+    process; set_epoch(e), at the end of an epoch, starts the next. Kept in a TorchState,
+    what is left of the epoch is cut again for the new membership after a change."""
+
+    def __init__(self, dataset, shuffle=True, seed=0):
+        self.dataset, self.shuffle, self.seed = dataset, shuffle, seed
+        self.epoch = 0
+        self.processed_num = 0
+        self.reset()
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+        self.processed_num = 0
+        self.reset()
+
+    def record_batch(self, batch_idx, batch_size):
+        self.processed_num += batch_size * self.num_replicas
+
+    def state_dict(self):
+        return {"epoch": self.epoch, "processed_num": self.processed_num}
+
+    def load_state_dict(self, state_dict):
+        self.epoch = state_dict["epoch"]
+        self.processed_num = state_dict["processed_num"]
+        self.reset()
+
+    def reset(self):
+        """Cuts what is left of the epoch for the current membership."""
+        rt.require_init()
+        self.num_replicas, self.rank = rt.state.size, rt.state.rank
+        order = list(range(len(self.dataset)))
+        if self.shuffle:
+            random.Random(self.seed + self.epoch).shuffle(order)
+        self.remaining_indices = order[self.processed_num:]
+        self.num_samples = int(math.ceil(len(self.remaining_indices) / self.num_replicas))
+        self.total_size = self.num_samples * self.num_replicas
+
+    def __iter__(self):
+        left = self.remaining_indices
+        padded = (left * (1 + self.total_size // max(len(left), 1)))[:self.total_size]
+        return iter(padded[self.rank:self.total_size:self.num_replicas])
+
+    def __len__(self):
+        return self.num_samples
+
+
+class _SamplerHandler(_Handler):
+    def sync(self):
+        sd = collectives.broadcast_object(self.value.state_dict(), root_rank=0,
+                                          name="the elastic sampler")
+        self.value.load_state_dict(sd)  # cut again for the membership there is now
+
+
 _SCHEDULER = getattr(torch.optim.lr_scheduler, "LRScheduler",
                      torch.optim.lr_scheduler._LRScheduler)
 _HANDLERS = [(torch.nn.Module, _ModelHandler), (torch.optim.Optimizer, _OptimizerHandler),
-             (_SCHEDULER, _SchedulerHandler)]
+             (_SCHEDULER, _SchedulerHandler), (ElasticSampler, _SamplerHandler)]
 
 
 def _handler_of(value):
@@ -236,9 +297,9 @@ def _handler_of(value):
 
 class TorchState(ObjectState):
     """Horovod's TorchState: model, optimizer (a DistributedOptimizer or any torch optimizer)
-    and any further keyword arguments; modules, optimizers and learning rate schedulers are
-    kept as copies of their state_dict (assigning one, state.model = m, saves it), the rest as
-    ObjectState keeps it."""
+    and any further keyword arguments; modules, optimizers, learning rate schedulers and
+    ElasticSamplers are kept as copies of their state_dict (assigning one, state.model = m,
+    saves it), the rest as ObjectState keeps it."""
 
     def __init__(self, model=None, optimizer=None, **kwargs):
         kwargs.update(dict(model=model, optimizer=optimizer))
