@@ -1111,8 +1111,9 @@ def _bound_objects():
 
 def replace_comm(comm, rank, size):
     """Makes comm (a sumo_comm of the current one's transport, this process rank `rank` of
-    `size`, every rank on this host) the process's communicator in place of the current one, which is destroyed; the bound objects
-    let go of the old one and make again on the new one what they need (collective)."""
+    `size`, every rank on this host) the process's communicator in place of the current one,
+    which is destroyed; the bound objects let go of the old one and make again on the new one
+    what they need (collective)."""
     objects = _bound_objects()
     if state.worker is not None:
         state.worker.drain()  # the hooks' futures: on a broken communicator they fail at once
