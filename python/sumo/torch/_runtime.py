@@ -65,6 +65,7 @@ class _State:
     memberships = 0      # communicators that replaced the first (shrinks, grows)
     stranded = None      # why this process cannot follow its peers' new membership
     admitted = 0         # join tickets handed out that a grow took in (store jobs)
+    joined = False       # this process joined a running job (it came without the state)
     hier = None          # _hier.Hierarchy: the allreduce across hosts, hierarchical
     made_group = False   # sumo called init_process_group, so it destroys the group
     failed = False       # an unhandled exception is ending the process
@@ -758,6 +759,7 @@ def _init_join(store):
     state.key_root = _STORE_ROOT
     comm = make_shm(adapter, int(rank), int(size), prefix, "the store (joining)")
     state.memberships, state.admitted = int(memberships), int(admitted)
+    state.joined = True
     _adopt(comm, "shm", int(rank), int(size))
 
 
@@ -1100,6 +1102,8 @@ _bound = []  # weakref.ref of each bound object, in the order they were made
 
 def bind(obj):
     """Registers obj (comm_closing(), comm_opened()) for replacements of the communicator."""
+    if len(_bound) >= 256:
+        _bound_objects()  # forget the dead ones
     _bound.append(weakref.ref(obj))
 
 

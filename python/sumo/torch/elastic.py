@@ -340,11 +340,23 @@ class TorchState(ObjectState):
         super().__setattr__(name, value)
 
 
-def _recover(state, lost):
+# What a joiner that has not had the state yet brings to the agreement: the most a commit count
+# can be, so that the smallest is a member's.
+_NO_STATE = (1 << 64) - 1
+
+
+def _recover(state, lost, synced):
     """After a lost process: the smaller communicator, and the state of the commit every
-    survivor has."""
+    survivor has. synced: this process has had the job's state (a joiner has not until its
+    first sync, which the one after the shrink then is)."""
     mine = getattr(state, "_commits", None)
-    agreed, _ = rt.shrink(mine or 0)
+    has_state = synced or not rt.state.joined
+    agreed, _ = rt.shrink((mine or 0) if has_state else _NO_STATE)
+    if agreed == _NO_STATE:
+        raise RuntimeError("sumo.torch.elastic: every process that held the job's state was "
+                           "lost; the ones left joined and never had it") from lost
+    if not has_state:
+        return
     if mine is not None:
         if not state._rollback(agreed):
             raise RuntimeError("sumo.torch.elastic: the survivors agreed on commit %d; this "
@@ -374,12 +386,12 @@ def run(func):
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
         rt.require_init()
-        skip_sync = False
+        skip_sync = synced = False
         lost = joined = None
         while True:
             try:
                 if lost is not None:
-                    _recover(state, lost)
+                    _recover(state, lost, synced)
                     state.on_reset()
                 elif joined is not None:
                     rt.grow(joined.tickets)
@@ -387,6 +399,7 @@ def run(func):
                 lost = joined = None
                 if not skip_sync:
                     _sync(state)
+                    synced = True
                 return func(state, *args, **kwargs)
             except HorovodInternalError as e:
                 lost, joined, skip_sync = e, None, False
