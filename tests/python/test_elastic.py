@@ -278,13 +278,13 @@ def test_run_recovers_from_a_lost_peer_on_one_rank():
 
 def test_init_store_arguments_are_checked():
     with pytest.raises(ValueError, match="go together"):
-        _runtime._check_store_args("/tmp/x", 0, None, None, None, False)
+        _runtime._check_store_args("store", 0, None, None, None, False)
     with pytest.raises(ValueError, match="not a rank of 2"):
-        _runtime._check_store_args("/tmp/x", 2, 2, None, None, False)
+        _runtime._check_store_args("store", 2, 2, None, None, False)
     with pytest.raises(ValueError, match="transport='mpi'"):
-        _runtime._check_store_args("/tmp/x", 0, 2, "mpi", None, False)
+        _runtime._check_store_args("store", 0, 2, "mpi", None, False)
     with pytest.raises(ValueError, match="no rank or size"):
-        _runtime._check_store_args("/tmp/x", 0, 2, None, None, True)
+        _runtime._check_store_args("store", 0, 2, None, None, True)
     with pytest.raises(TypeError, match="store must be"):
         _runtime.store_adapter(42)
 
