@@ -14,7 +14,8 @@
  * output is then undefined (in-place buffers included): the caller redoes the step from state
  * it kept. The value each rank brings to the shrink (say, the last step it committed) comes
  * back as the survivors' smallest, so ranks that got one step further than others (the
- * collective completed on some before the failure was seen) learn to go back to that step.
+ * collective completed on some before the failure was seen) learn to go back to that step:
+ * keep the state of the last two steps (at most one step separates the survivors).
  */
 #ifndef SUMO_ELASTIC_H
 #define SUMO_ELASTIC_H

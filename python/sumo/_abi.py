@@ -249,6 +249,24 @@ class sumo_shm_options(ctypes.Structure):
                 ("error_bytes", ctypes.c_size_t)]
 
 
+# -- sumo_elastic.h ------------------------------------------------------------------------------
+class sumo_shrink_options(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t),
+                ("value", ctypes.c_uint64),
+                ("store", ctypes.POINTER(sumo_store)),
+                ("key_prefix", ctypes.c_char_p),
+                ("error", ctypes.c_char_p),
+                ("error_bytes", ctypes.c_size_t)]
+
+
+class sumo_shrink_info(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t),
+                ("rank", ctypes.c_int),
+                ("size", ctypes.c_int),
+                ("value", ctypes.c_uint64),
+                ("old_ranks", ctypes.POINTER(ctypes.c_int))]
+
+
 # -- the check -----------------------------------------------------------------------------------
 
 def _mirrored():

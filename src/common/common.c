@@ -3,6 +3,7 @@
 #include "sumo_aggregation.h"
 #include "sumo_diloco.h"
 #include "sumo_distributed.h"
+#include "sumo_elastic.h"
 #include "sumo_optim.h"
 #include "sumo_shm.h"
 
@@ -172,6 +173,7 @@ sumo_result sumo_struct_size(const char *name, size_t *bytes)
         SIZE_OF(sumo_kernel_table), SIZE_OF(sumo_collective), SIZE_OF(sumo_transport_ops),
         SIZE_OF(sumo_transport_desc), SIZE_OF(sumo_shm_options), SIZE_OF(sumo_store),
         SIZE_OF(sumo_compression), SIZE_OF(sumo_diloco_options), SIZE_OF(sumo_outer_step),
+        SIZE_OF(sumo_shrink_options), SIZE_OF(sumo_shrink_info),
     };
 #undef SIZE_OF
     int64_t v;

@@ -3,7 +3,8 @@
 # (1.13, /usr/bin/python3) and the current torch 2.x wheel from PyPI in build/torch-venv
 # (scripts/torch-venv.sh makes it the first time, about 3 to 5 minutes, and reuses it).
 # Under each: pytest alone (one rank, threads transport; it also runs the Horovod-style
-# example under mpirun -np 2 and torchrun), under mpirun (sumo's MPI transport), over a
+# example under mpirun -np 2 and torchrun, and test_elastic.py's jobs of processes started
+# each on its own, one of them SIGKILLed), under mpirun (sumo's MPI transport), over a
 # torch.distributed process group (torchrun where it starts, else mpirun), a rank that works
 # on after its peers left, models DDP refuses, and a rank killed mid-training (DDP hook and
 # delta optimizer): every rank must end, with an error where there is one, by itself.

@@ -5,6 +5,8 @@ import ctypes
 import glob
 import os
 import re
+import shutil
+import subprocess
 
 import pytest
 
@@ -37,6 +39,24 @@ def test_library_knows_every_header_constant():
         code = _lib.lib.sumo_enum_value(name.encode(), ctypes.byref(value))
         assert code == _abi.SUMO_SUCCESS, name
         assert value.value == expected, name
+
+
+def header_structs():
+    """Every struct a public header defines (typedef struct name {), with that header's file
+    name; the CUDA plugin's aside."""
+    found = {}
+    for path in glob.glob(os.path.join(ROOT, "include", "sumo*.h")):
+        if path.endswith("sumo_cuda.h"):
+            continue
+        with open(path) as f:
+            for name in re.findall(r"typedef struct (sumo_\w+) \{", f.read()):
+                found[name] = os.path.basename(path)
+    return found
+
+
+# Headers whose structs the binding mirrors every one of: a struct added to one of them must be
+# added to sumo/_abi.py too (the others are mirrored where the binding calls them).
+MIRRORED_WHOLE = ("sumo_aggregation.h", "sumo_diloco.h", "sumo_elastic.h", "sumo_shm.h")
 
 
 def test_mirror_agrees_with_headers():
@@ -76,3 +96,42 @@ def test_wrong_size_and_unknown_struct_refused(monkeypatch):
     monkeypatch.setattr(_abi, "sumo_no_such_options", extra, raising=False)
     with pytest.raises(ImportError, match="sumo_no_such_options is not a struct it knows"):
         _abi.check(_lib.lib)
+
+
+def test_headers_mirrored_whole_are():
+    _, structs = _abi._mirrored()
+    mirrored = {s.__name__ for s in structs}
+    found = header_structs()
+    for header in MIRRORED_WHOLE:
+        names = sorted(n for n, h in found.items() if h == header)
+        assert names, header  # the parse found the header's structs
+        assert [n for n in names if n not in mirrored] == [], header
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler to read the headers with")
+def test_struct_layouts_agree_with_headers_field_by_field(tmp_path):
+    # The library reports sizes alone: the headers, compiled, give the size and every field's
+    # offset of each struct the binding mirrors.
+    _, structs = _abi._mirrored()
+    where = header_structs()
+    headers = sorted({where[s.__name__] for s in structs})
+    body = ["#define SUMO_EXPERIMENTAL_API", "#include <stddef.h>", "#include <stdio.h>"]
+    body += ['#include "%s"' % h for h in headers]
+    body.append("int main(void)\n{")
+    expected = {}
+    for s in structs:
+        body.append('    printf("%s %%zu\\n", sizeof(%s));' % (s.__name__, s.__name__))
+        expected[s.__name__] = ctypes.sizeof(s)
+        for field, _ in s._fields_:
+            key = "%s.%s" % (s.__name__, field)
+            body.append('    printf("%s %%zu\\n", offsetof(%s, %s));' % (key, s.__name__, field))
+            expected[key] = getattr(s, field).offset
+    body.append("    return 0;\n}")
+    src, exe = tmp_path / "layouts.c", tmp_path / "layouts"
+    src.write_text("\n".join(body) + "\n")
+    subprocess.run(["cc", "-std=c11", "-I", os.path.join(ROOT, "include"), str(src), "-o",
+                    str(exe)], check=True)
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+    got = {k: int(v) for k, v in (line.split() for line in out.splitlines())}
+    # (the header's, the mirror's) for each size or offset that differs
+    assert {k: (got.get(k), v) for k, v in expected.items() if got.get(k) != v} == {}

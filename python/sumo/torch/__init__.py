@@ -9,6 +9,9 @@ communication hooks, SlowMo and DiLoCo.
     ddp = DistributedDataParallel(model)        # gloo group set up by init()
     ddp.register_comm_hook(st.HookState(), st.adasum_hook)
 
+    @st.elastic.run                             # Horovod's elastic API: training that goes
+    def train(state): ...                       # on without a lost process (elastic.py)
+
 sumo keeps its own communicator: its collectives never run on torch.distributed's group.
 """
 from .. import Sum, Average, Adasum, SumoError
@@ -26,6 +29,7 @@ from .hooks import HookState, average_hook, sum_hook, adasum_hook, acga_hook
 from .optimizer import DistributedOptimizer
 from .slowmo import SlowMo, LocalSGD, BMUF
 from .diloco import DiLoCo, StreamingDiLoCo
+from . import elastic
 
 __all__ = ["init", "shutdown", "is_initialized", "set_timeout", "rank", "size", "local_rank",
            "local_size", "transport", "allreduce", "allreduce_", "allreduce_async",
@@ -37,7 +41,7 @@ __all__ = ["init", "shutdown", "is_initialized", "set_timeout", "rank", "size", 
            "cuda_built", "rocm_built", "ddl_built", "ccl_built", "Compression", "Sum",
            "Average", "Adasum", "SumoError", "HookState", "average_hook", "sum_hook",
            "adasum_hook", "acga_hook", "DistributedOptimizer", "SlowMo", "LocalSGD", "BMUF",
-           "DiLoCo", "StreamingDiLoCo",
+           "DiLoCo", "StreamingDiLoCo", "elastic",
            "take_timeline", "union_seconds"]
 
 

@@ -12,12 +12,14 @@ The transport runs on a group of its own (dist.new_group over the same ranks), s
 messages never interleave with the user's collectives on their group.
 """
 import ctypes
+import os
 import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from .. import _lib
 from .._abi import (ABORT, ALLGATHER, BARRIER, CARRIES, DESTROY, ERROR_MESSAGE, SENDRECV,
                     STORE_GET, STORE_SET, SUMO_ERR_PEER_FAILURE, SUMO_ERR_TIMEOUT, SUMO_SUCCESS,
                     sumo_store, sumo_transport_desc, sumo_transport_ops)
@@ -136,12 +138,19 @@ class GroupTransport:
 # ---- the store sumo's shared-memory transport rendezvouses through ------------------------
 
 class StoreAdapter:
-    """sumo_store over a torch.distributed Store (torchrun's TCPStore, the group's)."""
+    """sumo_store over a torch.distributed Store (torchrun's TCPStore, the group's, or one
+    given to init(store=...))."""
 
     def __init__(self, store):
         self.store = store
         self.struct = sumo_store(ctypes.sizeof(sumo_store), None, STORE_SET(self._set),
                                  STORE_GET(self._get))
+
+    def pointer(self):
+        return ctypes.pointer(self.struct)
+
+    def close(self):
+        pass  # the Store is its owner's
 
     def _set(self, ctx, key, value, nbytes):
         try:
@@ -162,3 +171,28 @@ class StoreAdapter:
             return SUMO_SUCCESS
         except Exception as e:
             return _code_of(e)
+
+
+class DirStore:
+    """sumo's store in a directory of this machine (sumo_store_create_dir), for processes
+    started on their own: it lives in files, not in one of them. It has set and get only
+    (no atomic add), so processes cannot join through it (sumo.torch.elastic says so)."""
+
+    store = None  # no torch.distributed.Store behind it
+
+    def __init__(self, path):
+        self.path = os.fsdecode(path)
+        handle = ctypes.c_void_p()
+        code = _lib.lib.sumo_store_create_dir(os.fsencode(path), ctypes.byref(handle))
+        if code != SUMO_SUCCESS:
+            raise _lib.error(code, None, "sumo_store_create_dir(%r) (a directory of this user's "
+                             "that no one else may enter, made when missing)" % self.path)
+        self.handle = handle
+
+    def pointer(self):
+        return ctypes.cast(self.handle, ctypes.POINTER(sumo_store))
+
+    def close(self):
+        handle, self.handle = self.handle, None
+        if handle:
+            _lib.lib.sumo_store_destroy_dir(handle, 0)  # the files stay: the peers may read them

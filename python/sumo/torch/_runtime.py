@@ -9,6 +9,9 @@ Where the communicator comes from (init):
     the group's own point-to-point calls (_pg_transport.py, "group");
   - srun (a Slurm job step): the process group made from the step's variables (_slurm.py:
     rank 0 on the step's first host, a port from the job and step ids), then as torchrun's;
+  - init(store=..., rank=..., size=...): processes of one host started each on its own (no
+    launcher that ends them all when one fails) meet through a store that lives in none of
+    them, over sumo's shared memory: the communicator sumo.torch.elastic shrinks and grows;
   - no launcher: one rank (threads transport).
 A launcher sumo cannot join (PBS, LSF, a WORLD_SIZE without a rendezvous, a Slurm step that
 lacks a variable) is refused with a message, never turned into a world of one.
@@ -21,6 +24,7 @@ import queue
 import socket
 import threading
 import time
+import weakref
 from datetime import timedelta
 
 import torch
@@ -31,7 +35,8 @@ from .._abi import (SUMO_SUCCESS, SUMO_ERR_INVALID_ARGUMENT, SUMO_ERR_TIMEOUT,
                     SUMO_ERR_PEER_FAILURE, SUMO_FLOAT32, SUMO_FLOAT64, SUMO_FLOAT16,
                     SUMO_BFLOAT16, SUMO_OP_SUM, SUMO_OP_AVERAGE, SUMO_OP_ADASUM,
                     SUMO_COLLECTIVE_ALLREDUCE, SUMO_COLLECTIVE_BROADCAST,
-                    sumo_adasum_options, sumo_collective, sumo_shm_options)
+                    sumo_adasum_options, sumo_collective, sumo_shm_options, sumo_shrink_info,
+                    sumo_shrink_options)
 from .._lib import lib, check, SumoError
 
 _DTYPES = {
@@ -56,6 +61,11 @@ class _State:
     group = None         # the torch.distributed group the ranks are (process-group path)
     pg_transport = None  # the group's operations, kept alive while sumo may call them
     store = None         # the store adapter, likewise
+    key_root = None      # the store's keys of this job: new memberships meet under it
+    memberships = 0      # communicators that replaced the first (shrinks, grows)
+    stranded = None      # why this process cannot follow its peers' new membership
+    admitted = 0         # join tickets handed out that a grow took in (store jobs)
+    joined = False       # this process joined a running job (it came without the state)
     hier = None          # _hier.Hierarchy: the allreduce across hosts, hierarchical
     made_group = False   # sumo called init_process_group, so it destroys the group
     failed = False       # an unhandled exception is ending the process
@@ -108,13 +118,42 @@ def require_init():
     return state.comm
 
 
+class HorovodInternalError(RuntimeError):
+    """A collective failed because a peer was lost or did not come in time (Horovod's name for
+    it): sumo.torch.elastic.run rolls back to the last commit and goes on with the processes
+    still there."""
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """Processes asked to join (Horovod's name): sumo.torch.elastic.run makes the
+    communicator again with them, at the commit() that found them. skip_sync: the state need
+    not be synced afterwards (as in Horovod: only when hosts were removed)."""
+
+    def __init__(self, skip_sync=False):
+        super().__init__("the membership changed: processes asked to join")
+        self.skip_sync = skip_sync
+
+
+class PeerLost(SumoError, HorovodInternalError):
+    """The SumoError of a collective that failed with SUMO_ERR_PEER_FAILURE or SUMO_ERR_TIMEOUT:
+    a HorovodInternalError too, which is what elastic.run recovers from."""
+
+
+def error_for(code, what=None):
+    """The exception for a failed call's `code` (PeerLost for a lost or late peer)."""
+    e = _lib.error(code, state.comm, what)
+    if code in (SUMO_ERR_TIMEOUT, SUMO_ERR_PEER_FAILURE):
+        return PeerLost(e.code, e.name, str(e))
+    return e
+
+
 def raise_for(code, what=None):
     """Raises the SumoError for `code`; a timeout or dead peer marks the job as broken."""
     if code == SUMO_SUCCESS:
         return
     if code in (SUMO_ERR_TIMEOUT, SUMO_ERR_PEER_FAILURE):
         state.broken = True
-    raise _lib.error(code, state.comm, what)
+    raise error_for(code, what)
 
 
 def adasum_op(comm, layout, what):
@@ -394,14 +433,27 @@ def _check_environment():
         raise ValueError("sumo.torch.init: " + msg.value.decode())
 
 
-def init(timeout=None, process_group=True, transport=None, group=None):
+def init(timeout=None, process_group=True, transport=None, group=None, store=None, rank=None,
+         size=None, join=False):
     """Creates the process's communicator: over MPI under mpirun, over the torch.distributed
     group under torchrun (or when one exists, or `group` is given: a subgroup's ranks alone),
     else one rank. transport forces "mpi", "shm" (one host), "group" or "threads". With
     process_group, torch.distributed's default group is created too when nobody has (gloo),
-    for the user's own DDP."""
+    for the user's own DDP.
+
+    store, rank, size: processes of one host started each on its own meet through `store` as
+    rank `rank` of `size`, over sumo's shared memory (transport "shm"), with no launcher and
+    no process group: what sumo.torch.elastic needs (docs/torch.md, "Elastic training"). The
+    store must outlive any one process: a torch.distributed.FileStore, a TCPStore served by a
+    process of its own, or the path of a directory (sumo's directory store), fresh for each
+    job. join=True with a torch.distributed.Store instead of rank and size: this process
+    joins the job running on that store at its next commit (sumo.torch.elastic), and init
+    returns once it is a member."""
     if state.comm is not None:
         return
+    if store is not None or rank is not None or size is not None or join:
+        _check_store_args(store, rank, size, transport, group, join)
+        transport = "store"
     _check_environment()
     launcher = _launcher()
     if launcher == "srun" and not dist.is_initialized():
@@ -421,7 +473,7 @@ def init(timeout=None, process_group=True, transport=None, group=None):
                 "group), rather than train as independent worlds of one" % launcher)
         else:
             transport = "threads"
-    if transport not in ("mpi", "threads", "shm", "group", "hierarchical", "pg", "nccl"):
+    if transport not in ("mpi", "threads", "shm", "group", "hierarchical", "pg", "nccl", "store"):
         raise ValueError("sumo.torch.init: transport must be 'mpi', 'shm', 'group', "
                          "'hierarchical', 'nccl' or 'threads', not %r" % (transport,))
     try:
@@ -437,6 +489,8 @@ def init(timeout=None, process_group=True, transport=None, group=None):
                 state.made_group = True
         elif transport == "nccl":
             _init_nccl(group)
+        elif transport == "store":
+            _init_join(store) if join else _init_store(store, rank, size)
         else:
             _init_group(group, transport)
         if timeout is not None:
@@ -540,14 +594,9 @@ def _init_group(group, transport):
     if transport == "shm":
         store = pgt.StoreAdapter(_store_of(base))
         state.store = store
-        err = ctypes.create_string_buffer(256)
-        opts = sumo_shm_options(ctypes.sizeof(sumo_shm_options), rank, size,
-                                ctypes.pointer(store.struct), _key_prefix(base).encode(), 0,
-                                ctypes.cast(err, ctypes.c_char_p), len(err))
-        code = lib.sumo_comm_create_shm(ctypes.byref(opts), ctypes.byref(comm))
-        if code != SUMO_SUCCESS:
-            raise _lib.error(code, None, "sumo_comm_create_shm over the group's store: "
-                             + err.value.decode(errors="replace"))
+        prefix = _key_prefix(base)
+        state.key_root = prefix
+        comm = make_shm(store, rank, size, prefix, "the group's store")
     else:
         t = pgt.GroupTransport(base)
         state.pg_transport = t
@@ -563,6 +612,165 @@ def _init_group(group, transport):
         state.hier = _hier.Hierarchy(base, hosts, store, _key_prefix(base),
                                      lambda r: pgt_global(base, r), _deadline_s())
         state.hier.ops = frozenset(hier_ops)
+
+
+def make_shm(store, rank, size, prefix, where):
+    """sumo_comm_create_shm of `size` processes meeting through store (a _pg_transport
+    adapter) under prefix; raises the SumoError with the transport's reason."""
+    comm = ctypes.c_void_p()
+    err = ctypes.create_string_buffer(256)
+    opts = sumo_shm_options(ctypes.sizeof(sumo_shm_options), rank, size, store.pointer(),
+                            prefix.encode(), 0, ctypes.cast(err, ctypes.c_char_p), len(err))
+    code = lib.sumo_comm_create_shm(ctypes.byref(opts), ctypes.byref(comm))
+    if code != SUMO_SUCCESS:
+        raise _lib.error(code, None, "sumo_comm_create_shm (rank %d of %d) over %s: %s"
+                         % (rank, size, where, err.value.decode(errors="replace")))
+    return comm
+
+
+def _check_store_args(store, rank, size, transport, group, join):
+    if transport not in (None, "shm") or group is not None:
+        raise ValueError("sumo.torch.init: store, rank and size make the shared-memory "
+                         "communicator of processes started on their own; transport=%r and "
+                         "group do not go with them" % (transport,))
+    if join:
+        if store is None or rank is not None or size is not None:
+            raise ValueError("sumo.torch.init: join=True takes a store and no rank or size "
+                             "(the job hands them out)")
+        return
+    if store is None or rank is None or size is None:
+        raise ValueError("sumo.torch.init: store, rank and size go together (got store=%r, "
+                         "rank=%r, size=%r)" % (store, rank, size))
+    for name, v in (("rank", rank), ("size", size)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError("sumo.torch.init: %s must be an int, not %r" % (name, v))
+    if not 0 <= rank < size:
+        raise ValueError("sumo.torch.init: rank %d is not a rank of %d" % (rank, size))
+
+
+def store_adapter(store):
+    """The _pg_transport adapter of a store as init() takes it: a path names sumo's directory
+    store, anything else is a torch.distributed.Store."""
+    from . import _pg_transport as pgt
+    if isinstance(store, (str, bytes, os.PathLike)):
+        return pgt.DirStore(store)
+    if not isinstance(store, dist.Store):
+        raise TypeError("sumo.torch.init: store must be a torch.distributed.Store (FileStore, "
+                        "TCPStore) or a directory's path, not %r" % (store,))
+    return pgt.StoreAdapter(store)
+
+
+# Keys of the communicators that processes started on their own make: one job per store, so
+# the root is fixed; each membership adds its number.
+_STORE_ROOT = "sumo/elastic/"
+
+
+def _init_store(store, rank, size):
+    """The shared-memory communicator of processes started on their own, through `store`. No
+    torch.distributed group is made: one would keep the membership it started with."""
+    adapter = store_adapter(store)
+    state.store = adapter
+    state.key_root = _STORE_ROOT
+    comm = make_shm(adapter, rank, size, _STORE_ROOT + "0/", "the store given to init()")
+    _adopt(comm, "shm", rank, size)
+
+
+# -- processes that join a running job (store jobs) ----------------------------------------------
+#
+# Through the store's keys under key_root: a joiner takes a ticket (the store's atomic add on
+# join/tickets) and waits for join/<ticket>; at each commit() rank 0 reads how many tickets
+# were handed out and every member learns it (elastic.State.check_host_updates); when some are
+# new, every member raises HostsUpdatedInterrupt, rank 0 writes each new ticket's place (its
+# rank, the new size, the memberships so far, the tickets taken in, the key prefix), and the
+# members and the joiners make the larger communicator together (sumo_comm_create_shm), the
+# members keeping their ranks. A ticket is taken in once, whether its holder comes or not: one
+# that does not come makes the making time out on the members, who then shrink back to
+# themselves. Only a torch.distributed.Store has the atomic add; sumo's directory store has not.
+
+_TICKETS = "join/tickets"
+_CLOSED = "join/closed"
+
+
+def _join_store():
+    """The torch.distributed.Store joiners meet the members in, or None (no store job, or a
+    store without add)."""
+    if state.key_root != _STORE_ROOT or state.store is None:
+        return None
+    return state.store.store
+
+
+def join_tickets():
+    """Rank 0: the join tickets handed out so far (state.admitted where no one can join);
+    the others' answer is not read."""
+    store = _join_store()
+    if state.rank != 0 or store is None:
+        return state.admitted
+    return int(store.add(_STORE_ROOT + _TICKETS, 0))
+
+
+def grow(tickets):
+    """Every member, after HostsUpdatedInterrupt: the communicator made again with the holders
+    of the tickets after state.admitted up to `tickets`, ranked after the members in ticket
+    order. A PeerLost when the making fails (a joiner or a member did not come): the members'
+    old communicator is still theirs to shrink."""
+    store = _join_store()
+    new = tickets - state.admitted
+    if store is None or new <= 0:
+        return
+    first, size = state.admitted + 1, state.size + new
+    prefix = membership_prefix("grow")
+    state.admitted = tickets
+    if state.rank == 0:
+        for k in range(new):
+            store.set(_STORE_ROOT + "join/%d" % (first + k), "%d %d %d %d %s" % (
+                state.size + k, size, state.memberships + 1, tickets, prefix))
+    try:
+        comm = make_shm(state.store, state.rank, size, prefix, "the store (processes joining)")
+    except SumoError as e:
+        raise error_for(e.code, "making the communicator with %d joining process%s: %s"
+                        % (new, "" if new == 1 else "es", e)) from None
+    replace_comm(comm, state.rank, size)
+
+
+def _init_join(store):
+    """A process joining the job on `store`: a ticket, then its place once the members are at
+    a commit, then the larger communicator with them."""
+    adapter = store_adapter(store)
+    if adapter.store is None:
+        adapter.close()
+        raise ValueError("sumo.torch.init: join=True needs a torch.distributed.Store (its atomic "
+                         "add hands out the tickets); sumo's directory store has set and get only")
+    torch_store = adapter.store
+    ticket = int(torch_store.add(_STORE_ROOT + _TICKETS, 1))
+    key = _STORE_ROOT + "join/%d" % ticket
+    # The members take joiners in at their next commit, which may be a while: wait in slices,
+    # and give up once the job has ended (rank 0's shutdown says so).
+    while True:
+        try:
+            torch_store.wait([key], timedelta(seconds=1))
+            break
+        except RuntimeError:  # the slice passed (torch 2.x: DistStoreError, a RuntimeError)
+            if torch_store.add(_STORE_ROOT + _CLOSED, 0):
+                adapter.close()
+                raise RuntimeError("sumo.torch.init: the job on this store ended before "
+                                   "taking in join ticket %d" % ticket) from None
+    rank, size, memberships, admitted, prefix = bytes(torch_store.get(key)).decode().split()
+    state.store = adapter
+    state.key_root = _STORE_ROOT
+    comm = make_shm(adapter, int(rank), int(size), prefix, "the store (joining)")
+    state.memberships, state.admitted = int(memberships), int(admitted)
+    state.joined = True
+    _adopt(comm, "shm", int(rank), int(size))
+
+
+def _close_job():
+    """Rank 0 of a store job, leaving: processes still waiting to join stop waiting."""
+    store = _join_store()
+    if store is not None and state.rank == 0:
+        try:
+            store.add(_STORE_ROOT + _CLOSED, 1)
+        except Exception:  # leaving anyway: a store already gone has no one waiting on it
+            pass
 
 
 def _local_size():
@@ -814,6 +1022,13 @@ def _drop_hierarchy():
         hier.destroy()
 
 
+def _close_store():
+    store, state.store = state.store, None
+    state.key_root = None
+    if store is not None:
+        store.close()
+
+
 def _teardown():
     """Releases what a failed init made: the communicator, and the group sumo created."""
     comm, state.comm = state.comm, None
@@ -823,6 +1038,7 @@ def _teardown():
             _lib.mpi().sumo_mpi_world_finalize(comm, state.initialized_mpi)
         else:
             lib.sumo_comm_destroy(comm)
+    _close_store()
     _release_kernels()
     if state.made_group and dist.is_initialized():
         dist.destroy_process_group()
@@ -863,5 +1079,99 @@ def shutdown():
         lib.sumo_comm_destroy(comm)
         if state.made_group and dist.is_initialized():
             dist.destroy_process_group()
+    _close_job()
+    _close_store()
     _release_kernels()  # the communicator borrowed them
     state.made_group = False
+
+
+# -- a communicator replaced: what was made on it -------------------------------------------------
+#
+# When sumo.torch.elastic replaces the communicator (a shrink after a lost process, a grow when
+# processes join), what was made on the old one goes with it: Adasum ops, memory from
+# sumo_mem_alloc, C objects that keep it (ACGA's aggregators, DiLoCo's outer loop), requests in
+# flight. The objects holding such things register here (bind) and are told twice:
+# comm_closing() before the old communicator is destroyed (wait for what runs on it, let go of
+# what it owns; never a collective: it is broken), comm_opened() once the new one is in place
+# (make it again there). The second is collective (sumo_mem_alloc, sumo_op_create_adasum), so
+# the objects are told in the order they were made, the same on every rank of a program that
+# makes the same objects.
+
+_bound = []  # weakref.ref of each bound object, in the order they were made
+
+
+def bind(obj):
+    """Registers obj (comm_closing(), comm_opened()) for replacements of the communicator."""
+    if len(_bound) >= 256:
+        _bound_objects()  # forget the dead ones
+    _bound.append(weakref.ref(obj))
+
+
+def _bound_objects():
+    live = [o for o in (r() for r in _bound) if o is not None]
+    _bound[:] = [weakref.ref(o) for o in live]
+    return live
+
+
+def replace_comm(comm, rank, size):
+    """Makes comm (a sumo_comm of the current one's transport, this process rank `rank` of
+    `size`, every rank on this host) the process's communicator in place of the current one,
+    which is destroyed; the bound objects let go of the old one and make again on the new one
+    what they need (collective)."""
+    objects = _bound_objects()
+    if state.worker is not None:
+        state.worker.drain()  # the hooks' futures: on a broken communicator they fail at once
+    for o in objects:
+        o.comm_closing()
+    old, state.comm = state.comm, None
+    if old is not None:
+        lib.sumo_comm_destroy(old)  # never waits for the peers
+    _adopt(comm, state.transport, rank, size)
+    state.broken = False
+    state.memberships += 1
+    for o in objects:
+        o.comm_opened()
+
+
+def membership_prefix(kind):
+    """The store's key prefix under which the next membership meets (kind: "shrink" or
+    "grow"): every process that takes part has seen the same memberships, so they agree."""
+    return "%s%s%d/" % (state.key_root, kind, state.memberships + 1)
+
+
+def shrink(value):
+    """After a lost (or late) process: the processes still here agree (sumo_comm_shrink) and
+    go on as a smaller communicator, numbered in their old order. Returns the smallest `value`
+    any of them brought and the old rank of each new rank. A process that cannot go on with
+    them (left out: it came after the deadline; or its transport cannot shrink) gets a
+    SumoError that is not a HorovodInternalError, so elastic.run does not try again."""
+    comm = require_init()
+    if state.stranded:
+        raise SumoError(SUMO_ERR_PEER_FAILURE, _lib.result_name(SUMO_ERR_PEER_FAILURE),
+                        state.stranded)
+    if state.worker is not None:
+        state.worker.drain()
+    opts = sumo_shrink_options()
+    raise_for(lib.sumo_shrink_options_default(ctypes.byref(opts)))
+    err = ctypes.create_string_buffer(256)
+    opts.value = int(value)
+    opts.error = ctypes.cast(err, ctypes.c_char_p)
+    opts.error_bytes = len(err)
+    prefix = None
+    if state.store is not None and state.key_root is not None:
+        prefix = membership_prefix("shrink").encode()
+        opts.store = state.store.pointer()
+        opts.key_prefix = prefix
+    old = (ctypes.c_int * state.size)()
+    info = sumo_shrink_info(ctypes.sizeof(sumo_shrink_info), 0, 0, 0,
+                            ctypes.cast(old, ctypes.POINTER(ctypes.c_int)))
+    out = ctypes.c_void_p()
+    code = lib.sumo_comm_shrink(comm, ctypes.byref(opts), ctypes.byref(out), ctypes.byref(info))
+    if code != SUMO_SUCCESS:
+        why = err.value.decode(errors="replace") or "no detail"
+        state.stranded = ("sumo.torch.elastic: rank %d of %d cannot go on with the others after "
+                          "a lost process: sumo_comm_shrink: %s: %s"
+                          % (state.rank, state.size, _lib.result_name(code), why))
+        raise SumoError(code, _lib.result_name(code), state.stranded)
+    replace_comm(out, info.rank, info.size)
+    return info.value, list(old[:info.size])

@@ -27,7 +27,8 @@ import torch
 from .. import Sum, Average, Adasum
 from .. import _lib
 from .._abi import (SUMO_FLOAT64, SUMO_COLLECTIVE_ALLREDUCE, SUMO_COLLECTIVE_ALLGATHER,
-                    SUMO_COLLECTIVE_BROADCAST, SUMO_COLLECTIVE_REDUCE_SCATTER)
+                    SUMO_COLLECTIVE_BROADCAST, SUMO_COLLECTIVE_REDUCE_SCATTER,
+                    SUMO_ERR_PEER_FAILURE)
 from .._lib import lib, SumoError
 from . import _runtime as rt
 from .compression import Compression, check as check_compression
@@ -359,6 +360,7 @@ class _Pending:
         self.fused = None    # the _Fused buffer it travels in
         self.offset = 0
         self.prescale = 1.0
+        self.error = None    # its communicator was replaced before it was waited for
 
 
 _pending = {}
@@ -553,6 +555,8 @@ def poll(handle):
     p = _pending.get(handle)
     if p is None:
         raise ValueError("sumo.torch.poll: unknown handle %r" % (handle,))
+    if p.error is not None:
+        return True
     b = p.fused
     if b is not None:
         if not b.started:
@@ -575,6 +579,8 @@ def synchronize(handle):
     p = _pending.pop(handle, None)
     if p is None:
         raise ValueError("sumo.torch.synchronize: unknown handle %r" % (handle,))
+    if p.error is not None:
+        raise p.error
     b = p.fused
     if b is not None:
         _wait_fused(b)
@@ -595,6 +601,40 @@ def synchronize(handle):
 
 # A collective of sumo.torch's own starts the open fused buffers first (rt.sync()).
 rt.before_collective = _start_open
+
+
+class _Outstanding:
+    """What this module has in flight on the communicator, for when sumo.torch.elastic
+    replaces it (rt.bind): every started request is waited for (which frees it), and every
+    handle not yet synchronized, started or not, raises the loss on synchronize(): the
+    caller redoes the step on the new membership. Join's count of rounds starts again, since
+    the processes still here may have got through different numbers of them."""
+
+    def comm_closing(self):
+        lost = rt.error_for(SUMO_ERR_PEER_FAILURE, "the communicator was replaced (a process "
+                            "was lost or joined) before this collective was waited for")
+        while _started:
+            lib.sumo_request_wait(_started.pop(0)[1])
+        for b in _fusion.open.values():
+            b.started = True  # never started now: its members raise below
+        _fusion.open.clear()
+        for p in _pending.values():
+            b = p.fused
+            if b is not None and b.req is not None and not b.done and b.error is None:
+                lib.sumo_request_wait(b.req)
+                b.done = True
+            elif b is None and p.req is not None:
+                lib.sumo_request_wait(p.req)
+                p.req = None
+            p.error = lost
+        _join.rounds = 0
+
+    def comm_opened(self):
+        pass
+
+
+_outstanding = _Outstanding()
+rt.bind(_outstanding)
 
 
 # -- bytes: broadcast and allgather of any dtype --------------------------------------------------

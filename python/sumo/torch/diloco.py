@@ -136,7 +136,9 @@ class DiLoCo(WrappedOptimizer):
         self._all = list(range(len(self._params)))
         self.last_due = 0
         self._anchored = False
+        self._replaced = False
         _live.add(self)
+        rt.bind(self)
         if not _exit_hook[0]:
             atexit.register(_close_all)
             _exit_hook[0] = True
@@ -263,6 +265,17 @@ class DiLoCo(WrappedOptimizer):
         if getattr(self, "_handle", None):
             self.close()
 
+    # sumo.torch.elastic replaced the communicator (rt.bind): the C object keeps the old one
+    # (its outer loop's exchanges run on it), so it is freed with it. Carrying the outer state
+    # over to a new membership (an anchor and momentum per replica set) is not done yet: a
+    # later step() says so.
+    def comm_closing(self):
+        self.close()
+        self._replaced = True
+
+    def comm_opened(self):
+        pass
+
     # -- moving parameters ---------------------------------------------------------------------
     def _gather(self, tensors):
         for t in tensors:
@@ -309,6 +322,11 @@ class DiLoCo(WrappedOptimizer):
         """One local step, then the exchange or outer step due at its end. Returns the
         closure's loss; a step skipped for non-finite gradients sets self.last_skipped."""
         if not self._handle:
+            if self._replaced:
+                raise RuntimeError("sumo.DiLoCo: the communicator it was made on was replaced "
+                                   "(sumo.torch.elastic: a process was lost or joined); its "
+                                   "outer state does not follow a membership change yet: make "
+                                   "it again")
             raise RuntimeError("sumo.DiLoCo: step() after close()")
         what, applied, started = self._due()
         lr = self._inner_rate(started)

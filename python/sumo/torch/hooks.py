@@ -58,6 +58,24 @@ class HookState:
         self._ops = {}           # layout tuple -> sumo_op (Adasum per tensor)
         self._aggregators = {}   # (bucket index, layout) -> sumo_aggregator (ACGA)
         self._pending = {}       # ACGA state loaded before its bucket was seen
+        rt.bind(self)
+
+    # sumo.torch.elastic replaced the communicator (rt.bind). Everything here is made on
+    # demand, so it is dropped with the old communicator and made again on the new one as the
+    # buckets come; ACGA's momentum is kept (as state_dict would keep it) and applied when its
+    # bucket comes again. (DDP itself cannot follow: its process group keeps the membership it
+    # was made with.)
+    def comm_closing(self):
+        self._pending.update(self._aggregator_states())
+        for agg in self._aggregators.values():
+            lib.sumo_aggregator_destroy(agg)
+        self._aggregators.clear()
+        self._ops.clear()     # they die with the communicator
+        self._mapped.clear()  # its memory, likewise
+
+    def comm_opened(self):
+        self.comm = rt.state.comm
+        self.node_maps_memory = rt.node_maps_memory()
 
     # -- Adasum -------------------------------------------------------------------------------
     def adasum_op(self, layout):
@@ -94,16 +112,21 @@ class HookState:
         rt.raise_for(lib.sumo_aggregator_state_load(agg, buf, len(blob)),
                      "ACGA state of bucket %s" % _key_str(key))
 
-    def state_dict(self):
-        """ACGA's momentum per bucket (bytes in sumo's format), for checkpoints."""
-        rt.sync()
-        acga = dict(self._pending)
+    def _aggregator_states(self):
+        states = {}
         for key, agg in self._aggregators.items():
             n = ctypes.c_size_t()
             rt.raise_for(lib.sumo_aggregator_state_size(agg, ctypes.byref(n)))
             buf = ctypes.create_string_buffer(n.value)
             rt.raise_for(lib.sumo_aggregator_state_save(agg, buf, n.value))
-            acga[_key_str(key)] = buf.raw
+            states[_key_str(key)] = buf.raw
+        return states
+
+    def state_dict(self):
+        """ACGA's momentum per bucket (bytes in sumo's format), for checkpoints."""
+        rt.sync()
+        acga = dict(self._pending)
+        acga.update(self._aggregator_states())
         return {"acga": acga, "acga_beta": self.acga_beta}
 
     def load_state_dict(self, sd):

@@ -158,12 +158,38 @@ class DistributedOptimizer(WrappedOptimizer):
         self.overlap = bool(overlap) and (op == Adasum or self.compression in (
             Compression.none, Compression.fp16, Compression.bf16))
         if self.overlap:
-            self._build_buckets(comm, params, float(bucket_cap_mb) * 1e6)
-        elif op == Adasum:
+            self._build_buckets(params, float(bucket_cap_mb) * 1e6)
+        self._made_on(comm)
+        rt.bind(self)
+
+    def _made_on(self, comm):
+        """What the optimizer keeps on the communicator: the buckets' buffers (memory every
+        process maps, where it is) and the Adasum ops. Collective."""
+        if self.overlap:
+            self._bucket_buffers(comm)
+        elif self.op == Adasum:
             # The tensor sizes are the Adasum layout.
             for g in self._groups.values():
                 g.op = rt.adasum_op(comm, g.layout(), "the %d %s parameters"
                                     % (len(g.params), g.dtype))
+
+    # sumo.torch.elastic replaced the communicator (rt.bind): the collectives started on the
+    # old one are waited for and the step they belonged to dropped (it is redone from the last
+    # commit); the buffers and ops are made again on the new one.
+    def comm_closing(self):
+        if self.overlap:
+            for b in self._buckets:
+                if b.req is not None:
+                    lib.sumo_request_wait(b.req)
+                b.req = b.op = b.grad = b.start = b.delta = None
+            self._pieces = None
+            self._reset()
+        for g in self._groups.values():
+            g.op = None
+        self._synchronized = False
+
+    def comm_opened(self):
+        self._made_on(rt.state.comm)
 
     def _wire(self, dtype):
         """What a delta of this dtype travels as (Adasum)."""
@@ -196,7 +222,7 @@ class DistributedOptimizer(WrappedOptimizer):
             self._reset()
 
     # -- the overlapped delta optimizer --------------------------------------------------------
-    def _build_buckets(self, comm, params, cap_bytes):
+    def _build_buckets(self, params, cap_bytes):
         self._params = params
         self._group_of = [k for k, g in enumerate(self._opt.param_groups) for _ in g["params"]]
         self._where = [None] * len(params)
@@ -212,6 +238,22 @@ class DistributedOptimizer(WrappedOptimizer):
                 self._buckets.append(b)
             self._where[i] = (b, len(b.slots))
             b.add(i, p)
+        # The hook on a parameter's gradient accumulator (Horovod's way: torch 1.13 has no
+        # post-accumulate hook). The nodes are kept so the same one serves every graph; the
+        # hooks hold the optimizer weakly, so a dropped optimizer's hooks do nothing.
+        self._grad_accs = []
+        ref = weakref.ref(self)
+        with torch.enable_grad():
+            for i, p in enumerate(params):
+                if p.requires_grad:
+                    acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                    acc.register_hook(_grad_hook(ref, i))
+                    self._grad_accs.append(acc)
+
+    def _bucket_buffers(self, comm):
+        """The buckets' buffers and ops on comm (collective: memory every process maps, the
+        Adasum ops)."""
+        params = self._params
         for b in self._buckets:
             if self.op != Adasum:
                 # Gradients in the wire dtype, reduced in place. Host ones in memory every
@@ -252,17 +294,6 @@ class DistributedOptimizer(WrappedOptimizer):
                     self._pieces[i] = b.grad[off:off + params[i].numel()]
             self._prescale = 1.0 / self.gradient_predivide_factor if self.op == Average else 1.0
         self._reset()
-        # The hook on a parameter's gradient accumulator (Horovod's way: torch 1.13 has no
-        # post-accumulate hook). The nodes are kept so the same one serves every graph; the
-        # hooks hold the optimizer weakly, so a dropped optimizer's hooks do nothing.
-        self._grad_accs = []
-        ref = weakref.ref(self)
-        with torch.enable_grad():
-            for i, p in enumerate(params):
-                if p.requires_grad:
-                    acc = p.expand_as(p).grad_fn.next_functions[0][0]
-                    acc.register_hook(_grad_hook(ref, i))
-                    self._grad_accs.append(acc)
 
     def _reset(self):
         self._delay = [self.backward_passes_per_step] * len(self._params)

@@ -1,0 +1,125 @@
+"""One process of tests/python/test_elastic.py's jobs: a small model trained with
+sumo.torch.elastic on the shared-memory transport, the processes started each on its own and
+meeting through a FileStore.
+
+    python3 elastic_worker.py STORE OUT (--rank R --size N | --join) [options]
+
+STORE: a directory (sumo's directory store) or a FileStore's file.
+Every process computes the same thing from (step, rank) alone, so the test can compute what
+the survivors must end with (elastic_reference) without sumo. --kill-rank R --kill-step S
+--kill-where between|collective: the process that started as rank R kills itself (SIGKILL)
+at step S of the first membership, between steps or inside the step's gradient allreduce.
+--wait-joiners K: rank 0 waits, at the first commit, until K join tickets were taken (so the
+test knows at which commit they come in). What each process saw goes to OUT/<pid>.pt.
+"""
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import sumo.torch as hvd  # noqa: E402
+from sumo.torch import _runtime  # noqa: E402
+
+STEPS = 8
+COMMIT_EVERY = 2
+
+
+def make_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
+
+
+def make_optimizer(params):
+    return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+
+
+def batch(step, rank):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+
+
+def loss_of(model, step, rank):
+    x, y = batch(step, rank)
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("store")
+    p.add_argument("out")
+    p.add_argument("--rank", type=int)
+    p.add_argument("--size", type=int)
+    p.add_argument("--join", action="store_true")
+    p.add_argument("--kill-rank", type=int, default=-1)
+    p.add_argument("--kill-step", type=int, default=-1)
+    p.add_argument("--kill-where", default="between")
+    p.add_argument("--wait-joiners", type=int, default=0)
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    # A directory: sumo's directory store; else a FileStore's file.
+    store = a.store if os.path.isdir(a.store) else dist.FileStore(a.store, -1)
+    if a.join:
+        hvd.init(store=store, join=True)
+    else:
+        hvd.init(store=store, rank=a.rank, size=a.size)
+    first = (hvd.rank(), hvd.size())  # a joiner's: its place when it came in
+    events = []
+
+    model = make_model()
+    opt = hvd.DistributedOptimizer(make_optimizer(model.parameters()),
+                                   named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model=model, optimizer=opt, step=0)
+    state.register_reset_callbacks([lambda: events.append(
+        ("reset", time.monotonic(), hvd.rank(), hvd.size(), state.step, state._commits))])
+
+    @hvd.elastic.run
+    def train(state):
+        events.append(("call", time.monotonic(), hvd.rank(), hvd.size(), state.step))
+        while state.step < STEPS:
+            s = state.step
+            victim = (not a.join and a.rank == a.kill_rank and s == a.kill_step
+                      and _runtime.state.memberships <= 1 and hvd.size() > 1)
+            if victim and a.kill_where == "between":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if victim:
+                # Inside the collective: this process is waiting in the step's allreduce
+                # (started in the backward pass) when it dies; the others come later.
+                threading.Timer(0.15, os.kill, (os.getpid(), signal.SIGKILL)).start()
+            elif a.kill_where == "collective" and s == a.kill_step and \
+                    _runtime.state.memberships <= 1 and hvd.size() > 1:
+                time.sleep(0.4)
+            opt.zero_grad()
+            try:
+                loss_of(model, s, hvd.rank()).backward()
+                opt.step()
+            except hvd.elastic.HorovodInternalError:
+                events.append(("failed", time.monotonic(), hvd.rank(), hvd.size(), s))
+                raise
+            state.step += 1
+            if state.step % COMMIT_EVERY == 0:
+                if a.wait_joiners and hvd.rank() == 0 and _runtime.state.memberships == 0:
+                    while store.add("sumo/elastic/join/tickets", 0) < a.wait_joiners:
+                        time.sleep(0.05)
+                try:
+                    state.commit()
+                except hvd.elastic.HostsUpdatedInterrupt:
+                    events.append(("joining", time.monotonic(), hvd.rank(), hvd.size(),
+                                   state.step))
+                    raise
+
+    train(state)
+    torch.save({"first": first, "rank": hvd.rank(), "size": hvd.size(), "step": state.step,
+                "commits": state._commits, "events": events,
+                "params": {k: v.clone() for k, v in model.state_dict().items()}},
+               os.path.join(a.out, "%d.pt" % os.getpid()))
+
+
+if __name__ == "__main__":
+    main()
