@@ -55,6 +55,8 @@ bool sumo__method_parse(const char *name, sumo__method *out);
 
 #define SUMO__MAX_TRAIN_EVENTS 8
 
+typedef enum sumo__train_event { SUMO__EVENT_LEAVE, SUMO__EVENT_DIE, SUMO__EVENT_JOIN } sumo__train_event;
+
 typedef struct sumo__train_config {
     int workers;                 /* N: ranks of the communicator (checked) */
     sumo__model_kind model;
@@ -103,11 +105,15 @@ typedef struct sumo__train_config {
      * dealt over the ranks left. */
     bool elastic;
     const sumo_store *store;     /* processes (shm): where survivors meet again; threads: NULL */
-    /* Losses staged for demonstration and tests: at step `step` the rank that started as
-     * `rank` leaves cleanly (destroys its handle) or dies (threads: aborts without a word;
-     * processes: SIGKILL on itself), before its part of the step's exchange. */
-    struct { int rank; long step; bool die; } events[SUMO__MAX_TRAIN_EVENTS];
+    /* Changes staged for demonstration and tests, before step `step`: the worker that started
+     * as `rank` leaves cleanly (destroys its handle) or dies (threads: aborts without a word;
+     * processes: SIGKILL on itself) before its part of the step's exchange; or a new worker
+     * joins (threads; `rank` unused): joiners are numbered from the first worker count on, in
+     * the order given. */
+    struct { int rank; long step; sumo__train_event kind; } events[SUMO__MAX_TRAIN_EVENTS];
     int nevents;
+    /* Threads joining an elastic run meet the workers here (trainer.c; NULL: none). */
+    struct sumo__train_room *room;
 } sumo__train_config;
 
 void sumo__train_config_default(sumo__train_config *cfg);

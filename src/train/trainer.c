@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 static uint64_t config_hash(const char *text)
@@ -557,6 +558,7 @@ typedef struct commits {
     size_t pos[2];
     int latest;
     int shrinks;  /* counted alike by every survivor: names each regrouping in the store */
+    int grows;    /* joins taken in so far (a joiner counts those before its own) */
     int *origins; /* origins[r]: the rank that rank r was when the run started */
     int norigins;
 } commits;
@@ -682,10 +684,12 @@ static bool staged_loss(rank_state *s, sumo_comm **comm)
 {
     const sumo__train_config *c = s->cfg;
     for (int i = 0; i < c->nevents; i++) {
-        if (c->events[i].rank != s->origin || c->events[i].step != s->step) continue;
+        if (c->events[i].kind == SUMO__EVENT_JOIN || c->events[i].rank != s->origin ||
+            c->events[i].step != s->step)
+            continue;
         const char *transport = "";
         sumo_comm_transport(*comm, &transport);
-        if (c->events[i].die) {
+        if (c->events[i].kind == SUMO__EVENT_DIE) {
             /* A process dies outright; a thread cannot without taking the others along, so it
              * aborts the group without a word (its peers fail as they would on a death). */
             if (strcmp(transport, "threads") != 0) raise(SIGKILL);
@@ -697,6 +701,199 @@ static bool staged_loss(rank_state *s, sumo_comm **comm)
         return true;
     }
     return false;
+}
+
+/* ---- joining (threads) ---------------------------------------------------------------------- */
+
+/* Where threads joining an elastic run meet its workers. At a step where workers join, rank 0
+ * makes a threads group of the workers and the joiners, and each takes its handle here: the
+ * members by their rank, the joiners after them. */
+struct sumo__train_room {
+    pthread_mutex_t lock;
+    pthread_cond_t changed;
+    int generation;       /* groups made so far */
+    sumo_comm **handles;  /* the newest group's, until every one is taken */
+    int nhandles, taken;
+    bool closed;          /* the run ended: joiners still waiting go home */
+};
+
+/* Takes handle `index` of group `generation` (waiting for it, up to the deadline), or makes that
+ * group of `size` first (make: rank 0 of the members). */
+static sumo_result room_take(struct sumo__train_room *room, int generation, bool make, int size,
+                             int index, int joiners, sumo_comm **out)
+{
+    sumo_result r = SUMO_SUCCESS;
+    double timeout = 300;
+    const char *t = getenv("SUMO_TIMEOUT");
+    if (t && atof(t) > 0) timeout = atof(t);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += (time_t)timeout + 1;
+    pthread_mutex_lock(&room->lock);
+    if (make) {
+        room->handles = calloc((size_t)size, sizeof *room->handles);
+        r = room->handles ? sumo_comm_create_threads(size, room->handles) : SUMO_ERR_SYSTEM;
+        if (r != SUMO_SUCCESS) {
+            free(room->handles);
+            room->handles = NULL;
+        }
+        room->nhandles = size;
+        room->taken = 0;
+        room->generation = generation;
+        pthread_cond_broadcast(&room->changed);
+    }
+    while (r == SUMO_SUCCESS && room->generation < generation && !room->closed)
+        if (pthread_cond_timedwait(&room->changed, &room->lock, &until) != 0) r = SUMO_ERR_TIMEOUT;
+    if (r == SUMO_SUCCESS && (room->generation != generation || room->handles == NULL))
+        r = room->closed ? SUMO_ERR_INVALID_USAGE : SUMO_ERR_SYSTEM;
+    if (r == SUMO_SUCCESS) {
+        /* A joiner's place: after the members, whatever losses came before. */
+        if (index < 0) index = room->nhandles - joiners + (-index - 1);
+        *out = room->handles[index];
+        if (++room->taken == room->nhandles) {
+            free(room->handles);
+            room->handles = NULL;
+        }
+    }
+    pthread_mutex_unlock(&room->lock);
+    return r;
+}
+
+/* The joiners of this step and, for a joiner, its place among them and its group's number. */
+typedef struct join_plan {
+    int joiners;    /* joining at this step */
+    int generation; /* the group they join: one per step that has joiners */
+    int place;      /* a joiner's 0-based place among this step's joiners */
+    int origin;     /* a joiner's worker number: cfg->workers + its order among all joins */
+} join_plan;
+
+static join_plan plan_join(const sumo__train_config *c, long step, int join_index)
+{
+    join_plan p = {0};
+    long steps[SUMO__MAX_TRAIN_EVENTS];
+    int nsteps = 0, order = 0;
+    for (int i = 0; i < c->nevents; i++) {
+        if (c->events[i].kind != SUMO__EVENT_JOIN) continue;
+        if (order == join_index) step = c->events[i].step, p.origin = c->workers + order;
+        order++;
+        bool seen = false;
+        for (int k = 0; k < nsteps; k++) seen |= steps[k] == c->events[i].step;
+        if (!seen) steps[nsteps++] = c->events[i].step;
+    }
+    order = 0;
+    for (int i = 0; i < c->nevents; i++) {
+        if (c->events[i].kind != SUMO__EVENT_JOIN) continue;
+        if (c->events[i].step == step) {
+            if (order < join_index) p.place++;
+            p.joiners++;
+        }
+        order++;
+    }
+    for (int k = 0; k < nsteps; k++) p.generation += steps[k] <= step;
+    return p;
+}
+
+/* What a joiner needs besides the state: where the run is, and how it counts. */
+typedef struct join_header {
+    int64_t step, steps_per_epoch, total_steps, epoch;
+    uint64_t pos, bytes;
+    sumo_lr_schedule sched;
+} join_header;
+
+/* Rank 0's newest commit, and its counters, to every rank of the grown group; the joiners
+ * (joining: this rank is one) load it, the members keep their own (the same state for the
+ * methods that synchronise every step; an outer method's joiner starts from rank 0's). */
+static sumo_result share_state(rank_state *s, commits *ec, bool joining)
+{
+    union {
+        join_header h;
+        double words[(sizeof(join_header) + 7) / 8];
+    } head;
+    memset(&head, 0, sizeof head);
+    if (s->rank == 0)
+        head.h = (join_header){.step = ec->step[ec->latest], .steps_per_epoch = s->steps_per_epoch,
+                               .total_steps = s->total_steps, .epoch = ec->epoch[ec->latest],
+                               .pos = ec->pos[ec->latest], .bytes = ec->bytes[ec->latest],
+                               .sched = s->sched};
+    /* A broadcast copies bytes: any bit pattern crosses as float64 words. */
+    sumo_result r = sumo_broadcast(&head, &head, sizeof head.words / 8, SUMO_FLOAT64, 0, s->comm);
+    if (r != SUMO_SUCCESS) return fail(s, r, "joining: the state's size");
+    size_t words = (size_t)(head.h.bytes + 7) / 8;
+    double *blob = calloc(words ? words : 1, 8);
+    int64_t *origins = calloc((size_t)s->size, sizeof *origins);
+    if (blob == NULL || origins == NULL) r = SUMO_ERR_SYSTEM;
+    if (r == SUMO_SUCCESS && s->rank == 0) {
+        memcpy(blob, ec->blob[ec->latest], head.h.bytes);
+        int k = 0;
+        for (; k < ec->norigins; k++) origins[k] = ec->origins[k];
+        for (int i = 0, order = 0; i < s->cfg->nevents; i++) {
+            if (s->cfg->events[i].kind != SUMO__EVENT_JOIN) continue;
+            if (s->cfg->events[i].step == head.h.step && k < s->size) origins[k++] = s->cfg->workers + order;
+            order++;
+        }
+    }
+    if (r == SUMO_SUCCESS) r = sumo_broadcast(blob, blob, words, SUMO_FLOAT64, 0, s->comm);
+    if (r == SUMO_SUCCESS)
+        r = sumo_broadcast(origins, origins, (size_t)s->size, SUMO_FLOAT64, 0, s->comm);
+    if (r == SUMO_SUCCESS) {
+        int *grown = realloc(ec->origins, (size_t)s->size * sizeof *grown);
+        if (grown == NULL) r = SUMO_ERR_SYSTEM;
+        else {
+            ec->origins = grown;
+            for (int k = 0; k < s->size; k++) grown[k] = (int)origins[k];
+            ec->norigins = s->size;
+        }
+    }
+    if (r == SUMO_SUCCESS && joining) {
+        train_counters tc;
+        r = unpack_state(s, (unsigned char *)blob, head.h.bytes, &tc);
+        if (r != SUMO_SUCCESS) {
+            snprintf(s->err, s->errlen, "rank %d: joining: worker 0's state does not fit this worker", s->rank);
+        } else {
+            apply_counters(s, &tc);
+            s->epoch = (int)head.h.epoch;
+            s->pos = head.h.pos;
+            s->steps_per_epoch = head.h.steps_per_epoch;
+            s->total_steps = head.h.total_steps;
+            s->sched = head.h.sched;
+            r = commit(s, ec);
+        }
+    }
+    free(blob);
+    free(origins);
+    return r == SUMO_ERR_SYSTEM ? fail(s, r, "joining: memory") : r;
+}
+
+/* At a step where workers join: the members move to a group with the joiners, make the
+ * exchange again on it and hand the joiners the state. */
+static sumo_result take_joiners(rank_state *s, commits *ec, sumo_comm **comm)
+{
+    join_plan p = plan_join(s->cfg, s->step, -1);
+    if (p.joiners == 0 || s->cfg->room == NULL) return SUMO_SUCCESS;
+    sumo_comm *fresh = NULL;
+    sumo_result r = room_take(s->cfg->room, p.generation, s->rank == 0, s->size + p.joiners, s->rank,
+                              p.joiners, &fresh);
+    if (r != SUMO_SUCCESS) {
+        snprintf(s->err, s->errlen, "rank %d: workers joining at step %ld: no group (%s)", s->rank, s->step,
+                 sumo_result_name(r));
+        return r;
+    }
+    ec->grows = p.generation;
+    s->comm_before = comm_so_far(s); /* the exchange's counts go with it */
+    sumo_distributed_destroy(s->dist);
+    sumo_aggregator_destroy(s->agg);
+    s->dist = NULL;
+    s->agg = NULL;
+    sumo_comm_destroy(*comm);
+    *comm = s->comm = fresh;
+    int was = s->size;
+    sumo_comm_size(fresh, &s->size);
+    r = build_exchange(s);
+    if (r == SUMO_SUCCESS) r = share_state(s, ec, false);
+    if (r == SUMO_SUCCESS && s->rank == 0)
+        fprintf(stderr, "sumo train: %d worker(s) joined at step %ld; going on with %d\n", s->size - was,
+                s->step, s->size);
+    return r;
 }
 
 /* ---- the loop ----------------------------------------------------------------------------- */
@@ -753,22 +950,37 @@ static sumo_result verify_ranks(rank_state *s, const float *params)
     return r;
 }
 
-sumo_result sumo__train_rank(sumo_comm **commp, const sumo__train_config *cfg,
+sumo_result sumo__train_rank(sumo_comm **commp, int join, const sumo__train_config *cfg,
                              const sumo__dataset *train, const sumo__dataset *test,
                              sumo__train_summary *summary, char *err, size_t errlen)
 {
-    if (commp == NULL || *commp == NULL || cfg == NULL || train == NULL || test == NULL || summary == NULL)
+    if (commp == NULL || (*commp == NULL) != (join >= 0) || cfg == NULL || train == NULL || test == NULL ||
+        summary == NULL || (join >= 0 && cfg->room == NULL))
         return SUMO_ERR_INVALID_ARGUMENT;
-    sumo_comm *comm = *commp;
     if (err && errlen) err[0] = '\0';
+    sumo__train_summary local = {.steps_to_target = -1};
+    *summary = local;
+    join_plan plan = {0};
+    if (join >= 0) {
+        /* A joiner waits for its group; one whose step never comes goes home. */
+        plan = plan_join(cfg, 0, join);
+        sumo_result jr = room_take(cfg->room, plan.generation, false, 0, -(plan.place + 1), plan.joiners, commp);
+        if (jr == SUMO_ERR_INVALID_USAGE) {
+            summary->lost = true;
+            return SUMO_SUCCESS;
+        }
+        if (jr != SUMO_SUCCESS) {
+            snprintf(err, errlen, "worker %d, joining: no group to join (%s)", plan.origin, sumo_result_name(jr));
+            return jr;
+        }
+    }
+    sumo_comm *comm = *commp;
     rank_state s = {.comm = comm, .cfg = cfg, .train = train, .test = test, .summary = summary,
                     .err = err, .errlen = errlen};
     sumo_comm_rank(comm, &s.rank);
     sumo_comm_size(comm, &s.size);
-    s.origin = s.rank;
-    sumo__train_summary local = {.steps_to_target = -1};
-    *summary = local;
-    if (cfg->workers != s.size) {
+    s.origin = join >= 0 ? plan.origin : s.rank;
+    if (join < 0 && cfg->workers != s.size) {
         snprintf(err, errlen, "--workers %d but the communicator has %d ranks", cfg->workers, s.size);
         return SUMO_ERR_INVALID_ARGUMENT;
     }
@@ -780,9 +992,10 @@ sumo_result sumo__train_rank(sumo_comm **commp, const sumo__train_config *cfg,
     if (r == SUMO_SUCCESS && s.rank == 0 && cfg->log_path) r = open_log(&s);
     /* Every rank must agree that the set-up worked, with the same configuration, before the
      * first collective of a step; the communicator's message names the first rank that did
-     * not. */
-    sumo_result ar = sumo__agree_setup(comm, r, sumo__fnv1a(SUMO__FNV_OFFSET, s.config, strlen(s.config)),
-                                       "sumo train set-up (configuration)");
+     * not. A joiner comes after that, into a group whose members agreed already. */
+    sumo_result ar = join >= 0 ? r
+                               : sumo__agree_setup(comm, r, sumo__fnv1a(SUMO__FNV_OFFSET, s.config, strlen(s.config)),
+                                                   "sumo train set-up (configuration)");
     if (r == SUMO_SUCCESS && ar != SUMO_SUCCESS) {
         fail(&s, ar, "set-up");
         /* Another rank's failure is that rank's to report; this one only followed it. */
@@ -804,10 +1017,17 @@ sumo_result sumo__train_rank(sumo_comm **commp, const sumo__train_config *cfg,
         if (ec.origins == NULL) r = SUMO_ERR_SYSTEM;
         for (int k = 0; ec.origins && k < s.size; k++) ec.origins[k] = k;
         ec.norigins = s.size;
-        if (r == SUMO_SUCCESS) r = commit(&s, &ec);
+        if (join >= 0) ec.grows = plan.generation;
+        if (r == SUMO_SUCCESS) r = join >= 0 ? share_state(&s, &ec, true) : commit(&s, &ec);
     }
     /* An elastic run's step count follows its size: it ends with the epochs. */
     while (r == SUMO_SUCCESS && (cfg->elastic ? s.epoch < cfg->epochs : s.step < s.total_steps)) {
+        if (cfg->room && plan_join(cfg, s.step, -1).generation > ec.grows &&
+            plan_join(cfg, s.step, -1).joiners > 0) {
+            r = take_joiners(&s, &ec, commp);
+            comm = *commp;
+            if (r != SUMO_SUCCESS) break;
+        }
         if (cfg->nevents && staged_loss(&s, commp)) break;
         gather_batch(&s);
         double loss = 0, t1 = now_s();
@@ -908,7 +1128,7 @@ static sumo_result train_thread(sumo_comm *comm, int rank, void *arg)
 {
     thread_job *j = (thread_job *)arg + rank;
     j->ran = true;
-    return sumo__train_rank(&comm, j->cfg, j->train, j->test, &j->summary, j->err, sizeof j->err);
+    return sumo__train_rank(&comm, -1, j->cfg, j->train, j->test, &j->summary, j->err, sizeof j->err);
 }
 
 /* An elastic run's threads own their handles: a shrink replaces them, so sumo_threads_run
@@ -916,6 +1136,7 @@ static sumo_result train_thread(sumo_comm *comm, int rank, void *arg)
 typedef struct elastic_thread {
     thread_job *job;
     sumo_comm *comm;
+    int join; /* -1: a worker from the start; else which joiner */
     sumo_result result;
 } elastic_thread;
 
@@ -923,21 +1144,29 @@ static void *elastic_main(void *p)
 {
     elastic_thread *t = p;
     t->job->ran = true;
-    t->result = sumo__train_rank(&t->comm, t->job->cfg, t->job->train, t->job->test, &t->job->summary,
-                                 t->job->err, sizeof t->job->err);
+    t->result = sumo__train_rank(&t->comm, t->join, t->job->cfg, t->job->train, t->job->test,
+                                 &t->job->summary, t->job->err, sizeof t->job->err);
     if (t->comm) sumo_comm_destroy(t->comm);
     return NULL;
 }
 
-static sumo_result run_elastic_threads(int n, thread_job *jobs, sumo_result *results)
+/* n workers from the start and `joiners` threads that wait in the room for their step. */
+static sumo_result run_elastic_threads(int n, int joiners, thread_job *jobs, sumo_result *results)
 {
+    int all = n + joiners;
+    struct sumo__train_room room = {0};
+    sumo__train_config cfg = *jobs[0].cfg;
+    cfg.room = &room;
     sumo_comm **comms = calloc((size_t)n, sizeof *comms);
-    elastic_thread *ts = calloc((size_t)n, sizeof *ts);
-    pthread_t *ids = calloc((size_t)n, sizeof *ids);
+    elastic_thread *ts = calloc((size_t)all, sizeof *ts);
+    pthread_t *ids = calloc((size_t)all, sizeof *ids);
     sumo_result r = comms && ts && ids ? sumo_comm_create_threads(n, comms) : SUMO_ERR_SYSTEM;
+    pthread_mutex_init(&room.lock, NULL);
+    pthread_cond_init(&room.changed, NULL);
     int started = 0;
-    for (int i = 0; r == SUMO_SUCCESS && i < n; i++) {
-        ts[i] = (elastic_thread){.job = &jobs[i], .comm = comms[i]};
+    for (int i = 0; r == SUMO_SUCCESS && i < all; i++) {
+        jobs[i].cfg = &cfg;
+        ts[i] = (elastic_thread){.job = &jobs[i], .comm = i < n ? comms[i] : NULL, .join = i < n ? -1 : i - n};
         if (pthread_create(&ids[i], NULL, elastic_main, &ts[i]) != 0) {
             /* The ranks not started leave at once; those running lose them as peers. */
             for (int k = i; k < n; k++) sumo_comm_destroy(comms[k]);
@@ -947,9 +1176,19 @@ static sumo_result run_elastic_threads(int n, thread_job *jobs, sumo_result *res
         started++;
     }
     for (int i = 0; i < started; i++) {
+        if (i == n) {
+            /* The workers are done: joiners still waiting have no step left to join at. */
+            pthread_mutex_lock(&room.lock);
+            room.closed = true;
+            pthread_cond_broadcast(&room.changed);
+            pthread_mutex_unlock(&room.lock);
+        }
         pthread_join(ids[i], NULL);
         results[i] = ts[i].result;
     }
+    pthread_cond_destroy(&room.changed);
+    pthread_mutex_destroy(&room.lock);
+    free(room.handles);
     free(comms);
     free(ts);
     free(ids);
@@ -965,21 +1204,24 @@ sumo_result sumo__train_threads(const sumo__train_config *cfg, const sumo__datas
         snprintf(err, errlen, "--workers %d is out of range (1 to %d)", n, SUMO_THREADS_MAX_RANKS);
         return SUMO_ERR_INVALID_ARGUMENT;
     }
-    thread_job *jobs = calloc((size_t)n, sizeof *jobs);
-    sumo_result *results = calloc((size_t)n, sizeof *results);
+    int joiners = 0;
+    for (int i = 0; cfg->elastic && i < cfg->nevents; i++) joiners += cfg->events[i].kind == SUMO__EVENT_JOIN;
+    int all = n + joiners;
+    thread_job *jobs = calloc((size_t)all, sizeof *jobs);
+    sumo_result *results = calloc((size_t)all, sizeof *results);
     if (jobs == NULL || results == NULL) {
         free(jobs);
         free(results);
         snprintf(err, errlen, "out of memory for %d workers (--workers)", n);
         return SUMO_ERR_SYSTEM;
     }
-    for (int i = 0; i < n; i++) jobs[i] = (thread_job){.cfg = cfg, .train = train, .test = test};
+    for (int i = 0; i < all; i++) jobs[i] = (thread_job){.cfg = cfg, .train = train, .test = test};
     /* The runner makes the ranks that did start fail at once when one could not, instead of
      * waiting for it until the deadline. */
-    sumo_result r = cfg->elastic ? run_elastic_threads(n, jobs, results)
+    sumo_result r = cfg->elastic ? run_elastic_threads(n, joiners, jobs, results)
                                  : sumo_threads_run(n, train_thread, jobs, results);
     int missing = 0, first_missing = -1;
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < all; i++)
         if (!jobs[i].ran) {
             if (first_missing < 0) first_missing = i;
             missing++;
@@ -993,17 +1235,17 @@ sumo_result sumo__train_threads(const sumo__train_config *cfg, const sumo__datas
     } else {
         /* The report comes from the first worker still there at the end. */
         int first = 0;
-        while (first < n - 1 && jobs[first].summary.lost) first++;
+        while (first < all - 1 && jobs[first].summary.lost) first++;
         r = results[first];
         *summary = jobs[first].summary;
         /* Report the rank that failed first-hand, not the peers that failed because of it. */
         for (int pass = 0; pass < 2 && err[0] == '\0'; pass++)
-            for (int i = 0; i < n && err[0] == '\0'; i++)
+            for (int i = 0; i < all && err[0] == '\0'; i++)
                 if (results[i] != SUMO_SUCCESS && (pass || results[i] != SUMO_ERR_PEER_FAILURE)) {
                     snprintf(err, errlen, "%s", jobs[i].err);
                     r = results[i];
                 }
-        for (int i = 0; i < n; i++) {
+        for (int i = 0; i < all; i++) {
             /* Every rank must end with the same parameters (SlowMo only after its last sync). */
             if (jobs[i].summary.lost) continue;
             if (jobs[i].summary.param_checksum != jobs[first].summary.param_checksum && r == SUMO_SUCCESS &&

@@ -25,13 +25,25 @@ for m in avg adasum; do
     && ok "$m: elastic with no loss = the plain run" || fail "$m: elastic with no loss differs"
   run plain3 --reduce $m --workers 3
   run leave0 --reduce $m --workers 4 --elastic --leave 2@0
-  [ "$(checksum "$tmp/leave0")" = "$(checksum "$tmp/plain3")" ] && grep -q "ended with 3 of 4" "$tmp/leave0" \
+  [ "$(checksum "$tmp/leave0")" = "$(checksum "$tmp/plain3")" ] && grep -q "ended with 3 workers (started with 4)" "$tmp/leave0" \
     && ok "$m: a worker that leaves before step 0 = a plain run of 3" || fail "$m: leave@0 differs from 3 workers"
   run leave --reduce $m --workers 4 --elastic --leave 1@40 --leave 3@77
   run kill --reduce $m --workers 4 --elastic --kill 1@40 --kill 3@77
   [ -n "$(checksum "$tmp/leave")" ] && [ "$(checksum "$tmp/kill")" = "$(checksum "$tmp/leave")" ] \
-    && grep -q "ended with 2 of 4" "$tmp/kill" \
+    && grep -q "ended with 2 workers (started with 4)" "$tmp/kill" \
     && ok "$m: threads, two workers die at steps 40 and 77 = they leave there" || { fail "$m: threads kill differs"; cat "$tmp/kill"; }
+  # Joining (threads): at step 0 it is a plain run of 4; later, the joiner gets the state (the
+  # ranks check each step that they hold the same parameters); a joiner that dies at once leaves
+  # the run as it was.
+  run join0 --reduce $m --workers 3 --elastic --join 0
+  [ "$(checksum "$tmp/join0")" = "$(checksum "$tmp/plain4")" ] \
+    && ok "$m: a worker that joins at step 0 = a plain run of 4" || fail "$m: join@0 differs from 4 workers"
+  run join30 --reduce $m --workers 3 --elastic --join 30 --join 30 --verify-ranks
+  [ -n "$(checksum "$tmp/join30")" ] && grep -q "ended with 5 workers (started with 3)" "$tmp/join30" \
+    && ok "$m: two join at step 30 and hold the workers' parameters from there on" || { fail "$m: join@30"; cat "$tmp/join30"; }
+  run joinkill --reduce $m --workers 3 --elastic --join 30 --kill 3@30
+  [ "$(checksum "$tmp/joinkill")" = "$(checksum "$tmp/plain3")" ] \
+    && ok "$m: a joiner that dies on its first step = a plain run of 3" || fail "$m: join then die differs"
 done
 
 # The tasks of a plain srun step, started by hand: shared memory, a store in a folder. Each runs
@@ -58,7 +70,7 @@ for trial in 1 2 3; do
   back=$(sed -n 's/.*going on with 3 from step \([0-9]*\).*/\1/p' "$tmp"/ext* | head -1)
   if [ -z "$back" ]; then
     # The run ended before the kill landed: every task finished, all with the same bits.
-    [ "$(grep -l "ended with 4 of 4" "$tmp"/ext* | wc -l)" -ge 1 ] && ok "trial $trial: finished before the kill" \
+    [ "$(grep -l "ended with 4 workers" "$tmp"/ext* | wc -l)" -ge 1 ] && ok "trial $trial: finished before the kill" \
       || { fail "trial $trial: no recovery and no end"; head -3 "$tmp"/ext*; }
     continue
   fi

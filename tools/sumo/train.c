@@ -79,6 +79,8 @@ static void usage(FILE *out)
         "                         the survivors regroup and redo the step in flight\n"
         "  --leave R@S, --kill R@S   (with --elastic) worker R leaves cleanly, or dies (a task:\n"
         "                         SIGKILL on itself), at step S; may be repeated\n"
+        "  --join S               (with --elastic, threads) a new worker joins at step S and gets\n"
+        "                         the state from worker 0; may be repeated\n"
         "The results table ends with a line per column saying what it shows; \"to target\"\n"
         "counts epochs until the test accuracy first reached --target.\n");
 }
@@ -345,6 +347,18 @@ static int parse(int argc, char **argv, options *o)
         else if (FLAG("--no-progress")) c->progress = false;
         else if (FLAG("--verify-ranks")) c->verify_ranks = true;
         else if (FLAG("--elastic")) c->elastic = true;
+        else if (FLAG("--join")) {
+            long st;
+            I64(st, 0, LONG_MAX);
+            if (c->nevents == SUMO__MAX_TRAIN_EVENTS) {
+                fprintf(stderr, "sumo train: at most %d --leave/--kill/--join\n", SUMO__MAX_TRAIN_EVENTS);
+                return 2;
+            }
+            c->events[c->nevents].rank = -1;
+            c->events[c->nevents].step = st;
+            c->events[c->nevents].kind = SUMO__EVENT_JOIN;
+            c->nevents++;
+        }
         else if (FLAG("--leave") || FLAG("--kill")) {
             NEED();
             int rk, used = 0;
@@ -352,12 +366,12 @@ static int parse(int argc, char **argv, options *o)
             if (sscanf(v, "%d@%ld%n", &rk, &st, &used) != 2 || v[used] != '\0' || rk < 0 || st < 0)
                 return bad(a, v);
             if (c->nevents == SUMO__MAX_TRAIN_EVENTS) {
-                fprintf(stderr, "sumo train: at most %d --leave/--kill\n", SUMO__MAX_TRAIN_EVENTS);
+                fprintf(stderr, "sumo train: at most %d --leave/--kill/--join\n", SUMO__MAX_TRAIN_EVENTS);
                 return 2;
             }
             c->events[c->nevents].rank = rk;
             c->events[c->nevents].step = st;
-            c->events[c->nevents].die = FLAG("--kill");
+            c->events[c->nevents].kind = FLAG("--kill") ? SUMO__EVENT_DIE : SUMO__EVENT_LEAVE;
             c->nevents++;
         }
         else {
@@ -381,7 +395,7 @@ static int parse(int argc, char **argv, options *o)
         return bad("--checkpoint-dir", c->checkpoint_dir);
     }
     if (c->nevents && !c->elastic) {
-        fprintf(stderr, "sumo train: --leave and --kill stage losses for an --elastic run\n");
+        fprintf(stderr, "sumo train: --leave, --kill and --join stage changes for an --elastic run\n");
         return 2;
     }
     if (c->elastic && c->checkpoint_dir) {
@@ -700,6 +714,13 @@ int sumo_cmd_train(int argc, char **argv)
                                        : "trains one method at a time");
         return 2;
     }
+    for (int i = 0; i < o.cfg.nevents; i++)
+        if (o.cfg.events[i].kind == SUMO__EVENT_JOIN && how.kind != LAUNCH_THREADS) {
+            /* A task joins a job through its launcher; srun's steps are fixed at their start. */
+            fprintf(stderr, "sumo train: --join adds worker threads; srun starts a step's tasks at once "
+                            "(processes that join a running job: sumo.torch's python -m sumo.launch --join)\n");
+            return 2;
+        }
     if (how.kind == LAUNCH_MPI) {
 #ifdef SUMO_HAVE_MPI
         MPI_Init(&argc, &argv);
@@ -791,7 +812,7 @@ int sumo_cmd_train(int argc, char **argv)
         sumo__train_config *c = &configs[k];
         c->store = store;
         err[0] = '\0';
-        r = comm ? sumo__train_rank(&comm, c, &train, &test, &summaries[k], err, sizeof err)
+        r = comm ? sumo__train_rank(&comm, -1, c, &train, &test, &summaries[k], err, sizeof err)
                      : sumo__train_threads(c, &train, &test, &summaries[k], err, sizeof err);
         if (r == SUMO_SUCCESS && summaries[k].lost) {
             /* This task left or died on purpose (--leave, --kill): the others go on. */
@@ -823,8 +844,8 @@ int sumo_cmd_train(int argc, char **argv)
         }
         for (int k = 0; k < o.nmethods; k++)
             if (configs[k].elastic)
-                printf("%s: elastic, ended with %d of %d workers\n", o.labels[k], summaries[k].workers,
-                       configs[k].workers);
+                printf("%s: elastic, ended with %d workers (started with %d)\n", o.labels[k],
+                       summaries[k].workers, configs[k].workers);
         /* The hashes hold for machines that agree on these (machine.h says why). */
         printf("bits depend on the code, the flags and: OpenBLAS core %s, sumo kernels %s\n",
                sumo_tool_blas_core(), sumo_tool_kernel_isa());
