@@ -411,9 +411,11 @@ static sumo_result pack_state(rank_state *s, unsigned char **out, size_t *bytes)
 }
 
 /* Loads what pack_state made into the rank's parts; SUMO_ERR_INVALID_ARGUMENT when a section
- * does not fit them. The counters are left to the caller. */
-static sumo_result unpack_state(rank_state *s, const unsigned char *blob, size_t bytes,
-                                train_counters *tc)
+ * does not fit them. The counters are left to the caller. An aggregator whose state is sized by
+ * the rank count (ACGA's per-rank history) starts afresh after a change of membership (resized:
+ * the state came from a group of another size) instead of failing. */
+static sumo_result unpack_state_as(rank_state *s, const unsigned char *blob, size_t bytes,
+                                   train_counters *tc, bool resized)
 {
     section sec[5];
     state_sections(s, sec);
@@ -424,7 +426,12 @@ static sumo_result unpack_state(rank_state *s, const unsigned char *blob, size_t
         if ((size_t)(end - p) < sizeof len) return SUMO_ERR_INVALID_ARGUMENT;
         memcpy(&len, p, sizeof len);
         p += sizeof len;
-        if (len != sec[i].bytes || (size_t)(end - p) < len) return SUMO_ERR_INVALID_ARGUMENT;
+        if ((size_t)(end - p) < len) return SUMO_ERR_INVALID_ARGUMENT;
+        if (len != sec[i].bytes) {
+            if (!(resized && i == 2)) return SUMO_ERR_INVALID_ARGUMENT;
+            p += len;
+            continue;
+        }
         switch (i) {
         case 0: memcpy(sec[0].ptr, p, len); break;
         case 1: r = sumo_optimizer_state_load(s->opt, p, len); break;
@@ -435,6 +442,12 @@ static sumo_result unpack_state(rank_state *s, const unsigned char *blob, size_t
         p += len;
     }
     return r == SUMO_SUCCESS && p != end ? SUMO_ERR_INVALID_ARGUMENT : r;
+}
+
+static sumo_result unpack_state(rank_state *s, const unsigned char *blob, size_t bytes,
+                                train_counters *tc)
+{
+    return unpack_state_as(s, blob, bytes, tc, false);
 }
 
 static void apply_counters(rank_state *s, const train_counters *tc)
@@ -661,10 +674,10 @@ static sumo_result recover(rank_state *s, commits *ec, sumo_comm **comm, sumo_re
     r = build_exchange(s);
     if (r != SUMO_SUCCESS) return r;
     train_counters tc;
-    r = unpack_state(s, ec->blob[slot], ec->bytes[slot], &tc);
+    r = unpack_state_as(s, ec->blob[slot], ec->bytes[slot], &tc, true);
     if (r != SUMO_SUCCESS) {
-        snprintf(s->err, s->errlen, "rank %d: the state of step %ld does not fit the exchange of %d ranks "
-                 "(this method keeps state whose size depends on the number of ranks)", s->rank, back, s->size);
+        snprintf(s->err, s->errlen, "rank %d: the state of step %ld does not fit the exchange of %d ranks",
+                 s->rank, back, s->size);
         return r;
     }
     apply_counters(s, &tc);
@@ -846,7 +859,7 @@ static sumo_result share_state(rank_state *s, commits *ec, bool joining)
     }
     if (r == SUMO_SUCCESS && joining) {
         train_counters tc;
-        r = unpack_state(s, (unsigned char *)blob, head.h.bytes, &tc);
+        r = unpack_state_as(s, (unsigned char *)blob, head.h.bytes, &tc, true);
         if (r != SUMO_SUCCESS) {
             snprintf(s->err, s->errlen, "rank %d: joining: worker 0's state does not fit this worker", s->rank);
         } else {
@@ -889,6 +902,14 @@ static sumo_result take_joiners(rank_state *s, commits *ec, sumo_comm **comm)
     int was = s->size;
     sumo_comm_size(fresh, &s->size);
     r = build_exchange(s);
+    /* The new exchange starts empty: each member loads its own state back into it (the step
+     * just committed is where it stands). */
+    train_counters tc;
+    if (r == SUMO_SUCCESS && unpack_state_as(s, ec->blob[ec->latest], ec->bytes[ec->latest], &tc, true) != SUMO_SUCCESS) {
+        snprintf(s->err, s->errlen, "rank %d: workers joining at step %ld: this rank's state does not fit the "
+                 "exchange of %d ranks", s->rank, s->step, s->size);
+        r = SUMO_ERR_INVALID_ARGUMENT;
+    }
     if (r == SUMO_SUCCESS) r = share_state(s, ec, false);
     if (r == SUMO_SUCCESS && s->rank == 0)
         fprintf(stderr, "sumo train: %d worker(s) joined at step %ld; going on with %d\n", s->size - was,
