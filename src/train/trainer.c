@@ -154,8 +154,6 @@ static sumo_result build(rank_state *s)
     s->needs_agg = needs_agg;
     s->aopt = aopt;
     s->dopt = dopt;
-    r = build_exchange(s);
-    if (r != SUMO_SUCCESS) return r;
     size_t usable = c->train_limit && c->train_limit < s->train->n ? c->train_limit : s->train->n;
     s->usable = usable;
     s->steps_per_epoch = (long)(usable / ((size_t)s->size * (size_t)c->batch));
@@ -189,7 +187,9 @@ static sumo_result build(rank_state *s)
     s->eval_params = malloc(s->nparams * sizeof *s->eval_params);
     if (!s->xbatch || !s->ybatch || !s->perm || !s->eval_params) return SUMO_ERR_SYSTEM;
     s->perm_epoch = -1;
-    return SUMO_SUCCESS;
+    /* Last: the exchange is the only part that meets the other ranks (an elastic run that
+     * loses one here makes it again, on the survivors). */
+    return build_exchange(s);
 }
 
 /*
@@ -684,6 +684,7 @@ static sumo_result recover(rank_state *s, commits *ec, sumo_comm **comm, sumo_re
     s->epoch = ec->epoch[slot];
     s->pos = ec->pos[slot];
     ec->latest = slot;
+    s->err[0] = '\0'; /* what the failed step said is over */
     if (s->rank == 0) {
         fprintf(stderr, "sumo train: lost worker(s) %s (%s); going on with %d from step %ld (regrouped in %.1f ms)\n",
                 lost, sumo_result_name(cause), s->size, s->step, 1e3 * (now_s() - t0));
@@ -917,6 +918,48 @@ static sumo_result take_joiners(rank_state *s, commits *ec, sumo_comm **comm)
     return r;
 }
 
+/* A worker lost during set-up (no step taken, nothing to go back to): the survivors shrink and
+ * make the exchange again. */
+static sumo_result regroup_setup(rank_state *s, commits *ec, sumo_comm **comm)
+{
+    char prefix[64], why[256] = "";
+    snprintf(prefix, sizeof prefix, "sumo-train/regroup-%d/", ec->shrinks++);
+    sumo_shrink_options o;
+    sumo_shrink_options_default(&o);
+    o.store = s->cfg->store;
+    o.key_prefix = prefix;
+    o.error = why;
+    o.error_bytes = sizeof why;
+    int old_size = s->size;
+    int *old = malloc((size_t)old_size * sizeof *old);
+    if (old == NULL) return SUMO_ERR_SYSTEM;
+    sumo_shrink_info info = {.struct_size = sizeof info, .old_ranks = old};
+    sumo_comm *fresh = NULL;
+    sumo_result r = sumo_comm_shrink(*comm, &o, &fresh, &info);
+    if (r != SUMO_SUCCESS) {
+        snprintf(s->err, s->errlen, "rank %d: a peer was lost during set-up and the survivors could not regroup: %s",
+                 s->rank, why[0] ? why : sumo_strerror(r));
+        free(old);
+        return r;
+    }
+    sumo_distributed_destroy(s->dist);
+    sumo_aggregator_destroy(s->agg);
+    s->dist = NULL;
+    s->agg = NULL;
+    sumo_comm_destroy(*comm);
+    *comm = s->comm = fresh;
+    s->rank = info.rank;
+    s->size = info.size;
+    for (int n = 0; n < info.size; n++) ec->origins[n] = ec->origins[old[n]];
+    ec->norigins = info.size;
+    free(old);
+    s->err[0] = '\0';
+    if (s->rank == 0)
+        fprintf(stderr, "sumo train: lost %d worker(s) during set-up; going on with %d\n", old_size - s->size,
+                s->size);
+    return build_exchange(s);
+}
+
 /* ---- the loop ----------------------------------------------------------------------------- */
 
 static void gather_batch(rank_state *s)
@@ -1017,12 +1060,30 @@ sumo_result sumo__train_rank(sumo_comm **commp, int join, const sumo__train_conf
     sumo_result ar = join >= 0 ? r
                                : sumo__agree_setup(comm, r, sumo__fnv1a(SUMO__FNV_OFFSET, s.config, strlen(s.config)),
                                                    "sumo train set-up (configuration)");
+    commits ec = {.latest = 1, .step = {-1, -1}};
+    if (cfg->elastic) {
+        ec.origins = malloc((size_t)s.size * sizeof *ec.origins);
+        for (int k = 0; ec.origins && k < s.size; k++) ec.origins[k] = k;
+        ec.norigins = s.size;
+        if (ec.origins == NULL && r == SUMO_SUCCESS) r = SUMO_ERR_SYSTEM;
+    }
+    /* A worker lost during set-up: the survivors regroup and set the exchange up again. */
+    while (cfg->elastic && join < 0 && s.model && s.opt && s.eval_params && ec.origins &&
+           (r == SUMO_SUCCESS || recoverable(&s, r)) && recoverable(&s, ar)) {
+        r = regroup_setup(&s, &ec, commp);
+        comm = *commp;
+        if (r == SUMO_SUCCESS && s.rank == 0 && cfg->log_path && s.log == NULL) r = open_log(&s);
+        if (r != SUMO_SUCCESS && !recoverable(&s, r)) break;
+        ar = sumo__agree_setup(comm, r, sumo__fnv1a(SUMO__FNV_OFFSET, s.config, strlen(s.config)),
+                               "sumo train set-up (configuration)");
+    }
     if (r == SUMO_SUCCESS && ar != SUMO_SUCCESS) {
         fail(&s, ar, "set-up");
         /* Another rank's failure is that rank's to report; this one only followed it. */
         r = ar == SUMO_ERR_MISMATCH ? ar : SUMO_ERR_PEER_FAILURE;
     }
     if (r != SUMO_SUCCESS) {
+        commits_free(&ec);
         teardown(&s);
         return r;
     }
@@ -1032,12 +1093,7 @@ sumo_result sumo__train_rank(sumo_comm **commp, int join, const sumo__train_conf
     float *params = sumo__model_params(s.model);
     float *grads = sumo__model_grads(s.model);
     double compute = 0, aggregate = 0;
-    commits ec = {.latest = 1, .step = {-1, -1}};
     if (cfg->elastic) {
-        ec.origins = malloc((size_t)s.size * sizeof *ec.origins);
-        if (ec.origins == NULL) r = SUMO_ERR_SYSTEM;
-        for (int k = 0; ec.origins && k < s.size; k++) ec.origins[k] = k;
-        ec.norigins = s.size;
         if (join >= 0) ec.grows = plan.generation;
         if (r == SUMO_SUCCESS) r = join >= 0 ? share_state(&s, &ec, true) : commit(&s, &ec);
     }

@@ -69,6 +69,21 @@ run ref --reduce adasum --workers 4 --elastic --leave 2@33
   && ok "srun tasks: one SIGKILLs itself at step 33 = threads where it leaves there" \
   || { fail "srun tasks, self-kill"; head -3 "$tmp"/self*; }
 
+# kill -9 during set-up (after the tasks met, before the first step, while the data loads):
+# the survivors set up again without it, a plain run of 3. Where the kill lands later on a
+# fast machine, they go back to a step instead, as below.
+run plain3 --reduce adasum --workers 3
+for r in 0 1 2 3; do task 5 $r > "$tmp/setup$r" 2>&1 & pids[$r]=$!; done
+sleep 0.3
+kill -9 "${pids[2]}" 2>/dev/null
+wait 2>/dev/null
+back=$(sed -n 's/.*going on with 3 from step \([0-9]*\).*/\1/p' "$tmp"/setup* | head -1)
+if grep -q "during set-up" "$tmp/setup0"; then ref=plain3
+else run ref --reduce adasum --workers 4 --elastic --leave "2@${back:-0}"; ref=ref; fi
+[ -n "$(checksum "$tmp/$ref")" ] && [ "$(checksum "$tmp/setup0")" = "$(checksum "$tmp/$ref")" ] \
+  && ok "kill -9 at 0.3 s ($(grep -q "during set-up" "$tmp/setup0" && echo "during set-up" || echo "at step $back")): the survivors' bits = $ref" \
+  || { fail "kill -9 at 0.3 s"; head -3 "$tmp"/setup*; }
+
 # kill -9 from outside, after training started, at a random moment and on a random task.
 for trial in 1 2 3; do
   rm -f "$tmp/log.csv"
