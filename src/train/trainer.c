@@ -617,16 +617,31 @@ static sumo_result reopen_log(rank_state *s)
     return SUMO_SUCCESS;
 }
 
-/* After a lost peer: the survivors shrink the communicator, make the exchange again on it and
- * go back to the newest state they all hold. */
-static sumo_result recover(rank_state *s, commits *ec, sumo_comm **comm, sumo_result cause)
+/* Moves the rank to fresh, a communicator of a new membership: the exchange holds the old
+ * handle, so it goes first, and is made again on fresh. */
+static sumo_result move_to(rank_state *s, sumo_comm **comm, sumo_comm *fresh)
 {
-    double t0 = now_s();
+    sumo_distributed_destroy(s->dist);
+    sumo_aggregator_destroy(s->agg);
+    s->dist = NULL;
+    s->agg = NULL;
+    sumo_comm_destroy(*comm);
+    *comm = s->comm = fresh;
+    sumo_comm_rank(fresh, &s->rank);
+    sumo_comm_size(fresh, &s->size);
+    return build_exchange(s);
+}
+
+/* The survivors of a loss shrink the communicator (value: this rank's part of the agreement,
+ * the smallest comes back in *agreed) and move to it; lost names the workers gone. */
+static sumo_result regroup(rank_state *s, commits *ec, sumo_comm **comm, uint64_t value, const char *when,
+                           uint64_t *agreed, char *lost, size_t lostlen)
+{
     char prefix[64], why[256] = "";
     snprintf(prefix, sizeof prefix, "sumo-train/regroup-%d/", ec->shrinks++);
     sumo_shrink_options o;
     sumo_shrink_options_default(&o);
-    o.value = (uint64_t)ec->step[ec->latest];
+    o.value = value;
     o.store = s->cfg->store;
     o.key_prefix = prefix;
     o.error = why;
@@ -638,41 +653,43 @@ static sumo_result recover(rank_state *s, commits *ec, sumo_comm **comm, sumo_re
     sumo_comm *fresh = NULL;
     sumo_result r = sumo_comm_shrink(*comm, &o, &fresh, &info);
     if (r != SUMO_SUCCESS) {
-        snprintf(s->err, s->errlen, "rank %d: a peer was lost (%s) and the survivors could not regroup: %s",
-                 s->rank, sumo_result_name(cause), why[0] ? why : sumo_strerror(r));
+        snprintf(s->err, s->errlen, "rank %d: a peer was lost %s and the survivors could not regroup: %s",
+                 s->rank, when, why[0] ? why : sumo_strerror(r));
         free(old);
         return r;
     }
-    /* The exchange holds the old handle: it goes first. */
-    sumo_distributed_destroy(s->dist);
-    sumo_aggregator_destroy(s->agg);
-    s->dist = NULL;
-    s->agg = NULL;
-    sumo_comm_destroy(*comm);
-    *comm = s->comm = fresh;
-    s->rank = info.rank;
-    s->size = info.size;
-    char lost[128] = "";
+    lost[0] = '\0';
     size_t used = 0;
     for (int k = 0, n = 0; k < old_size; k++) {
         if (n < info.size && old[n] == k) {
             ec->origins[n++] = ec->origins[k];
             continue;
         }
-        int w = snprintf(lost + used, sizeof lost - used, "%s%d", used ? ", " : "", ec->origins[k]);
-        if (w > 0 && (size_t)w < sizeof lost - used) used += (size_t)w;
+        int w = snprintf(lost + used, lostlen - used, "%s%d", used ? ", " : "", ec->origins[k]);
+        if (w > 0 && (size_t)w < lostlen - used) used += (size_t)w;
     }
     ec->norigins = info.size;
     free(old);
-    long back = (long)info.value;
+    *agreed = info.value;
+    return move_to(s, comm, fresh);
+}
+
+/* After a lost peer: the survivors regroup and go back to the newest state they all hold. */
+static sumo_result recover(rank_state *s, commits *ec, sumo_comm **comm, sumo_result cause)
+{
+    double t0 = now_s();
+    char lost[128], when[64];
+    snprintf(when, sizeof when, "(%s)", sumo_result_name(cause));
+    uint64_t agreed = 0;
+    sumo_result r = regroup(s, ec, comm, (uint64_t)ec->step[ec->latest], when, &agreed, lost, sizeof lost);
+    if (r != SUMO_SUCCESS) return r;
+    long back = (long)agreed;
     int slot = ec->step[ec->latest] == back ? ec->latest : ec->step[1 - ec->latest] == back ? 1 - ec->latest : -1;
     if (slot < 0) {
         snprintf(s->err, s->errlen, "rank %d: the survivors went back to step %ld, which this rank does not hold "
                  "(it holds %ld and %ld)", s->rank, back, ec->step[ec->latest], ec->step[1 - ec->latest]);
         return SUMO_ERR_INTERNAL;
     }
-    r = build_exchange(s);
-    if (r != SUMO_SUCCESS) return r;
     train_counters tc;
     r = unpack_state_as(s, ec->blob[slot], ec->bytes[slot], &tc, true);
     if (r != SUMO_SUCCESS) {
@@ -894,15 +911,8 @@ static sumo_result take_joiners(rank_state *s, commits *ec, sumo_comm **comm)
     }
     ec->grows = p.generation;
     s->comm_before = comm_so_far(s); /* the exchange's counts go with it */
-    sumo_distributed_destroy(s->dist);
-    sumo_aggregator_destroy(s->agg);
-    s->dist = NULL;
-    s->agg = NULL;
-    sumo_comm_destroy(*comm);
-    *comm = s->comm = fresh;
     int was = s->size;
-    sumo_comm_size(fresh, &s->size);
-    r = build_exchange(s);
+    r = move_to(s, comm, fresh);
     /* The new exchange starts empty: each member loads its own state back into it (the step
      * just committed is where it stands). */
     train_counters tc;
@@ -922,42 +932,15 @@ static sumo_result take_joiners(rank_state *s, commits *ec, sumo_comm **comm)
  * make the exchange again. */
 static sumo_result regroup_setup(rank_state *s, commits *ec, sumo_comm **comm)
 {
-    char prefix[64], why[256] = "";
-    snprintf(prefix, sizeof prefix, "sumo-train/regroup-%d/", ec->shrinks++);
-    sumo_shrink_options o;
-    sumo_shrink_options_default(&o);
-    o.store = s->cfg->store;
-    o.key_prefix = prefix;
-    o.error = why;
-    o.error_bytes = sizeof why;
-    int old_size = s->size;
-    int *old = malloc((size_t)old_size * sizeof *old);
-    if (old == NULL) return SUMO_ERR_SYSTEM;
-    sumo_shrink_info info = {.struct_size = sizeof info, .old_ranks = old};
-    sumo_comm *fresh = NULL;
-    sumo_result r = sumo_comm_shrink(*comm, &o, &fresh, &info);
-    if (r != SUMO_SUCCESS) {
-        snprintf(s->err, s->errlen, "rank %d: a peer was lost during set-up and the survivors could not regroup: %s",
-                 s->rank, why[0] ? why : sumo_strerror(r));
-        free(old);
-        return r;
-    }
-    sumo_distributed_destroy(s->dist);
-    sumo_aggregator_destroy(s->agg);
-    s->dist = NULL;
-    s->agg = NULL;
-    sumo_comm_destroy(*comm);
-    *comm = s->comm = fresh;
-    s->rank = info.rank;
-    s->size = info.size;
-    for (int n = 0; n < info.size; n++) ec->origins[n] = ec->origins[old[n]];
-    ec->norigins = info.size;
-    free(old);
+    int was = s->size;
+    char lost[128];
+    uint64_t agreed;
+    sumo_result r = regroup(s, ec, comm, 0, "during set-up", &agreed, lost, sizeof lost);
+    if (r != SUMO_SUCCESS) return r;
     s->err[0] = '\0';
     if (s->rank == 0)
-        fprintf(stderr, "sumo train: lost %d worker(s) during set-up; going on with %d\n", old_size - s->size,
-                s->size);
-    return build_exchange(s);
+        fprintf(stderr, "sumo train: lost %d worker(s) during set-up; going on with %d\n", was - s->size, s->size);
+    return SUMO_SUCCESS;
 }
 
 /* ---- the loop ----------------------------------------------------------------------------- */
