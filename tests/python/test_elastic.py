@@ -35,6 +35,22 @@ DEADLINE = 5  # SUMO_TIMEOUT of the processes started here
 GUARD = 120   # seconds a job of them may take at all (torch's start-up on a busy machine)
 
 
+def _average_step(model, opt, size, loss_of_rank):
+    """One step of the reference: each rank's gradient in turn, summed in rank order and
+    divided by the size (what sumo's average does), then the optimizer's step."""
+    grads = []
+    for r in range(size):
+        model.zero_grad()
+        loss_of_rank(r).backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for i, p in enumerate(model.parameters()):
+        total = grads[0][i].clone()
+        for g in grads[1:]:
+            total += g[i]
+        p.grad = total / size
+    opt.step()
+
+
 def reference(memberships):
     """The model after worker.STEPS steps of worker's training, computed without sumo:
     memberships is [(first step, number of processes), ...]; at each step every process r of
@@ -46,17 +62,7 @@ def reference(memberships):
     opt = worker.make_optimizer(model.parameters())
     for step in range(worker.STEPS):
         size = [n for first, n in memberships if first <= step][-1]
-        grads = []
-        for r in range(size):
-            model.zero_grad()
-            worker.loss_of(model, step, r).backward()
-            grads.append([p.grad.clone() for p in model.parameters()])
-        for i, p in enumerate(model.parameters()):
-            total = grads[0][i].clone()
-            for g in grads[1:]:
-                total += g[i]
-            p.grad = total / size
-        opt.step()
+        _average_step(model, opt, size, lambda r: worker.loss_of(model, step, r))
     return model.state_dict()
 
 
@@ -143,17 +149,8 @@ def example_reference(args, memberships):
         for b in range(a.batches_per_epoch):
             size = [n for first, n in memberships if first <= step][-1]
             x, y = ex.global_batch(epoch, b, a.batch_size)
-            grads = []
-            for r in range(size):
-                model.zero_grad()
-                torch.nn.functional.cross_entropy(model(x[r::size]), y[r::size]).backward()
-                grads.append([p.grad.clone() for p in model.parameters()])
-            for i, p in enumerate(model.parameters()):
-                total = grads[0][i].clone()
-                for g in grads[1:]:
-                    total += g[i]
-                p.grad = total / size
-            opt.step()
+            _average_step(model, opt, size, lambda r: torch.nn.functional.cross_entropy(
+                model(x[r::size]), y[r::size]))
             step += 1
     return ex.digest(model)
 
