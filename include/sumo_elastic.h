@@ -7,8 +7,10 @@
  * Who can shrink: the threads transport (ranks that leave: a thread that aborts and destroys
  * its handle) and the shm transport (processes of one machine, a process killed outright
  * included). The MPI transport cannot: Debian's Open MPI 4.1 has no ULFM, and a process that
- * dies ends the job under mpirun; across hosts, sumo.torch makes a new process group per
- * membership from its store instead.
+ * dies ends the job under mpirun. Nor can a transport of the caller's (a process group across
+ * hosts): sumo cannot make its next group. sumo_store_agree below is the agreement alone,
+ * through a store, after which the caller makes the survivors' group itself (sumo.torch does:
+ * a new gloo group per membership, made from the same store).
  *
  * What a failure costs. A collective in flight when a peer died fails on every survivor; its
  * output is then undefined (in-place buffers included): the caller redoes the step from state
@@ -69,6 +71,45 @@ SUMO_API sumo_result sumo_shrink_options_default(sumo_shrink_options *options);
  */
 SUMO_API sumo_result sumo_comm_shrink(sumo_comm *comm, const sumo_shrink_options *options,
                                       sumo_comm **out, sumo_shrink_info *info);
+
+typedef struct sumo_agree_options {
+    size_t struct_size;      /* sizeof(sumo_agree_options) */
+    int rank, size;          /* this process's rank in the membership that failed, and its size
+                                (at most 1024) */
+    uint64_t value;          /* as sumo_shrink_options.value */
+    const sumo_store *store; /* the same store on every rank; it must offer set_once */
+    const char *key_prefix;  /* unique per agreement within the store, at most 230 bytes */
+    double timeout_s;        /* how long the others are waited for; 0: SUMO_TIMEOUT */
+    /* Optional (NULL: no liveness): under alive_prefix + the decimal rank, each rank's process
+     * keeps a value it rewrites with a new one more often than every alive_s (a heartbeat);
+     * a rank whose value has stayed for alive_s (0: SUMO_LIVENESS_TIMEOUT) is taken for
+     * dead, so a lost rank costs alive_s rather than the timeout. */
+    const char *alive_prefix;
+    double alive_s;
+    char *error;             /* optional: why it failed */
+    size_t error_bytes;
+} sumo_agree_options;
+
+/* struct_size set, everything else 0 or NULL. */
+SUMO_API sumo_result sumo_agree_options_default(sumo_agree_options *options);
+
+/*
+ * The agreement of sumo_comm_shrink through a store alone, for ranks that share no memory and
+ * cannot see each other's deaths (processes on several hosts): every rank still here calls it
+ * once with the same key_prefix, and all that return SUMO_SUCCESS hold the same verdict in
+ * info (who is in, numbered in the old order, and the smallest value they brought), from
+ * which the caller makes the survivors' group. Each rank writes that it came; the lowest rank
+ * not out decides once every rank has come or is out: dead by its heartbeat (alive_prefix),
+ * or not come within timeout_s of the decider's coming. A decider that dies is taken over (by
+ * its heartbeat; without heartbeats, by the next rank that came, a sixteenth of the timeout
+ * past the deadline, and so on), and the verdict is written with set_once, so two deciders
+ * that disagree cannot both stand. A member may die after it came: making the new group then
+ * fails, and the survivors agree again under a new prefix. SUMO_ERR_PEER_FAILURE
+ * for a rank the verdict left out (it came too late); SUMO_ERR_TIMEOUT when no verdict came
+ * within twice the timeout; SUMO_ERR_INVALID_ARGUMENT for bad options, a store without
+ * set_once, or a verdict in the store that is not one; SUMO_ERR_SYSTEM when the store fails.
+ */
+SUMO_API sumo_result sumo_store_agree(const sumo_agree_options *options, sumo_shrink_info *info);
 
 #ifdef __cplusplus
 }

@@ -32,7 +32,8 @@ extern "C" {
 
 /*
  * The rendezvous the caller provides (torch.distributed.Store's set and get). Called only
- * during sumo_comm_create_shm, from the calling thread. Values are at most a few hundred bytes.
+ * during sumo_comm_create_shm, sumo_comm_shrink and sumo_store_agree, from the calling thread.
+ * Values are at most a few hundred bytes.
  */
 typedef struct sumo_store {
     size_t struct_size; /* sizeof(sumo_store) */
@@ -44,6 +45,11 @@ typedef struct sumo_store {
      * to the value's length. */
     sumo_result (*get)(void *ctx, const char *key, void *value, size_t *bytes,
                        int64_t deadline_ns);
+    /* Optional (NULL: not offered), for sumo_store_agree (sumo_elastic.h): stores value under
+     * key unless the key holds a value already, in one atomic step (torch's compare_set with an
+     * empty expected value); SUMO_SUCCESS either way, and a get then says which value stands.
+     * Called from whichever thread agrees. */
+    sumo_result (*set_once)(void *ctx, const char *key, const void *value, size_t bytes);
 } sumo_store;
 
 /* The most processes one communicator holds (each pair has a mailbox). */

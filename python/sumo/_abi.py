@@ -235,7 +235,8 @@ class sumo_store(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t),
                 ("ctx", ctypes.c_void_p),
                 ("set", STORE_SET),
-                ("get", STORE_GET)]
+                ("get", STORE_GET),
+                ("set_once", STORE_SET)]
 
 
 class sumo_shm_options(ctypes.Structure):
@@ -265,6 +266,20 @@ class sumo_shrink_info(ctypes.Structure):
                 ("size", ctypes.c_int),
                 ("value", ctypes.c_uint64),
                 ("old_ranks", ctypes.POINTER(ctypes.c_int))]
+
+
+class sumo_agree_options(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t),
+                ("rank", ctypes.c_int),
+                ("size", ctypes.c_int),
+                ("value", ctypes.c_uint64),
+                ("store", ctypes.POINTER(sumo_store)),
+                ("key_prefix", ctypes.c_char_p),
+                ("timeout_s", ctypes.c_double),
+                ("alive_prefix", ctypes.c_char_p),
+                ("alive_s", ctypes.c_double),
+                ("error", ctypes.c_char_p),
+                ("error_bytes", ctypes.c_size_t)]
 
 
 # -- the check -----------------------------------------------------------------------------------

@@ -11,8 +11,8 @@ import os
 
 from . import _abi
 from ._abi import (SUMO_SUCCESS, sumo_adasum_options, sumo_aggregator_options,
-                   sumo_collective, sumo_comm_stats, sumo_diloco_options, sumo_shrink_info,
-                   sumo_shrink_options)
+                   sumo_agree_options, sumo_collective, sumo_comm_stats, sumo_diloco_options,
+                   sumo_shrink_info, sumo_shrink_options)
 
 _c_comm_p = ctypes.c_void_p
 _c_req_p = ctypes.c_void_p
@@ -155,6 +155,9 @@ _SIGS = {
     "sumo_shrink_options_default": (_R, [ctypes.POINTER(sumo_shrink_options)]),
     "sumo_comm_shrink": (_R, [_c_comm_p, ctypes.POINTER(sumo_shrink_options),
                               ctypes.POINTER(_c_comm_p), ctypes.POINTER(sumo_shrink_info)]),
+    "sumo_agree_options_default": (_R, [ctypes.POINTER(sumo_agree_options)]),
+    "sumo_store_agree": (_R, [ctypes.POINTER(sumo_agree_options),
+                              ctypes.POINTER(sumo_shrink_info)]),
     "sumo_comm_set_param": (_R, [_c_comm_p, ctypes.c_int, ctypes.c_int]),
     "sumo_host_kernels": (_R, [ctypes.POINTER(ctypes.c_void_p)]),
     "sumo_threads_run": (_R, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,

@@ -63,6 +63,14 @@ static const sumo__setting table[SUMO__SETTING_COUNT] = {
                "last may hold fewer) instead of the hosts the ranks run on, so one machine "
                "runs the hierarchical path across hosts (docs/torch.md). Read by "
                "sumo.torch.init on every rank; unset: the real hosts."},
+    [SUMO__SETTING_LIVENESS_TIMEOUT] = {
+        .name = "SUMO_LIVENESS_TIMEOUT", .type = SUMO__SETTING_NUMBER, .noun = "a deadline",
+        .unit = "seconds", .min = 0, .max = 1e6, .fallback = "5",
+        .doc = "Across hosts, where no process sees another's end: a process whose heartbeat "
+               "has not changed for this long is taken for dead by the survivors' agreement "
+               "(sumo_store_agree's alive_s where 0; sumo.torch's elastic jobs over a process "
+               "group beat every tenth of it). Shorter finds a lost process sooner and risks "
+               "leaving out one that is only stalled."},
 };
 
 const sumo__setting *sumo__setting_info(sumo__setting_id id)

@@ -42,14 +42,8 @@ static bool path_of(const dir_store *s, const char *key, char *path, size_t len)
     return true;
 }
 
-static sumo_result dir_set(void *ctx, const char *key, const void *value, size_t bytes)
+static bool write_all(int fd, const void *value, size_t bytes)
 {
-    const dir_store *s = ctx;
-    char path[4096], tmp[4096];
-    if (!key || (!value && bytes) || !path_of(s, key, path, sizeof path)) return SUMO_ERR_INVALID_ARGUMENT;
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s/.tmp.XXXXXX", s->dir) >= sizeof tmp) return SUMO_ERR_INVALID_ARGUMENT;
-    int fd = mkstemp(tmp); /* 0600, and a name no other thread or process picks */
-    if (fd < 0) return SUMO_ERR_SYSTEM;
     const unsigned char *p = value;
     size_t left = bytes;
     while (left > 0) {
@@ -59,13 +53,42 @@ static sumo_result dir_set(void *ctx, const char *key, const void *value, size_t
         p += w;
         left -= (size_t)w;
     }
-    bool ok = left == 0;
+    return left == 0;
+}
+
+static sumo_result dir_set(void *ctx, const char *key, const void *value, size_t bytes)
+{
+    const dir_store *s = ctx;
+    char path[4096], tmp[4096];
+    if (!key || (!value && bytes) || !path_of(s, key, path, sizeof path)) return SUMO_ERR_INVALID_ARGUMENT;
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s/.tmp.XXXXXX", s->dir) >= sizeof tmp) return SUMO_ERR_INVALID_ARGUMENT;
+    int fd = mkstemp(tmp); /* 0600, and a name no other thread or process picks */
+    if (fd < 0) return SUMO_ERR_SYSTEM;
+    bool ok = write_all(fd, value, bytes);
     ok = close(fd) == 0 && ok;
     if (!ok || rename(tmp, path) != 0) {
         unlink(tmp);
         return SUMO_ERR_SYSTEM;
     }
     return SUMO_SUCCESS;
+}
+
+/* The value goes to a temporary file as in dir_set, then link() puts it in place only where no
+ * file is: link never replaces, so of two writers exactly one succeeds. */
+static sumo_result dir_set_once(void *ctx, const char *key, const void *value, size_t bytes)
+{
+    const dir_store *s = ctx;
+    char path[4096], tmp[4096];
+    if (!key || (!value && bytes) || !path_of(s, key, path, sizeof path)) return SUMO_ERR_INVALID_ARGUMENT;
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s/.tmp.XXXXXX", s->dir) >= sizeof tmp) return SUMO_ERR_INVALID_ARGUMENT;
+    int fd = mkstemp(tmp);
+    if (fd < 0) return SUMO_ERR_SYSTEM;
+    bool ok = write_all(fd, value, bytes);
+    ok = close(fd) == 0 && ok;
+    int linked = ok ? link(tmp, path) : -1;
+    bool there = linked == 0 || (ok && errno == EEXIST);
+    unlink(tmp);
+    return there ? SUMO_SUCCESS : SUMO_ERR_SYSTEM;
 }
 
 static sumo_result dir_get(void *ctx, const char *key, void *value, size_t *bytes, int64_t deadline_ns)
@@ -117,7 +140,8 @@ sumo_result sumo_store_create_dir(const char *dir, sumo_store **out)
     dir_store *s = malloc(sizeof *s + len + 1);
     if (!s) return SUMO_ERR_SYSTEM;
     memcpy(s->dir, dir, len + 1);
-    s->store = (sumo_store){.struct_size = sizeof s->store, .ctx = s, .set = dir_set, .get = dir_get};
+    s->store = (sumo_store){.struct_size = sizeof s->store, .ctx = s, .set = dir_set, .get = dir_get,
+                            .set_once = dir_set_once};
     *out = &s->store;
     return SUMO_SUCCESS;
 }

@@ -1,6 +1,7 @@
 """One process of tests/python/test_elastic.py's jobs: a small model trained with
-sumo.torch.elastic on the shared-memory transport, the processes started each on its own and
-meeting through a FileStore.
+sumo.torch.elastic, the processes started each on its own and meeting through a FileStore, on
+the shared-memory transport or (--transport group) on gloo groups made from the store, as
+processes on several hosts would.
 
     python3 elastic_worker.py STORE OUT (--rank R --size N | --join) [options]
 
@@ -61,6 +62,7 @@ def main():
     p.add_argument("--kill-step", type=int, default=-1)
     p.add_argument("--kill-where", default="between")
     p.add_argument("--wait-joiners", type=int, default=0)
+    p.add_argument("--transport", default="shm")
     a = p.parse_args()
     torch.set_num_threads(1)
     # A directory: sumo's directory store; else a FileStore's file.
@@ -68,7 +70,7 @@ def main():
     if a.join:
         hvd.init(store=store, join=True)
     else:
-        hvd.init(store=store, rank=a.rank, size=a.size)
+        hvd.init(store=store, rank=a.rank, size=a.size, transport=a.transport)
     first = (hvd.rank(), hvd.size())  # a joiner's: its place when it came in
     events = []
 

@@ -9,7 +9,11 @@ operations from whichever thread runs its collective (the caller's, or its progr
 for asynchronous requests), one call at a time per communicator.
 
 The transport runs on a group of its own (dist.new_group over the same ranks), so its
-messages never interleave with the user's collectives on their group.
+messages never interleave with the user's collectives on their group. An elastic job across
+hosts (sumo.torch.init(store=..., transport="group")) gives it instead a gloo group made from
+the job's store and registered nowhere, one per membership: it ends that group's connections
+when the communicator breaks, so that peers waiting on this rank fail at once rather than at
+their deadline.
 """
 import ctypes
 import os
@@ -51,17 +55,31 @@ def global_rank(group, rank):
     return get(group, rank)
 
 
-class GroupTransport:
-    """The operations sumo calls, over `group`'s ranks (its own private gloo group)."""
+def make_gloo(store, rank, size, timeout_s):
+    """A gloo group of `size` processes that meet through `store` (a torch.distributed.Store,
+    its keys under a prefix unique to this group), registered nowhere: torch.distributed's
+    default group keeps the membership it was made with, and an elastic job has several."""
+    return dist.ProcessGroupGloo(store, rank, size, timedelta(seconds=timeout_s))
 
-    def __init__(self, group, name="torch.distributed"):
+
+class GroupTransport:
+    """The operations sumo calls, over `group`'s ranks (its own private gloo group), or over
+    `own`, a group from make_gloo that the transport takes over."""
+
+    def __init__(self, group, name="torch.distributed", own=None):
+        self.own = own
+        if own is not None:
+            self.rank, self.size = own.rank(), own.size()
+            self.group = own
+            self.global_of = list(range(self.size))
+        else:
+            self.rank = dist.get_rank(group)
+            self.size = dist.get_world_size(group)
+            ranks = [global_rank(group, r) for r in range(self.size)]
+            # Every rank creates it, in the same order: a collective call.
+            self.group = dist.new_group(ranks=ranks, backend="gloo")
+            self.global_of = ranks
         self.base = group
-        self.rank = dist.get_rank(group)
-        self.size = dist.get_world_size(group)
-        ranks = [global_rank(group, r) for r in range(self.size)]
-        # Every rank creates it, in the same order: a collective call.
-        self.group = dist.new_group(ranks=ranks, backend="gloo")
-        self.global_of = ranks
         self.error = ctypes.create_string_buffer(256)
         self.aborted = False
         self.name = name.encode()
@@ -86,17 +104,43 @@ class GroupTransport:
         for w in works:
             w.wait(timeout=timedelta(seconds=max(_remaining(deadline_ns), 0.001)))
 
+    # The group's calls: a registered group's through torch.distributed (global ranks), an
+    # owned one's on the group object itself (its own ranks).
+    def _group(self):
+        group = self.group
+        if group is None:
+            raise RuntimeError("this rank aborted the group")
+        return group
+
+    def _isend(self, t, dst):
+        if self.own is not None:
+            return self._group().send([t], dst, 0)
+        return dist.isend(t, self.global_of[dst], group=self.group)
+
+    def _irecv(self, t, src):
+        if self.own is not None:
+            return self._group().recv([t], src, 0)
+        return dist.irecv(t, self.global_of[src], group=self.group)
+
+    def _all_gather(self, out, mine):
+        if self.own is not None:
+            return self._group().allgather([out], [mine])
+        return dist.all_gather(out, mine, group=self.group, async_op=True)
+
+    def _all_reduce(self, t):
+        if self.own is not None:
+            return self._group().allreduce([t])
+        return dist.all_reduce(t, group=self.group, async_op=True)
+
     def _sendrecv(self, ctx, sbuf, sbytes, dst, rbuf, rbytes, src, deadline_ns):
         if self.aborted:
             return self._fail(SUMO_ERR_PEER_FAILURE, "sendrecv", "this rank aborted the group")
         try:
             works = []
             if src >= 0:
-                recv = _bytes_at(rbuf, rbytes)
-                works.append(dist.irecv(recv, self.global_of[src], group=self.group))
+                works.append(self._irecv(_bytes_at(rbuf, rbytes), src))
             if dst >= 0:
-                send = _bytes_at(sbuf, sbytes)
-                works.append(dist.isend(send, self.global_of[dst], group=self.group))
+                works.append(self._isend(_bytes_at(sbuf, sbytes), dst))
             self._wait(works, deadline_ns)
             return SUMO_SUCCESS
         except Exception as e:  # a timeout, a peer that went away
@@ -106,7 +150,7 @@ class GroupTransport:
         try:
             mine = _bytes_at(record, nbytes).clone()
             out = [torch.empty(nbytes, dtype=torch.uint8) for _ in range(self.size)]
-            self._wait([dist.all_gather(out, mine, group=self.group, async_op=True)], deadline_ns)
+            self._wait([self._all_gather(out, mine)], deadline_ns)
             joined = torch.cat(out)  # held: its memory must outlive the copy
             ctypes.memmove(all_, joined.data_ptr(), nbytes * self.size)
             return SUMO_SUCCESS
@@ -116,16 +160,21 @@ class GroupTransport:
     def _barrier(self, ctx, deadline_ns):
         try:
             t = torch.zeros(1)
-            self._wait([dist.all_reduce(t, group=self.group, async_op=True)], deadline_ns)
+            self._wait([self._all_reduce(t)], deadline_ns)
             return SUMO_SUCCESS
         except Exception as e:
             return self._fail(_code_of(e), "barrier", e)
 
     def _abort(self, ctx):
-        # The peers learn of it through their own deadlines or gloo's broken connections.
+        # The peers learn of it through gloo's broken connections: an owned group is let go
+        # (its connections close, and a peer blocked on this rank fails at once); a registered
+        # one is the process's to destroy, so there they learn at their deadline.
         self.aborted = True
+        if self.own is not None:
+            self.group = self.own = None
 
     def _destroy(self, ctx):
+        self.group = self.own = None
         return SUMO_SUCCESS
 
     def _error_message(self, ctx):
@@ -137,6 +186,9 @@ class GroupTransport:
 
 # ---- the store sumo's shared-memory transport rendezvouses through ------------------------
 
+_MISSING = b"\0sumo: no value\0"
+
+
 class StoreAdapter:
     """sumo_store over a torch.distributed Store (torchrun's TCPStore, the group's, or one
     given to init(store=...))."""
@@ -144,7 +196,7 @@ class StoreAdapter:
     def __init__(self, store):
         self.store = store
         self.struct = sumo_store(ctypes.sizeof(sumo_store), None, STORE_SET(self._set),
-                                 STORE_GET(self._get))
+                                 STORE_GET(self._get), STORE_SET(self._set_once))
 
     def pointer(self):
         return ctypes.pointer(self.struct)
@@ -159,11 +211,33 @@ class StoreAdapter:
         except Exception:
             return SUMO_ERR_PEER_FAILURE
 
+    def _set_once(self, ctx, key, value, nbytes):
+        try:
+            # compare_set with an empty expected value sets a key that is missing, and leaves
+            # one that is there (torch 1.13 and 2.x: TCPStore, FileStore, HashStore, PrefixStore).
+            self.store.compare_set(key.decode(), "",
+                                   ctypes.string_at(value, nbytes) if nbytes else b"")
+            return SUMO_SUCCESS
+        except Exception:
+            return SUMO_ERR_PEER_FAILURE
+
     def _get(self, ctx, key, value, nbytes, deadline_ns):
         try:
             k = key.decode()
-            self.store.wait([k], timedelta(seconds=max(_remaining(deadline_ns), 0.001)))
-            data = self.store.get(k)
+            # Polled, not store.wait(): a FileStore's wait takes a second at least and a
+            # TCPStore's tens of milliseconds whatever the timeout, and sumo_store_agree looks
+            # at keys without waiting. compare_set with a value no key holds reads a key
+            # without making it (torch 1.13's stores have no check()).
+            nap = 0.0005
+            while True:
+                data = self.store.compare_set(k, _MISSING, _MISSING)
+                if data != _MISSING:
+                    break
+                left = _remaining(deadline_ns)
+                if left <= 0:
+                    return SUMO_ERR_TIMEOUT
+                time.sleep(min(nap, left))
+                nap = min(2 * nap, 0.02)
             n = min(len(data), nbytes[0])
             if n:
                 ctypes.memmove(value, data, n)

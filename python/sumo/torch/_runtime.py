@@ -9,9 +9,11 @@ Where the communicator comes from (init):
     the group's own point-to-point calls (_pg_transport.py, "group");
   - srun (a Slurm job step): the process group made from the step's variables (_slurm.py:
     rank 0 on the step's first host, a port from the job and step ids), then as torchrun's;
-  - init(store=..., rank=..., size=...): processes of one host started each on its own (no
-    launcher that ends them all when one fails) meet through a store that lives in none of
-    them, over sumo's shared memory: the communicator sumo.torch.elastic shrinks and grows;
+  - init(store=..., rank=..., size=...): processes started each on its own (no launcher that
+    ends them all when one fails) meet through a store that lives in none of them: those of
+    one host over sumo's shared memory, those of several hosts (transport="group") over a
+    gloo group made from the store, one per membership: the communicator sumo.torch.elastic
+    shrinks and grows;
   - no launcher: one rank (threads transport).
 A launcher sumo cannot join (PBS, LSF, a WORLD_SIZE without a rendezvous, a Slurm step that
 lacks a variable) is refused with a message, never turned into a world of one.
@@ -35,8 +37,8 @@ from .._abi import (SUMO_SUCCESS, SUMO_ERR_INVALID_ARGUMENT, SUMO_ERR_TIMEOUT,
                     SUMO_ERR_PEER_FAILURE, SUMO_FLOAT32, SUMO_FLOAT64, SUMO_FLOAT16,
                     SUMO_BFLOAT16, SUMO_OP_SUM, SUMO_OP_AVERAGE, SUMO_OP_ADASUM,
                     SUMO_COLLECTIVE_ALLREDUCE, SUMO_COLLECTIVE_BROADCAST,
-                    sumo_adasum_options, sumo_collective, sumo_shm_options, sumo_shrink_info,
-                    sumo_shrink_options)
+                    sumo_adasum_options, sumo_agree_options, sumo_collective, sumo_shm_options,
+                    sumo_shrink_info, sumo_shrink_options)
 from .._lib import lib, check, SumoError
 
 _DTYPES = {
@@ -60,9 +62,12 @@ class _State:
     transport = None     # "mpi", "shm", "group" or "threads"
     group = None         # the torch.distributed group the ranks are (process-group path)
     pg_transport = None  # the group's operations, kept alive while sumo may call them
+    pg_transport_old = None  # the previous membership's, until its communicator is gone
     store = None         # the store adapter, likewise
     key_root = None      # the store's keys of this job: new memberships meet under it
     memberships = 0      # communicators that replaced the first (shrinks, grows)
+    agreements = 0       # group store jobs: agreements tried since the last membership
+    heart = None         # group store jobs: the thread that beats for this process
     stranded = None      # why this process cannot follow its peers' new membership
     admitted = 0         # join tickets handed out that a grow took in (store jobs)
     joined = False       # this process joined a running job (it came without the state)
@@ -441,19 +446,22 @@ def init(timeout=None, process_group=True, transport=None, group=None, store=Non
     process_group, torch.distributed's default group is created too when nobody has (gloo),
     for the user's own DDP.
 
-    store, rank, size: processes of one host started each on its own meet through `store` as
-    rank `rank` of `size`, over sumo's shared memory (transport "shm"), with no launcher and
-    no process group: what sumo.torch.elastic needs (docs/torch.md, "Elastic training"). The
-    store must outlive any one process: a torch.distributed.FileStore, a TCPStore served by a
-    process of its own, or the path of a directory (sumo's directory store), fresh for each
-    job. join=True with a torch.distributed.Store instead of rank and size: this process
-    joins the job running on that store at its next commit (sumo.torch.elastic), and init
-    returns once it is a member."""
+    store, rank, size: processes started each on its own meet through `store` as rank `rank`
+    of `size`, with no launcher and no process group: what sumo.torch.elastic needs
+    (docs/torch.md, "Elastic training"). Those of one host go over sumo's shared memory
+    (transport "shm", the default); transport="group" puts them on a gloo group made from the
+    store, one per membership, which is what spans hosts. The store must outlive any one
+    process: a torch.distributed.FileStore, a TCPStore served by a process of its own, or
+    (shm only) the path of a directory (sumo's directory store), fresh for each job.
+    join=True with a torch.distributed.Store instead of rank and size: this process joins the
+    job running on that store at its next commit (sumo.torch.elastic), and init returns once
+    it is a member."""
     if state.comm is not None:
         return
+    over = None
     if store is not None or rank is not None or size is not None or join:
         _check_store_args(store, rank, size, transport, group, join)
-        transport = "store"
+        over, transport = transport or "shm", "store"
     _check_environment()
     launcher = _launcher()
     if launcher == "srun" and not dist.is_initialized():
@@ -490,7 +498,7 @@ def init(timeout=None, process_group=True, transport=None, group=None, store=Non
         elif transport == "nccl":
             _init_nccl(group)
         elif transport == "store":
-            _init_join(store) if join else _init_store(store, rank, size)
+            _init_join(store) if join else _init_store(store, rank, size, over)
         else:
             _init_group(group, transport)
         if timeout is not None:
@@ -629,10 +637,15 @@ def make_shm(store, rank, size, prefix, where):
 
 
 def _check_store_args(store, rank, size, transport, group, join):
-    if transport not in (None, "shm") or group is not None:
-        raise ValueError("sumo.torch.init: store, rank and size make the shared-memory "
-                         "communicator of processes started on their own; transport=%r and "
-                         "group do not go with them" % (transport,))
+    if transport not in (None, "shm", "group") or group is not None:
+        raise ValueError("sumo.torch.init: store, rank and size make the communicator of "
+                         "processes started on their own, over shared memory (transport "
+                         "'shm') or a gloo group made from the store ('group'); "
+                         "transport=%r and group do not go with them" % (transport,))
+    if transport == "group" and isinstance(store, (str, bytes, os.PathLike)):
+        raise ValueError("sumo.torch.init: transport='group' makes gloo groups from the store: "
+                         "give a torch.distributed.Store (a FileStore or a TCPStore), not a "
+                         "directory")
     if join:
         if store is None or rank is not None or size is not None:
             raise ValueError("sumo.torch.init: join=True takes a store and no rank or size "
@@ -665,14 +678,96 @@ def store_adapter(store):
 _STORE_ROOT = "sumo/elastic/"
 
 
-def _init_store(store, rank, size):
-    """The shared-memory communicator of processes started on their own, through `store`. No
-    torch.distributed group is made: one would keep the membership it started with."""
+def _init_store(store, rank, size, over):
+    """The communicator of processes started on their own, through `store`: over shared memory
+    (over "shm") or a gloo group of its own (over "group"). No torch.distributed default group
+    is made: one would keep the membership it started with."""
     adapter = store_adapter(store)
     state.store = adapter
     state.key_root = _STORE_ROOT
+    if over == "group":
+        comm = make_group(_STORE_ROOT + "0/", rank, size, "the store given to init()")
+        _adopt(comm, "group", int(os.environ.get("LOCAL_RANK", 0)),
+               int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+        _start_heart()
+        return
     comm = make_shm(adapter, rank, size, _STORE_ROOT + "0/", "the store given to init()")
     _adopt(comm, "shm", rank, size)
+
+
+def make_group(prefix, rank, size, where):
+    """sumo's communicator of `size` processes over a gloo group made from the job's store
+    under prefix (rank `rank`); the transport is kept in state.pg_transport_next until
+    replace_comm or _adopt puts it in place. Raises the SumoError (PEER_FAILURE, or TIMEOUT)
+    when a member does not come: the caller's old communicator stays as it was."""
+    from . import _pg_transport as pgt
+    try:
+        pg = pgt.make_gloo(dist.PrefixStore(prefix + "pg/", state.store.store), rank, size,
+                           _deadline_s())
+    except Exception as e:  # a member that never came (dead, or left out)
+        code = SUMO_ERR_TIMEOUT if "timeout" in str(e).lower() else SUMO_ERR_PEER_FAILURE
+        raise PeerLost(code, _lib.result_name(code), "making the gloo group of %d over %s: %s"
+                       % (size, where, e)) from None
+    t = pgt.GroupTransport(None, name="torch.distributed (elastic)", own=pg)
+    comm = ctypes.c_void_p()
+    desc = t.desc(0)
+    code = lib.sumo_comm_create_transport(ctypes.byref(desc), ctypes.byref(comm))
+    if code != SUMO_SUCCESS:
+        raise _lib.error(code, None, "sumo_comm_create_transport over the gloo group of %d"
+                         % size)
+    # The old transport stays referenced until its communicator is destroyed.
+    state.pg_transport, state.pg_transport_old = t, state.pg_transport
+    return comm
+
+
+# -- heartbeats (group store jobs) ------------------------------------------------------------
+#
+# Across hosts no process sees another's end, so each one beats in the store: a counter under
+# the current membership's alive/<rank>, rewritten ten times per SUMO_LIVENESS_TIMEOUT. The
+# survivors' agreement (sumo_store_agree) takes a rank whose beat stood still that long for
+# dead, so a lost process costs that, not the collectives' deadline.
+
+def _liveness_s():
+    value = ctypes.c_char_p()
+    raise_for(lib.sumo_setting(b"SUMO_LIVENESS_TIMEOUT", ctypes.byref(value)),
+              "SUMO_LIVENESS_TIMEOUT")
+    return float(value.value)
+
+
+def alive_prefix():
+    return "%sm%d/alive/" % (state.key_root, state.memberships)
+
+
+class _Heart:
+    def __init__(self, store, period_s):
+        self.store, self.period_s = store, period_s
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="sumo-heartbeat", daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        beats = 0
+        while not self.stop.is_set():
+            beats += 1
+            try:
+                self.store.set("%s%d" % (alive_prefix(), state.rank), str(beats))
+            except Exception:  # the store gone: the job is ending, or this process is lost
+                return
+            self.stop.wait(self.period_s)
+
+    def halt(self):
+        self.stop.set()
+        self.thread.join()
+
+
+def _start_heart():
+    state.heart = _Heart(state.store.store, _liveness_s() / 10)
+
+
+def _stop_heart():
+    heart, state.heart = state.heart, None
+    if heart is not None:
+        heart.halt()
 
 
 # -- processes that join a running job (store jobs) ----------------------------------------------
@@ -722,10 +817,14 @@ def grow(tickets):
     state.admitted = tickets
     if state.rank == 0:
         for k in range(new):
-            store.set(_STORE_ROOT + "join/%d" % (first + k), "%d %d %d %d %s" % (
-                state.size + k, size, state.memberships + 1, tickets, prefix))
+            store.set(_STORE_ROOT + "join/%d" % (first + k), "%d %d %d %d %s %s" % (
+                state.size + k, size, state.memberships + 1, tickets, prefix, state.transport))
     try:
-        comm = make_shm(state.store, state.rank, size, prefix, "the store (processes joining)")
+        if state.transport == "group":
+            comm = make_group(prefix, state.rank, size, "the store (processes joining)")
+        else:
+            comm = make_shm(state.store, state.rank, size, prefix,
+                            "the store (processes joining)")
     except SumoError as e:
         raise error_for(e.code, "making the communicator with %d joining process%s: %s"
                         % (new, "" if new == 1 else "es", e)) from None
@@ -754,13 +853,21 @@ def _init_join(store):
                 adapter.close()
                 raise RuntimeError("sumo.torch.init: the job on this store ended before "
                                    "taking in join ticket %d" % ticket) from None
-    rank, size, memberships, admitted, prefix = bytes(torch_store.get(key)).decode().split()
+    rank, size, memberships, admitted, prefix, over = bytes(torch_store.get(key)).decode().split()
     state.store = adapter
     state.key_root = _STORE_ROOT
-    comm = make_shm(adapter, int(rank), int(size), prefix, "the store (joining)")
+    if over == "group":
+        comm = make_group(prefix, int(rank), int(size), "the store (joining)")
+    else:
+        comm = make_shm(adapter, int(rank), int(size), prefix, "the store (joining)")
     state.memberships, state.admitted = int(memberships), int(admitted)
     state.joined = True
-    _adopt(comm, "shm", int(rank), int(size))
+    if over == "group":
+        _adopt(comm, "group", int(os.environ.get("LOCAL_RANK", 0)),
+               int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+        _start_heart()
+    else:
+        _adopt(comm, "shm", int(rank), int(size))
 
 
 def _close_job():
@@ -1023,6 +1130,7 @@ def _drop_hierarchy():
 
 
 def _close_store():
+    _stop_heart()  # it beats in the store
     store, state.store = state.store, None
     state.key_root = None
     if store is not None:
@@ -1126,9 +1234,14 @@ def replace_comm(comm, rank, size):
     old, state.comm = state.comm, None
     if old is not None:
         lib.sumo_comm_destroy(old)  # never waits for the peers
-    _adopt(comm, state.transport, rank, size)
+    state.pg_transport_old = None
+    if state.transport == "group":
+        _adopt(comm, "group", state.local_rank, state.local_size)  # hosts' own numbering
+    else:
+        _adopt(comm, state.transport, rank, size)
     state.broken = False
     state.memberships += 1
+    state.agreements = 0
     for o in objects:
         o.comm_opened()
 
@@ -1151,6 +1264,8 @@ def shrink(value):
                         state.stranded)
     if state.worker is not None:
         state.worker.drain()
+    if state.transport == "group" and state.key_root == _STORE_ROOT:
+        return _shrink_group(value)
     opts = sumo_shrink_options()
     raise_for(lib.sumo_shrink_options_default(ctypes.byref(opts)))
     err = ctypes.create_string_buffer(256)
@@ -1174,4 +1289,39 @@ def shrink(value):
                           % (state.rank, state.size, _lib.result_name(code), why))
         raise SumoError(code, _lib.result_name(code), state.stranded)
     replace_comm(out, info.rank, info.size)
+    return info.value, list(old[:info.size])
+
+
+def _shrink_group(value):
+    """shrink() for a job over gloo groups made from its store (across hosts): the agreement
+    through the store (sumo_store_agree, with the heartbeats), then the survivors' group made
+    from it. A member that died after it came makes the making fail on every survivor: they
+    raise PeerLost and agree again, under the next prefix, over the same old membership."""
+    state.agreements += 1
+    prefix = "%sshrink%d.%d/" % (state.key_root, state.memberships + 1, state.agreements)
+    opts = sumo_agree_options()
+    raise_for(lib.sumo_agree_options_default(ctypes.byref(opts)))
+    err = ctypes.create_string_buffer(256)
+    timeout = ctypes.c_double()
+    lib.sumo_comm_get_timeout(state.comm, ctypes.byref(timeout))
+    opts.rank, opts.size, opts.value = state.rank, state.size, int(value)
+    opts.store = state.store.pointer()
+    opts.key_prefix = prefix.encode()
+    opts.timeout_s = timeout.value
+    alive = alive_prefix().encode()
+    opts.alive_prefix = alive
+    opts.error = ctypes.cast(err, ctypes.c_char_p)
+    opts.error_bytes = len(err)
+    old = (ctypes.c_int * state.size)()
+    info = sumo_shrink_info(ctypes.sizeof(sumo_shrink_info), 0, 0, 0,
+                            ctypes.cast(old, ctypes.POINTER(ctypes.c_int)))
+    code = lib.sumo_store_agree(ctypes.byref(opts), ctypes.byref(info))
+    if code != SUMO_SUCCESS:
+        why = err.value.decode(errors="replace") or "no detail"
+        state.stranded = ("sumo.torch.elastic: rank %d of %d cannot go on with the others after "
+                          "a lost process: sumo_store_agree: %s: %s"
+                          % (state.rank, state.size, _lib.result_name(code), why))
+        raise SumoError(code, _lib.result_name(code), state.stranded)
+    comm = make_group(prefix, info.rank, info.size, "the store (after a lost process)")
+    replace_comm(comm, info.rank, info.size)
     return info.value, list(old[:info.size])
