@@ -255,6 +255,12 @@ typedef enum sumo_comm_param {
      * this transport cannot run is SUMO_ERR_INVALID_USAGE. Adasum runs in shared memory under
      * AUTO and SHARED_MEMORY, and over point-to-point messages under every other choice. */
     SUMO_PARAM_ALGORITHM = 1,
+    /* 1: a host-memory allreduce (every op), broadcast, allgather or reduce-scatter that fails
+     * in a way that breaks the communicator (SUMO_ERR_PEER_FAILURE, SUMO_ERR_TIMEOUT) leaves
+     * its receive buffer as it was before the call (sumo_elastic.h). The price: a copy of the
+     * receive buffer per call. The threads and shm transports only (elsewhere
+     * SUMO_ERR_INVALID_USAGE). Default 0. Local: ranks may differ. */
+    SUMO_PARAM_RESTORE_ON_FAILURE = 2,
 } sumo_comm_param;
 
 typedef enum sumo_algorithm {

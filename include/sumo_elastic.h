@@ -12,9 +12,17 @@
  * through a store, after which the caller makes the survivors' group itself (sumo.torch does:
  * a new gloo group per membership, made from the same store).
  *
- * What a failure costs. A collective in flight when a peer died fails on every survivor; its
- * output is then undefined (in-place buffers included): the caller redoes the step from state
- * it kept. The value each rank brings to the shrink (say, the last step it committed) comes
+ * What a failure costs. A collective in flight when a peer died fails on every survivor. By
+ * default its output is then undefined (in-place buffers included): the caller redoes the step
+ * from state it kept. With sumo_comm_set_param(comm, SUMO_PARAM_RESTORE_ON_FAILURE, 1), on the
+ * threads and shm transports, a host-memory allreduce (every op, Adasum included), broadcast,
+ * allgather or reduce-scatter that returns SUMO_ERR_PEER_FAILURE or SUMO_ERR_TIMEOUT leaves
+ * this rank's receive buffer bit for bit as it was before the call (in place: the input), once
+ * every survivor still inside the call has left it (bounded by the timeout; should one not
+ * leave in time, the output is left as it is and a warning logged). It costs a copy of the
+ * receive buffer per call (about twice the time of a large threads allreduce), hence opt-in.
+ * Send buffers are never written, with or without it. Not covered: sumo_allreduce_compressed,
+ * device memory, the layers above's own exchanges. The value each rank brings to the shrink (say, the last step it committed) comes
  * back as the survivors' smallest, so ranks that got one step further than others (the
  * collective completed on some before the failure was seen) learn to go back to that step:
  * keep the state of the last two steps (at most one step separates the survivors).

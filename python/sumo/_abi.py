@@ -40,6 +40,7 @@ SUMO_OP_ADASUM = 2
 
 # sumo_comm_param and sumo_algorithm (sumo_comm_set_param)
 SUMO_PARAM_ALGORITHM = 1
+SUMO_PARAM_RESTORE_ON_FAILURE = 2
 SUMO_ALGORITHM_AUTO = 0
 SUMO_ALGORITHM_RANKED = 5
 

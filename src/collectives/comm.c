@@ -82,6 +82,7 @@ sumo_result sumo__comm_free(sumo_comm *comm)
     }
     free(comm->agreed);
     free(comm->scratch);
+    free(comm->undo);
     free(comm);
     return r;
 }
@@ -163,6 +164,16 @@ sumo_result sumo_comm_error_message(const sumo_comm *comm, const char **message)
 sumo_result sumo_comm_set_param(sumo_comm *comm, sumo_comm_param param, int value)
 {
     if (comm == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    if (param == SUMO_PARAM_RESTORE_ON_FAILURE) {
+        if (value != 0 && value != 1)
+            return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT, "sumo_comm_set_param: restore on failure is 0 or 1, not %d", value);
+        if (value && (comm->tp->ops->busy == NULL || comm->tp->ops->settle == NULL))
+            return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_USAGE, "sumo_comm_set_param: the %s transport cannot restore a failed collective's output", comm->tp->ops->name);
+        pthread_mutex_lock(&comm->exec);
+        comm->restore = value != 0;
+        pthread_mutex_unlock(&comm->exec);
+        return SUMO_SUCCESS;
+    }
     if (param != SUMO_PARAM_ALGORITHM)
         return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT, "sumo_comm_set_param: unknown parameter %d", (int)param);
     if (value < 0 || value >= SUMO_ALGORITHM_COUNT)
@@ -179,7 +190,12 @@ sumo_result sumo_comm_set_param(sumo_comm *comm, sumo_comm_param param, int valu
 
 sumo_result sumo_comm_get_param(const sumo_comm *comm, sumo_comm_param param, int *value)
 {
-    if (comm == NULL || value == NULL || param != SUMO_PARAM_ALGORITHM) return SUMO_ERR_INVALID_ARGUMENT;
+    if (comm == NULL || value == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    if (param == SUMO_PARAM_RESTORE_ON_FAILURE) {
+        *value = comm->restore;
+        return SUMO_SUCCESS;
+    }
+    if (param != SUMO_PARAM_ALGORITHM) return SUMO_ERR_INVALID_ARGUMENT;
     *value = (int)comm->algo;
     return SUMO_SUCCESS;
 }

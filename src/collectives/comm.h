@@ -81,6 +81,11 @@ struct sumo_comm {
     pthread_mutex_t exec;
     sumo__queue *queue;
     sumo_algorithm algo;
+    /* SUMO_PARAM_RESTORE_ON_FAILURE: a collective that breaks the communicator puts back what
+     * its output held (execute.c), from undo, a copy taken before the call. */
+    bool restore;
+    void *undo;
+    size_t undo_bytes;
     /* sumo_comm_abort: 0, 1 while its message is written, 2 once it can be read. */
     _Atomic int aborted;
     char abort_message[160];

@@ -195,6 +195,67 @@ static sumo_result allreduce(sumo_comm *c, sumo__call_desc *d, const sumo__op_en
     }
 }
 
+static sumo_result run_call(sumo_comm *c, const sumo__call *call, sumo__call_desc *d,
+                       const sumo__op_entry *op);
+
+/* ---- putting the output back after a failure (SUMO_PARAM_RESTORE_ON_FAILURE) ------------- */
+
+/* Bytes of the receive buffer, which validate has bounded. */
+static size_t recv_bytes_of(const sumo_comm *c, const sumo__call *call)
+{
+    size_t bytes = call->count * sumo__dtype_bytes(call->dtype);
+    return call->kind == SUMO__CALL_ALLGATHER ? bytes * (size_t)c->tp->size : bytes;
+}
+
+/* Host memory only: the copy is the host's memcpy, and device work queued on a stream may
+ * still be writing when the host sees the failure. */
+static bool restorable(const sumo_comm *c, const sumo__call *call)
+{
+    bool kind = call->kind == SUMO__CALL_ALLREDUCE || call->kind == SUMO__CALL_BROADCAST ||
+                call->kind == SUMO__CALL_ALLGATHER || call->kind == SUMO__CALL_REDUCE_SCATTER;
+    return kind && c->x.k == sumo__host_kernels() && recv_bytes_of(c, call) > 0 &&
+           c->tp->ops->busy != NULL && c->tp->ops->settle != NULL;
+}
+
+/*
+ * The output is written in pieces long before every rank knows the exchange succeeded (the
+ * staged pipeline copies a chunk out per barrier, the direct algorithms and Adasum write into
+ * peers' outputs as they go, the point-to-point ones build up in it), and the result is larger
+ * than any staging area, so no final commit can stand in for a copy: take one before the first
+ * write. The agreement inside the algorithm orders it before any peer's write.
+ */
+static sumo_result run_restoring(sumo_comm *c, const sumo__call *call, sumo__call_desc *d,
+                                 const sumo__op_entry *op)
+{
+    sumo__transport *tp = c->tp;
+    size_t bytes = recv_bytes_of(c, call);
+    if (bytes > c->undo_bytes) {
+        void *p = malloc(bytes);
+        if (p == NULL) {
+            d->local_error = SUMO__COMM_FAIL(c, SUMO_ERR_SYSTEM, "%s: cannot allocate the %zu "
+                                             "bytes that restore the output on failure",
+                                             sumo__call_kind_name(call->kind), bytes);
+            return sumo__agree(c, d, NULL);
+        }
+        free(c->undo);
+        c->undo = p;
+        c->undo_bytes = bytes;
+    }
+    memcpy(c->undo, call->recvbuf, bytes);
+    tp->ops->busy(tp, true);
+    sumo_result r = run_call(c, call, d, op);
+    tp->ops->busy(tp, false);
+    if (r == SUMO_SUCCESS || !c->status.broken) return r;
+    /* Peers still inside the call may write into this output (direct algorithms): they must
+     * leave it first. The abort makes those waiting on this rank leave now, not at their
+     * deadline; the communicator is broken anyway. Should one not leave in time, restoring
+     * would race with its writes: the output is left as it is. */
+    tp->ops->abort(tp);
+    if (tp->ops->settle(tp) != SUMO_SUCCESS) return r;
+    memcpy(call->recvbuf, c->undo, bytes);
+    return r;
+}
+
 sumo_result sumo__execute(sumo_comm *c, const sumo__call *call)
 {
     SUMO__CHECK(sumo__usable(c));
@@ -221,6 +282,14 @@ sumo_result sumo__execute(sumo_comm *c, const sumo__call *call)
     if (call->kind != SUMO__CALL_ALLREDUCE && call->kind != SUMO__CALL_REDUCE_SCATTER) d.op = 0;
     if (call->kind != SUMO__CALL_BROADCAST) d.root = 0;
     if (d.local_error != SUMO_SUCCESS) return sumo__agree(c, &d, NULL);
+    if (c->restore && restorable(c, call)) return run_restoring(c, call, &d, op);
+    return run_call(c, call, &d, op);
+}
+
+static sumo_result run_call(sumo_comm *c, const sumo__call *call, sumo__call_desc *dp,
+                       const sumo__op_entry *op)
+{
+    sumo__call_desc d = *dp;
     size_t bytes = call->count * sumo__dtype_bytes(call->dtype);
     switch (call->kind) {
     case SUMO__CALL_ALLREDUCE: return allreduce(c, &d, op, call);

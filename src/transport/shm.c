@@ -153,6 +153,7 @@ sumo_result sumo__shm_wait_change(sumo__transport *tp, sumo__shm *shm, _Atomic u
             who = shm->watch(shm, peer, why, sizeof why);
             /* As for a departure: what the rank did before it died still counts. */
             if (who >= 0) {
+                atomic_store(&ctl->desc[who].dead, 1);
                 if (atomic_load_explicit(word, memory_order_seq_cst) != value) return SUMO_SUCCESS;
                 return SUMO__FAIL(tp, SUMO_ERR_PEER_FAILURE,
                                   "%s: rank %d %s while rank %d waited on it; this communicator "
@@ -190,6 +191,35 @@ sumo_result sumo__shm_barrier(sumo__transport *tp, sumo__shm *shm)
     }
     return sumo__shm_wait_change(tp, shm, &ctl->generation, gen, -1,
                                  sumo__now_ns() + tp->timeout_ns, "barrier");
+}
+
+void sumo__shm_busy(sumo__shm *shm, bool busy)
+{
+    atomic_store_explicit(&shm->ctl->desc[shm->rank].busy, busy, memory_order_release);
+}
+
+sumo_result sumo__shm_settle(sumo__transport *tp, sumo__shm *shm)
+{
+    sumo__shm_ctl *ctl = shm->ctl;
+    int64_t deadline = sumo__now_ns() + tp->timeout_ns;
+    /* Peers leave promptly: the caller raised the abort flag, which every wait looks at. No
+     * futex here, so the peers' leaving needs no wake. */
+    for (int r = 0; r < shm->size; r++) {
+        while (r != shm->rank && atomic_load_explicit(&ctl->desc[r].busy, memory_order_acquire) &&
+               !atomic_load(&ctl->desc[r].gone) && !atomic_load(&ctl->desc[r].dead)) {
+            char why[128];
+            if (shm->watch && shm->watch(shm, r, why, sizeof why) == r) break;
+            /* Logged, not recorded: the failure the caller reads is the collective's. */
+            if (sumo__now_ns() >= deadline) {
+                SUMO__LOG(tp->log_level, SUMO__LOG_WARN, "rank %d: rank %d was still inside the "
+                          "failed collective at the deadline; its output is left as it is",
+                          shm->rank, r);
+                return SUMO_ERR_TIMEOUT;
+            }
+            sched_yield();
+        }
+    }
+    return SUMO_SUCCESS;
 }
 
 sumo_result sumo__shm_announce(sumo__transport *tp, sumo__shm *shm, const void *record, void *all,

@@ -24,6 +24,13 @@ typedef struct sumo__shm_desc {
      * rank, or a barrier it can no longer reach, fails at once. Waits on other ranks go on, so
      * a rank that leaves after its last collective does not fail peers still finishing it. */
     _Atomic uint32_t gone __attribute__((aligned(SUMO__CACHELINE)));
+    /* 1 while the rank is inside a collective that may write its peers' buffers (threads,
+     * buffers from sumo_mem_alloc): a survivor restoring its output after a failure waits
+     * for it to leave (sumo__shm_settle). */
+    _Atomic uint32_t busy;
+    /* Set by a peer whose shm->watch saw this rank's process end: a peer that cannot see it
+     * (another PID namespace) learns it here. */
+    _Atomic uint32_t dead;
     /* The shrink round this rank has entered (0: none), published after its value. */
     _Atomic uint32_t shrink_round;
     uint64_t shrink_value;
@@ -142,6 +149,11 @@ sumo_result sumo__shm_shrink_agree(sumo__transport *tp, sumo__shm *shm, uint32_t
                                    sumo_result (*decide)(void *ctx, const sumo__shrink_verdict *v,
                                                          void **handoff),
                                    void *ctx, sumo__shrink_verdict *out, void **handoff);
+
+/* The transports' busy and settle (transport.h) over the control block: a rank that left, or
+ * that shm->watch sees dead, writes nothing more. */
+void sumo__shm_busy(sumo__shm *shm, bool busy);
+sumo_result sumo__shm_settle(sumo__transport *tp, sumo__shm *shm);
 
 /* Raises the abort flag on behalf of rank and wakes everyone. */
 SUMO__PLUGIN_API void sumo__shm_abort(sumo__shm *shm, int rank);

@@ -118,6 +118,16 @@ static void threads_abort(sumo__transport *tp)
     sumo__shm_abort(&t->shm, tp->rank);
 }
 
+static void threads_busy(sumo__transport *tp, bool busy)
+{
+    sumo__shm_busy(&((threads_transport *)tp)->shm, busy);
+}
+
+static sumo_result threads_settle(sumo__transport *tp)
+{
+    return sumo__shm_settle(tp, &((threads_transport *)tp)->shm);
+}
+
 static void group_release(threads_group *g)
 {
     if (atomic_fetch_sub(&g->live_handles, 1) != 1) return;
@@ -189,6 +199,8 @@ static const sumo__transport_ops threads_ops = {
     .abort = threads_abort,
     .destroy = threads_destroy,
     .shrink = threads_shrink,
+    .busy = threads_busy,
+    .settle = threads_settle,
 };
 
 static void *aligned_zalloc(size_t bytes)

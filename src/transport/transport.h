@@ -131,6 +131,13 @@ typedef struct sumo__transport_ops {
     /* Optional: whether sendrecv moves buffers of the named kernel memory besides the host's
      * (a transport over NCCL moves "cuda"). */
     bool (*carries)(sumo__transport *tp, const char *memory);
+    /* Optional, both or neither (NULL: a failed collective's output cannot be restored, since
+     * a peer may still be writing into it). busy publishes whether this rank is inside a
+     * collective, where it may write its peers' buffers; settle, after a failure, waits until
+     * no rank still alive is (each dead one stopped writing when it died), bounded by the
+     * deadline. */
+    void (*busy)(sumo__transport *tp, bool busy);
+    sumo_result (*settle)(sumo__transport *tp);
 } sumo__transport_ops;
 
 /* A peer library's own reduction, for the sizes where it beats sumo's point-to-point ones. */

@@ -194,6 +194,16 @@ static void shm_abort(sumo__transport *tp)
     wake_every_bell(t);
 }
 
+static void shm_busy(sumo__transport *tp, bool busy)
+{
+    sumo__shm_busy(&((shm_transport *)tp)->shm, busy);
+}
+
+static sumo_result shm_settle(sumo__transport *tp)
+{
+    return sumo__shm_settle(tp, &((shm_transport *)tp)->shm);
+}
+
 static bool shm_shares(sumo__transport *tp, const void *buf, size_t bytes)
 {
     return sumo__shm_region_shares(((shm_transport *)tp)->regions, tp->rank, buf, bytes);
@@ -421,6 +431,8 @@ static const sumo__transport_ops shm_ops = {
     .abort = shm_abort,
     .destroy = shm_destroy,
     .shrink = shm_shrink,
+    .busy = shm_busy,
+    .settle = shm_settle,
 };
 
 /* ---- creation ----------------------------------------------------------------------------- */
