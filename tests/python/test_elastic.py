@@ -74,16 +74,16 @@ def _env():
     return dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), SUMO_TIMEOUT=str(DEADLINE))
 
 
-def _run_job(tmp_path, store, members, kill, joiners=0):
+def _run_job(tmp_path, store, members, kill, joiners=0, extra=()):
     """Starts `members` processes (and `joiners` that join at the first commit) of
-    elastic_worker.py, each on its own, and waits for them: their exit codes, and what each
-    survivor wrote."""
+    elastic_worker.py with the arguments `extra`, each on its own, and waits for them: their
+    exit codes, and what each survivor wrote."""
     out = tmp_path / "out"
     out.mkdir()
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "elastic_worker.py")
     common = [sys.executable, script, str(store), str(out)]
     kill_args = ["--kill-rank", str(kill[0]), "--kill-step", str(kill[1]), "--kill-where",
-                 kill[2]]
+                 kill[2]] + list(extra)
     procs = [subprocess.Popen(common + ["--join"] + kill_args, env=_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for _ in range(joiners)]
@@ -110,11 +110,11 @@ def _run_job(tmp_path, store, members, kill, joiners=0):
     return codes, results, logs
 
 
-def _check_survivors(codes, results, logs, lost, expect):
+def _check_survivors(codes, results, logs, lost, expect, steps=worker.STEPS):
     assert sorted(codes) == sorted([-9] * lost + [0] * (len(codes) - lost)), logs
     assert len(results) == len(codes) - lost, logs
     for res in results:
-        assert res["step"] == worker.STEPS and res["size"] == len(results), logs
+        assert res["step"] == steps and res["size"] == len(results), logs
         for kind, t, *rest in res["events"]:
             if kind == "failed":
                 # From the failed collective to the new membership, within the deadline.
