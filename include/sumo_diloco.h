@@ -183,7 +183,8 @@ SUMO_API sumo_result sumo_diloco_synchronized(const sumo_diloco *diloco, int *sy
 /*
  * Anchors, outer momenta, the schedule's position and an exchange in flight (save waits for
  * it to complete and keeps its result: the run resumed from the state applies it at the same
- * step with the same bits), plus ACGA's state. Load refuses a state of another layout, F,
+ * step with the same bits; save returns the error of one that failed, whose state no run
+ * could resume from), plus ACGA's state. Load refuses a state of another layout, F,
  * split, H, delay, inner period, combine, compression or dtype, and a sharded state of
  * another rank or number of ranks (an unsharded one is the same on every rank and loads with
  * any number).

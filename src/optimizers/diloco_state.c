@@ -66,8 +66,11 @@ sumo_result sumo_diloco_state_save(sumo_diloco *d, void *buffer, size_t bytes)
     size_t need;
     SUMO__CHECK(sumo_diloco_state_size(d, &need));
     if (buffer == NULL || bytes != need) return SUMO_ERR_INVALID_ARGUMENT;
-    /* An exchange in flight completes first: its result is part of the state. */
+    /* An exchange in flight completes first: its result is part of the state. One that
+     * failed (a lost peer) is refused: its apply would fail again in every run resumed from
+     * it, and an elastic job would roll back to this state forever. */
     sumo__diloco_settle(d);
+    if (d->pending >= 0 && d->result != SUMO_SUCCESS) return d->result;
     uint64_t gamma;
     memcpy(&gamma, &d->gamma, sizeof gamma);
     uint64_t h[H_COUNT] = {

@@ -11,7 +11,10 @@ the survivors must end with (elastic_reference) without sumo. --kill-rank R --ki
 --kill-where between|collective: the process that started as rank R kills itself (SIGKILL)
 at step S of the first membership, between steps or inside the step's gradient allreduce.
 --wait-joiners K: rank 0 waits, at the first commit, until K join tickets were taken (so the
-test knows at which commit they come in). What each process saw goes to OUT/<pid>.pt.
+test knows at which commit they come in). --diloco: the optimizer is sumo.torch.DiLoCo
+around make_optimizer's (DILOCO's options, DILOCO_STEPS steps, test_elastic_diloco.py), and
+each replica trains on its own data, batch(step, the rank it started as), wherever it is
+ranked later. What each process saw goes to OUT/<pid>.pt.
 """
 import argparse
 import os
@@ -30,6 +33,9 @@ from sumo.torch import _runtime  # noqa: E402
 
 STEPS = 8
 COMMIT_EVERY = 2
+# One fragment, outer steps at steps 4, 8 and 12: commits fall inside rounds and at their ends.
+DILOCO_STEPS = 12
+DILOCO = dict(sync_every=4, outer_lr=0.7, outer_momentum=0.9)
 
 
 def make_model():
@@ -63,6 +69,7 @@ def main():
     p.add_argument("--kill-where", default="between")
     p.add_argument("--wait-joiners", type=int, default=0)
     p.add_argument("--transport", default="shm")
+    p.add_argument("--diloco", action="store_true")
     a = p.parse_args()
     torch.set_num_threads(1)
     # A directory: sumo's directory store; else a FileStore's file.
@@ -75,8 +82,12 @@ def main():
     events = []
 
     model = make_model()
-    opt = hvd.DistributedOptimizer(make_optimizer(model.parameters()),
-                                   named_parameters=model.named_parameters())
+    if a.diloco:
+        opt = hvd.DiLoCo(make_optimizer(model.parameters()), **DILOCO)
+    else:
+        opt = hvd.DistributedOptimizer(make_optimizer(model.parameters()),
+                                       named_parameters=model.named_parameters())
+    steps = DILOCO_STEPS if a.diloco else STEPS
     state = hvd.elastic.TorchState(model=model, optimizer=opt, step=0)
     state.register_reset_callbacks([lambda: events.append(
         ("reset", time.monotonic(), hvd.rank(), hvd.size(), state.step, state._commits))])
@@ -84,7 +95,7 @@ def main():
     @hvd.elastic.run
     def train(state):
         events.append(("call", time.monotonic(), hvd.rank(), hvd.size(), state.step))
-        while state.step < STEPS:
+        while state.step < steps:
             s = state.step
             victim = (not a.join and a.rank == a.kill_rank and s == a.kill_step
                       and _runtime.state.memberships <= 1 and hvd.size() > 1)
@@ -99,7 +110,7 @@ def main():
                 time.sleep(0.4)
             opt.zero_grad()
             try:
-                loss_of(model, s, hvd.rank()).backward()
+                loss_of(model, s, first[0] if a.diloco else hvd.rank()).backward()
                 opt.step()
             except hvd.elastic.HorovodInternalError:
                 events.append(("failed", time.monotonic(), hvd.rank(), hvd.size(), s))

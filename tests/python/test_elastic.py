@@ -76,22 +76,21 @@ def _env():
                 SUMO_LIVENESS_TIMEOUT="1")
 
 
-def _run_job(tmp_path, store, members, kill, joiners=0, transport="shm"):
+def _run_job(tmp_path, store, members, kill, joiners=0, extra=()):
     """Starts `members` processes (and `joiners` that join at the first commit) of
-    elastic_worker.py, each on its own, and waits for them: their exit codes, and what each
-    survivor wrote."""
+    elastic_worker.py with the arguments `extra`, each on its own, and waits for them: their
+    exit codes, and what each survivor wrote."""
     out = tmp_path / "out"
     out.mkdir()
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "elastic_worker.py")
     common = [sys.executable, script, str(store), str(out)]
     kill_args = ["--kill-rank", str(kill[0]), "--kill-step", str(kill[1]), "--kill-where",
-                 kill[2]]
+                 kill[2]] + list(extra)
     procs = [subprocess.Popen(common + ["--join"] + kill_args, env=_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for _ in range(joiners)]
     procs += [subprocess.Popen(common + ["--rank", str(r), "--size", str(members),
-                                         "--wait-joiners", str(joiners),
-                                         "--transport", transport] + kill_args,
+                                         "--wait-joiners", str(joiners)] + kill_args,
                                env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True)
               for r in range(members)]
@@ -113,11 +112,11 @@ def _run_job(tmp_path, store, members, kill, joiners=0, transport="shm"):
     return codes, results, logs
 
 
-def _check_survivors(codes, results, logs, lost, expect):
+def _check_survivors(codes, results, logs, lost, expect, steps=worker.STEPS):
     assert sorted(codes) == sorted([-9] * lost + [0] * (len(codes) - lost)), logs
     assert len(results) == len(codes) - lost, logs
     for res in results:
-        assert res["step"] == worker.STEPS and res["size"] == len(results), logs
+        assert res["step"] == steps and res["size"] == len(results), logs
         for kind, t, *rest in res["events"]:
             if kind == "failed":
                 # From the failed collective to the new membership, within the deadline.
@@ -198,7 +197,7 @@ def test_joined_then_killed_inside_a_collective_survivors_equal_reference(tmp_pa
     # survivors agree through the store, the lost one found by its heartbeat).
     before = _shm_entries()
     codes, results, logs = _run_job(tmp_path, tmp_path / "store", 2, (1, 5, "collective"),
-                                    joiners=1, transport=transport)
+                                    joiners=1, extra=["--transport", transport])
     _check_survivors(codes, results, logs, 1, reference([(0, 2), (2, 3), (4, 2)]))
     joiner = [r for r in results if r["first"] == (2, 3)]
     assert len(joiner) == 1, logs

@@ -20,6 +20,14 @@ it around each local step. The exchange runs on sumo's progress thread while the
 `delay` local steps run here. Between exchanges nothing is communicated; a step whose
 gradients hold inf or NaN on this rank (skip_nonfinite) is skipped here alone and still
 counted, so every rank stays on the schedule.
+
+Under sumo.torch.elastic (the wrapper kept in a TorchState) the replicas are those present:
+one lost during local steps is left out of the next outer step, which averages over the
+survivors from the last commit they all hold (the anchors, momenta and the position in the
+schedule are restored, each survivor's own parameters and inner state with them); one that
+joins is healed from rank 0 (its parameters, inner state and outer state). The C object is
+made again on each new communicator from the state it held. Not with memory_efficient: its
+state is cut in slices for one number of ranks.
 """
 import atexit
 import ctypes
@@ -118,13 +126,32 @@ class DiLoCo(WrappedOptimizer):
         # parameters: the outer loop's state moves there at the first step).
         self._flat = self._params[0].detach().new_zeros(n, dtype=self.dtype)
         dt = rt.tensor_args(self._flat, "the parameters")[2]
-        layout = (ctypes.c_size_t * len(counts))(*counts)
+        self.memory_efficient = bool(o.memory_efficient)
+        # Kept for comm_opened, which makes the C object again on a new communicator.
+        self._layout = (ctypes.c_size_t * len(counts))(*counts)
+        self._dt = dt
         if fragment_of is not None:
             self._fragment_of = (ctypes.c_int * len(fragment_of))(*fragment_of)
             o.fragment_of = ctypes.cast(self._fragment_of, ctypes.POINTER(ctypes.c_int))
+        self._o = o
+        self._create()
+        self._frag_tensors = [self._tensors_of(f) for f in range(self.fragments)]
+        self._all = list(range(len(self._params)))
+        self.last_due = 0
+        self._carried = None
+        self._replaced = False
+        rt.bind(self)
+        if not _exit_hook[0]:
+            atexit.register(_close_all)
+            _exit_hook[0] = True
+
+    def _create(self):
+        """The C outer loop on the current communicator (collective), with no state yet."""
         rt.sync()
-        code = lib.sumo_diloco_create(rt.state.comm, layout, len(counts), n, dt,
-                                      ctypes.byref(o), ctypes.byref(self._handle))
+        handle = ctypes.c_void_p()
+        code = lib.sumo_diloco_create(rt.state.comm, self._layout, len(self._layout),
+                                      self._flat.numel(), self._dt, ctypes.byref(self._o),
+                                      ctypes.byref(handle))
         if code == SUMO_ERR_INVALID_ARGUMENT:
             # The library checks the options (every rank fails alike); its reason says which.
             why = ctypes.c_char_p()
@@ -132,16 +159,9 @@ class DiLoCo(WrappedOptimizer):
             raise ValueError("sumo.DiLoCo: %s" % (why.value.decode(errors="replace")
                                                   if why.value else "invalid options"))
         rt.raise_for(code, "sumo_diloco_create (every rank needs the same model and options)")
-        self._frag_tensors = [self._tensors_of(f) for f in range(self.fragments)]
-        self._all = list(range(len(self._params)))
-        self.last_due = 0
+        self._handle = handle
         self._anchored = False
-        self._replaced = False
         _live.add(self)
-        rt.bind(self)
-        if not _exit_hook[0]:
-            atexit.register(_close_all)
-            _exit_hook[0] = True
 
     def _options(self, preset, sync_every, fragments, delay, merge_alpha, outer, outer_lr,
                  outer_momentum, combine, quantize, block_size, split, inner_period,
@@ -265,16 +285,31 @@ class DiLoCo(WrappedOptimizer):
         if getattr(self, "_handle", None):
             self.close()
 
-    # sumo.torch.elastic replaced the communicator (rt.bind): the C object keeps the old one
-    # (its outer loop's exchanges run on it), so it is freed with it. Carrying the outer state
-    # over to a new membership (an anchor and momentum per replica set) is not done yet: a
-    # later step() says so.
+    # sumo.torch.elastic replaced the communicator (rt.bind). The C object keeps the old one
+    # (its exchanges run on it), so it goes with it and is made again on the new one, holding
+    # the outer state it held: the averages then divide by the new number of replicas. After a
+    # join the members are at a commit and that state is theirs to go on with; after a loss
+    # elastic restores the agreed commit over it (load_state_dict), so a state that cannot be
+    # saved (its exchange failed with the lost peer) is not carried. A sharded state
+    # (memory_efficient) is not carried at all: each rank holds a slice cut for the old
+    # number of ranks, and a lost rank took its slice of the momenta with it.
     def comm_closing(self):
+        self._carried = None
+        if self._handle and not self.memory_efficient:
+            try:
+                self._carried = self._save()
+            except rt.SumoError:
+                pass
         self.close()
-        self._replaced = True
 
     def comm_opened(self):
-        pass
+        if self.memory_efficient:
+            self._replaced = True
+            return
+        self._create()
+        carried, self._carried = self._carried, None
+        if carried is not None:
+            self._load(carried)
 
     # -- moving parameters ---------------------------------------------------------------------
     def _gather(self, tensors):
@@ -324,9 +359,10 @@ class DiLoCo(WrappedOptimizer):
         if not self._handle:
             if self._replaced:
                 raise RuntimeError("sumo.DiLoCo: the communicator it was made on was replaced "
-                                   "(sumo.torch.elastic: a process was lost or joined); its "
-                                   "outer state does not follow a membership change yet: make "
-                                   "it again")
+                                   "(sumo.torch.elastic: a process was lost or joined), and "
+                                   "memory_efficient's outer state is cut in slices for the "
+                                   "old number of ranks: use memory_efficient=False "
+                                   "(slowmo_memory_efficient=False) in an elastic job")
             raise RuntimeError("sumo.DiLoCo: step() after close()")
         what, applied, started = self._due()
         lr = self._inner_rate(started)
@@ -381,25 +417,35 @@ class DiLoCo(WrappedOptimizer):
     def state_dict(self):
         """The inner optimizer's state and the outer loop's (anchors, momenta, the position in
         the fragment schedule, an exchange in flight: saving waits for it and keeps its
-        result, which the resumed run applies at the same step)."""
-        n = ctypes.c_size_t()
-        rt.raise_for(lib.sumo_diloco_state_size(self._handle, ctypes.byref(n)))
-        buf = ctypes.create_string_buffer(n.value)
-        rt.raise_for(lib.sumo_diloco_state_save(self._handle, buf, n.value), "DiLoCo state")
+        result, which the resumed run applies at the same step; one that failed raises its
+        error)."""
         return {"optimizer": self._opt.state_dict(),
-                "diloco": {"state": buf.raw, "steps": self.steps, "skipped": self.skipped}}
+                "diloco": {"state": self._save(), "steps": self.steps, "skipped": self.skipped}}
 
     def load_state_dict(self, state_dict):
         s = state_dict.get("diloco")
         if not isinstance(s, dict) or "state" not in s:
             raise ValueError("sumo.DiLoCo: not a DiLoCo state_dict (no 'diloco' entry)")
-        blob = s["state"]
+        self._load(s["state"])
+        self._opt.load_state_dict(state_dict["optimizer"])
+        self.steps, self.skipped = int(s["steps"]), int(s["skipped"])
+
+    def _save(self):
+        if not self._handle:
+            raise RuntimeError("sumo.DiLoCo: state_dict() after close()")
+        n = ctypes.c_size_t()
+        rt.raise_for(lib.sumo_diloco_state_size(self._handle, ctypes.byref(n)))
+        buf = ctypes.create_string_buffer(n.value)
+        rt.raise_for(lib.sumo_diloco_state_save(self._handle, buf, n.value), "DiLoCo state")
+        return buf.raw
+
+    def _load(self, blob):
+        if not self._handle:
+            raise RuntimeError("sumo.DiLoCo: load_state_dict() after close()")
         buf = ctypes.create_string_buffer(blob, len(blob))
         rt.raise_for(lib.sumo_diloco_state_load(self._handle, buf, len(blob)),
                      "DiLoCo state (saved with another model, fragments, sync_every, delay, "
                      "combine, quantize or dtype?)")
-        self._opt.load_state_dict(state_dict["optimizer"])
-        self.steps, self.skipped = int(s["steps"]), int(s["skipped"])
         # begin() takes the anchors unless the state holds them: one gather decides nothing.
         self._anchored = False
 

@@ -23,8 +23,16 @@ brought. A collective that completed on some survivors and failed on others can 
 one commit ahead, so every state keeps its last two commits and each process restores the
 agreed one: the same state everywhere, nothing committed lost. What was made on the old
 communicator is made again on the new one (the optimizer's buffers and Adasum ops, the hooks'
-caches), rank() and size() give the new membership, the reset callbacks run, the state is
-synced from rank 0 and the function is called again: the steps since the commit are redone.
+caches, DiLoCo's outer loop), rank() and size() give the new membership, the reset callbacks
+run, the state is synced from rank 0 and the function is called again: the steps since the
+commit are redone.
+
+DiLoCo, StreamingDiLoCo and SlowMo (kept in the TorchState as its optimizer) go on with the
+replicas there are: one lost during local steps is left out of the next outer step, which
+averages over the survivors' changes from the commit they restored; between outer steps each
+survivor keeps its own parameters and inner optimizer state through the sync (not rank 0's),
+and a joiner takes rank 0's replica. memory_efficient is refused (its state is sliced for
+one number of ranks).
 An ElasticSampler in the state cuts what is left of the epoch again for the new membership.
 
 A joining process (init(store=..., join=True), `python -m sumo.launch --join`) takes a
@@ -49,6 +57,7 @@ import torch.utils.data
 from . import _runtime as rt
 from . import collectives
 from ._runtime import HorovodInternalError, HostsUpdatedInterrupt, init, shutdown
+from .diloco import DiLoCo
 
 __all__ = ["run", "State", "ObjectState", "TorchState", "ElasticSampler", "HorovodInternalError",
            "HostsUpdatedInterrupt", "init", "shutdown"]
@@ -218,6 +227,45 @@ class _OptimizerHandler(_Handler):
         collectives.broadcast_optimizer_state(self.value, root_rank=0)
 
 
+class _DiLoCoHandler(_Handler):
+    """DiLoCo, StreamingDiLoCo and SlowMo (diloco.py). Their replicas differ between outer
+    steps: each has parameters and an inner optimizer state of its own, and all of them the
+    same outer state. So at a sync a process that already holds a replica keeps its own (the
+    model's broadcast from rank 0 is undone on its parameters), and only one that does not yet
+    (every process at the start, a joiner) takes rank 0's: parameters, inner state and outer
+    state, a replica healed from a peer. TorchState.sync calls own_parameters() on every
+    process before any handler's sync, then this sync after the others'."""
+
+    def __init__(self, value):
+        if value.memory_efficient:
+            raise ValueError("sumo.torch.elastic: a DiLoCo or SlowMo with memory_efficient "
+                             "(slowmo_memory_efficient) holds its outer state in slices cut for "
+                             "one number of ranks, and a lost rank takes its slice with it: "
+                             "make it with memory_efficient=False to keep it in a TorchState")
+        super().__init__(value)
+        self.held = False
+
+    def own_parameters(self):
+        if not self.held:
+            return None
+        return [p.detach().clone() for p in self.value._params]
+
+    def sync(self, own=None):
+        newcomers = sum(collectives.allgather_object(
+            not self.held, name="sumo.torch.elastic: the replicas without DiLoCo state"))
+        if newcomers:
+            sd = collectives.broadcast_object(
+                self.value.state_dict() if _rank() == 0 else None, root_rank=0,
+                name="the DiLoCo replica of rank 0")
+            if not self.held and _rank() != 0:
+                self.value.load_state_dict(sd)
+        if own is not None:
+            with torch.no_grad():
+                for p, mine in zip(self.value._params, own):
+                    p.copy_(mine)
+        self.held = True
+
+
 class _SchedulerHandler(_Handler):
     def sync(self):
         sd = collectives.broadcast_object(self.value.state_dict(), root_rank=0,
@@ -284,7 +332,8 @@ class _SamplerHandler(_Handler):
 
 _SCHEDULER = getattr(torch.optim.lr_scheduler, "LRScheduler",
                      torch.optim.lr_scheduler._LRScheduler)
-_HANDLERS = [(torch.nn.Module, _ModelHandler), (torch.optim.Optimizer, _OptimizerHandler),
+_HANDLERS = [(DiLoCo, _DiLoCoHandler),  # before Optimizer: DiLoCo is one
+             (torch.nn.Module, _ModelHandler), (torch.optim.Optimizer, _OptimizerHandler),
              (_SCHEDULER, _SchedulerHandler), (ElasticSampler, _SamplerHandler)]
 
 
@@ -296,10 +345,11 @@ def _handler_of(value):
 
 
 class TorchState(ObjectState):
-    """Horovod's TorchState: model, optimizer (a DistributedOptimizer or any torch optimizer)
-    and any further keyword arguments; modules, optimizers, learning rate schedulers and
-    ElasticSamplers are kept as copies of their state_dict (assigning one, state.model = m,
-    saves it), the rest as ObjectState keeps it."""
+    """Horovod's TorchState: model, optimizer (a DistributedOptimizer, a DiLoCo or SlowMo,
+    or any torch optimizer) and any further keyword arguments; modules, optimizers, learning
+    rate schedulers and ElasticSamplers are kept as copies of their state_dict (assigning
+    one, state.model = m, saves it), the rest as ObjectState keeps it. A DiLoCo's replicas
+    keep their own parameters and inner state at a sync (_DiLoCoHandler)."""
 
     def __init__(self, model=None, optimizer=None, **kwargs):
         kwargs.update(dict(model=model, optimizer=optimizer))
@@ -326,8 +376,13 @@ class TorchState(ObjectState):
         super().restore()
 
     def sync(self):
-        for h in self._handlers.values():
-            h.sync()
+        replicas = {name: h.own_parameters() for name, h in self._handlers.items()
+                    if isinstance(h, _DiLoCoHandler)}
+        for name, h in self._handlers.items():
+            if name not in replicas:
+                h.sync()
+        for name, own in replicas.items():
+            self._handlers[name].sync(own)
         super().sync()
 
     def _rollback(self, commit):

@@ -13,6 +13,8 @@ training driver runs): the heavy-ball outer step, one fragment, no delay, inner 
 the memory-efficient sharding are that loop's options, so both give the same bits. What is
 SlowMo's own is what it does to the inner optimizer's buffers after an outer step (buffers).
 The outer step takes one lr: parameter groups must agree on it at that step.
+In a sumo.torch.elastic job (diloco.py) make it with slowmo_memory_efficient=False: the
+sharded state is cut for one number of ranks and cannot follow a membership change.
 """
 import torch
 
