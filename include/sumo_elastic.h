@@ -22,10 +22,12 @@
  * leave in time, the output is left as it is and a warning logged). It costs a copy of the
  * receive buffer per call (about twice the time of a large threads allreduce), hence opt-in.
  * Send buffers are never written, with or without it. Not covered: sumo_allreduce_compressed,
- * device memory, the layers above's own exchanges. The value each rank brings to the shrink (say, the last step it committed) comes
- * back as the survivors' smallest, so ranks that got one step further than others (the
- * collective completed on some before the failure was seen) learn to go back to that step:
- * keep the state of the last two steps (at most one step separates the survivors).
+ * device memory, the layers above's own exchanges.
+ *
+ * The value each rank brings to the shrink (say, the last step it committed) comes back as the
+ * survivors' smallest, so ranks that got one step further than others (the collective
+ * completed on some before the failure was seen) learn to go back to that step: keep the state
+ * of the last two steps (at most one step separates the survivors).
  */
 #ifndef SUMO_ELASTIC_H
 #define SUMO_ELASTIC_H

@@ -1,4 +1,4 @@
-"""Starts processes of one host that survive each other: the launch sumo.torch.elastic needs.
+"""Starts processes that survive each other: the launch sumo.torch.elastic needs.
 
     python -m sumo.launch --nproc 4 train.py [args]
         four processes, each started on its own, meeting through a FileStore that lives in a
@@ -14,6 +14,15 @@
 
     python -m sumo.launch --store PATH --join train.py [args]
         a process that joins the job running on PATH at its next commit().
+
+    python -m sumo.launch --serve-store HOST:PORT
+    python -m sumo.launch --store tcp://HOST:PORT --transport group --rank R --size N train.py
+        across hosts: a store served by a process of its own (a TCPStore listening on
+        HOST:PORT, until it is stopped), and the job's processes, started on any hosts, each
+        meeting through it over gloo groups made from the store (--transport group; the
+        default, shm, is for processes of one host). A lost process is found by its heartbeat
+        (SUMO_LIVENESS_TIMEOUT). --transport group works with --nproc too, to try it on one
+        host.
 
 A process calls sumo.torch.init(store=..., rank=..., size=...) (or join=True) and runs the
 script as __main__, whose own hvd.init() then finds the communicator made (sumo/torch/_launch.py).
@@ -40,13 +49,36 @@ def parser():
     p.add_argument("--rank", type=int, help="this process's rank (with --store and --size)")
     p.add_argument("--size", type=int, help="the number of processes (with --store and --rank)")
     p.add_argument("--join", action="store_true", help="join the job running on --store")
-    p.add_argument("script")
+    p.add_argument("--transport", choices=("shm", "group"), default="shm",
+                   help="shm: processes of one host over shared memory (the default); group: "
+                   "gloo groups made from the store, which span hosts")
+    p.add_argument("--serve-store", metavar="HOST:PORT",
+                   help="serve a TCPStore on HOST:PORT until stopped, for --store tcp://HOST:PORT")
+    p.add_argument("script", nargs="?")
     p.add_argument("args", nargs=argparse.REMAINDER)
     return p
 
 
+def address(text, what):
+    """(host, port) of HOST:PORT, or exits naming what it is."""
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        sys.exit("%s: %s must be HOST:PORT, not %r" % (USAGE, what, text))
+    return host, int(port)
+
+
 def check(args):
     """Exits with a message for a combination of options that means nothing."""
+    if args.serve_store is not None:
+        if args.nproc is not None or args.store is not None or args.script is not None:
+            sys.exit("%s: --serve-store runs the store alone: no --nproc, --store or script"
+                     % USAGE)
+        address(args.serve_store, "--serve-store")
+        return
+    if args.script is None:
+        sys.exit("%s: give the script to run" % USAGE)
+    if args.store is not None and args.store.startswith("tcp://"):
+        address(args.store[len("tcp://"):], "--store tcp://")
     if args.nproc is not None:
         if args.rank is not None or args.size is not None or args.join:
             sys.exit("%s: --nproc starts the processes itself: no --rank, --size or --join"
@@ -61,11 +93,11 @@ def check(args):
         sys.exit("%s: --store needs --rank and --size (or --join)" % USAGE)
 
 
-def worker_command(store, script, args, rank=None, size=None, join=False):
+def worker_command(store, script, args, rank=None, size=None, join=False, transport="shm"):
     """The command of one process: sumo.torch's part (sumo/torch/_launch.py)."""
     place = ["--join"] if join else ["--rank", str(rank), "--size", str(size)]
-    return [sys.executable, "-m", "sumo.torch._launch", "--store", store] + place + \
-        [script] + list(args)
+    return [sys.executable, "-m", "sumo.torch._launch", "--store", store, "--transport",
+            transport] + place + [script] + list(args)
 
 
 def launch(args):
@@ -79,7 +111,8 @@ def launch(args):
     try:
         for r in range(args.nproc):
             procs.append(subprocess.Popen(worker_command(store, args.script, args.args,
-                                                         rank=r, size=args.nproc)))
+                                                         rank=r, size=args.nproc,
+                                                         transport=args.transport)))
         codes = [p.wait() for p in procs]
     finally:
         for p in procs:
@@ -99,9 +132,13 @@ def launch(args):
 def main(argv=None):
     args = parser().parse_args(argv)
     check(args)
+    if args.serve_store is not None:
+        cmd = [sys.executable, "-m", "sumo.torch._launch", "--serve-store", args.serve_store]
+        os.execv(cmd[0], cmd)
     if args.nproc is not None:
         return launch(args)
-    cmd = worker_command(args.store, args.script, args.args, args.rank, args.size, args.join)
+    cmd = worker_command(args.store, args.script, args.args, args.rank, args.size, args.join,
+                         args.transport)
     os.execv(cmd[0], cmd)
 
 

@@ -22,6 +22,7 @@ import time
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import sumo.torch as hvd
 from sumo.torch import _runtime
@@ -208,6 +209,15 @@ def test_joined_then_killed_inside_a_collective_survivors_equal_reference(tmp_pa
         # before it), then the shrink back to the commit of step 4.
         assert resets == ([(2, 4)] if res is joiner[0] else [(3, 2), (2, 4)]), res["events"]
     assert _shm_entries() <= before
+    if transport == "group":
+        # The heartbeats of the memberships before the last, the lost process's among them,
+        # are gone from the store (memberships: 0 the first two, 1 with the joiner, 2 after
+        # the loss); the last one's stay until the job's store goes.
+        store = dist.FileStore(str(tmp_path / "store"), -1)
+        missing = b"\0none\0"
+        held = {(m, r): store.compare_set("sumo/elastic/m%d/alive/%d" % (m, r), missing, missing)
+                != missing for m in range(3) for r in range(3)}
+        assert [k for k, v in held.items() if v] == [(2, 0), (2, 1)], held
 
 
 def test_state_keeps_the_last_two_commits():

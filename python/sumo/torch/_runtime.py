@@ -828,7 +828,10 @@ def grow(tickets):
     except SumoError as e:
         raise error_for(e.code, "making the communicator with %d joining process%s: %s"
                         % (new, "" if new == 1 else "es", e)) from None
+    beats, old_size = alive_prefix(), state.size
     replace_comm(comm, state.rank, size)
+    if state.transport == "group":
+        _forget(beats, old_size, [])
 
 
 def _init_join(store):
@@ -1323,5 +1326,26 @@ def _shrink_group(value):
                           % (state.rank, state.size, _lib.result_name(code), why))
         raise SumoError(code, _lib.result_name(code), state.stranded)
     comm = make_group(prefix, info.rank, info.size, "the store (after a lost process)")
+    beats, size, tried = alive_prefix(), state.size, state.agreements
     replace_comm(comm, info.rank, info.size)
+    _forget(beats, size, ["%sshrink%d.%d/" % (state.key_root, state.memberships, a)
+                          for a in range(1, tried + 1)])
     return info.value, list(old[:info.size])
+
+
+def _forget(beats, size, agreements):
+    """Rank 0 of a new membership of a group store job: the old membership's heartbeats and
+    agreements leave the store, the lost processes' among them. Every member made the new gloo
+    group, so every member has read the verdicts; a process left out that comes only now finds
+    none, agrees alone and fails to make its group, as it would have failed anyway."""
+    if state.rank != 0 or state.store is None or state.store.store is None:
+        return
+    store = state.store.store
+    keys = ["%s%d" % (beats, r) for r in range(size)]
+    for prefix in agreements:
+        keys += ["%sin/%d" % (prefix, r) for r in range(size)] + [prefix + "verdict"]
+    for key in keys:
+        try:
+            store.delete_key(key)
+        except Exception:  # a store without delete keeps them: one store per job
+            return

@@ -43,8 +43,11 @@ members, and the sync hands them the state. The joiner's script makes the same o
 members keep (model, DistributedOptimizer: their buffers are made on the new communicator
 collectively, in the order they were made) before it calls the run() function.
 
-The elastic path is the shm transport's (processes of one host); the MPI and process-group
-transports cannot shrink, and a failure there ends the job as before (docs/torch.md).
+Processes of one host go over sumo's shared memory (sumo_comm_shrink sees a process end);
+across hosts (init(..., transport="group")) over a gloo group made from the store, one per
+membership, the survivors agreeing through the store with heartbeats (sumo_store_agree). The
+MPI transport and torch.distributed groups made by a launcher cannot shrink, and a failure
+there ends the job as before (docs/torch.md).
 """
 import copy
 import functools
