@@ -11,6 +11,11 @@ one thread per process) with --nproc processes on one host, each process taking 
 --batch rows made from (step, the rank it started as): the same data for every system.
   sumo      python -m sumo.launch --nproc N, sumo.torch.elastic (hvd.elastic.run, TorchState,
             DistributedOptimizer), state.commit() after every step
+  sumo-group  the same with --transport group: sumo's collectives over gloo groups made from
+            the store, one per membership, the survivors agreeing through the store with
+            heartbeats, as processes on several hosts do (SUMO_LIVENESS_TIMEOUT, 5 s by
+            default, is how soon a dead process is taken for dead)
+  sumo-group:MS  the same with SUMO_LIVENESS_TIMEOUT of MS milliseconds
   torchrun  torchrun --standalone --nproc-per-node N --max-restarts 1, DDP over gloo; rank 0
             saves model, optimizer and step every --ckpt-every steps, and every worker
             starts from that file when there is one (its agent stops every worker when one
@@ -56,7 +61,7 @@ import time
 # it times.
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SYSTEMS = ("sumo", "torchrun", "torchft")
+SYSTEMS = ("sumo", "sumo-group", "torchrun", "torchft")
 GUARD = 300  # seconds one run may take at all (torch's start-up on a busy machine)
 
 
@@ -286,9 +291,13 @@ def start_job(a, system, directory, out):
     """The job's processes (what ends the run when they end) and the helpers to stop after."""
     me = [sys.executable, os.path.abspath(__file__)]
     spawn = dict(env=env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    if system == "sumo":
-        cmd = [sys.executable, "-m", "sumo.launch", "--nproc", str(a.nproc)] + me[1:] + \
-            ["--worker", "sumo"] + common_args(a, directory)
+    if system == "sumo" or system.startswith("sumo-group"):
+        across = ["--transport", "group"] if system != "sumo" else []
+        ms = system.partition(":")[2]
+        if ms:
+            spawn["env"]["SUMO_LIVENESS_TIMEOUT"] = str(int(ms) / 1000)
+        cmd = [sys.executable, "-m", "sumo.launch", "--nproc", str(a.nproc)] + across + \
+            me[1:] + ["--worker", "sumo"] + common_args(a, directory)
         return [subprocess.Popen(cmd, **spawn)], []
     if system == "torchrun":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
@@ -427,7 +436,7 @@ def phases(system, records, t_kill):
         ts = [float(f[index]) for recs in records.values() for k, f in recs
               if k == kind and float(f[index]) > t_kill]
         return max(ts) - t_kill if ts else None
-    if system == "sumo":
+    if system.startswith("sumo"):
         return [("failure seen", latest("failed", 0)), ("new membership", latest("reset", 0)),
                 ("state synced", latest("call", 0))]
     if system == "torchrun":
@@ -441,6 +450,10 @@ def spread(xs):
 
 
 def label(system):
+    if system.startswith("sumo-group"):
+        ms = system.partition(":")[2]
+        return "sumo, across hosts (gloo groups), liveness timeout %s" % (
+            "%s ms" % ms if ms else "5000 ms (default)")
     if system.startswith("torchft"):
         ms = system.partition(":")[2]
         return "torchft, heartbeat timeout %s" % ("%s ms" % ms if ms else "5000 ms (default)")
@@ -451,8 +464,10 @@ def driver(a):
     systems = [s for s in a.systems.split(",") if s]
     for s in systems:
         name, _, ms = s.partition(":")
-        if name not in SYSTEMS or (ms and (name != "torchft" or not ms.isdigit())):
-            sys.exit("--systems: %s, each once, or torchft:MS" % ", ".join(SYSTEMS))
+        if name not in SYSTEMS or (ms and (name not in ("torchft", "sumo-group") or
+                                           not ms.isdigit())):
+            sys.exit("--systems: %s, each once, or torchft:MS, sumo-group:MS"
+                     % ", ".join(SYSTEMS))
     if any(s.startswith("torchft") for s in systems):
         import importlib.util
         if importlib.util.find_spec("torchft") is None or lighthouse_binary() is None:

@@ -53,16 +53,18 @@ def parser():
                    help="shm: processes of one host over shared memory (the default); group: "
                    "gloo groups made from the store, which span hosts")
     p.add_argument("--serve-store", metavar="HOST:PORT",
-                   help="serve a TCPStore on HOST:PORT until stopped, for --store tcp://HOST:PORT")
+                   help="serve a TCPStore on HOST:PORT until stopped, for --store "
+                   "tcp://HOST:PORT (port 0: one the system picks, printed)")
     p.add_argument("script", nargs="?")
     p.add_argument("args", nargs=argparse.REMAINDER)
     return p
 
 
-def address(text, what):
-    """(host, port) of HOST:PORT, or exits naming what it is."""
+def address(text, what, any_port=False):
+    """(host, port) of HOST:PORT, or exits naming what it is; any_port: port 0 (the system
+    picks one) is allowed."""
     host, _, port = text.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not host or not port.isdigit() or not (0 if any_port else 1) <= int(port) < 65536:
         sys.exit("%s: %s must be HOST:PORT, not %r" % (USAGE, what, text))
     return host, int(port)
 
@@ -73,7 +75,7 @@ def check(args):
         if args.nproc is not None or args.store is not None or args.script is not None:
             sys.exit("%s: --serve-store runs the store alone: no --nproc, --store or script"
                      % USAGE)
-        address(args.serve_store, "--serve-store")
+        address(args.serve_store, "--serve-store", any_port=True)
         return
     if args.script is None:
         sys.exit("%s: give the script to run" % USAGE)

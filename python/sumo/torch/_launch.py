@@ -30,7 +30,7 @@ def _store(path):
 
 def _serve(where):
     """Serves a TCPStore on where (HOST:PORT) until SIGINT or SIGTERM."""
-    host, port = launch.address(where, "--serve-store")
+    host, port = launch.address(where, "--serve-store", any_port=True)
     store = dist.TCPStore(host, port, None, True, timedelta(seconds=rt._deadline_s()),
                           wait_for_workers=False)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
