@@ -326,6 +326,22 @@ def test_init_store_arguments_are_checked():
         _runtime._check_store_args("store", 0, 2, None, None, True)
     with pytest.raises(TypeError, match="store must be"):
         _runtime.store_adapter(42)
+    with pytest.raises(ValueError, match="not a directory"):
+        _runtime._check_store_args("a/dir", 0, 2, "group", None, False)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--serve-store", "localhost"], "--serve-store must be HOST:PORT"),
+    (["--serve-store", "localhost:0", "train.py"], "runs the store alone"),
+    (["--store", "tcp://localhost:0", "--rank", "0", "--size", "2", "train.py"],
+     "--store tcp:// must be HOST:PORT"),
+    (["--nproc", "2"], "give the script"),
+])
+def test_launch_refuses_what_means_nothing(argv, message):
+    from sumo import launch
+    with pytest.raises(SystemExit) as e:
+        launch.check(launch.parser().parse_args(argv))
+    assert message in str(e.value)
 
 
 def test_elastic_sampler_cuts_what_is_left_for_the_new_membership(monkeypatch):

@@ -1280,19 +1280,31 @@ def shrink(value):
         prefix = membership_prefix("shrink").encode()
         opts.store = state.store.pointer()
         opts.key_prefix = prefix
-    old = (ctypes.c_int * state.size)()
-    info = sumo_shrink_info(ctypes.sizeof(sumo_shrink_info), 0, 0, 0,
-                            ctypes.cast(old, ctypes.POINTER(ctypes.c_int)))
+    old, info = _verdict_buffers()
     out = ctypes.c_void_p()
     code = lib.sumo_comm_shrink(comm, ctypes.byref(opts), ctypes.byref(out), ctypes.byref(info))
-    if code != SUMO_SUCCESS:
-        why = err.value.decode(errors="replace") or "no detail"
-        state.stranded = ("sumo.torch.elastic: rank %d of %d cannot go on with the others after "
-                          "a lost process: sumo_comm_shrink: %s: %s"
-                          % (state.rank, state.size, _lib.result_name(code), why))
-        raise SumoError(code, _lib.result_name(code), state.stranded)
+    _stranded_unless(code, err, "sumo_comm_shrink")
     replace_comm(out, info.rank, info.size)
     return info.value, list(old[:info.size])
+
+
+def _verdict_buffers():
+    """The sumo_shrink_info an agreement fills, and its array of the survivors' old ranks."""
+    old = (ctypes.c_int * state.size)()
+    return old, sumo_shrink_info(ctypes.sizeof(sumo_shrink_info), 0, 0, 0,
+                                 ctypes.cast(old, ctypes.POINTER(ctypes.c_int)))
+
+
+def _stranded_unless(code, err, call):
+    """A failed agreement leaves this process out for good: it is remembered (state.stranded)
+    and raised as a SumoError that elastic.run does not try again."""
+    if code == SUMO_SUCCESS:
+        return
+    why = err.value.decode(errors="replace") or "no detail"
+    state.stranded = ("sumo.torch.elastic: rank %d of %d cannot go on with the others after "
+                      "a lost process: %s: %s: %s"
+                      % (state.rank, state.size, call, _lib.result_name(code), why))
+    raise SumoError(code, _lib.result_name(code), state.stranded)
 
 
 def _shrink_group(value):
@@ -1315,16 +1327,9 @@ def _shrink_group(value):
     opts.alive_prefix = alive
     opts.error = ctypes.cast(err, ctypes.c_char_p)
     opts.error_bytes = len(err)
-    old = (ctypes.c_int * state.size)()
-    info = sumo_shrink_info(ctypes.sizeof(sumo_shrink_info), 0, 0, 0,
-                            ctypes.cast(old, ctypes.POINTER(ctypes.c_int)))
+    old, info = _verdict_buffers()
     code = lib.sumo_store_agree(ctypes.byref(opts), ctypes.byref(info))
-    if code != SUMO_SUCCESS:
-        why = err.value.decode(errors="replace") or "no detail"
-        state.stranded = ("sumo.torch.elastic: rank %d of %d cannot go on with the others after "
-                          "a lost process: sumo_store_agree: %s: %s"
-                          % (state.rank, state.size, _lib.result_name(code), why))
-        raise SumoError(code, _lib.result_name(code), state.stranded)
+    _stranded_unless(code, err, "sumo_store_agree")
     comm = make_group(prefix, info.rank, info.size, "the store (after a lost process)")
     beats, size, tried = alive_prefix(), state.size, state.agreements
     replace_comm(comm, info.rank, info.size)
