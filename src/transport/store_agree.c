@@ -51,9 +51,11 @@ typedef struct verdict {
     uint64_t members[WORDS];
 } verdict;
 
+/* Writes why into the caller's error buffer, where the options are of this library's size (an
+ * older struct would put error elsewhere). */
 static sumo_result say(const sumo_agree_options *o, sumo_result code, const char *fmt, ...)
 {
-    if (o && o->error && o->error_bytes > 0) {
+    if (o && o->struct_size == sizeof *o && o->error && o->error_bytes > 0) {
         va_list ap;
         va_start(ap, fmt);
         int n = snprintf(o->error, o->error_bytes, "sumo_store_agree: ");
