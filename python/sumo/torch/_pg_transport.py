@@ -67,8 +67,8 @@ class GroupTransport:
     `own`, a group from make_gloo that the transport takes over."""
 
     def __init__(self, group, name="torch.distributed", own=None):
-        self.own = own
-        if own is not None:
+        self.owned = own is not None  # never changes: _abort lets the group itself go
+        if self.owned:
             self.rank, self.size = own.rank(), own.size()
             self.group = own
             self.global_of = list(range(self.size))
@@ -113,22 +113,22 @@ class GroupTransport:
         return group
 
     def _isend(self, t, dst):
-        if self.own is not None:
+        if self.owned:
             return self._group().send([t], dst, 0)
         return dist.isend(t, self.global_of[dst], group=self.group)
 
     def _irecv(self, t, src):
-        if self.own is not None:
+        if self.owned:
             return self._group().recv([t], src, 0)
         return dist.irecv(t, self.global_of[src], group=self.group)
 
     def _all_gather(self, out, mine):
-        if self.own is not None:
+        if self.owned:
             return self._group().allgather([out], [mine])
         return dist.all_gather(out, mine, group=self.group, async_op=True)
 
     def _all_reduce(self, t):
-        if self.own is not None:
+        if self.owned:
             return self._group().allreduce([t])
         return dist.all_reduce(t, group=self.group, async_op=True)
 
@@ -170,11 +170,12 @@ class GroupTransport:
         # (its connections close, and a peer blocked on this rank fails at once); a registered
         # one is the process's to destroy, so there they learn at their deadline.
         self.aborted = True
-        if self.own is not None:
-            self.group = self.own = None
+        if self.owned:
+            self.group = None
 
     def _destroy(self, ctx):
-        self.group = self.own = None
+        if self.owned:
+            self.group = None
         return SUMO_SUCCESS
 
     def _error_message(self, ctx):

@@ -697,9 +697,10 @@ def _init_store(store, rank, size, over):
 
 def make_group(prefix, rank, size, where):
     """sumo's communicator of `size` processes over a gloo group made from the job's store
-    under prefix (rank `rank`); the transport is kept in state.pg_transport_next until
-    replace_comm or _adopt puts it in place. Raises the SumoError (PEER_FAILURE, or TIMEOUT)
-    when a member does not come: the caller's old communicator stays as it was."""
+    under prefix (rank `rank`). Its transport becomes state.pg_transport, and the one before
+    stays referenced (state.pg_transport_old) until replace_comm has destroyed the old
+    communicator. Raises PeerLost when a member does not come: the caller's old communicator
+    stays as it was."""
     from . import _pg_transport as pgt
     try:
         pg = pgt.make_gloo(dist.PrefixStore(prefix + "pg/", state.store.store), rank, size,
@@ -1340,15 +1341,16 @@ def _shrink_group(value):
 
 def _forget(beats, size, agreements):
     """Rank 0 of a new membership of a group store job: the old membership's heartbeats and
-    agreements leave the store, the lost processes' among them. Every member made the new gloo
-    group, so every member has read the verdicts; a process left out that comes only now finds
-    none, agrees alone and fails to make its group, as it would have failed anyway."""
+    the agreements' entries leave the store, the lost processes' among them. Every member made
+    the new gloo group, so every member has read the verdicts. The verdicts stay: a process
+    left out that comes only now must find the one that leaves it out, not agree alone and go
+    on as a job of its own."""
     if state.rank != 0 or state.store is None or state.store.store is None:
         return
     store = state.store.store
     keys = ["%s%d" % (beats, r) for r in range(size)]
     for prefix in agreements:
-        keys += ["%sin/%d" % (prefix, r) for r in range(size)] + [prefix + "verdict"]
+        keys += ["%sin/%d" % (prefix, r) for r in range(size)]
     for key in keys:
         try:
             store.delete_key(key)
