@@ -28,7 +28,7 @@
 static const char *const names[] = {
     "SUMO_TIMEOUT",   "SUMO_DEBUG",        "SUMO_SHM_STAGE_BYTES",       "SUMO_SHM_NAMED",
     "SUMO_MPI_SHM",   "SUMO_NCCL_LIBRARY", "SUMO_FUSION_THRESHOLD",      "SUMO_TEST_EXIT_DURING_SAVE",
-    "SUMO_LOCAL_SIZE",
+    "SUMO_LOCAL_SIZE", "SUMO_LIVENESS_TIMEOUT",
 };
 #define NNAMES (sizeof names / sizeof names[0])
 
@@ -77,6 +77,7 @@ static void test_defaults_when_unset_or_empty(void **state)
         {SUMO__SETTING_FUSION_THRESHOLD, "67108864", 64 * 1024 * 1024},
         {SUMO__SETTING_TEST_EXIT_DURING_SAVE, NULL, 0},
         {SUMO__SETTING_LOCAL_SIZE, NULL, 0},
+        {SUMO__SETTING_LIVENESS_TIMEOUT, "5", 5.0},
     };
     for (int empty = 0; empty < 2; empty++) {
         for (size_t i = 0; i < NNAMES; i++) {
@@ -94,7 +95,9 @@ static void test_defaults_when_unset_or_empty(void **state)
                 assert_string_equal(v.text, want[i].text);
                 assert_string_equal(text, want[i].text);
             }
-            double got = want[i].id == SUMO__SETTING_TIMEOUT ? v.number : (double)v.integer;
+            double got = sumo__setting_info(want[i].id)->type == SUMO__SETTING_NUMBER
+                             ? v.number
+                             : (double)v.integer;
             assert_true(got == want[i].value);
         }
         char msg[64] = "x";
@@ -168,6 +171,12 @@ static const edge edges[] = {
     {SUMO__SETTING_TEST_EXIT_DURING_SAVE, "1000000001", false, 0},
     {SUMO__SETTING_TEST_EXIT_DURING_SAVE, "-1", false, 0},
     {SUMO__SETTING_TEST_EXIT_DURING_SAVE, "sixty", false, 0},
+    {SUMO__SETTING_LIVENESS_TIMEOUT, "1", true, 1},
+    {SUMO__SETTING_LIVENESS_TIMEOUT, "0.25", true, 0.25},
+    {SUMO__SETTING_LIVENESS_TIMEOUT, "1000000", true, 1e6},
+    {SUMO__SETTING_LIVENESS_TIMEOUT, "0", false, 0},
+    {SUMO__SETTING_LIVENESS_TIMEOUT, "1000001", false, 0},
+    {SUMO__SETTING_LIVENESS_TIMEOUT, "5s", false, 0},
 };
 
 /* Each value against its range, through the parser, sumo_setting and sumo_env_check; a
@@ -195,7 +204,8 @@ static void test_ranges_and_refusals(void **state)
             assert_int_equal(all, SUMO_SUCCESS);
             assert_true(v.set);
             assert_non_null(text);
-            if (e->id == SUMO__SETTING_TIMEOUT) assert_true(v.number == e->value);
+            if (sumo__setting_info(e->id)->type == SUMO__SETTING_NUMBER)
+                assert_true(v.number == e->value);
             else if (e->id != SUMO__SETTING_NCCL_LIBRARY) assert_true((double)v.integer == e->value);
             /* A level as the table spells it; anything else as written. */
             static const char *const levels[] = {"NONE", "WARN", "INFO"};
