@@ -50,6 +50,10 @@ typedef struct sumo_store {
      * empty expected value); SUMO_SUCCESS either way, and a get then says which value stands.
      * Called from whichever thread agrees. */
     sumo_result (*set_once)(void *ctx, const char *key, const void *value, size_t bytes);
+    /* Optional (NULL: keys stay): deletes key; a key that is not there is no failure. A
+     * communicator's meeting removes the keys that have served once every rank has read them,
+     * so a job's store does not fill with them, the lost processes' among them. */
+    sumo_result (*remove)(void *ctx, const char *key);
 } sumo_store;
 
 /* The most processes one communicator holds (each pair has a mailbox). */
@@ -62,8 +66,9 @@ typedef struct sumo_shm_options {
     const sumo_store *store;  /* the same store (or views of it) on every rank */
     const char *key_prefix;   /* unique per communicator within the store, e.g. "sumo/0/":
                                  keys are this prefix and a suffix of up to 16 bytes, 255 in
-                                 all; a prefix used before may meet a stale group. The keys
-                                 stay in the store (it has no delete) */
+                                 all; a prefix used before may meet a stale group. Once
+                                 every rank has met, rank 0 removes the keys that served
+                                 (with the store's remove); the verdict's key stays */
     size_t stage_bytes;       /* bytes of each rank's staging area, 8 KiB .. 1 GiB, a multiple
                                  of 4096; 0: SUMO_SHM_STAGE_BYTES or 512 KiB. Rank 0's counts */
     char *error;              /* optional (NULL: none): why the creation failed, the detail a

@@ -230,6 +230,7 @@ STORE_SET = ctypes.CFUNCTYPE(sumo_result, ctypes.c_void_p, ctypes.c_char_p, ctyp
                              ctypes.c_size_t)
 STORE_GET = ctypes.CFUNCTYPE(sumo_result, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p,
                              ctypes.POINTER(ctypes.c_size_t), ctypes.c_int64)
+STORE_REMOVE = ctypes.CFUNCTYPE(sumo_result, ctypes.c_void_p, ctypes.c_char_p)
 
 
 class sumo_store(ctypes.Structure):
@@ -237,7 +238,8 @@ class sumo_store(ctypes.Structure):
                 ("ctx", ctypes.c_void_p),
                 ("set", STORE_SET),
                 ("get", STORE_GET),
-                ("set_once", STORE_SET)]
+                ("set_once", STORE_SET),
+                ("remove", STORE_REMOVE)]
 
 
 class sumo_shm_options(ctypes.Structure):

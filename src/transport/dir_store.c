@@ -91,6 +91,14 @@ static sumo_result dir_set_once(void *ctx, const char *key, const void *value, s
     return there ? SUMO_SUCCESS : SUMO_ERR_SYSTEM;
 }
 
+static sumo_result dir_remove(void *ctx, const char *key)
+{
+    const dir_store *s = ctx;
+    char path[4096];
+    if (!key || !path_of(s, key, path, sizeof path)) return SUMO_ERR_INVALID_ARGUMENT;
+    return unlink(path) == 0 || errno == ENOENT ? SUMO_SUCCESS : SUMO_ERR_SYSTEM;
+}
+
 static sumo_result dir_get(void *ctx, const char *key, void *value, size_t *bytes, int64_t deadline_ns)
 {
     const dir_store *s = ctx;
@@ -141,7 +149,7 @@ sumo_result sumo_store_create_dir(const char *dir, sumo_store **out)
     if (!s) return SUMO_ERR_SYSTEM;
     memcpy(s->dir, dir, len + 1);
     s->store = (sumo_store){.struct_size = sizeof s->store, .ctx = s, .set = dir_set, .get = dir_get,
-                            .set_once = dir_set_once};
+                            .set_once = dir_set_once, .remove = dir_remove};
     *out = &s->store;
     return SUMO_SUCCESS;
 }

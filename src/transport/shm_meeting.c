@@ -7,6 +7,7 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -168,6 +169,20 @@ static void release(sumo__shm_met *met)
 
 /* What only rank 0 reads: the staging size (the options', else SUMO_SHM_STAGE_BYTES) and
  * whether to skip the memfd (SUMO_SHM_NAMED). */
+/* Every peer has read where the segment is and written that it attached: those keys have served
+ * (the verdict is still to be read, and stays). Best effort: a store that cannot remove keeps
+ * them, and the meeting does not fail for that. */
+static void forget(const sumo__shm_meeting *m, int attempt, int size)
+{
+    const sumo_store *s = m->o->store;
+    if (s->struct_size < offsetof(sumo_store, remove) + sizeof s->remove || s->remove == NULL)
+        return;
+    char key[KEY_BYTES];
+    if (make_key(m, key, "seg/%d", attempt) == SUMO_SUCCESS) s->remove(s->ctx, key);
+    for (int k = 1; k < size; k++)
+        if (make_key(m, key, "attach/%d/%d", attempt, k) == SUMO_SUCCESS) s->remove(s->ctx, key);
+}
+
 static sumo_result lead_settings(const sumo__shm_meeting *m, size_t *stage_bytes, int *mech)
 {
     sumo__setting_value v;
@@ -249,6 +264,7 @@ static sumo_result lead(const sumo__shm_meeting *m, sumo__shm_met *met)
                 snprintf(v.note, sizeof v.note, "rank %d: %.180s", k, a.note);
             }
         }
+        if (v.code == SUMO_SUCCESS) forget(m, attempt, size);
         /* Every peer has mapped it, or will not: the descriptor and the name have served. */
         close(s.fd);
         sumo__shm_segment_unlink(&s);

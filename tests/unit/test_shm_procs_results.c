@@ -351,6 +351,8 @@ static void test_collectives_1_to_5_processes(void **state)
         group g = {.size = p, .fn = battery};
         run_group(&g);
         expect_all(&g, 0);
+        /* Every rank met: the meeting's keys have served, and went (the verdict stays). */
+        assert_int_equal(g.served_keys, 0);
     }
 }
 

@@ -25,8 +25,8 @@ import torch.distributed as dist
 
 from .. import _lib
 from .._abi import (ABORT, ALLGATHER, BARRIER, CARRIES, DESTROY, ERROR_MESSAGE, SENDRECV,
-                    STORE_GET, STORE_SET, SUMO_ERR_PEER_FAILURE, SUMO_ERR_TIMEOUT, SUMO_SUCCESS,
-                    sumo_store, sumo_transport_desc, sumo_transport_ops)
+                    STORE_GET, STORE_REMOVE, STORE_SET, SUMO_ERR_PEER_FAILURE, SUMO_ERR_TIMEOUT,
+                    SUMO_SUCCESS, sumo_store, sumo_transport_desc, sumo_transport_ops)
 
 
 def _remaining(deadline_ns):
@@ -197,7 +197,8 @@ class StoreAdapter:
     def __init__(self, store):
         self.store = store
         self.struct = sumo_store(ctypes.sizeof(sumo_store), None, STORE_SET(self._set),
-                                 STORE_GET(self._get), STORE_SET(self._set_once))
+                                 STORE_GET(self._get), STORE_SET(self._set_once),
+                                 STORE_REMOVE(self._remove))
 
     def pointer(self):
         return ctypes.pointer(self.struct)
@@ -218,6 +219,13 @@ class StoreAdapter:
             # one that is there (torch 1.13 and 2.x: TCPStore, FileStore, HashStore, PrefixStore).
             self.store.compare_set(key.decode(), "",
                                    ctypes.string_at(value, nbytes) if nbytes else b"")
+            return SUMO_SUCCESS
+        except Exception:
+            return SUMO_ERR_PEER_FAILURE
+
+    def _remove(self, ctx, key):
+        try:
+            self.store.delete_key(key.decode())
             return SUMO_SUCCESS
         except Exception:
             return SUMO_ERR_PEER_FAILURE
