@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: dependencies, a warnings-as-errors build, the unit,
-# MPI and command tests, the MPI fault suite, the fuzzers for 20 s each, then the unit
+# MPI and command tests, the MPI fault suite, the fuzzers for 15 s each, then the unit
 # tests under ASan+UBSan and the threaded ones under TSan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,9 +40,9 @@ step tests/python/wheel.sh
 step tests/slurm/run.sh
 # A rank stopped, killed or leaving early under mpirun ends the job within the deadline.
 step make test-faults
-# Each fuzzer (IDX, checkpoint, command line) for 20 s from the kept corpus; skipped,
+# Each fuzzer (IDX, checkpoint, command line) for 15 s from the kept corpus; skipped,
 # saying so, without clang.
-step make fuzz FUZZ_SECONDS=${FUZZ_SECONDS:-20}
+step make fuzz FUZZ_SECONDS=${FUZZ_SECONDS:-15}
 step make -j"$jobs" SAN=asan test-unit
 step make -j"$jobs" SAN=tsan test-threads
 step ./build/sumo bench --quick
