@@ -682,17 +682,30 @@ def _init_store(store, rank, size, over):
     """The communicator of processes started on their own, through `store`: over shared memory
     (over "shm") or a gloo group of its own (over "group"). No torch.distributed default group
     is made: one would keep the membership it started with."""
-    adapter = store_adapter(store)
-    state.store = adapter
+    state.store = store_adapter(store)
     state.key_root = _STORE_ROOT
+    comm = _make_member(over, _STORE_ROOT + "0/", rank, size, "the store given to init()")
+    _adopt_member(comm, over, rank, size)
+
+
+def _make_member(over, prefix, rank, size, where):
+    """A store job's communicator of one membership, meeting under prefix: over shared memory
+    (over "shm") or a gloo group made from the store ("group")."""
     if over == "group":
-        comm = make_group(_STORE_ROOT + "0/", rank, size, "the store given to init()")
-        _adopt(comm, "group", int(os.environ.get("LOCAL_RANK", 0)),
-               int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-        _start_heart()
+        return make_group(prefix, rank, size, where)
+    return make_shm(state.store, rank, size, prefix, where)
+
+
+def _adopt_member(comm, over, rank, size):
+    """Makes a store job's first communicator this process's. A group job's processes may
+    span hosts: their place on this one is the launcher's LOCAL_RANK and LOCAL_WORLD_SIZE
+    where it sets them, and each beats in the store from now on."""
+    if over != "group":
+        _adopt(comm, "shm", rank, size)
         return
-    comm = make_shm(adapter, rank, size, _STORE_ROOT + "0/", "the store given to init()")
-    _adopt(comm, "shm", rank, size)
+    _adopt(comm, "group", int(os.environ.get("LOCAL_RANK", 0)),
+           int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    _start_heart()
 
 
 def make_group(prefix, rank, size, where):
@@ -821,10 +834,7 @@ def grow(tickets):
             store.set(_STORE_ROOT + "join/%d" % (first + k), "%d %d %d %d %s %s" % (
                 state.size + k, size, state.memberships + 1, tickets, prefix, state.transport))
     try:
-        if state.transport == "group":
-            comm = make_group(prefix, state.rank, size, "the store (processes joining)")
-        else:
-            comm = make_shm(state.store, state.rank, size, prefix,
+        comm = _make_member(state.transport, prefix, state.rank, size,
                             "the store (processes joining)")
     except SumoError as e:
         raise error_for(e.code, "making the communicator with %d joining process%s: %s"
@@ -860,18 +870,10 @@ def _init_join(store):
     rank, size, memberships, admitted, prefix, over = bytes(torch_store.get(key)).decode().split()
     state.store = adapter
     state.key_root = _STORE_ROOT
-    if over == "group":
-        comm = make_group(prefix, int(rank), int(size), "the store (joining)")
-    else:
-        comm = make_shm(adapter, int(rank), int(size), prefix, "the store (joining)")
-    state.memberships, state.admitted = int(memberships), int(admitted)
+    comm = _make_member(over, prefix, int(rank), int(size), "the store (joining)")
+    state.memberships, state.admitted = int(memberships), int(admitted)  # the heart's keys
     state.joined = True
-    if over == "group":
-        _adopt(comm, "group", int(os.environ.get("LOCAL_RANK", 0)),
-               int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-        _start_heart()
-    else:
-        _adopt(comm, "shm", int(rank), int(size))
+    _adopt_member(comm, over, int(rank), int(size))
 
 
 def _close_job():
