@@ -14,7 +14,8 @@
 #  5. runs the benchmarks: the fused Adasum combine (bench/cuda_adasum) and the torch
 #     compositions on the same GPU (bench/torch_adasum_cuda.py), a CNN training step at one
 #     rank (bench/torch_cuda_step.py: DDP's NCCL against sumo's average and Adasum hooks on the
-#     threads and the NCCL transports);
+#     threads and the NCCL transports), then 2 and 4 ranks sharing the GPU under torchrun (DDP
+#     with gloo against the hooks over shared memory and CUDA IPC);
 #  6. writes OUTDIR/results.md (the tables, the steps' outcomes), the benchmarks' CSV files and
 #     OUTDIR/log.txt (everything printed). At most 8 files, none in subfolders.
 #
@@ -124,6 +125,13 @@ if [ "$nccl_ranks" -lt 2 ]; then
   summary+=("| torch CUDA tests, 2 ranks | not run: one GPU (NCCL takes one GPU per rank; the shm transport has no CUDA IPC) | 0 s |")
 fi
 step "torch_cuda_step" 180 "$python" bench/torch_cuda_step.py --csv "$out/torch_step.csv" --table "$out/tables.md"
+# N ranks sharing the GPU(s) under torchrun: DDP with gloo against sumo's hooks over shared
+# memory and CUDA IPC (issue 30 item 5); the CSV of each N beside the one-rank one.
+for n in 2 4; do
+  step "torch_cuda_step, $n ranks under torchrun" 150 "$python" -m torch.distributed.run \
+    --standalone --nproc_per_node "$n" bench/torch_cuda_step.py --steps 30 --warmup 5 \
+    --csv "$out/torch_step_$n.csv" --table "$out/tables.md"
+done
 fi
 
 {
