@@ -50,8 +50,8 @@ __host__ __device__ constexpr int gram_min_blocks(int cap) { return cap == 8 ? 2
  * Thread `tid`'s sums over its elements of an item: for each vector step `it`, the VEC
  * consecutive elements at it*BLOCK*VEC + tid*VEC, in index order, one fma per entry per
  * element. acc[r][b] holds entry (a0 + r, b) for a0 + r <= b < nin (the rest stays 0). On the
- * device a whole vector of every input is loaded first where the item's addresses allow: the
- * same values, added in the same order.
+ * device a whole vector of every input (with 8 inputs, a part of one: gram_prefetch) is loaded
+ * first where the item's addresses allow: the same values, added in the same order.
  */
 template <int C, int RG> struct gram_acc {
     double v[RG][C];
