@@ -29,11 +29,29 @@ HD constexpr int gram_capacity(int nin) { return nin <= 2 ? 2 : nin <= 4 ? 4 : n
 HD constexpr int gram_rows_of(int cap) { return cap <= 8 ? cap : 2; }
 
 /*
+ * How the whole-triangle kernels keep memory busy. With few sums a thread (C = 2, 4) each
+ * thread loads the next 16-byte vector of every input before the FMAs of this one. With 8
+ * inputs the 36 sums take 72 registers, and a second set of 8 x 16 bytes held the kernel at
+ * 182 registers, one block an SM (12.5% occupancy; DRAM at 41% of peak on an H200). There a
+ * thread reads its vector in parts (fp32: 4 bytes, fp16/bf16 and fp64: 8 bytes), one part of
+ * every input at a time, no prefetch: under 128 registers, so two blocks share an SM and one
+ * block's loads and trees run under the other's FMAs. The first part of a vector brings its
+ * whole 32-byte sectors into L1, so DRAM sees the same requests as before and the later parts
+ * hit. Parts are the same elements added in the same order: the sums' bits do not depend on
+ * this choice, and the emulator has no branch for it.
+ */
+__host__ __device__ constexpr bool gram_prefetch(int cap) { return cap <= 4; }
+template <int DC> __host__ __device__ constexpr int gram_part_words() { return DC == SUMO_FLOAT32 ? 1 : 2; }
+/* 0 leaves the choice to ptxas, as before (C = 2, 4 fit 3 to 5 blocks; C = 16 has its own
+ * row split). */
+__host__ __device__ constexpr int gram_min_blocks(int cap) { return cap == 8 ? 2 : 0; }
+
+/*
  * Thread `tid`'s sums over its elements of an item: for each vector step `it`, the VEC
  * consecutive elements at it*BLOCK*VEC + tid*VEC, in index order, one fma per entry per
  * element. acc[r][b] holds entry (a0 + r, b) for a0 + r <= b < nin (the rest stays 0). On the
- * device a whole vector of every input is loaded first where the item's addresses allow: the
- * same values, added in the same order.
+ * device a whole vector of every input (with 8 inputs, a part of one: gram_prefetch) is loaded
+ * first where the item's addresses allow: the same values, added in the same order.
  */
 template <int C, int RG> struct gram_acc {
     double v[RG][C];
@@ -114,8 +132,39 @@ __device__ __forceinline__ void gram_load(const sumo_cuda__gram_args &a, size_t 
         if (k < a.nin) load16_ro(at(a.ins[k], e, esz_), w[k]);
 }
 
+/* Every input's W words (4 or 8 bytes) at element e, in w[k]'s first words (word_elem's
+ * layout). */
+template <int C, int W>
+__device__ __forceinline__ void gram_load_part(const sumo_cuda__gram_args &a, size_t e, uint32_t w[C][4], int esz_)
+{
+#pragma unroll
+    for (int k = 0; k < C; k++)
+        if (k < a.nin) {
+            if (W == 2) {
+                uint2 v = __ldg((const uint2 *)at(a.ins[k], e, esz_));
+                w[k][0] = v.x, w[k][1] = v.y;
+            } else {
+                w[k][0] = __ldg((const uint32_t *)at(a.ins[k], e, esz_));
+            }
+        }
+}
+
+/* The FMAs of N elements held in w (element v of the load at word_elem's index v). */
+template <int DC, int C, int RG, int N>
+__device__ __forceinline__ void gram_add_words(const uint32_t w[C][4], int a0, int nin, bool bf,
+                                               gram_acc<C, RG> &acc)
+{
+#pragma unroll
+    for (int v = 0; v < N; v++) {
+        double x[C];
+#pragma unroll
+        for (int k = 0; k < C; k++) x[k] = k < nin ? val_d<DC>(word_elem<DC>(w[k], v), bf) : 0.0;
+        gram_add<C, RG>(acc, x, a0, nin);
+    }
+}
+
 template <int DC, int C, int RG>
-__global__ void __launch_bounds__(BLOCK) gram_items_kernel(const sumo_cuda__gram_args a)
+__global__ void __launch_bounds__(BLOCK, gram_min_blocks(C)) gram_items_kernel(const sumo_cuda__gram_args a)
 {
     constexpr int V = vec_of<DC>();
     constexpr int esz = dt_traits<DC>::esz;
@@ -141,7 +190,7 @@ __global__ void __launch_bounds__(BLOCK) gram_items_kernel(const sumo_cuda__gram
 #pragma unroll
     for (int k = 0; k < C; k++)
         if (k < nin) vec_ok = vec_ok && aligned16(at(a.ins[k], cstart, esz));
-    if (RG == C && vec_ok) {
+    if (gram_prefetch(C) && RG == C && vec_ok) {
         /* Whole vectors, the next one's loads issued before this one's FMAs so that memory
          * stays busy while they run; then the one partial vector a thread can have, last. */
         size_t e0 = (size_t)tid * V;
@@ -154,13 +203,7 @@ __global__ void __launch_bounds__(BLOCK) gram_items_kernel(const sumo_cuda__gram
             const bool next = it + 1 < GRAM_ITERS && e1 + V <= clen;
             uint32_t wn[C][4];
             if (next) gram_load<C>(a, cstart + e1, wn, esz);
-#pragma unroll
-            for (int v = 0; v < V; v++) {
-                double x[C];
-#pragma unroll
-                for (int k = 0; k < C; k++) x[k] = k < nin ? val_d<DC>(word_elem<DC>(w[k], v), bf) : 0.0;
-                gram_add<C, RG>(acc, x, a0, nin);
-            }
+            gram_add_words<DC, C, RG, V>(w, a0, nin, bf, acc);
 #pragma unroll
             for (int k = 0; k < C; k++)
 #pragma unroll
@@ -169,6 +212,21 @@ __global__ void __launch_bounds__(BLOCK) gram_items_kernel(const sumo_cuda__gram
             it++;
             have = next;
         }
+        if (it < GRAM_ITERS && e0 < clen)
+            gram_elems_scalar<DC, C, RG>(a, cstart, e0, e0 + V < clen ? e0 + V : clen, a0, bf, acc);
+    } else if (!gram_prefetch(C) && RG == C && vec_ok) {
+        /* Whole vectors in parts (gram_prefetch says why), then the partial vector. The parts'
+         * loop stays rolled: unrolled, ptxas overlaps the parts' loads and spills. */
+        constexpr int W = gram_part_words<DC>(), VP = V * W / 4;
+        size_t e0 = (size_t)tid * V;
+        int it = 0;
+        for (; it < GRAM_ITERS && e0 + V <= clen; it++, e0 += (size_t)BLOCK * V)
+#pragma unroll 1
+            for (int h = 0; h < V; h += VP) {
+                uint32_t w[C][4];
+                gram_load_part<C, W>(a, cstart + e0 + h, w, esz);
+                gram_add_words<DC, C, RG, VP>(w, a0, nin, bf, acc);
+            }
         if (it < GRAM_ITERS && e0 < clen)
             gram_elems_scalar<DC, C, RG>(a, cstart, e0, e0 + V < clen ? e0 + V : clen, a0, bf, acc);
     } else {
