@@ -15,6 +15,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -31,6 +32,16 @@ struct sumo_cuda_kernels {
      * entry ends with one, so every call would map fresh memory. NULL where the device has no
      * pools (then cudaMalloc / cudaFree per call). */
     cudaMemPool_t pool;
+    /* Sharing between processes (ipc_cuda.c), under ipc_lock: the allocations this process
+     * exported and the peers' it opened (counted: CUDA maps a handle once per process). */
+    pthread_mutex_t ipc_lock;
+    struct sumo_cuda__export *exports;
+    struct sumo_cuda__import *imports;
+    void *get_attributes; /* the driver's cuPointerGetAttributes, fetched at the first share */
+    /* Emulated with sharing (sumo_cuda__kernels_emulate_ipc): "device" memory is memfd
+     * mappings, which a peer process opens through /proc, as CUDA IPC opens an allocation. */
+    bool emulated_ipc;
+    struct sumo_cuda__emu_block *emu_blocks;
 };
 
 /* Fills k->table: every entry of sumo_kernel_table over k's kernels (table_cuda.c). */
@@ -42,6 +53,22 @@ void sumo_cuda__fill_table(sumo_cuda_kernels *k);
 sumo_result sumo_cuda__kernels_create_emulated(bool (*claims)(void *ctx, const void *ptr,
                                                               size_t bytes),
                                                void *claims_ctx, sumo_cuda_kernels **out);
+
+/* Sharing between processes (ipc_cuda.c): fills the table's share, open_shared and
+ * close_shared; frees what the object still holds of them (at destroy). */
+void sumo_cuda__fill_ipc(sumo_cuda_kernels *k);
+void sumo_cuda__ipc_free(sumo_cuda_kernels *k);
+
+/* Turns an emulated object's sharing on (the host tests of processes): its scratch and the
+ * buffers of sumo_cuda__emu_shared_alloc are memfd mappings that share() names for a peer
+ * process (pid, descriptor, inode) and open_shared maps through /proc/<pid>/fd. Before the
+ * object is used. */
+sumo_result sumo_cuda__kernels_emulate_ipc(sumo_cuda_kernels *k);
+/* Emulated "device" memory that can be shared (zeroed, 64-byte aligned); free with
+ * sumo_cuda__emu_shared_free. Whether [ptr, ptr + bytes) lies in one such block. */
+sumo_result sumo_cuda__emu_shared_alloc(sumo_cuda_kernels *k, size_t bytes, void **ptr);
+void sumo_cuda__emu_shared_free(sumo_cuda_kernels *k, void *ptr);
+bool sumo_cuda__emu_shared_owns(sumo_cuda_kernels *k, const void *ptr, size_t bytes);
 
 /* Runs on the kernels' device: the calling thread's current device is switched for the call
  * and restored after it (a progress thread or a user thread may be on another device). */

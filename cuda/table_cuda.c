@@ -224,6 +224,8 @@ static bool k_claims(void *ctx, const void *ptr, size_t bytes)
 static sumo_result k_alloc(void *ctx, size_t bytes, void **ptr)
 {
     sumo_cuda_kernels *k = of(ctx);
+    /* Shared emulated memory: the compressed allreduce's peers read its scratch. */
+    if (k->emulated && k->emulated_ipc) return sumo_cuda__emu_shared_alloc(k, bytes, ptr);
     if (k->emulated) {
         *ptr = aligned_alloc(64, bytes ? (bytes + 63) / 64 * 64 : 64);
         return *ptr ? SUMO_SUCCESS : SUMO_ERR_SYSTEM;
@@ -240,6 +242,10 @@ static sumo_result k_alloc(void *ctx, size_t bytes, void **ptr)
 static void k_release(void *ctx, void *ptr)
 {
     sumo_cuda_kernels *k = of(ctx);
+    if (k->emulated && k->emulated_ipc) {
+        sumo_cuda__emu_shared_free(k, ptr);
+        return;
+    }
     if (k->emulated) {
         free(ptr);
         return;
@@ -667,4 +673,5 @@ void sumo_cuda__fill_table(sumo_cuda_kernels *k)
         .dequantize = k_dequantize,
         .outer_update = k_outer_update,
     };
+    sumo_cuda__fill_ipc(k);
 }

@@ -9,6 +9,12 @@
  *     one GPU, each with its own stream: sum, average and Adasum of device buffers, with the
  *     results of the host path (sum and average bit for bit; Adasum's dot products in its own
  *     fixed order: bit-identical on every rank and run, equal to the host's within rounding);
+ *   - ranks in separate processes of one node (the shared-memory transport of sumo_shm.h:
+ *     torchrun's processes, on one GPU or several): the same direct algorithms, each rank's
+ *     kernels on its peers' device buffers through CUDA IPC (the table's share entries);
+ *     buffers IPC cannot export (cudaMallocAsync pools, cuMemMap / expandable segments,
+ *     managed memory) are refused on every rank before any data moves, saying what to change.
+ *     Tested on the host with an emulated IPC only; not yet run on a device;
  *   - a transport over NCCL (one GPU per rank): every collective of sumo.h, over NCCL's
  *     point-to-point calls, on device or host buffers.
  *
@@ -60,7 +66,8 @@ SUMO_API sumo_result sumo_cuda_kernels_create(int device, sumo_cuda_kernels **ou
 /* NULL is fine. Destroy it after every handle that uses it. */
 SUMO_API sumo_result sumo_cuda_kernels_destroy(sumo_cuda_kernels *kernels);
 /* Its table (sumo_ext.h), for sumo_comm_add_kernels or to call the kernels directly. Memory
- * name "cuda"; claims() accepts device (and managed) memory of this device. */
+ * name "cuda"; claims() accepts device (and managed) memory of this device; share,
+ * open_shared and close_shared are CUDA IPC. */
 SUMO_API sumo_result sumo_cuda_kernels_table(const sumo_cuda_kernels *kernels,
                                              const struct sumo_kernel_table **table);
 /* sumo_comm_add_kernels(comm, table of kernels): collectives on comm whose buffers are this
@@ -69,8 +76,8 @@ SUMO_API sumo_result sumo_comm_add_cuda(sumo_comm *comm, const sumo_cuda_kernels
 
 /*
  * sumo_allreduce of device buffers, with a stream: waits for the work queued on `stream`
- * first (on the threads transport the peers read this rank's buffers from their own
- * streams), runs the kernels on `stream`, and returns once recvbuf holds the result on every
+ * first (on the threads and shared-memory transports the peers read this rank's buffers from
+ * their own streams, or processes), runs the kernels on `stream`, and returns once recvbuf holds the result on every
  * rank. A failure of that first wait fails the call on every rank (sumo_comm_fail), so no
  * rank waits for this one. comm needs sumo_comm_add_cuda first.
  */

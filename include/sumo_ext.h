@@ -136,7 +136,34 @@ typedef struct sumo_kernel_table {
      * local parameters, c the combined buffer (may be x), v the outer momentum, x0 the anchor. */
     sumo_result (*outer_update)(void *ctx, void *exec, sumo_dtype dtype, void *x, const void *c,
                                 void *v, void *x0, size_t n, const sumo_outer_step *step);
+
+    /* Optional, all three or none (a table of an older sumo ends before them: struct_size
+     * says so, and sumo reads none of them). Memory shared between processes, so that ranks
+     * in separate processes of one node (the shm transport) run the direct algorithms on
+     * buffers of this memory: each rank's kernels read and write its peers' buffers where they
+     * lie, as ranks that share an address space do, instead of moving them through host
+     * memory. Without them such buffers are refused on a transport that does not carry them.
+     *
+     * share: a handle for the allocation that holds [ptr, ptr + bytes), at most
+     * SUMO_SHARE_HANDLE_BYTES in *handle_bytes, and ptr's *offset in it; equal handles name
+     * one allocation, and a handle stays valid while the allocation lives. It is called
+     * before every collective on such a handle, so it should be cheap once an allocation was
+     * shared (cache what the export costs). A failure (memory that cannot be exported) is no
+     * error of the communicator's: the call is refused on every rank, with the reason, which
+     * the table gives through message (bytes long, may be 0), ending in what to do.
+     * open_shared: a peer's allocation mapped here, in *base (another process's handle; the
+     * same handle may come from several communicators at once, so a table whose memory
+     * allows one mapping per handle keeps a count). close_shared takes what open_shared gave,
+     * once per open; the peer's memory lives on while any process maps it. */
+    sumo_result (*share)(void *ctx, const void *ptr, size_t bytes, void *handle,
+                         size_t *handle_bytes, size_t *offset, char *message,
+                         size_t message_bytes);
+    sumo_result (*open_shared)(void *ctx, const void *handle, size_t handle_bytes, void **base);
+    sumo_result (*close_shared)(void *ctx, void *base);
 } sumo_kernel_table;
+
+/* The largest handle a kernel table's share gives (CUDA's IPC handle is 64 bytes). */
+#define SUMO_SHARE_HANDLE_BYTES 128
 
 /* The host table (what sumo uses for host memory), e.g. to fall back on in a table's
  * functions or to compare against in tests. */

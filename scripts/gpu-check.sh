@@ -10,7 +10,8 @@
 #     memcheck and racecheck (quick sizes);
 #  4. runs sumo.torch's CUDA tests (tests/python/test_torch_cuda.py): one rank on the threads
 #     transport, then over sumo's NCCL transport under torchrun, one rank per GPU (2 where
-#     there are 2 GPUs, else 1: two ranks cannot share one GPU here, see below);
+#     there are 2 GPUs, else 1: NCCL takes one GPU per rank), then over the shared-memory
+#     transport under torchrun with 2 and 4 processes on GPU 0 (CUDA IPC between them);
 #  5. runs the benchmarks: the fused Adasum combine (bench/cuda_adasum) and the torch
 #     compositions on the same GPU (bench/torch_adasum_cuda.py), a CNN training step at one
 #     rank (bench/torch_cuda_step.py: DDP's NCCL against sumo's average and Adasum hooks on the
@@ -110,8 +111,8 @@ step "cuda_adasum" 240 build/bench/cuda_adasum --csv "$out/cuda_adasum.csv"
 step "torch_adasum_cuda" 300 "$python" bench/torch_adasum_cuda.py --csv "$out/torch_adasum.csv" \
   --fused "$out/cuda_adasum.csv" --table "$out/tables.md"
 
-# sumo.torch on CUDA tensors. Two ranks on one GPU do not run: sumo's shared-memory transport
-# moves host memory only (no CUDA IPC is built), and NCCL refuses two ranks on one device.
+# sumo.torch on CUDA tensors: one rank; NCCL, one rank per GPU (it refuses two ranks on one
+# device); the shared-memory transport, several processes on one GPU over CUDA IPC.
 pytest_args=(-m pytest -q -rs --color=no -p no:cacheprovider -W "ignore:Failed to initialize NumPy"
              tests/python/test_torch_cuda.py)
 export SUMO_TIMEOUT=${SUMO_TIMEOUT:-60}
@@ -122,8 +123,13 @@ step "torch CUDA tests, NCCL transport, $nccl_ranks rank(s) under torchrun" 150 
   env SUMO_TEST_TRANSPORT=nccl "$python" -m torch.distributed.run --standalone \
   --nproc_per_node "$nccl_ranks" "${pytest_args[@]}"
 if [ "$nccl_ranks" -lt 2 ]; then
-  summary+=("| torch CUDA tests, 2 ranks | not run: one GPU (NCCL takes one GPU per rank; the shm transport has no CUDA IPC) | 0 s |")
+  summary+=("| torch CUDA tests, NCCL, 2 ranks | not run: one GPU (NCCL takes one GPU per rank) | 0 s |")
 fi
+for ipc_ranks in 2 4; do
+  step "torch CUDA tests, shm transport over CUDA IPC, $ipc_ranks processes on GPU 0" 120 \
+    env SUMO_TEST_TRANSPORT=shm CUDA_VISIBLE_DEVICES=0 "$python" -m torch.distributed.run \
+    --standalone --nproc_per_node "$ipc_ranks" "${pytest_args[@]}"
+done
 step "torch_cuda_step" 180 "$python" bench/torch_cuda_step.py --csv "$out/torch_step.csv" --table "$out/tables.md"
 # N ranks sharing the GPU(s) under torchrun: DDP with gloo against sumo's hooks over shared
 # memory and CUDA IPC (issue 30 item 5); the CSV of each N beside the one-rank one.

@@ -197,7 +197,8 @@ class sumo_kernel_table(ctypes.Structure):
                 ("convert", KERNEL_CONVERT),
                 ("dot_norms", _KFN), ("scaled_add", _KFN), ("gram_partials", _KFN),
                 ("weighted_sum", _KFN), ("delta", _KFN), ("apply_delta", _KFN),
-                ("quantize", _KFN), ("dequantize", _KFN), ("outer_update", _KFN)]
+                ("quantize", _KFN), ("dequantize", _KFN), ("outer_update", _KFN),
+                ("share", _KFN), ("open_shared", _KFN), ("close_shared", _KFN)]
 
 
 # -- sumo_ext.h: one collective as a struct, with the stream its kernels run on --------------

@@ -632,7 +632,7 @@ sumo_result sumo__allreduce_adasum(sumo_comm *c, sumo__call_desc *d, const sumo_
         a.g2 = 1;
         while (a.g2 * 2 <= a.ngroups) a.g2 *= 2;
         a.rem = a.ngroups - a.g2;
-        a.direct = tp->size > 1 && sumo__comm_direct(c);
+        a.direct = tp->size > 1 && sumo__call_direct(c);
         /* The bound on tensors keeps the Gram scratch's size arithmetic far from overflow. */
         a.gram = a.ngroups > 1 && dtype != SUMO_FLOAT64 && tp->size <= SUMO__GRAM_MAX_RANKS &&
                  a.ntensors <= ((size_t)1 << 32);
@@ -654,6 +654,10 @@ sumo_result sumo__allreduce_adasum(sumo_comm *c, sumo__call_desc *d, const sumo_
         if (d->local_error == SUMO_SUCCESS && sp.data_bytes)
             d->local_error = sumo__comm_data_scratch(c, &c->x, sp.data_bytes, &data);
     }
+    /* Buffers shared between processes run direct whatever the form (the agreement refuses
+     * them unless every rank shared its own). */
+    if (d->local_error == SUMO_SUCCESS && !a.gram && sumo__call_imports(c))
+        d->flags = sumo__shared_flag(c, sendbuf, count * a.esz, recvbuf, count * a.esz);
     if (d->local_error == SUMO_SUCCESS && a.gram) {
         d->flags = sumo__shared_flag(c, sendbuf, count * a.esz, recvbuf, count * a.esz);
         /* A small call's input rides into the staging area ahead of the agreement. A failed
@@ -677,8 +681,11 @@ sumo_result sumo__allreduce_adasum(sumo_comm *c, sumo__call_desc *d, const sumo_
         a.send_of = (const unsigned char **)(void *)(base + sp.ptrs);
         a.recv_of = (unsigned char **)(void *)(base + sp.ptrs) + tp->size;
         for (int k = 0; k < tp->size; k++) {
-            a.send_of[k] = tp->ops->peer_buffer(tp, k, all[k].sendptr);
-            a.recv_of[k] = tp->ops->peer_buffer(tp, k, all[k].recvptr);
+            void *peer_send, *peer_recv;
+            SUMO__CHECK(sumo__peer_buffer(c, all, k, false, &peer_send));
+            SUMO__CHECK(sumo__peer_buffer(c, all, k, true, &peer_recv));
+            a.send_of[k] = peer_send;
+            a.recv_of[k] = peer_recv;
         }
     }
     if (a.gram) {

@@ -1,4 +1,5 @@
 #include "collectives/agree.h"
+#include "collectives/imports.h"
 
 #include <string.h>
 
@@ -83,11 +84,41 @@ static sumo_result compare(sumo_comm *c, const sumo__call_desc *all, const sumo_
     return SUMO_SUCCESS;
 }
 
+static bool moves_data(uint32_t kind)
+{
+    return kind == SUMO__CALL_ALLREDUCE || kind == SUMO__CALL_ALLGATHER ||
+           kind == SUMO__CALL_BROADCAST || kind == SUMO__CALL_REDUCE_SCATTER ||
+           kind == SUMO__CALL_GRAM || kind == SUMO__CALL_COMPRESSED;
+}
+
+/* Buffers that only the direct algorithms move (sumo__call_imports) run only where every rank
+ * shared its own: a verdict every rank reaches alike, from the announcements, so the handle
+ * stays usable. */
+static sumo_result check_imports(sumo_comm *c, const sumo__call_desc *d, const char *what)
+{
+    sumo__transport *tp = c->tp;
+    if (!moves_data(d->kind) || d->count == 0 || !sumo__call_imports(c)) return SUMO_SUCCESS;
+    for (int r = 0; r < tp->size; r++) {
+        if (c->agreed[r].flags & SUMO__DESC_SHARED) continue;
+        bool here = r == tp->rank;
+        return SUMO__FAIL_TOGETHER(tp, SUMO_ERR_INVALID_USAGE,
+                                   "%s: rank %d could not share its %s buffers with the other "
+                                   "processes (%s), and the %s transport moves %s memory only "
+                                   "so; no rank moved data",
+                                   what, r, c->x.k->memory,
+                                   here && c->share_why[0] ? c->share_why
+                                                           : "its own message says why",
+                                   tp->ops->name, c->x.k->memory);
+    }
+    return SUMO_SUCCESS;
+}
+
 sumo_result sumo__agree_named(sumo_comm *c, sumo__call_desc *d, const sumo__call_desc **all,
                               const char *what)
 {
     SUMO__CHECK(c->tp->ops->announce(c->tp, d, c->agreed, sizeof *d));
     SUMO__CHECK(compare(c, c->agreed, d, what ? what : sumo__call_kind_name(d->kind)));
+    SUMO__CHECK(check_imports(c, d, what ? what : sumo__call_kind_name(d->kind)));
     if (all) *all = c->agreed;
     return SUMO_SUCCESS;
 }
@@ -97,15 +128,30 @@ sumo_result sumo__agree(sumo_comm *c, sumo__call_desc *d, const sumo__call_desc 
     return sumo__agree_named(c, d, all, NULL);
 }
 
-uint32_t sumo__shared_flag(const sumo_comm *c, const void *sendbuf, size_t send_bytes,
+uint32_t sumo__shared_flag(sumo_comm *c, const void *sendbuf, size_t send_bytes,
                            const void *recvbuf, size_t recv_bytes)
 {
     sumo__transport *tp = c->tp;
     if (tp->reach == SUMO__REACH_DIRECT) return SUMO__DESC_SHARED | SUMO__DESC_RECV_SHARED;
+    /* Both or neither: a shared output alone would be staged into (STAGE_INTO_OUTPUTS), by
+     * host loops that cannot touch this memory. */
+    if (sumo__call_imports(c))
+        return sumo__imports_export(c, sendbuf, send_bytes, recvbuf, recv_bytes)
+                   ? SUMO__DESC_SHARED | SUMO__DESC_RECV_SHARED
+                   : 0;
     if (tp->reach != SUMO__REACH_STAGED || tp->ops->shares == NULL) return 0;
     if (!tp->ops->shares(tp, recvbuf, recv_bytes)) return 0;
     bool send_shared = sendbuf == NULL || tp->ops->shares(tp, sendbuf, send_bytes);
     return SUMO__DESC_RECV_SHARED | (send_shared ? SUMO__DESC_SHARED : 0);
+}
+
+sumo_result sumo__peer_buffer(sumo_comm *c, const sumo__call_desc *all, int k, bool recv,
+                              void **out)
+{
+    uint64_t address = recv ? all[k].recvptr : all[k].sendptr;
+    if (sumo__call_imports(c)) return sumo__imports_peer(c, k, recv, address, out);
+    *out = c->tp->ops->peer_buffer(c->tp, k, address);
+    return SUMO_SUCCESS;
 }
 
 static bool all_flagged(const sumo_comm *c, const sumo__call_desc *all, uint32_t flag)

@@ -47,16 +47,27 @@ struct sumo__call_desc {
 };
 
 /* This rank's send and receive buffers are reachable by every peer: any buffer on a
- * SUMO__REACH_DIRECT transport, memory from sumo_mem_alloc on a staged one. */
+ * SUMO__REACH_DIRECT transport, memory from sumo_mem_alloc on a staged one, or memory its
+ * kernel table shared with the other processes (collectives/imports.h). */
 #define SUMO__DESC_SHARED 1u
 /* This rank's receive buffer is reachable by every peer, whatever its send buffer is: an
  * allreduce may then copy the inputs into the outputs and reduce there (no staging areas). */
 #define SUMO__DESC_RECV_SHARED 2u
 
 /* SUMO__DESC_SHARED when the peers reach the buffers this rank passes (sendbuf NULL: none to
- * send), with SUMO__DESC_RECV_SHARED when they reach its receive buffer. */
-uint32_t sumo__shared_flag(const sumo_comm *c, const void *sendbuf, size_t send_bytes,
+ * send), with SUMO__DESC_RECV_SHARED when they reach its receive buffer. Buffers a kernel table
+ * shares between processes (sumo__call_imports) are exported here, their handles published on
+ * this rank's board (collectives/imports.h): call it before the agreement, once per call.
+ * Such a call is refused by the agreement unless every rank shared its buffers. */
+uint32_t sumo__shared_flag(sumo_comm *c, const void *sendbuf, size_t send_bytes,
                            const void *recvbuf, size_t recv_bytes);
+
+/* Rank k's send (recv false) or receive buffer, as announced in all, as this rank's kernels
+ * reach it, in *out: the transport's peer_buffer, or the peer's allocation opened here where
+ * the call's kernel table shares its memory between processes (collectives/imports.h). Only
+ * after an agreement where every rank announced shared buffers; a failure breaks the handle. */
+sumo_result sumo__peer_buffer(sumo_comm *c, const sumo__call_desc *all, int k, bool recv,
+                              void **out);
 
 /* Whether every rank announced shared buffers: the call may then run direct. */
 bool sumo__all_shared(const sumo_comm *c, const sumo__call_desc *all);

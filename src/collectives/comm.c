@@ -76,6 +76,7 @@ sumo_result sumo__comm_free(sumo_comm *comm)
         free(e);
     }
     free(comm->ops);
+    if (comm->imports_release) comm->imports_release(comm->imports);
     for (int i = 0; i <= SUMO__MAX_KERNEL_TABLES; i++) {
         sumo__data_scratch *d = &comm->data_scratch[i];
         if (d->p) d->k->release(d->k->ctx, d->p);
@@ -261,7 +262,8 @@ sumo_result sumo_comm_add_kernels(sumo_comm *comm, const sumo_kernel_table *tabl
     char why[256];
     if (table == NULL)
         return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT, "sumo_comm_add_kernels: NULL table");
-    if (SUMO__STRUCT_SIZE_PROBLEM(table, sumo_kernel_table, why, sizeof why))
+    if (table->struct_size != SUMO__KERNEL_TABLE_SIZE_NO_SHARE &&
+        SUMO__STRUCT_SIZE_PROBLEM(table, sumo_kernel_table, why, sizeof why))
         return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT, "sumo_comm_add_kernels: %s", why);
     const char *missing = sumo__kernel_table_missing(table);
     if (missing)

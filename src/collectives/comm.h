@@ -103,6 +103,12 @@ struct sumo_comm {
      * are never reused. */
     sumo__op_entry **ops;
     size_t nops, ops_cap;
+    /* Peers' allocations this rank's kernels reach through their table's open_shared
+     * (collectives/imports.c, which sets release so that freeing the handle closes them), and
+     * why this rank's own buffers of the last call could not be shared. */
+    struct sumo__imports *imports;
+    void (*imports_release)(struct sumo__imports *imports);
+    char share_why[200];
 };
 
 /* Wraps a transport (taking ownership, and taking it back on failure) into a communicator. */
@@ -145,6 +151,28 @@ static inline bool sumo__comm_shared_memory(const sumo_comm *c)
 static inline bool sumo__comm_direct(const sumo_comm *c)
 {
     return c->tp->reach == SUMO__REACH_DIRECT && sumo__comm_shared_memory(c);
+}
+
+/* Whether this call's buffers (of the memory sumo__execute chose, c->x) are shared between the
+ * processes of a staged transport by their kernel table (sumo_ext.h's share entries): the
+ * direct algorithms then run on them, each rank's kernels on its peers' allocations opened
+ * here (collectives/imports.h), the only way such memory moves (the staging areas are host
+ * memory, and the transport does not carry it). */
+static inline bool sumo__call_imports(const sumo_comm *c)
+{
+    const sumo__transport *tp = c->tp;
+    const sumo_kernel_table *k = c->x.k;
+    return tp->reach == SUMO__REACH_STAGED && sumo__comm_shared_memory(c) &&
+           k != sumo__host_kernels() && sumo__kernels_share(k) && tp->ops->board != NULL &&
+           !(tp->ops->carries && tp->ops->carries((sumo__transport *)tp, k->memory));
+}
+
+/* Whether this call runs the direct algorithms: ranks that share an address space, or buffers
+ * shared between processes (sumo__call_imports; the agreement refuses the call where a rank
+ * could not share them). */
+static inline bool sumo__call_direct(const sumo_comm *c)
+{
+    return sumo__comm_direct(c) || sumo__call_imports(c);
 }
 
 /* Records a failure in the communicator's status (see sumo__transport_fail). */

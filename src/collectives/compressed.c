@@ -11,9 +11,10 @@
  * into its output. Every rank therefore decodes the same bytes: the same bits everywhere.
  *
  * Two algorithms, one result:
- *   direct (ranks that share an address space, the shared-memory choice): the payloads stay
- *     in each rank's scratch and the owners read them where they lie (the table's kernels on
- *     the peers' buffers); two barriers;
+ *   direct (ranks that share an address space, the shared-memory choice, or processes whose
+ *     kernel table shares its memory between them): the payloads stay in each rank's scratch
+ *     and the owners read them where they lie (the table's kernels on the peers' buffers);
+ *     two barriers;
  *   messages (every other transport): an exchange of segments in P - 1 pairwise rounds
  *     (round k: to rank me + k, from rank me - k), then a ring allgather of the owners'
  *     payloads. The payload must be memory the transport carries (host, or one it names).
@@ -138,8 +139,11 @@ static sumo_result run_direct(sumo_comm *c, const sumo__exec *x, const plan *p, 
     const unsigned char **owner = share + p->P;
     size_t b0 = seg_block(p, p->me) * p->bb;
     for (int r = 0; r < p->P; r++) {
-        share[r] = (const unsigned char *)tp->ops->peer_buffer(tp, r, all[r].sendptr) + b0;
-        owner[r] = tp->ops->peer_buffer(tp, r, all[r].recvptr);
+        void *peer_in, *peer_out;
+        SUMO__CHECK(sumo__peer_buffer(c, all, r, false, &peer_in));
+        SUMO__CHECK(sumo__peer_buffer(c, all, r, true, &peer_out));
+        share[r] = (const unsigned char *)peer_in + b0;
+        owner[r] = peer_out;
     }
     SUMO__CHECK(owner_sum(c, x, p, op, share, p->qout + b0));
     SUMO__CHECK(tp->ops->barrier(tp));
@@ -194,7 +198,7 @@ sumo_result sumo__allreduce_compressed(sumo_comm *c, sumo__call_desc *d,
 {
     const sumo__exec *x = &c->x;
     plan p = {.format = options->format, .block = options->block_size, .n = d->count,
-              .P = c->tp->size, .me = c->tp->rank, .direct = sumo__comm_direct(c)};
+              .P = c->tp->size, .me = c->tp->rank, .direct = sumo__call_direct(c)};
     sumo__qformat_of(p.format, &p.q);
     p.bb = sumo__qblock_bytes(&p.q, p.block);
     p.nb = p.n / p.block + (p.n % p.block != 0);
@@ -218,6 +222,10 @@ sumo_result sumo__allreduce_compressed(sumo_comm *c, sumo__call_desc *d,
     d->local_error = (uint32_t)local;
     d->sendptr = (uintptr_t)p.qin;
     d->recvptr = (uintptr_t)p.qout;
+    /* The payloads the peers read are this rank's scratch: shared between processes where the
+     * table shares its memory (the agreement refuses the call unless every rank's is). */
+    if (local == SUMO_SUCCESS && sumo__call_imports(c))
+        d->flags = sumo__shared_flag(c, p.qin, p.nb * p.bb, p.qout, p.nb * p.bb);
     const sumo__call_desc *all;
     SUMO__CHECK(sumo__agree(c, d, &all));
     SUMO__LOG(c->tp->log_level, SUMO__LOG_INFO, "rank %d allreduce_compressed count %zu format %d "

@@ -114,17 +114,22 @@ static sumo_result validate(sumo_comm *c, const sumo__call *call, sumo__call_des
     x->k = kr ? kr : ks ? ks : sumo__host_kernels();
     x->stream = call->stream;
     d->memory = memory_id(x->k);
+    c->x = *x; /* the call's, for sumo__call_imports */
     /* Another memory runs where no byte of it crosses the transport (ranks that share an
-     * address space, with the shared-memory algorithms: the kernels read the peers' buffers),
-     * or over a transport that carries it. */
+     * address space, or processes whose kernel table shares the memory between them, with the
+     * shared-memory algorithms: the kernels read the peers' buffers), or over a transport that
+     * carries it. */
     if (x->k != sumo__host_kernels() && !sumo__comm_direct(c) &&
-        !(tp->ops->carries && tp->ops->carries(tp, x->k->memory)))
+        !(tp->ops->carries && tp->ops->carries(tp, x->k->memory)) && !sumo__call_imports(c))
         return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_USAGE,
                                "%s: the %s transport cannot move %s memory (%s)", what,
                                tp->ops->name, x->k->memory,
-                               tp->reach == SUMO__REACH_DIRECT
+                               !sumo__comm_shared_memory(c)
                                    ? "a point-to-point algorithm was forced with "
                                      "sumo_comm_set_param"
+                               : tp->reach == SUMO__REACH_STAGED && tp->ops->board != NULL
+                                   ? "its ranks are processes, and the kernel table cannot "
+                                     "share that memory between them (no share entries)"
                                    : "its ranks do not share an address space, and it does "
                                      "not carry that memory");
     return SUMO_SUCCESS;

@@ -146,8 +146,11 @@ static sumo_result run_direct(sumo_comm *c, const sumo__call_desc *all, const su
     direct_inputs in = {.esz = esz, .P = P};
     unsigned char *recv_of[SUMO__GRAM_MAX_RANKS], *recv_at[SUMO__GRAM_MAX_RANKS];
     for (int k = 0; k < P; k++) {
-        in.send_of[k] = tp->ops->peer_buffer(tp, k, all[k].sendptr);
-        recv_of[k] = tp->ops->peer_buffer(tp, k, all[k].recvptr);
+        void *peer_send, *peer_recv;
+        SUMO__CHECK(sumo__peer_buffer(c, all, k, false, &peer_send));
+        SUMO__CHECK(sumo__peer_buffer(c, all, k, true, &peer_recv));
+        in.send_of[k] = peer_send;
+        recv_of[k] = peer_recv;
     }
     sumo__cache_slice(call->count, esz, P, tp->rank, &lo, &hi);
     for (int k = 0; k < P; k++) recv_at[k] = recv_of[k] + lo * esz;
@@ -369,8 +372,11 @@ static sumo_result run_into_outputs(sumo_comm *c, const sumo__call_desc *all, co
     int P = tp->size, me = tp->rank;
     size_t n = call->count, esz = sumo__dtype_bytes(call->dtype), lo, hi;
     unsigned char *recv_of[SUMO__GRAM_MAX_RANKS];
-    for (int k = 0; k < P; k++)
-        recv_of[k] = k == me ? recvbuf : tp->ops->peer_buffer(tp, k, all[k].recvptr);
+    for (int k = 0; k < P; k++) {
+        void *peer_recv = recvbuf;
+        if (k != me) SUMO__CHECK(sumo__peer_buffer(c, all, k, true, &peer_recv));
+        recv_of[k] = peer_recv;
+    }
     sumo__staging st = sumo__staging_into_outputs(tp, &c->x, esz, recv_of);
     staged_inputs staged = {.st = &st, .P = P};
     SUMO__CHECK(stream_partials(c, call, &staged, sendbuf, g));
@@ -528,7 +534,7 @@ static sumo_result run_messages(sumo_comm *c, const void *sendbuf, void *recvbuf
 
 sumo__gram_shape sumo__gram_shape_for(const sumo_comm *c)
 {
-    if (sumo__comm_direct(c)) return c->tp->size > 1 ? SUMO__GRAM_DIRECT : SUMO__GRAM_MESSAGES;
+    if (sumo__call_direct(c)) return c->tp->size > 1 ? SUMO__GRAM_DIRECT : SUMO__GRAM_MESSAGES;
     return sumo__comm_shared_memory(c) ? SUMO__GRAM_STAGED : SUMO__GRAM_MESSAGES;
 }
 

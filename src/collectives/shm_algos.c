@@ -15,12 +15,17 @@ static sumo_result pointer_arrays(sumo_comm *c, void ***outs, const void ***ins,
     return SUMO_SUCCESS;
 }
 
-/* ---- direct: peers' buffers are addressable (threads, or memory from sumo_mem_alloc) ----- */
+/* ---- direct: peers' buffers are addressable (threads, memory from sumo_mem_alloc, or
+ * memory a kernel table shares between processes) ------------------------------------------ */
 
-/* The buffer rank k announced, as this rank reaches it. */
-static unsigned char *peer_buffer(sumo_comm *c, const sumo__call_desc *all, int k, bool recv)
+/* The buffer rank k announced, as this rank reaches it (agree.h's sumo__peer_buffer). */
+static sumo_result peer_buffer(sumo_comm *c, const sumo__call_desc *all, int k, bool recv,
+                               unsigned char **out)
 {
-    return c->tp->ops->peer_buffer(c->tp, k, recv ? all[k].recvptr : all[k].sendptr);
+    void *p;
+    SUMO__CHECK(sumo__peer_buffer(c, all, k, recv, &p));
+    *out = p;
+    return SUMO_SUCCESS;
 }
 
 /* Each rank reduces a 1/P slice straight from every rank's input into every rank's output:
@@ -37,8 +42,11 @@ static sumo_result allreduce_direct(sumo_comm *c, const sumo__call_desc *d,
         const void **ins;
         SUMO__CHECK(pointer_arrays(c, &outs, &ins, NULL));
         for (int k = 0; k < tp->size; k++) {
-            ins[k] = peer_buffer(c, all, k, false) + lo * esz;
-            outs[k] = peer_buffer(c, all, k, true) + lo * esz;
+            unsigned char *in, *out;
+            SUMO__CHECK(peer_buffer(c, all, k, false, &in));
+            SUMO__CHECK(peer_buffer(c, all, k, true, &out));
+            ins[k] = in + lo * esz;
+            outs[k] = out + lo * esz;
         }
         SUMO__KCHECK(c, sumo__k_reduce(&c->x, d->dtype, outs, tp->size, ins, tp->size, hi - lo,
                                        sumo__divisor_of(d->op, tp->size)));
@@ -52,10 +60,11 @@ static sumo_result broadcast_direct(sumo_comm *c, const sumo__call_desc *d,
     sumo__transport *tp = c->tp;
     size_t esz = sumo__dtype_bytes(d->dtype), lo, hi;
     sumo__cache_slice(d->count, esz, tp->size, tp->rank, &lo, &hi);
-    const unsigned char *src = peer_buffer(c, all, d->root, false) + lo * esz;
+    unsigned char *src, *dst;
+    SUMO__CHECK(peer_buffer(c, all, d->root, false, &src));
     for (int k = 0; k < tp->size && hi > lo; k++) {
-        unsigned char *dst = peer_buffer(c, all, k, true) + lo * esz;
-        SUMO__KCHECK(c, sumo__k_copy(&c->x, dst, src, (hi - lo) * esz));
+        SUMO__CHECK(peer_buffer(c, all, k, true, &dst));
+        SUMO__KCHECK(c, sumo__k_copy(&c->x, dst + lo * esz, src + lo * esz, (hi - lo) * esz));
     }
     return tp->ops->barrier(tp);
 }
@@ -66,8 +75,9 @@ static sumo_result allgather_direct(sumo_comm *c, const sumo__call_desc *d,
     sumo__transport *tp = c->tp;
     size_t bytes = d->count * sumo__dtype_bytes(d->dtype);
     for (int k = 0; k < tp->size && bytes; k++) {
-        unsigned char *dst = peer_buffer(c, all, k, true) + (size_t)tp->rank * bytes;
-        SUMO__KCHECK(c, sumo__k_copy(&c->x, dst, sendbuf, bytes));
+        unsigned char *dst;
+        SUMO__CHECK(peer_buffer(c, all, k, true, &dst));
+        SUMO__KCHECK(c, sumo__k_copy(&c->x, dst + (size_t)tp->rank * bytes, sendbuf, bytes));
     }
     return tp->ops->barrier(tp);
 }
@@ -114,6 +124,9 @@ static sumo_result stage_start(sumo_comm *c, sumo__call_desc *d, int root, const
     *shape = sumo__all_shared(c, *all) ? STAGE_DIRECT
              : into_outputs_ok && sumo__all_recv_shared(c, *all) ? STAGE_INTO_OUTPUTS
                                                                   : STAGE_THROUGH_AREAS;
+    if (*shape == STAGE_DIRECT)
+        SUMO__LOG(tp->log_level, SUMO__LOG_INFO, "rank %d %s: every rank's buffers are shared, "
+                  "direct", tp->rank, sumo__call_kind_name(d->kind));
     if (*shape != STAGE_THROUGH_AREAS || d->count == 0) return SUMO_SUCCESS;
     bool late = false;
     for (int r = 0; r < tp->size; r++)
@@ -186,12 +199,7 @@ sumo_result sumo__shm_allreduce(sumo_comm *c, sumo__call_desc *d, const void *se
     const sumo__call_desc *all;
     stage_shape shape;
     SUMO__CHECK(stage_start(c, d, -1, sendbuf, &s, true, &all, &shape));
-    if (shape == STAGE_DIRECT) {
-        if (tp->reach == SUMO__REACH_STAGED)
-            SUMO__LOG(tp->log_level, SUMO__LOG_INFO, "rank %d allreduce: every rank's buffers "
-                      "are shared, direct", me);
-        return allreduce_direct(c, d, all);
-    }
+    if (shape == STAGE_DIRECT) return allreduce_direct(c, d, all);
     void **outs;
     const void **ins;
     unsigned char **output_of;
@@ -201,8 +209,10 @@ sumo_result sumo__shm_allreduce(sumo_comm *c, sumo__call_desc *d, const void *se
          * its owner's copy before a barrier and by the slices' owners after it. */
         SUMO__LOG(tp->log_level, SUMO__LOG_INFO, "rank %d allreduce: every rank's output is "
                   "shared, reduced there", me);
-        for (int r = 0; r < size; r++)
-            output_of[r] = r == me ? recvbuf : peer_buffer(c, all, r, true);
+        for (int r = 0; r < size; r++) {
+            output_of[r] = recvbuf;
+            if (r != me) SUMO__CHECK(peer_buffer(c, all, r, true, &output_of[r]));
+        }
         s = sumo__staging_into_outputs(tp, &c->x, esz, output_of);
         if (chunks > 0) SUMO__KCHECK(c, sumo__stage_in(&s, me, 0, sendbuf, d->count));
         SUMO__CHECK(tp->ops->barrier(tp));
@@ -294,8 +304,11 @@ static sumo_result reduce_scatter_direct(sumo_comm *c, const sumo__call_desc *d,
         void **outs;
         const void **ins;
         SUMO__CHECK(pointer_arrays(c, &outs, &ins, NULL));
-        for (int k = 0; k < tp->size; k++)
-            ins[k] = peer_buffer(c, all, k, false) + (size_t)tp->rank * d->count * esz;
+        for (int k = 0; k < tp->size; k++) {
+            unsigned char *in;
+            SUMO__CHECK(peer_buffer(c, all, k, false, &in));
+            ins[k] = in + (size_t)tp->rank * d->count * esz;
+        }
         outs[0] = recvbuf;
         SUMO__KCHECK(c, sumo__k_reduce(&c->x, d->dtype, outs, 1, ins, tp->size, d->count,
                                        sumo__divisor_of(d->op, tp->size)));
@@ -310,7 +323,11 @@ sumo_result sumo__shm_reduce_scatter(sumo_comm *c, sumo__call_desc *d, const voi
     sumo__transport *tp = c->tp;
     const sumo__call_desc *all;
     SUMO__CHECK(sumo__agree(c, d, &all));
-    if (sumo__all_shared(c, all)) return reduce_scatter_direct(c, d, all, recvbuf);
+    if (sumo__all_shared(c, all)) {
+        SUMO__LOG(tp->log_level, SUMO__LOG_INFO, "rank %d reduce_scatter: every rank's buffers "
+                  "are shared, direct", tp->rank);
+        return reduce_scatter_direct(c, d, all, recvbuf);
+    }
     int size = tp->size, me = tp->rank;
     size_t esz = sumo__dtype_bytes(d->dtype), n = d->count;
     /* A round stages `sub` elements of each of the size segments into one half. */

@@ -367,5 +367,8 @@ const char *sumo__kernel_table_missing(const sumo_kernel_table *t)
     NEED(dequantize);
     NEED(outer_update);
 #undef NEED
+    if (t->struct_size < sizeof(sumo_kernel_table)) return NULL;
+    int shares = (t->share != NULL) + (t->open_shared != NULL) + (t->close_shared != NULL);
+    if (shares == 1 || shares == 2) return "share, open_shared or close_shared (all three or none)";
     return NULL;
 }

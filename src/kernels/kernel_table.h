@@ -145,4 +145,14 @@ static inline sumo_result sumo__k_synchronize(const sumo__exec *x)
  * sumo_comm_add_kernels refuses a table for. */
 const char *sumo__kernel_table_missing(const sumo_kernel_table *table);
 
+/* The size of a table of the sumo before the share entries: still accepted, and read no
+ * further. */
+#define SUMO__KERNEL_TABLE_SIZE_NO_SHARE offsetof(sumo_kernel_table, share)
+
+/* Whether the table shares its memory between processes (its share entries are there). */
+static inline bool sumo__kernels_share(const sumo_kernel_table *k)
+{
+    return k->struct_size >= sizeof(sumo_kernel_table) && k->share != NULL;
+}
+
 #endif

@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #define SEG_MAGIC 0x31306d6873756d73ull
-#define SEG_VERSION 1u
+#define SEG_VERSION 2u /* 2: the ranks' boards */
 #define KEY_BYTES 256
 #define NOTE_BYTES 200
 

@@ -27,7 +27,8 @@ sumo__shm_layout sumo__shm_layout_of(int size, size_t stage_bytes, size_t slot_b
     L.ctl = SUMO__SHM_PAGE;
     L.info = sumo__shm_round_up(L.ctl + sumo__shm_ctl_bytes(size), SUMO__CACHELINE);
     L.boxes = L.info + p * sizeof(sumo__shm_rank_info);
-    L.slots = sumo__shm_round_up(L.boxes + p * p * sizeof(sumo__shm_mailbox), SUMO__SHM_PAGE);
+    L.board = sumo__shm_round_up(L.boxes + p * p * sizeof(sumo__shm_mailbox), SUMO__CACHELINE);
+    L.slots = sumo__shm_round_up(L.board + p * SUMO__BOARD_BYTES, SUMO__SHM_PAGE);
     L.stage = sumo__shm_round_up(L.slots + p * p * SUMO__SHM_NSLOT * slot_bytes, SUMO__SHM_PAGE);
     L.total = L.stage + p * stage_bytes;
     return L;

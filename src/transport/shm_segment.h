@@ -58,9 +58,10 @@ typedef struct sumo__shm_mailbox {
 } __attribute__((aligned(SUMO__CACHELINE))) sumo__shm_mailbox;
 
 /* Byte offsets in the segment: a header (the meeting's), the control block of shm.h (at a
- * page), rank infos, mailboxes, slots, then the staging areas, each starting a page. */
+ * page), rank infos, mailboxes, the ranks' boards, slots, then the staging areas, each starting
+ * a page. */
 typedef struct sumo__shm_layout {
-    size_t ctl, info, boxes, slots, stage, total;
+    size_t ctl, info, boxes, board, slots, stage, total;
 } sumo__shm_layout;
 
 static inline size_t sumo__shm_round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }

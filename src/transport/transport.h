@@ -18,6 +18,8 @@
  *   offload    the peer library's own allreduce (MPI_Allreduce today, NCCL's tomorrow),
  *              asked per call whether it supports a dtype and op, the way NCCL keeps its
  *              collective offload (ncclCollNet) apart from its byte transport (ncclNet);
+ *   board      a small area per rank every rank maps, for what the collectives publish beside
+ *              an announcement (the handles of device buffers shared between processes);
  *   mem_alloc  memory every peer maps (MPI_Win_allocate_shared, ncclMemAlloc): a STAGED
  *              transport then reaches buffers in it directly, and `shares` tells the
  *              collectives which of a rank's buffers are such, so that a call whose buffers
@@ -37,6 +39,8 @@
 
 /* The largest record announce carries: one cache line per rank. */
 #define SUMO__ANNOUNCE_BYTES 64
+/* Bytes of a rank's board (the board op). */
+#define SUMO__BOARD_BYTES 512
 
 /* A rank's error state: set by the first failure, read by sumo_comm_error_message. Owned by
  * the communicator; the transport reports into it. */
@@ -115,6 +119,11 @@ typedef struct sumo__transport_ops {
     sumo_result (*mem_free)(sumo__transport *tp, void *ptr);
     /* SUMO__REACH_STAGED only: rank's staging area (tp->stage_bytes), mapped here. */
     unsigned char *(*stage)(sumo__transport *tp, int rank);
+    /* Optional, SUMO__REACH_STAGED only: rank's board, SUMO__BOARD_BYTES in memory every rank
+     * maps, written by that rank alone, ordered for its peers by the next announce: where a
+     * collective publishes what does not fit an announcement (the handles of buffers its
+     * kernels share between processes, collectives/imports.h). The transport never reads it. */
+    unsigned char *(*board)(sumo__transport *tp, int rank);
     /* Raises the group's abort so peers waiting on anything fail now (no-op where the
      * transport cannot reach them: they then fail at their deadline). */
     void (*abort)(sumo__transport *tp);

@@ -3,7 +3,8 @@
  * key-value store (torchrun's TCPStore). They meet through the store once (shm_meeting.c),
  * then everything runs in shared memory (shm_segment.c): the control block of shm.c (barrier,
  * announce, abort, departures), one staging area per rank (SUMO__REACH_STAGED, the MPI
- * transport's window without MPI), mailboxes for point-to-point messages, and memory from
+ * transport's window without MPI), a board per rank (what a collective publishes beside its
+ * announcement), mailboxes for point-to-point messages, and memory from
  * mem_alloc that every process maps. The waits ask shm_liveness.c whether a rank they depend on
  * died, since no launcher ends the job when a process dies.
  *
@@ -185,6 +186,12 @@ static sumo_result shm_barrier(sumo__transport *tp)
 static unsigned char *shm_stage(sumo__transport *tp, int rank)
 {
     return ((shm_transport *)tp)->stage[rank];
+}
+
+static unsigned char *shm_board(sumo__transport *tp, int rank)
+{
+    shm_transport *t = (shm_transport *)tp;
+    return t->seg + t->L.board + (size_t)rank * SUMO__BOARD_BYTES;
 }
 
 static void shm_abort(sumo__transport *tp)
@@ -428,6 +435,7 @@ static const sumo__transport_ops shm_ops = {
     .mem_alloc = shm_mem_alloc,
     .mem_free = shm_mem_free,
     .stage = shm_stage,
+    .board = shm_board,
     .abort = shm_abort,
     .destroy = shm_destroy,
     .shrink = shm_shrink,

@@ -140,6 +140,11 @@ void d_gram(void);
 /* collectives.c: sum, average and Adasum on the threads transport at P = 2, 3, 4. */
 void check_collectives(int kind);
 
+/* ipc.c: ranks in separate processes (the shm transport) on emulated device buffers shared
+ * by the emulated IPC: the collectives, and the refusals. */
+void t_ipc_emulated_collectives(void);
+void t_ipc_emulated_refusals(void);
+
 /* nccl.c: the NCCL transport over a fake NCCL (host), and the real one at one rank. */
 void t_nccl_fake_collectives(void);
 void t_nccl_fake_timeout(void);

@@ -238,6 +238,8 @@ int main(int argc, char **argv)
         {"exact entries vs host (emulated)", t_entries_emulated},
         {"Gram partials (emulated)", t_gram_emulated},
         {"threads P=2..4 (emulated)", t_collectives_emulated},
+        {"processes P=2..4, IPC (emulated)", t_ipc_emulated_collectives},
+        {"processes, IPC refusals (emulated)", t_ipc_emulated_refusals},
         {"NCCL transport, fake: collectives", t_nccl_fake_collectives},
         {"NCCL transport, fake: deadline", t_nccl_fake_timeout},
         {"NCCL transport, fake: NCCL error", t_nccl_fake_error},

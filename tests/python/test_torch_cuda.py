@@ -98,11 +98,44 @@ def same_bits(a, b):
 # ---- refusals -------------------------------------------------------------------------------
 
 def test_cuda_tensor_on_a_host_transport_refused_by_name(monkeypatch):
-    monkeypatch.setattr(rt.state, "transport", "shm")
+    monkeypatch.setattr(rt.state, "transport", "group")
     t = mock(torch.ones(4))
-    with pytest.raises(ValueError, match=r"tensor grads\.w is on cuda:0; the shm transport "
+    with pytest.raises(ValueError, match=r"tensor grads\.w is on cuda:0; the group transport "
                                          r"moves host memory only.*transport=\"nccl\""):
         rt.tensor_args(t, "grads.w")
+
+
+def test_cuda_tensor_on_the_shm_transport_is_taken(monkeypatch):
+    """The shared-memory transport (torchrun's processes on one node) takes CUDA tensors
+    through CUDA IPC: no refusal by transport; without a device, the device's own reason."""
+    assert "shm" in rt.CUDA_TRANSPORTS
+    monkeypatch.setattr(rt.state, "transport", "shm")
+    t = mock(torch.ones(4))
+    if HAVE_CUDA:
+        pytest.skip("a CUDA device is present (the shm transport on it: gpu-check.sh)")
+    with pytest.raises(ValueError) as e:
+        rt.tensor_args(t, "grads.w")
+    assert "moves host memory only" not in str(e.value)
+    assert "tensor grads.w is on cuda:0: " in str(e.value)
+
+
+def test_shm_cuda_inputs_are_waited_for(monkeypatch):
+    """On the shm transport the peers read a CUDA tensor from their own processes: the
+    current stream is synchronised before the call (as for NCCL), never on a CPU tensor."""
+    calls = []
+
+    class Stream:
+        cuda_stream = 0
+
+        def synchronize(self):
+            calls.append("sync")
+
+    monkeypatch.setattr(rt.state, "transport", "shm")
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+    rt.inputs_ready(mock(torch.ones(4)))
+    rt.legacy_ready(mock(torch.ones(4)))
+    rt.inputs_ready(torch.ones(4))
+    assert calls == ["sync", "sync"]
 
 
 @one_rank

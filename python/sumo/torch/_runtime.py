@@ -200,11 +200,18 @@ def tensor_args(t, name):
 # device, made at the first tensor on it and added to the communicator) run every touch of its
 # data on the device, on the caller's current stream, and the host waits for them before the
 # call returns; no byte goes through host memory. Transports that move device memory: the
-# threads transport (one rank: nothing moves) and NCCL (init(transport="nccl")). The shared-
-# memory, MPI and process-group transports move host memory only and refuse CUDA tensors.
+# threads transport (one rank: nothing moves), NCCL (init(transport="nccl")), and the shared-
+# memory transport (torchrun's processes on one node), whose ranks' kernels read and write each
+# other's device buffers through CUDA IPC (one GPU or several; memory IPC cannot export, as
+# PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True gives, is refused by the C library, naming
+# what to change). The MPI and process-group transports move host memory only and refuse CUDA
+# tensors.
 
 # Transports whose collectives take device buffers.
-CUDA_TRANSPORTS = ("threads", "nccl")
+CUDA_TRANSPORTS = ("threads", "nccl", "shm")
+# Of those, the ones whose peers read this rank's device buffers outside its current stream
+# (NCCL's own stream, other processes): what was queued on that stream must be complete first.
+_PEERS_READ_ELSEWHERE = ("nccl", "shm")
 
 
 class _Cuda:
@@ -272,17 +279,18 @@ def current_stream(t):
 
 def inputs_ready(t):
     """Before a collective of CUDA tensor t on the current stream: where the transport moves
-    data on a stream of its own (NCCL), what was queued on the current stream must be
+    data on a stream of its own (NCCL) or the peers read t from their own processes (shm,
+    through CUDA IPC), what was queued on the current stream must be
     complete first (as sumo_cuda_allreduce does in C). A no-op for CPU tensors and on the
     threads transport (one rank: the kernels on the current stream are ordered already)."""
-    if t.device.type == "cuda" and state.transport == "nccl":
+    if t.device.type == "cuda" and state.transport in _PEERS_READ_ELSEWHERE:
         torch.cuda.current_stream(t.device).synchronize()
 
 
 def inputs_event(t):
     """inputs_ready for a collective run later from the worker thread: an event recorded on
     the current stream now, which the worker waits for (None where nothing need wait)."""
-    if t.device.type == "cuda" and state.transport == "nccl":
+    if t.device.type == "cuda" and state.transport in _PEERS_READ_ELSEWHERE:
         ev = torch.cuda.Event()
         ev.record(torch.cuda.current_stream(t.device))
         return ev
@@ -296,7 +304,7 @@ def legacy_ready(t):
     transport from torch's default stream."""
     if t.device.type == "cuda":
         s = torch.cuda.current_stream(t.device)
-        if s.cuda_stream != 0 or state.transport == "nccl":
+        if s.cuda_stream != 0 or state.transport in _PEERS_READ_ELSEWHERE:
             s.synchronize()
 
 
