@@ -57,9 +57,11 @@ reduced. Median over steps; "vs gloo" divides a method's median by gloo's, from 
 
 Across hosts (ranks on several hosts, or SUMO_LOCAL_SIZE=2 under torchrun: 2 hosts of 2 on one
 machine) the hooks take sumo.torch's hierarchical path; a hook method with "/g" ("sumo avg/g")
-takes the flat process-group path in the same run, e.g.
+takes the flat path over the group's own calls (a callback into Python per message) and "/t"
+("sumo avg/t") the flat path over sumo's TCP transport (init()'s default flat path across
+hosts) in the same run, e.g.
     SUMO_LOCAL_SIZE=2 torchrun --standalone --nproc_per_node 4 bench/torch_ddp.py --interleaved \
-        --models mlp,conv --methods 'none,gloo,sumo avg,sumo avg/g,sumo adasum,sumo adasum/g'
+        --models mlp,conv --methods 'none,gloo,sumo avg,sumo avg/t,sumo avg/g,sumo adasum,sumo adasum/t,sumo adasum/g'
 
 --interleaved (or --delta-interleaved) [--methods ...] measures only the training steps of the
 methods listed, with the time inside communication per step beside them
@@ -89,6 +91,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 import sumo  # noqa: E402
 from sumo import _abi as sumo_abi  # noqa: E402
+from sumo._lib import lib as sumo_lib  # noqa: E402
 import sumo.torch as st  # noqa: E402
 from sumo.torch import _runtime as rt  # noqa: E402
 
@@ -165,9 +168,12 @@ def setup(method, model):
         ddp.register_comm_hook(None, no_comm_hook)
         return ddp, sgd, None
     hook, _, where = method.partition("/")  # "/m": mapped_buffers=True, "/p": False
-    if hook in HOOKS and where in ("", "m", "p", "g"):  # "/g": flat (see flat_path)
+    if hook in HOOKS and where in ("", "m", "p", "g", "t"):  # "/g", "/t": flat (flat_path)
         ddp = DDP(model)
-        state = st.HookState(mapped_buffers={"": None, "m": True, "p": False, "g": None}[where])
+        state = st.HookState(mapped_buffers={"": None, "m": True, "p": False, "g": None,
+                                             "t": None}[where])
+        if where == "g" and rt.state.transport == "tcp":
+            state.comm = group_comm()  # the flat path over the group's own calls
         ddp.register_comm_hook(state, HOOKS[hook])
         return ddp, sgd, state
     if method in ("opt avg/s", "opt avg/p", "opt avg/o"):
@@ -193,13 +199,32 @@ def setup(method, model):
     raise ValueError(method)
 
 
+_group_comm = []
+
+
+def group_comm():
+    """Across hosts sumo.torch's flat path is its TCP transport; a "/g" method's hooks run on
+    this communicator instead: sumo's C collectives over the group's own calls (what
+    init(transport="group") makes), made once for the job."""
+    if not _group_comm:
+        import ctypes
+        from sumo.torch import _pg_transport as pgt
+        t = pgt.GroupTransport(dist.group.WORLD)
+        comm = ctypes.c_void_p()
+        desc = t.desc(rt.state.hier.local_size if rt.state.hier is not None else 0)
+        rt.raise_for(sumo_lib.sumo_comm_create_transport(ctypes.byref(desc), ctypes.byref(comm)),
+                     "sumo_comm_create_transport")
+        _group_comm.extend([t, comm])
+    return _group_comm[1]
+
+
 class flat_path:
-    """For a "/g" method: the hooks take the flat process-group path (sumo's C collectives
-    over the group's own calls) while the job runs the hierarchical one across hosts (several
-    hosts, or SUMO_LOCAL_SIZE); a no-op otherwise."""
+    """For a "/g" or "/t" method: the hooks take the flat path (sumo's C collectives over the
+    group's own calls, "/g", or over sumo's TCP transport, "/t") while the job runs the
+    hierarchical one across hosts (several hosts, or SUMO_LOCAL_SIZE); a no-op otherwise."""
 
     def __init__(self, method):
-        self.on = method.endswith("/g")
+        self.on = method.endswith("/g") or method.endswith("/t")
 
     def __enter__(self):
         if self.on:
@@ -430,7 +455,8 @@ def delta_interleaved_main(args):
     if rt.state.hier is not None:
         print("sumo across %d hosts of %s ranks: the hooks' allreduce hierarchical (sum and "
               "average: a chain in host order; Adasum: the gather design, which init() leaves "
-              "opt-in); /g: the flat process-group path" % (
+              "opt-in); /t: the flat path over sumo's TCP transport, /g: over the group's own "
+              "calls" % (
                   rt.state.hier.nhosts, "+".join(str(len(m)) for m in rt.state.hier.members)))
     for m, r in res.items():
         ref = "hvd adasum" if "hvd adasum" in r else next(iter(r))

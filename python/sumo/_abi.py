@@ -254,6 +254,20 @@ class sumo_shm_options(ctypes.Structure):
                 ("error_bytes", ctypes.c_size_t)]
 
 
+# -- sumo_tcp.h ----------------------------------------------------------------------------------
+class sumo_tcp_options(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t),
+                ("rank", ctypes.c_int),
+                ("size", ctypes.c_int),
+                ("store", ctypes.POINTER(sumo_store)),
+                ("key_prefix", ctypes.c_char_p),
+                ("address", ctypes.c_char_p),
+                ("route_host", ctypes.c_char_p),
+                ("node_local_size", ctypes.c_int),
+                ("error", ctypes.c_char_p),
+                ("error_bytes", ctypes.c_size_t)]
+
+
 # -- sumo_elastic.h ------------------------------------------------------------------------------
 class sumo_shrink_options(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t),

@@ -150,6 +150,7 @@ _SIGS = {
     "sumo_setting": (_R, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p)]),
     "sumo_comm_create_transport": (_R, [ctypes.c_void_p, ctypes.POINTER(_c_comm_p)]),
     "sumo_comm_create_shm": (_R, [ctypes.c_void_p, ctypes.POINTER(_c_comm_p)]),
+    "sumo_comm_create_tcp": (_R, [ctypes.c_void_p, ctypes.POINTER(_c_comm_p)]),
     "sumo_store_create_dir": (_R, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]),
     "sumo_store_destroy_dir": (_R, [ctypes.c_void_p, ctypes.c_int]),
     "sumo_shrink_options_default": (_R, [ctypes.POINTER(sumo_shrink_options)]),

@@ -6,6 +6,7 @@
 #include "sumo_elastic.h"
 #include "sumo_optim.h"
 #include "sumo_shm.h"
+#include "sumo_tcp.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -174,6 +175,7 @@ sumo_result sumo_struct_size(const char *name, size_t *bytes)
         SIZE_OF(sumo_transport_desc), SIZE_OF(sumo_shm_options), SIZE_OF(sumo_store),
         SIZE_OF(sumo_compression), SIZE_OF(sumo_diloco_options), SIZE_OF(sumo_outer_step),
         SIZE_OF(sumo_shrink_options), SIZE_OF(sumo_shrink_info), SIZE_OF(sumo_agree_options),
+        SIZE_OF(sumo_tcp_options),
     };
 #undef SIZE_OF
     int64_t v;

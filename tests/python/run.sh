@@ -78,6 +78,10 @@ suite() {
     # against the flat process-group path bit for bit, then a rank that leaves (about 20 s).
     echo "== torchrun --nproc_per_node 3, SUMO_LOCAL_SIZE=2: the hierarchical path across hosts"
     SUMO_LOCAL_SIZE=2 timeout -k 10 300 "${torchrun[@]}" --nproc_per_node 3 tests/python/hier.py || failed=1
+    # The flat path across hosts over sumo's TCP transport (the default there) against the
+    # group's own calls bit for bit, 4 ranks as 2 hosts of 2; then a rank that leaves.
+    echo "== torchrun --nproc_per_node 4, SUMO_LOCAL_SIZE=2: the TCP transport across hosts"
+    SUMO_LOCAL_SIZE=2 timeout -k 10 300 "${torchrun[@]}" --nproc_per_node 4 tests/python/tcp.py || failed=1
   elif [ $have_mpi = 1 ]; then
     local port=$(( 29500 + RANDOM % 2000 ))
     echo "== mpirun -np 3 pytest over a torch.distributed group on one host (sumo's shared memory)"

@@ -6,7 +6,9 @@ Where the communicator comes from (init):
   - torchrun, or any torch.distributed process group (init_process_group already called, or a
     group passed in): every rank of the group on one host -> sumo's shared-memory transport,
     rendezvousing through the group's store ("shm"); across hosts -> sumo's collectives over
-    the group's own point-to-point calls (_pg_transport.py, "group");
+    TCP connections of its own, met through the group's store ("tcp"; transport="group":
+    over the group's own point-to-point calls, _pg_transport.py), with sum and average on
+    the hierarchical path (_hier.py);
   - srun (a Slurm job step): the process group made from the step's variables (_slurm.py:
     rank 0 on the step's first host, a port from the job and step ids), then as torchrun's;
   - init(store=..., rank=..., size=...): processes started each on its own (no launcher that
@@ -38,6 +40,7 @@ from .._abi import (SUMO_SUCCESS, SUMO_ERR_INVALID_ARGUMENT, SUMO_ERR_TIMEOUT,
                     SUMO_BFLOAT16, SUMO_OP_SUM, SUMO_OP_AVERAGE, SUMO_OP_ADASUM,
                     SUMO_COLLECTIVE_ALLREDUCE, SUMO_COLLECTIVE_BROADCAST,
                     sumo_adasum_options, sumo_agree_options, sumo_collective, sumo_shm_options,
+                    sumo_tcp_options,
                     sumo_shrink_info, sumo_shrink_options)
 from .._lib import lib, check, SumoError
 
@@ -450,7 +453,9 @@ def init(timeout=None, process_group=True, transport=None, group=None, store=Non
          size=None, join=False):
     """Creates the process's communicator: over MPI under mpirun, over the torch.distributed
     group under torchrun (or when one exists, or `group` is given: a subgroup's ranks alone),
-    else one rank. transport forces "mpi", "shm" (one host), "group" or "threads". With
+    else one rank. transport forces "mpi", "shm" (one host), "tcp" (sumo's own connections,
+    met through the group's store: the default across hosts), "group" (the group's own calls,
+    a callback per message), "hierarchical" or "threads". With
     process_group, torch.distributed's default group is created too when nobody has (gloo),
     for the user's own DDP.
 
@@ -489,8 +494,9 @@ def init(timeout=None, process_group=True, transport=None, group=None, store=Non
                 "group), rather than train as independent worlds of one" % launcher)
         else:
             transport = "threads"
-    if transport not in ("mpi", "threads", "shm", "group", "hierarchical", "pg", "nccl", "store"):
-        raise ValueError("sumo.torch.init: transport must be 'mpi', 'shm', 'group', "
+    if transport not in ("mpi", "threads", "shm", "tcp", "group", "hierarchical", "pg", "nccl",
+                         "store"):
+        raise ValueError("sumo.torch.init: transport must be 'mpi', 'shm', 'tcp', 'group', "
                          "'hierarchical', 'nccl' or 'threads', not %r" % (transport,))
     try:
         if transport == "mpi":
@@ -597,27 +603,33 @@ def _init_group(group, transport):
     # docs/results.md's models), while Adasum's gather design is slower than the flat path on
     # the larger one and stays opt-in. Everything else, and transport="group": the flat path.
     hier_ops = (SUMO_OP_SUM, SUMO_OP_AVERAGE, SUMO_OP_ADASUM)
+    # The flat path across hosts (every collective the hierarchical path does not take): sumo's
+    # TCP transport, met through the group's store, whose messages never enter the
+    # interpreter; transport="group" keeps the group's own calls (a callback per message).
     if transport == "pg":
-        transport = "shm" if one_host and size > 1 else "group"
+        transport = "shm" if one_host and size > 1 else "tcp"
         hierarchical = not one_host
         hier_ops = (SUMO_OP_SUM, SUMO_OP_AVERAGE)
     if hierarchical:
-        transport = "group"
+        transport = "tcp"
     if transport == "shm" and not one_host:
         raise RuntimeError("sumo.torch.init: transport 'shm' needs every rank on one host; "
                            "this group spans %d" % len(set(where)))
+    nodes = len(set(hosts))
+    per_node = size // nodes if all(hosts.count(h) == size // nodes for h in set(hosts)) else 0
     comm = ctypes.c_void_p()
-    if transport == "shm":
+    if transport in ("shm", "tcp"):
         store = pgt.StoreAdapter(_store_of(base))
         state.store = store
         prefix = _key_prefix(base)
         state.key_root = prefix
-        comm = make_shm(store, rank, size, prefix, "the group's store")
+        if transport == "shm":
+            comm = make_shm(store, rank, size, prefix, "the group's store")
+        else:
+            comm = make_tcp(store, rank, size, prefix, per_node, "the group's store")
     else:
         t = pgt.GroupTransport(base)
         state.pg_transport = t
-        nodes = len(set(hosts))
-        per_node = size // nodes if all(hosts.count(h) == size // nodes for h in set(hosts)) else 0
         desc = t.desc(per_node)
         check(lib.sumo_comm_create_transport(ctypes.byref(desc), ctypes.byref(comm)), None,
               "sumo_comm_create_transport over the torch.distributed group")
@@ -640,6 +652,26 @@ def make_shm(store, rank, size, prefix, where):
     code = lib.sumo_comm_create_shm(ctypes.byref(opts), ctypes.byref(comm))
     if code != SUMO_SUCCESS:
         raise _lib.error(code, None, "sumo_comm_create_shm (rank %d of %d) over %s: %s"
+                         % (rank, size, where, err.value.decode(errors="replace")))
+    return comm
+
+
+def make_tcp(store, rank, size, prefix, node_local_size, where):
+    """sumo_comm_create_tcp of `size` processes meeting through store (a _pg_transport
+    adapter) under prefix: each listens, while they meet, on the address through which its
+    host reaches the store's (MASTER_ADDR); raises the SumoError with the transport's
+    reason."""
+    comm = ctypes.c_void_p()
+    err = ctypes.create_string_buffer(256)
+    address = None
+    route = os.environ.get("MASTER_ADDR") or None
+    opts = sumo_tcp_options(ctypes.sizeof(sumo_tcp_options), rank, size, store.pointer(),
+                            prefix.encode(), address and address.encode(),
+                            route and route.encode(), node_local_size,
+                            ctypes.cast(err, ctypes.c_char_p), len(err))
+    code = lib.sumo_comm_create_tcp(ctypes.byref(opts), ctypes.byref(comm))
+    if code != SUMO_SUCCESS:
+        raise _lib.error(code, None, "sumo_comm_create_tcp (rank %d of %d) over %s: %s"
                          % (rank, size, where, err.value.decode(errors="replace")))
     return comm
 

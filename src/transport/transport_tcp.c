@@ -1,0 +1,840 @@
+/*
+ * The TCP transport: one connection per pair of ranks, opened once through the caller's store
+ * (sumo_tcp.h says how the ranks meet), then every message in sumo's C code: nothing calls
+ * back into the caller per message.
+ *
+ * Every message is a frame: a 16-byte header (magic, kind, the sequence number of the pair's
+ * direction, the payload's length) and the payload. The receiver checks each field against
+ * what it expects, so a stream out of step (a length, a kind or an order that does not match)
+ * fails the call instead of filling a buffer with another message's bytes.
+ *
+ * One exchange engine runs every operation: a set of sends and receives on the connections,
+ * all progressed at once on non-blocking sockets (a ring or a pairwise exchange cannot
+ * deadlock) and waited for with ppoll() until the group's deadline. An abort shuts every
+ * connection of the rank down (its peers read the end of the stream at once and fail with
+ * SUMO_ERR_PEER_FAILURE) and wakes this rank's own wait through an eventfd. Reach is NONE:
+ * the collectives run their point-to-point algorithms.
+ */
+#include "transport/transport_tcp.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#define FRAME_MAGIC 0x5c7au
+#define HELLO_MAGIC 0x7063745f6f6d7573ull /* "sumo_tcp" */
+#define TCP_VERSION 1u
+#define KEY_BYTES 256
+#define HOST_BYTES 64
+/* Connections accepted but not yet introduced, at most (a stray beyond it is dropped). */
+#define MAX_PENDING 64
+
+enum { KIND_DATA = 1, KIND_ANNOUNCE = 2, KIND_BARRIER = 3 };
+
+static const char *const kind_names[] = {"?", "data", "announce", "barrier"};
+
+typedef struct frame_header {
+    uint16_t magic;
+    uint16_t kind;
+    uint32_t seq;
+    uint64_t bytes;
+} frame_header;
+
+typedef struct tcp_peer {
+    int fd; /* -1 for this rank */
+    uint32_t send_seq, recv_seq;
+} tcp_peer;
+
+typedef struct tcp_transport {
+    sumo__transport base;
+    tcp_peer *peers;
+    int wake; /* eventfd: abort wakes a wait of this rank */
+    atomic_bool aborted;
+} tcp_transport;
+
+/* One send or receive of an exchange. */
+typedef struct xfer {
+    int peer;
+    bool send;
+    bool done;
+    uint16_t kind;
+    frame_header hdr; /* a send's, filled in; a receive's, as read */
+    size_t hdr_done;
+    unsigned char *buf;
+    size_t bytes, done_bytes;
+} xfer;
+
+static sumo_result wake_fail(tcp_transport *t, sumo_result code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static sumo_result wake_fail(tcp_transport *t, sumo_result code, const char *fmt, ...)
+{
+    char msg[220];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return SUMO__FAIL(&t->base, code, "%s", msg);
+}
+
+/* ---- the exchange engine -------------------------------------------------------------------- */
+
+/* Moves what the socket takes now. 1: finished; 0: would block; -1: failed (why set). */
+static int progress(tcp_transport *t, xfer *x, const char *what, sumo_result *code, char *why,
+                    size_t whylen)
+{
+    int fd = t->peers[x->peer].fd;
+    for (;;) {
+        struct iovec iov[2];
+        int n = 0;
+        size_t hdr_left = sizeof x->hdr - x->hdr_done;
+        if (hdr_left) iov[n++] = (struct iovec){(unsigned char *)&x->hdr + x->hdr_done, hdr_left};
+        if (x->bytes > x->done_bytes) iov[n++] = (struct iovec){x->buf + x->done_bytes, x->bytes - x->done_bytes};
+        if (n == 0) {
+            x->done = true;
+            return 1;
+        }
+        struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+        ssize_t got = x->send ? sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT)
+                              : recvmsg(fd, &m, MSG_DONTWAIT);
+        if (got < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+            *code = SUMO_ERR_PEER_FAILURE;
+            snprintf(why, whylen, "%s: the connection with rank %d failed while %s %zu bytes "
+                     "(%s): the peer ended or aborted", what, x->peer,
+                     x->send ? "sending" : "receiving", x->bytes, strerror(errno));
+            return -1;
+        }
+        if (got == 0 && !x->send) {
+            *code = SUMO_ERR_PEER_FAILURE;
+            snprintf(why, whylen, "%s: rank %d closed its connection while this rank waited for "
+                     "%zu bytes from it (the peer ended, failed or aborted)", what, x->peer,
+                     x->bytes);
+            return -1;
+        }
+        size_t moved = (size_t)got;
+        size_t into_hdr = SUMO__MIN(moved, hdr_left);
+        x->hdr_done += into_hdr;
+        x->done_bytes += moved - into_hdr;
+        if (!x->send && into_hdr && x->hdr_done == sizeof x->hdr) {
+            /* The header is whole: is it the message this receive expects? */
+            uint32_t want_seq = t->peers[x->peer].recv_seq;
+            const frame_header *h = &x->hdr;
+            const char *bad = h->magic != FRAME_MAGIC ? "a header without sumo's mark"
+                              : h->kind != x->kind   ? "a message of another kind"
+                              : h->seq != want_seq   ? "a message out of sequence"
+                              : h->bytes != x->bytes ? "a message of another length"
+                                                     : NULL;
+            if (bad) {
+                *code = SUMO_ERR_INTERNAL;
+                snprintf(why, whylen, "%s: rank %d sent %s: %s %" PRIu32 " of %" PRIu64
+                         " bytes where %s %" PRIu32 " of %zu bytes was expected (the ranks "
+                         "are out of step)", what, x->peer, bad,
+                         h->kind < 4 ? kind_names[h->kind] : "?", h->seq, h->bytes,
+                         kind_names[x->kind], want_seq, x->bytes);
+                return -1;
+            }
+        }
+    }
+}
+
+static const char *peer_list(const xfer *xs, int n, char *out, size_t len)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    for (int i = 0; i < n && used + 16 < len; i++) {
+        if (xs[i].done) continue;
+        used += (size_t)snprintf(out + used, len - used, "%s%s rank %d", used ? "," : "",
+                                 xs[i].send ? " send to" : " receive from", xs[i].peer);
+    }
+    return out;
+}
+
+/* Runs every xfer to its end, all at once, until the group's deadline. */
+static sumo_result exchange(tcp_transport *t, xfer *xs, int n, const char *what)
+{
+    if (atomic_load(&t->aborted))
+        return wake_fail(t, SUMO_ERR_PEER_FAILURE, "%s: this rank's group was aborted", what);
+    for (int i = 0; i < n; i++) {
+        xfer *x = &xs[i];
+        tcp_peer *p = &t->peers[x->peer];
+        if (x->send) {
+            x->hdr = (frame_header){.magic = FRAME_MAGIC, .kind = x->kind, .seq = p->send_seq++,
+                                    .bytes = x->bytes};
+        }
+    }
+    int64_t deadline = sumo__now_ns() + t->base.timeout_ns;
+    struct pollfd stack[16];
+    struct pollfd *fds = n + 1 <= 16 ? stack : malloc(sizeof *fds * (size_t)(n + 1));
+    if (fds == NULL) return wake_fail(t, SUMO_ERR_SYSTEM, "%s: out of memory", what);
+    sumo_result r = SUMO_SUCCESS;
+    char why[220];
+    for (;;) {
+        int left = 0, nf = 0;
+        for (int i = 0; i < n; i++) {
+            xfer *x = &xs[i];
+            if (x->done) continue;
+            sumo_result code = SUMO_SUCCESS;
+            int s = progress(t, x, what, &code, why, sizeof why);
+            if (s < 0) {
+                r = wake_fail(t, atomic_load(&t->aborted) ? SUMO_ERR_PEER_FAILURE : code, "%s",
+                              why);
+                goto out;
+            }
+            if (s == 1) {
+                if (!x->send) t->peers[x->peer].recv_seq++;
+                continue;
+            }
+            left++;
+            fds[nf++] = (struct pollfd){.fd = t->peers[x->peer].fd,
+                                        .events = x->send ? POLLOUT : POLLIN};
+        }
+        if (left == 0) break;
+        if (atomic_load(&t->aborted)) {
+            r = wake_fail(t, SUMO_ERR_PEER_FAILURE, "%s: this rank's group was aborted", what);
+            goto out;
+        }
+        int64_t wait = deadline - sumo__now_ns();
+        if (wait <= 0) {
+            char peers[160];
+            r = wake_fail(t, SUMO_ERR_TIMEOUT, "%s: rank %d waited %.3f s (%s): deadline "
+                          "reached (raise it with SUMO_TIMEOUT)", what, t->base.rank,
+                          (double)t->base.timeout_ns * 1e-9, peer_list(xs, n, peers, sizeof peers));
+            goto out;
+        }
+        fds[nf++] = (struct pollfd){.fd = t->wake, .events = POLLIN};
+        struct timespec ts = {.tv_sec = wait / 1000000000, .tv_nsec = wait % 1000000000};
+        if (ppoll(fds, (nfds_t)nf, &ts, NULL) < 0 && errno != EINTR) {
+            r = wake_fail(t, SUMO_ERR_SYSTEM, "%s: poll failed (%s)", what, strerror(errno));
+            goto out;
+        }
+    }
+out:
+    if (fds != stack) free(fds);
+    return r;
+}
+
+/* ---- the operations ------------------------------------------------------------------------ */
+
+static sumo_result tcp_sendrecv(sumo__transport *tp, const void *sbuf, size_t sbytes, int dst,
+                                void *rbuf, size_t rbytes, int src)
+{
+    tcp_transport *t = (tcp_transport *)tp;
+    if (dst == tp->rank || src == tp->rank) {
+        if (dst != src || sbytes != rbytes)
+            return wake_fail(t, SUMO_ERR_INTERNAL, "sendrecv: rank %d sends to itself %zu bytes "
+                             "but receives %zu (dst %d, src %d)", tp->rank, sbytes, rbytes, dst,
+                             src);
+        if (sbytes) memmove(rbuf, sbuf, sbytes);
+        return SUMO_SUCCESS;
+    }
+    xfer xs[2];
+    int n = 0;
+    /* The receive first: its header is checked as soon as it lands. */
+    if (src >= 0)
+        xs[n++] = (xfer){.peer = src, .kind = KIND_DATA, .buf = rbuf, .bytes = rbytes};
+    if (dst >= 0)
+        xs[n++] = (xfer){.peer = dst, .send = true, .kind = KIND_DATA,
+                         .buf = (unsigned char *)(uintptr_t)sbuf, .bytes = sbytes};
+    return exchange(t, xs, n, "sendrecv");
+}
+
+/* Every rank sends its record to every other and receives theirs, all at once. */
+static sumo_result gather_all(tcp_transport *t, const void *record, void *all, size_t bytes,
+                              uint16_t kind, const char *what)
+{
+    int P = t->base.size, me = t->base.rank;
+    unsigned char own[SUMO__ANNOUNCE_BYTES];
+    if (bytes > sizeof own)
+        return wake_fail(t, SUMO_ERR_INTERNAL, "%s: a record of %zu bytes (at most %d)", what,
+                         bytes, SUMO__ANNOUNCE_BYTES);
+    if (bytes) memcpy(own, record, bytes);
+    xfer stack[32];
+    xfer *xs = 2 * (P - 1) <= 32 ? stack : malloc(sizeof *xs * (size_t)(2 * (P - 1)));
+    if (xs == NULL) return wake_fail(t, SUMO_ERR_SYSTEM, "%s: out of memory", what);
+    int n = 0;
+    unsigned char *out = all;
+    for (int k = 1; k < P; k++) {
+        int to = (me + k) % P, from = (me - k + P) % P;
+        xs[n++] = (xfer){.peer = from, .kind = kind, .buf = out ? out + (size_t)from * bytes : NULL,
+                         .bytes = bytes};
+        xs[n++] = (xfer){.peer = to, .send = true, .kind = kind, .buf = own, .bytes = bytes};
+    }
+    sumo_result r = exchange(t, xs, n, what);
+    if (xs != stack) free(xs);
+    if (r == SUMO_SUCCESS && bytes) memcpy(out + (size_t)me * bytes, own, bytes);
+    return r;
+}
+
+static sumo_result tcp_announce(sumo__transport *tp, const void *record, void *all, size_t bytes)
+{
+    return gather_all((tcp_transport *)tp, record, all, bytes, KIND_ANNOUNCE, "announce");
+}
+
+static sumo_result tcp_barrier(sumo__transport *tp)
+{
+    return gather_all((tcp_transport *)tp, NULL, NULL, 0, KIND_BARRIER, "barrier");
+}
+
+static void tcp_abort(sumo__transport *tp)
+{
+    tcp_transport *t = (tcp_transport *)tp;
+    if (atomic_exchange(&t->aborted, true)) return;
+    /* The peers read the end of every stream of this rank at once. */
+    for (int r = 0; r < tp->size; r++)
+        if (t->peers[r].fd >= 0) shutdown(t->peers[r].fd, SHUT_RDWR);
+    uint64_t one = 1;
+    ssize_t w = write(t->wake, &one, sizeof one);
+    (void)w;
+}
+
+static void close_all(tcp_transport *t)
+{
+    for (int r = 0; r < t->base.size; r++)
+        if (t->peers[r].fd >= 0) close(t->peers[r].fd);
+    if (t->wake >= 0) close(t->wake);
+    free(t->peers);
+    free(t);
+}
+
+static sumo_result tcp_destroy(sumo__transport *tp)
+{
+    /* Closing never waits for a peer (no SO_LINGER): one still waiting on this rank reads
+     * the end of the stream and fails at once. */
+    close_all((tcp_transport *)tp);
+    return SUMO_SUCCESS;
+}
+
+static const sumo__transport_ops tcp_ops = {
+    .name = "tcp",
+    .sendrecv = tcp_sendrecv,
+    .announce = tcp_announce,
+    .barrier = tcp_barrier,
+    .abort = tcp_abort,
+    .destroy = tcp_destroy,
+};
+
+/* ---- the meeting ---------------------------------------------------------------------------- */
+
+/* Rank 0 -> every rank: the job's nonce and size. */
+typedef struct nonce_record {
+    uint64_t magic;
+    uint64_t nonce;
+    int32_t size;
+    uint32_t version;
+} nonce_record;
+
+/* Rank r > 0 -> the lower ranks: where it listens. */
+typedef struct addr_record {
+    uint64_t magic;
+    uint64_t nonce;
+    int32_t rank;
+    uint32_t port;
+    char host[HOST_BYTES];
+} addr_record;
+
+/* The first bytes on a connection, each way: who opens it and whom it is for. */
+typedef struct hello {
+    uint64_t magic;
+    uint64_t nonce;
+    int32_t from, to, size;
+    uint32_t version;
+} hello;
+
+typedef struct meeting {
+    const sumo_tcp_options *o;
+    int64_t deadline;
+    double seconds;
+    int log_level;
+    uint64_t nonce;
+    char *err;
+    size_t errlen;
+} meeting;
+
+static sumo_result meet_fail(const meeting *m, sumo_result code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static sumo_result meet_fail(const meeting *m, sumo_result code, const char *fmt, ...)
+{
+    char msg[240];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    snprintf(m->err, m->errlen, "rank %d of %d: %s", m->o->rank, m->o->size, msg);
+    return code;
+}
+
+static sumo_result make_key(const meeting *m, char *key, const char *suffix, int rank)
+{
+    int w = rank < 0 ? snprintf(key, KEY_BYTES, "%stcp/%s", m->o->key_prefix, suffix)
+                     : snprintf(key, KEY_BYTES, "%stcp/%s/%d", m->o->key_prefix, suffix, rank);
+    if (w < 0 || w >= KEY_BYTES)
+        return meet_fail(m, SUMO_ERR_INVALID_ARGUMENT, "key prefix \"%.40s...\" is too long "
+                         "(keys at most %d bytes)", m->o->key_prefix, KEY_BYTES - 1);
+    return SUMO_SUCCESS;
+}
+
+static sumo_result store_set(const meeting *m, const char *key, const void *v, size_t bytes)
+{
+    const sumo_store *s = m->o->store;
+    sumo_result r = s->set(s->ctx, key, v, bytes);
+    if (r != SUMO_SUCCESS)
+        return meet_fail(m, r, "the store's set of \"%s\" failed (%s)", key, sumo_result_name(r));
+    return SUMO_SUCCESS;
+}
+
+static sumo_result store_get(const meeting *m, const char *key, void *v, size_t bytes,
+                             const char *whose)
+{
+    const sumo_store *s = m->o->store;
+    size_t got = bytes;
+    sumo_result r = s->get(s->ctx, key, v, &got, m->deadline);
+    if (r == SUMO_ERR_TIMEOUT)
+        return meet_fail(m, r, "waited %.3f s for %s (store key \"%s\"): deadline reached "
+                         "(the rank never came; raise the wait with SUMO_TIMEOUT)", m->seconds,
+                         whose, key);
+    if (r != SUMO_SUCCESS)
+        return meet_fail(m, r, "the store's get of \"%s\" failed (%s)", key, sumo_result_name(r));
+    if (got != bytes)
+        return meet_fail(m, SUMO_ERR_MISMATCH, "store key \"%s\" holds %zu bytes, not the %zu "
+                         "of this library's record (a peer of another sumo version, or a key "
+                         "prefix used before)", key, got, bytes);
+    return SUMO_SUCCESS;
+}
+
+static void store_remove(const meeting *m, const char *key)
+{
+    const sumo_store *s = m->o->store;
+    if (s->struct_size >= offsetof(sumo_store, remove) + sizeof s->remove && s->remove != NULL)
+        s->remove(s->ctx, key);
+}
+
+static void nap_ms(int ms)
+{
+    nanosleep(&(struct timespec){.tv_nsec = (long)ms * 1000000L}, NULL);
+}
+
+static int remaining_ms(const meeting *m)
+{
+    int64_t left = m->deadline - sumo__now_ns();
+    if (left <= 0) return 0;
+    return (int)SUMO__MIN(left / 1000000 + 1, (int64_t)1000000);
+}
+
+static void numeric_host(const struct sockaddr *sa, socklen_t len, char *host, size_t hostlen)
+{
+    if (getnameinfo(sa, len, host, (socklen_t)hostlen, NULL, 0, NI_NUMERICHOST) != 0)
+        snprintf(host, hostlen, "?");
+}
+
+static bool is_loopback(const struct sockaddr *sa)
+{
+    if (sa->sa_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)(const void *)sa)->sin_addr.s_addr) >> 24) == 127;
+    if (sa->sa_family == AF_INET6) {
+        const struct in6_addr *a = &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr;
+        return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+    }
+    return false;
+}
+
+/* The address this rank listens on: the options', else the one that routes to route_host,
+ * else the host name's first address that is not a loopback one, else 127.0.0.1. */
+static void own_address(const meeting *m, char *host, size_t hostlen)
+{
+    if (m->o->address) {
+        snprintf(host, hostlen, "%s", m->o->address);
+        return;
+    }
+    struct addrinfo hints = {.ai_socktype = SOCK_DGRAM}, *res = NULL;
+    if (m->o->route_host && getaddrinfo(m->o->route_host, "9", &hints, &res) == 0) {
+        for (struct addrinfo *a = res; a; a = a->ai_next) {
+            int fd = socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+            if (fd < 0) continue;
+            struct sockaddr_storage ss;
+            socklen_t len = sizeof ss;
+            /* A UDP connect sends nothing: it only picks the route and the source address. */
+            bool ok = connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+                      getsockname(fd, (struct sockaddr *)&ss, &len) == 0;
+            close(fd);
+            if (ok) {
+                numeric_host((struct sockaddr *)&ss, len, host, hostlen);
+                freeaddrinfo(res);
+                return;
+            }
+        }
+        freeaddrinfo(res);
+    }
+    char name[256];
+    res = NULL;
+    hints = (struct addrinfo){.ai_socktype = SOCK_STREAM};
+    if (gethostname(name, sizeof name) == 0 && getaddrinfo(name, NULL, &hints, &res) == 0) {
+        for (struct addrinfo *a = res; a; a = a->ai_next) {
+            if (is_loopback(a->ai_addr)) continue;
+            numeric_host(a->ai_addr, a->ai_addrlen, host, hostlen);
+            freeaddrinfo(res);
+            return;
+        }
+        freeaddrinfo(res);
+    }
+    snprintf(host, hostlen, "127.0.0.1");
+}
+
+static sumo_result listen_on(const meeting *m, const char *host, int *fd_out, addr_record *rec)
+{
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *res = NULL;
+    int rc = getaddrinfo(host, "0", &hints, &res);
+    if (rc != 0)
+        return meet_fail(m, SUMO_ERR_SYSTEM, "cannot resolve the address \"%s\" to listen on "
+                         "(%s)", host, gai_strerror(rc));
+    int err = 0;
+    for (struct addrinfo *a = res; a; a = a->ai_next) {
+        int fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0) {
+            err = errno;
+            continue;
+        }
+        struct sockaddr_storage ss;
+        socklen_t len = sizeof ss;
+        if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, SUMO__MIN(m->o->size, 128)) == 0 &&
+            getsockname(fd, (struct sockaddr *)&ss, &len) == 0) {
+            numeric_host((struct sockaddr *)&ss, len, rec->host, sizeof rec->host);
+            rec->port = ntohs(ss.ss_family == AF_INET
+                                  ? ((struct sockaddr_in *)&ss)->sin_port
+                                  : ((struct sockaddr_in6 *)&ss)->sin6_port);
+            freeaddrinfo(res);
+            *fd_out = fd;
+            return SUMO_SUCCESS;
+        }
+        err = errno;
+        close(fd);
+    }
+    freeaddrinfo(res);
+    return meet_fail(m, SUMO_ERR_SYSTEM, "cannot listen on %s (%s)", host, strerror(err));
+}
+
+/* Writes or reads exactly bytes on a non-blocking socket before the deadline. */
+static sumo_result io_all(const meeting *m, int fd, void *buf, size_t bytes, bool send_it,
+                          int peer, const char *what)
+{
+    size_t done = 0;
+    while (done < bytes) {
+        ssize_t n = send_it ? send(fd, (char *)buf + done, bytes - done, MSG_NOSIGNAL)
+                            : recv(fd, (char *)buf + done, bytes - done, 0);
+        if (n > 0) {
+            done += (size_t)n;
+            continue;
+        }
+        if (n == 0)
+            return meet_fail(m, SUMO_ERR_PEER_FAILURE, "rank %d closed the connection during "
+                             "the %s (another job's listener, or the peer failed)", peer, what);
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return meet_fail(m, SUMO_ERR_PEER_FAILURE, "the %s with rank %d failed (%s)", what,
+                             peer, strerror(errno));
+        int ms = remaining_ms(m);
+        if (ms == 0)
+            return meet_fail(m, SUMO_ERR_TIMEOUT, "waited %.3f s for the %s with rank %d: "
+                             "deadline reached (raise it with SUMO_TIMEOUT)", m->seconds, what,
+                             peer);
+        struct pollfd p = {.fd = fd, .events = send_it ? POLLOUT : POLLIN};
+        poll(&p, 1, ms);
+    }
+    return SUMO_SUCCESS;
+}
+
+static void no_delay(int fd)
+{
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+/* Reads where the higher rank `peer` listens. */
+static sumo_result address_of(const meeting *m, int peer, addr_record *rec)
+{
+    char key[KEY_BYTES], whose[48];
+    SUMO__CHECK(make_key(m, key, "addr", peer));
+    snprintf(whose, sizeof whose, "rank %d's address", peer);
+    /* A record of another job (a prefix used before) is waited past: the peer overwrites it. */
+    for (;;) {
+        SUMO__CHECK(store_get(m, key, rec, sizeof *rec, whose));
+        if (rec->magic == HELLO_MAGIC && rec->nonce == m->nonce && rec->rank == peer) break;
+        if (remaining_ms(m) == 0)
+            return meet_fail(m, SUMO_ERR_TIMEOUT, "store key \"%s\" still holds another job's "
+                             "address of rank %d at the deadline (a key prefix used before)",
+                             key, peer);
+        nap_ms(10);
+    }
+    rec->host[sizeof rec->host - 1] = '\0';
+    return SUMO_SUCCESS;
+}
+
+/* Opens the connection to the higher rank `peer` listening at rec and introduces this rank. */
+static sumo_result connect_to(const meeting *m, int peer, const addr_record *rec_in, int *fd_out)
+{
+    addr_record rec = *rec_in;
+    char port[16];
+    snprintf(port, sizeof port, "%u", (unsigned)rec.port);
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICHOST | AI_NUMERICSERV};
+    struct addrinfo *res = NULL;
+    int rc = getaddrinfo(rec.host, port, &hints, &res);
+    if (rc != 0)
+        return meet_fail(m, SUMO_ERR_SYSTEM, "rank %d's address %s:%s does not parse (%s)", peer,
+                         rec.host, port, gai_strerror(rc));
+    int fd = -1, err = 0;
+    for (;;) {
+        fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0) {
+            err = errno;
+            break;
+        }
+        if (connect(fd, res->ai_addr, res->ai_addrlen) == 0) break;
+        err = errno;
+        if (err == EINPROGRESS) {
+            struct pollfd p = {.fd = fd, .events = POLLOUT};
+            int ms = remaining_ms(m);
+            if (ms > 0 && poll(&p, 1, ms) == 1) {
+                socklen_t len = sizeof err;
+                getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+                if (err == 0) break;
+            } else {
+                err = ETIMEDOUT;
+            }
+        }
+        close(fd);
+        fd = -1;
+        /* Refused or unreachable for now: tried again until the deadline. */
+        if (remaining_ms(m) == 0 || (err != ECONNREFUSED && err != EAGAIN && err != ENETUNREACH &&
+                                     err != EHOSTUNREACH && err != ETIMEDOUT && err != EINTR))
+            break;
+        nap_ms(10);
+    }
+    freeaddrinfo(res);
+    if (fd < 0)
+        return meet_fail(m, err == ETIMEDOUT ? SUMO_ERR_TIMEOUT : SUMO_ERR_SYSTEM,
+                         "cannot connect to rank %d at %s:%s (%s)", peer, rec.host, port,
+                         strerror(err));
+    no_delay(fd);
+    hello mine = {.magic = HELLO_MAGIC, .nonce = m->nonce, .from = m->o->rank, .to = peer,
+                  .size = m->o->size, .version = TCP_VERSION};
+    hello back;
+    sumo_result r = io_all(m, fd, &mine, sizeof mine, true, peer, "hello");
+    if (r == SUMO_SUCCESS) r = io_all(m, fd, &back, sizeof back, false, peer, "hello's answer");
+    if (r == SUMO_SUCCESS && (back.magic != HELLO_MAGIC || back.nonce != m->nonce ||
+                              back.from != peer || back.to != m->o->rank ||
+                              back.size != m->o->size || back.version != TCP_VERSION))
+        r = meet_fail(m, SUMO_ERR_MISMATCH, "%s:%s answered as another job's or rank's listener "
+                      "(rank %d of %d expected)", rec.host, port, peer, m->o->size);
+    if (r != SUMO_SUCCESS) {
+        close(fd);
+        return r;
+    }
+    *fd_out = fd;
+    return SUMO_SUCCESS;
+}
+
+typedef struct pending {
+    int fd;
+    size_t got;
+    hello h;
+} pending;
+
+/* Accepts every lower rank on the listener, refusing (closing) any connection whose hello is
+ * not one of this job's lower ranks for this rank. */
+static sumo_result accept_lower(const meeting *m, int lfd, tcp_peer *peers)
+{
+    int me = m->o->rank, missing = me;
+    pending pend[MAX_PENDING];
+    int np = 0;
+    sumo_result r = SUMO_SUCCESS;
+    while (missing > 0) {
+        struct pollfd fds[MAX_PENDING + 1];
+        fds[0] = (struct pollfd){.fd = lfd, .events = POLLIN};
+        for (int i = 0; i < np; i++) fds[i + 1] = (struct pollfd){.fd = pend[i].fd, .events = POLLIN};
+        int ms = remaining_ms(m);
+        if (ms == 0) {
+            char list[120] = "";
+            size_t used = 0;
+            for (int j = 0; j < me && used + 8 < sizeof list; j++)
+                if (peers[j].fd < 0) used += (size_t)snprintf(list + used, sizeof list - used, " %d", j);
+            r = meet_fail(m, SUMO_ERR_TIMEOUT, "waited %.3f s for ranks%s to connect: deadline "
+                          "reached (raise it with SUMO_TIMEOUT)", m->seconds, list);
+            break;
+        }
+        if (poll(fds, (nfds_t)np + 1, ms) < 0 && errno != EINTR) {
+            r = meet_fail(m, SUMO_ERR_SYSTEM, "poll failed (%s)", strerror(errno));
+            break;
+        }
+        for (int i = np - 1; i >= 0; i--) {
+            if (!(fds[i + 1].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+            pending *p = &pend[i];
+            ssize_t n = recv(p->fd, (char *)&p->h + p->got, sizeof p->h - p->got, 0);
+            if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+            bool drop = n <= 0;
+            if (n > 0) p->got += (size_t)n;
+            if (!drop && p->got == sizeof p->h) {
+                const hello *h = &p->h;
+                bool ours = h->magic == HELLO_MAGIC && h->nonce == m->nonce && h->to == me &&
+                            h->size == m->o->size && h->version == TCP_VERSION && h->from >= 0 &&
+                            h->from < me && peers[h->from].fd < 0;
+                hello ack = {.magic = HELLO_MAGIC, .nonce = m->nonce, .from = me, .to = h->from,
+                             .size = m->o->size, .version = TCP_VERSION};
+                if (ours && io_all(m, p->fd, &ack, sizeof ack, true, h->from, "hello's answer") ==
+                                SUMO_SUCCESS) {
+                    peers[h->from].fd = p->fd;
+                    missing--;
+                    p->fd = -1;
+                } else {
+                    m->err[0] = '\0';
+                    sumo__log(m->log_level, SUMO__LOG_WARN, __FILE__, __LINE__,
+                              "rank %d: refused a connection that is not one of this job's ranks",
+                              me);
+                }
+                drop = true;
+            }
+            if (drop) {
+                if (p->fd >= 0) close(p->fd);
+                pend[i] = pend[--np];
+            }
+        }
+        if (fds[0].revents & POLLIN) {
+            int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+            if (fd >= 0) {
+                if (np == MAX_PENDING) { /* the oldest stranger goes */
+                    close(pend[0].fd);
+                    pend[0] = pend[--np];
+                }
+                no_delay(fd);
+                pend[np++] = (pending){.fd = fd};
+            }
+        }
+    }
+    for (int i = 0; i < np; i++) close(pend[i].fd);
+    return r;
+}
+
+static uint64_t fresh_nonce(void)
+{
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof v, GRND_NONBLOCK) != (ssize_t)sizeof v)
+        v = (uint64_t)sumo__now_ns() ^ ((uint64_t)getpid() << 32);
+    return v | 1; /* never 0 */
+}
+
+static sumo_result meet(const meeting *mc, tcp_peer *peers)
+{
+    meeting mm = *mc;
+    meeting *m = &mm;
+    const sumo_tcp_options *o = m->o;
+    int me = o->rank, P = o->size;
+    char key[KEY_BYTES];
+    int lfd = -1;
+    sumo_result r = SUMO_SUCCESS;
+    /* Rank 0 names the job; the others learn it first. */
+    SUMO__CHECK(make_key(m, key, "nonce", -1));
+    nonce_record nr;
+    if (me == 0) {
+        nr = (nonce_record){.magic = HELLO_MAGIC, .nonce = fresh_nonce(), .size = P,
+                            .version = TCP_VERSION};
+        SUMO__CHECK(store_set(m, key, &nr, sizeof nr));
+    } else {
+        SUMO__CHECK(store_get(m, key, &nr, sizeof nr, "rank 0's job record"));
+        if (nr.magic != HELLO_MAGIC || nr.version != TCP_VERSION)
+            return meet_fail(m, SUMO_ERR_MISMATCH, "store key \"%s\" holds no record of this "
+                             "library's version", key);
+        if (nr.size != P)
+            return meet_fail(m, SUMO_ERR_MISMATCH, "rank 0 makes a group of %d, this rank one of "
+                             "%d", (int)nr.size, P);
+    }
+    m->nonce = nr.nonce;
+    if (me > 0) {
+        char host[HOST_BYTES + 192];
+        own_address(m, host, sizeof host);
+        addr_record rec = {.magic = HELLO_MAGIC, .nonce = m->nonce, .rank = me};
+        SUMO__CHECK(listen_on(m, host, &lfd, &rec));
+        if ((r = make_key(m, key, "addr", me)) == SUMO_SUCCESS)
+            r = store_set(m, key, &rec, sizeof rec);
+        if (r != SUMO_SUCCESS) goto out;
+    }
+    /* Every higher rank's address first: a rank that never comes is then waited for (and
+     * named) by every rank alike, not seen as a lower rank giving up. */
+    addr_record *addrs = P - me > 1 ? calloc((size_t)(P - me - 1), sizeof *addrs) : NULL;
+    if (P - me > 1 && addrs == NULL) {
+        r = meet_fail(m, SUMO_ERR_SYSTEM, "out of memory");
+        goto out;
+    }
+    for (int j = me + 1; j < P && r == SUMO_SUCCESS; j++) r = address_of(m, j, &addrs[j - me - 1]);
+    for (int j = me + 1; j < P && r == SUMO_SUCCESS; j++)
+        r = connect_to(m, j, &addrs[j - me - 1], &peers[j].fd);
+    free(addrs);
+    if (r != SUMO_SUCCESS) goto out;
+    if (me > 0) {
+        r = accept_lower(m, lfd, peers);
+        if (r != SUMO_SUCCESS) goto out;
+    }
+    /* Every lower rank has read this rank's address (and every rank the nonce: rank 0 has
+     * heard each one answer): the keys have served. */
+    if (make_key(m, key, me == 0 ? "nonce" : "addr", me == 0 ? -1 : me) == SUMO_SUCCESS)
+        store_remove(m, key);
+out:
+    if (lfd >= 0) close(lfd); /* nothing listens once the group is met */
+    return r;
+}
+
+sumo_result sumo__tcp_transport_create(const sumo_tcp_options *o, const sumo__env *env,
+                                       sumo__transport **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    tcp_transport *t = calloc(1, sizeof *t);
+    tcp_peer *peers = t ? calloc((size_t)o->size, sizeof *peers) : NULL;
+    if (peers == NULL) {
+        free(t);
+        snprintf(err, errlen, "out of memory for a group of %d", o->size);
+        return SUMO_ERR_SYSTEM;
+    }
+    for (int r = 0; r < o->size; r++) peers[r].fd = -1;
+    t->peers = peers;
+    t->wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    atomic_init(&t->aborted, false);
+    t->base = (sumo__transport){.ops = &tcp_ops,
+                                .rank = o->rank,
+                                .size = o->size,
+                                .timeout_ns = (int64_t)(env->timeout_s * 1e9),
+                                .log_level = env->log_level,
+                                .node_local_size = o->node_local_size,
+                                .reach = SUMO__REACH_NONE};
+    if (t->wake < 0) {
+        snprintf(err, errlen, "rank %d: eventfd failed (%s)", o->rank, strerror(errno));
+        close_all(t);
+        return SUMO_ERR_SYSTEM;
+    }
+    meeting m = {.o = o, .deadline = sumo__now_ns() + t->base.timeout_ns,
+                 .seconds = env->timeout_s, .log_level = env->log_level, .err = err,
+                 .errlen = errlen};
+    sumo_result r = meet(&m, peers);
+    if (r != SUMO_SUCCESS) {
+        close_all(t);
+        return r;
+    }
+    *out = &t->base;
+    return SUMO_SUCCESS;
+}
