@@ -663,11 +663,9 @@ def make_tcp(store, rank, size, prefix, node_local_size, where):
     reason."""
     comm = ctypes.c_void_p()
     err = ctypes.create_string_buffer(256)
-    address = None
     route = os.environ.get("MASTER_ADDR") or None
     opts = sumo_tcp_options(ctypes.sizeof(sumo_tcp_options), rank, size, store.pointer(),
-                            prefix.encode(), address and address.encode(),
-                            route and route.encode(), node_local_size,
+                            prefix.encode(), None, route and route.encode(), node_local_size,
                             ctypes.cast(err, ctypes.c_char_p), len(err))
     code = lib.sumo_comm_create_tcp(ctypes.byref(opts), ctypes.byref(comm))
     if code != SUMO_SUCCESS:
