@@ -62,6 +62,7 @@ sumo_result sumo_cuda_kernels_create(int device, sumo_cuda_kernels **out)
     sumo_cuda_kernels *k = calloc(1, sizeof *k);
     if (k == NULL) return SUMO_ERR_SYSTEM;
     pthread_mutex_init(&k->ipc_lock, NULL);
+    pthread_mutex_init(&k->stage_lock, NULL);
     k->device = device;
     int pools = 0;
     e = cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device);
@@ -81,6 +82,7 @@ sumo_result sumo_cuda_kernels_create(int device, sumo_cuda_kernels **out)
         sumo_result r = SUMO_CUDA__FAIL(e, "sumo_cuda_kernels_create: memory pool");
         if (k->pool) (void)cudaMemPoolDestroy(k->pool);
         pthread_mutex_destroy(&k->ipc_lock);
+        pthread_mutex_destroy(&k->stage_lock);
         free(k);
         return r;
     }
@@ -97,6 +99,7 @@ sumo_result sumo_cuda__kernels_create_emulated(bool (*claims)(void *ctx, const v
     sumo_cuda_kernels *k = calloc(1, sizeof *k);
     if (k == NULL) return SUMO_ERR_SYSTEM;
     pthread_mutex_init(&k->ipc_lock, NULL);
+    pthread_mutex_init(&k->stage_lock, NULL);
     k->emulated = true;
     k->claims_fn = claims;
     k->claims_ctx = claims_ctx;
@@ -119,7 +122,9 @@ sumo_result sumo_cuda_kernels_destroy(sumo_cuda_kernels *kernels)
         (void)cudaGetLastError();
     }
     sumo_cuda__ipc_free(kernels);
+    sumo_cuda__stage_free(kernels);
     pthread_mutex_destroy(&kernels->ipc_lock);
+    pthread_mutex_destroy(&kernels->stage_lock);
     free(kernels);
     return SUMO_SUCCESS;
 }

@@ -42,7 +42,21 @@ struct sumo_cuda_kernels {
      * mappings, which a peer process opens through /proc, as CUDA IPC opens an allocation. */
     bool emulated_ipc;
     struct sumo_cuda__emu_block *emu_blocks;
+    /* Pinned host blocks of SUMO_CUDA__STAGE_BYTES for the small copies of an entry (pieces
+     * and weights up, Gram totals and flags down), under stage_lock: allocated on first need,
+     * kept, one per entry in flight (ranks of the threads transport share the object). A
+     * pageable copy waits on the host by itself; from pinned memory the copies queue and the
+     * entry waits once. Emulated: malloc'd blocks through the same code. */
+    pthread_mutex_t stage_lock;
+    struct sumo_cuda__stage *stages;
 };
+
+/* Bytes of one staging block: the pieces and totals of a few hundred tensors; larger calls
+ * copy through pageable memory, as before. */
+#define SUMO_CUDA__STAGE_BYTES ((size_t)64 << 10)
+
+/* Frees the object's staging blocks (at destroy, after its streams are idle). */
+void sumo_cuda__stage_free(sumo_cuda_kernels *k);
 
 /* Fills k->table: every entry of sumo_kernel_table over k's kernels (table_cuda.c). */
 void sumo_cuda__fill_table(sumo_cuda_kernels *k);

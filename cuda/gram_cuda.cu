@@ -164,7 +164,7 @@ __device__ __forceinline__ void gram_add_words(const uint32_t w[C][4], int a0, i
 }
 
 template <int DC, int C, int RG>
-__global__ void __launch_bounds__(BLOCK, gram_min_blocks(C)) gram_items_kernel(const sumo_cuda__gram_args a)
+__global__ void __launch_bounds__(BLOCK, gram_min_blocks(C)) gram_items_kernel(const __grid_constant__ sumo_cuda__gram_args a)
 {
     constexpr int V = vec_of<DC>();
     constexpr int esz = dt_traits<DC>::esz;
@@ -175,7 +175,8 @@ __global__ void __launch_bounds__(BLOCK, gram_min_blocks(C)) gram_items_kernel(c
     const int a0 = RG == C ? 0 : (int)blockIdx.y * RG;
     const int nin = a.nin;
     const bool bf = a.dtype == SUMO_BFLOAT16;
-    const sumo_cuda__piece pc = a.pieces[piece_of(a.pieces, a.npieces, item)];
+    const sumo_cuda__piece *pieces = pieces_of(a);
+    const sumo_cuda__piece pc = pieces[piece_of(pieces, a.npieces, item)];
     const size_t c = item - pc.first_item, cstart = pc.start + c * CH;
     const size_t clen = pc.len - c * CH < CH ? pc.len - c * CH : CH;
     const int tid = threadIdx.x;
@@ -259,12 +260,12 @@ __global__ void __launch_bounds__(BLOCK, gram_min_blocks(C)) gram_items_kernel(c
 
 /* Each piece's items summed in item order per thread (thread j: items j, j + BLOCK, ..), then
  * the block's tree: one block per piece, one entry after the other. */
-__global__ void __launch_bounds__(BLOCK) gram_totals_kernel(const sumo_cuda__gram_args a, size_t CH)
+__global__ void __launch_bounds__(BLOCK) gram_totals_kernel(const __grid_constant__ sumo_cuda__gram_args a, size_t CH)
 {
     __shared__ double warp_sums[WARPS];
     const int L = gram_len(a.nin);
     const size_t p = blockIdx.x;
-    const sumo_cuda__piece pc = a.pieces[p];
+    const sumo_cuda__piece pc = pieces_of(a)[p];
     const size_t nitems = (pc.len + CH - 1) / CH;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     for (int q = 0; q < L; q++) {
@@ -307,7 +308,8 @@ template <int DC, int C> void gram_emulate_t(const sumo_cuda__gram_args *a)
         return;
     }
     for (size_t item = 0; item < a->nitems; item++) {
-        const sumo_cuda__piece pc = a->pieces[piece_of(a->pieces, a->npieces, item)];
+        const sumo_cuda__piece *pieces = pieces_of(*a);
+        const sumo_cuda__piece pc = pieces[piece_of(pieces, a->npieces, item)];
         const size_t c = item - pc.first_item, cstart = pc.start + c * CH;
         const size_t clen = pc.len - c * CH < CH ? pc.len - c * CH : CH;
         for (int a0 = 0; a0 < nin; a0 += RG) {
@@ -323,7 +325,7 @@ template <int DC, int C> void gram_emulate_t(const sumo_cuda__gram_args *a)
         }
     }
     for (size_t p = 0; p < a->npieces; p++) {
-        const sumo_cuda__piece pc = a->pieces[p];
+        const sumo_cuda__piece pc = pieces_of(*a)[p];
         const size_t nitems = (pc.len + CH - 1) / CH;
         for (int q = 0; q < L; q++) {
             for (int t = 0; t < BLOCK; t++) {

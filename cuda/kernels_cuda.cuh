@@ -169,6 +169,22 @@ HD size_t piece_of(const sumo_cuda__piece *pieces, size_t npieces, size_t item)
     return lo;
 }
 
+/* A launch's pieces, weights and wide flags: in its arguments up to INLINE_PIECES (the kernels
+ * take their argument struct as __grid_constant__, so these addresses are the arguments' own,
+ * not a per-thread copy), else the uploaded arrays. */
+template <typename ARGS> HD const sumo_cuda__piece *pieces_of(const ARGS &a)
+{
+    return a.npieces <= SUMO_CUDA__INLINE_PIECES ? a.inl : a.pieces;
+}
+HD const double *weights_of(const sumo_cuda__wsum_args &a)
+{
+    return a.npieces <= SUMO_CUDA__INLINE_PIECES ? a.inl_w : a.w;
+}
+HD const unsigned char *wide_of(const sumo_cuda__wsum_args &a)
+{
+    return a.npieces <= SUMO_CUDA__INLINE_PIECES ? a.inl_wide : a.wide;
+}
+
 /*
  * The Gram partials and the weighted sum are compiled per storage class, not per dtype: fp16
  * and bf16 share one kernel (the format is a run-time flag: one uniform branch per

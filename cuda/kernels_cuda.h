@@ -33,6 +33,10 @@ extern "C" {
 /* Pointers of a reduce that travel in the launch's arguments; more go through a device
  * array (threads ranks beyond 32 on one device). */
 #define SUMO_CUDA__INLINE_PTRS 32
+/* Pieces of a Gram or weighted-sum launch that travel in the launch's arguments (with the
+ * weighted sum's weights and wide flags): a call over a few tensors, the common case of a
+ * combine, then needs no upload, whose pageable copy costs the host a wait of its own. */
+#define SUMO_CUDA__INLINE_PIECES 4
 
 /*
  * A layout-aware call covers [lo, hi) of a buffer cut into tensors. Each tensor's part of the
@@ -74,7 +78,8 @@ typedef struct sumo_cuda__gram_args {
     int nin;
     const void *ins[SUMO_CUDA__MAX_IN]; /* at element lo */
     const sumo_cuda__piece *pieces;     /* kernel-visible (device memory, or host for the
-                                           emulator) */
+                                           emulator); unused up to INLINE_PIECES */
+    sumo_cuda__piece inl[SUMO_CUDA__INLINE_PIECES]; /* the pieces up to INLINE_PIECES */
     size_t npieces, nitems;
     double *partials; /* nitems x gram_len(nin): one per item, packed */
     double *totals;   /* npieces x gram_len(nin): the items of each piece summed */
@@ -97,6 +102,14 @@ typedef struct sumo_cuda__wsum_args {
     const double *w;           /* npieces x nin: each piece's tensor's weights */
     const unsigned char *wide; /* npieces: 1 where a weight does not narrow to float (fp16,
                                   bf16: the double path, as sumo's host kernels) */
+    /* Up to INLINE_PIECES pieces: the pieces, weights and wide flags in the arguments (pieces,
+     * w and wide unused). */
+    sumo_cuda__piece inl[SUMO_CUDA__INLINE_PIECES];
+    double inl_w[SUMO_CUDA__INLINE_PIECES * SUMO_CUDA__MAX_IN];
+    unsigned char inl_wide[SUMO_CUDA__INLINE_PIECES];
+    /* Kernel-visible, or NULL: the combine's accept flag (sumo_cuda__weights_args), read
+     * before anything is written; 0 leaves every output untouched. */
+    const unsigned int *accept;
 } sumo_cuda__wsum_args;
 
 int sumo_cuda__wsum_launch(const sumo_cuda__wsum_args *a, void *stream);

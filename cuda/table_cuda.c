@@ -121,7 +121,9 @@ static void scratch_free(sumo_cuda_kernels *k, void *p, cudaStream_t s)
     else (void)cudaFree(p);
 }
 
-/* Host to kernel-visible memory (a staged copy: the source may be freed on return). */
+/* Host to kernel-visible memory. From pageable memory the runtime stages the copy (the source
+ * may be freed on return); from a pinned staging block it is queued, and the block is kept
+ * until the entry's wait. */
 static sumo_result upload(sumo_cuda_kernels *k, void *dst, const void *src, size_t bytes,
                           cudaStream_t s)
 {
@@ -131,7 +133,9 @@ static sumo_result upload(sumo_cuda_kernels *k, void *dst, const void *src, size
     return SUMO_SUCCESS;
 }
 
-/* Kernel-visible to pageable host memory: complete on return. */
+/* Kernel-visible to host memory: into pageable memory complete on return (the host waits
+ * for the copy, and for the work queued before it); into a pinned staging block complete at
+ * the entry's wait (finish). */
 static sumo_result download(sumo_cuda_kernels *k, void *dst, const void *src, size_t bytes,
                             cudaStream_t s)
 {
@@ -422,31 +426,122 @@ static sumo_result k_scaled_add(void *ctx, void *exec, sumo_dtype dtype, void *a
     LEAVE(ew_body(k, exec, &a, NULL));
 }
 
-/* The Gram partials of [lo, hi): pieces up, two launches, the pieces' totals down, added into
- * gram per tensor (the host table's +=). */
+/* ---- staging: pinned host blocks, one per entry in flight ---------------------------------- */
+
+struct sumo_cuda__stage {
+    struct sumo_cuda__stage *next;
+    void *mem; /* SUMO_CUDA__STAGE_BYTES */
+};
+
+/* A block for this entry, or NULL (bytes beyond a block, or no pinned memory to be had): then
+ * the caller copies through pageable memory, which costs time, not correctness. */
+static struct sumo_cuda__stage *stage_take(sumo_cuda_kernels *k, size_t bytes)
+{
+    if (bytes > SUMO_CUDA__STAGE_BYTES) return NULL;
+    pthread_mutex_lock(&k->stage_lock);
+    struct sumo_cuda__stage *st = k->stages;
+    if (st) k->stages = st->next;
+    pthread_mutex_unlock(&k->stage_lock);
+    if (st) return st;
+    st = malloc(sizeof *st);
+    if (st == NULL) return NULL;
+    if (k->emulated) {
+        st->mem = aligned_alloc(64, SUMO_CUDA__STAGE_BYTES);
+    } else if (cudaHostAlloc(&st->mem, SUMO_CUDA__STAGE_BYTES, cudaHostAllocPortable) != cudaSuccess) {
+        (void)cudaGetLastError();
+        st->mem = NULL;
+    }
+    if (st->mem == NULL) {
+        free(st);
+        return NULL;
+    }
+    return st;
+}
+
+/* Back to the object, once the entry's copies are complete. */
+static void stage_give(sumo_cuda_kernels *k, struct sumo_cuda__stage *st)
+{
+    if (st == NULL) return;
+    pthread_mutex_lock(&k->stage_lock);
+    st->next = k->stages;
+    k->stages = st;
+    pthread_mutex_unlock(&k->stage_lock);
+}
+
+void sumo_cuda__stage_free(sumo_cuda_kernels *k)
+{
+    while (k->stages) {
+        struct sumo_cuda__stage *st = k->stages;
+        k->stages = st->next;
+        if (k->emulated) free(st->mem);
+        else (void)cudaFreeHost(st->mem);
+        free(st);
+    }
+}
+
+/* After a failure an entry's copies may still be queued on a staging block: it goes back
+ * once the stream has drained. */
+static void stage_give_after(sumo_cuda_kernels *k, struct sumo_cuda__stage *st, sumo_result r,
+                             cudaStream_t s)
+{
+    if (st == NULL) return;
+    if (r != SUMO_SUCCESS && !k->emulated && cudaStreamSynchronize(s) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return; /* the stream is broken: the block may still be read; leak it */
+    }
+    stage_give(k, st);
+}
+
+/* The pieces of a call: up to INLINE_PIECES into `local` (no allocation), else malloc'd
+ * (*heap, freed by the caller). */
+static sumo_result plan_some(const size_t *offsets, size_t ntensors, size_t lo, size_t hi,
+                             size_t chunk, sumo_cuda__piece *local, sumo_cuda__piece **pieces,
+                             sumo_cuda__piece **heap, size_t *np, size_t *nitems)
+{
+    *heap = NULL;
+    *pieces = local;
+    *np = sumo_cuda__plan(offsets, ntensors, lo, hi, chunk, local, SUMO_CUDA__INLINE_PIECES, nitems);
+    if (*np <= SUMO_CUDA__INLINE_PIECES) return SUMO_SUCCESS;
+    sumo_result r = plan_pieces(offsets, ntensors, lo, hi, chunk, heap, np, nitems);
+    *pieces = *heap;
+    return r;
+}
+
+/* The Gram partials of [lo, hi): the pieces in the launch's arguments (or uploaded), two
+ * launches, the pieces' totals down, one wait, added into gram per tensor (the host table's
+ * +=). */
 static sumo_result gram_body(sumo_cuda_kernels *k, cudaStream_t s, sumo_dtype dtype,
                              const void *const *ins, int nin, const size_t *offsets,
                              size_t ntensors, size_t lo, size_t hi, double *gram)
 {
-    sumo_cuda__piece *pieces;
+    sumo_cuda__piece local[SUMO_CUDA__INLINE_PIECES], *pieces, *heap;
     size_t np, nitems, L = sumo_cuda__gram_len(nin);
-    sumo_result r = plan_pieces(offsets, ntensors, lo, hi, sumo_cuda__gram_chunk(dtype), &pieces,
-                                &np, &nitems);
+    sumo_result r = plan_some(offsets, ntensors, lo, hi, sumo_cuda__gram_chunk(dtype), local,
+                              &pieces, &heap, &np, &nitems);
     if (r != SUMO_SUCCESS || np == 0) return r;
-    size_t pieces_bytes = (np * sizeof *pieces + 63) / 64 * 64;
+    const bool far = np > SUMO_CUDA__INLINE_PIECES;
+    size_t pieces_bytes = far ? (np * sizeof *pieces + 63) / 64 * 64 : 0;
     size_t partial_bytes = (nitems * L * sizeof(double) + 63) / 64 * 64;
     size_t total_bytes = np * L * sizeof(double);
-    double *totals = malloc(total_bytes);
+    /* Host side: the pieces to upload, then the totals to download (pinned where they fit). */
+    struct sumo_cuda__stage *st = stage_take(k, pieces_bytes + total_bytes);
+    unsigned char *host = st ? st->mem : malloc(pieces_bytes + total_bytes);
     unsigned char *scratch = NULL;
-    if (totals == NULL) r = SUMO_ERR_SYSTEM;
+    if (host == NULL) r = SUMO_ERR_SYSTEM;
     if (r == SUMO_SUCCESS) r = scratch_alloc(k, pieces_bytes + partial_bytes + total_bytes, s, (void **)&scratch);
     sumo_cuda__gram_args a = {.dtype = dtype, .nin = nin, .npieces = np, .nitems = nitems};
+    double *totals = (double *)(void *)(host + pieces_bytes);
     if (r == SUMO_SUCCESS) {
         for (int i = 0; i < nin; i++) a.ins[i] = ins[i];
-        a.pieces = (const sumo_cuda__piece *)(const void *)scratch;
         a.partials = (double *)(void *)(scratch + pieces_bytes);
         a.totals = (double *)(void *)(scratch + pieces_bytes + partial_bytes);
-        r = upload(k, scratch, pieces, np * sizeof *pieces, s);
+        if (far) {
+            memcpy(host, pieces, np * sizeof *pieces);
+            a.pieces = (const sumo_cuda__piece *)(const void *)scratch;
+            r = upload(k, scratch, host, np * sizeof *pieces, s);
+        } else {
+            memcpy(a.inl, pieces, np * sizeof *pieces);
+        }
     }
     if (r == SUMO_SUCCESS) {
         if (k->emulated) sumo_cuda__gram_emulate(&a);
@@ -458,8 +553,9 @@ static sumo_result gram_body(sumo_cuda_kernels *k, cudaStream_t s, sumo_dtype dt
     if (r == SUMO_SUCCESS)
         for (size_t p = 0; p < np; p++)
             for (size_t q = 0; q < L; q++) gram[pieces[p].tensor * L + q] += totals[p * L + q];
-    free(totals);
-    free(pieces);
+    if (st) stage_give_after(k, st, r, s);
+    else free(host);
+    free(heap);
     return r;
 }
 
@@ -495,53 +591,71 @@ static sumo_result k_dot_norms(void *ctx, void *exec, sumo_dtype dtype, const vo
     LEAVE(r);
 }
 
+/* Each piece's weights (its tensor's) and wide flag (fp16/bf16 with a weight outside float:
+ * the double path), into w (np x nin) and wide (np). */
+static void piece_weights(const sumo_cuda__piece *pieces, size_t np, int nin, sumo_dtype dtype,
+                          const double *w, double *pw, unsigned char *wide)
+{
+    bool narrow = dtype == SUMO_FLOAT16 || dtype == SUMO_BFLOAT16;
+    for (size_t p = 0; p < np; p++) {
+        const double *wt = w + pieces[p].tensor * (size_t)nin;
+        bool fits = true;
+        for (int i = 0; i < nin; i++) {
+            pw[p * (size_t)nin + (size_t)i] = wt[i];
+            fits = fits && sumo__coef_fits_float(wt[i]);
+        }
+        wide[p] = narrow && !fits;
+    }
+}
+
 static sumo_result wsum_body(sumo_cuda_kernels *k, cudaStream_t s, sumo_dtype dtype,
                              void *const *outs, int nout, const void *const *ins, int nin,
                              const size_t *offsets, size_t ntensors, size_t lo, size_t hi,
                              const double *w)
 {
-    sumo_cuda__piece *pieces;
+    sumo_cuda__piece local[SUMO_CUDA__INLINE_PIECES], *pieces, *heap;
     size_t np, nitems;
-    sumo_result r = plan_pieces(offsets, ntensors, lo, hi, sumo_cuda__wsum_chunk(dtype), &pieces,
-                                &np, &nitems);
+    sumo_result r = plan_some(offsets, ntensors, lo, hi, sumo_cuda__wsum_chunk(dtype), local,
+                              &pieces, &heap, &np, &nitems);
     if (r != SUMO_SUCCESS || np == 0) return r;
-    /* One upload: the pieces, each piece's weights, each piece's wide flag. */
-    size_t pieces_bytes = np * sizeof *pieces, w_bytes = np * (size_t)nin * sizeof(double);
-    size_t bytes = pieces_bytes + w_bytes + np;
-    unsigned char *host = malloc(bytes), *scratch = NULL;
-    if (host == NULL) r = SUMO_ERR_SYSTEM;
-    bool narrow = dtype == SUMO_FLOAT16 || dtype == SUMO_BFLOAT16;
-    if (r == SUMO_SUCCESS) {
-        memcpy(host, pieces, pieces_bytes);
-        double *hw = (double *)(void *)(host + pieces_bytes);
-        unsigned char *hwide = host + pieces_bytes + w_bytes;
-        for (size_t p = 0; p < np; p++) {
-            const double *wt = w + pieces[p].tensor * (size_t)nin;
-            bool fits = true;
-            for (int i = 0; i < nin; i++) {
-                hw[p * (size_t)nin + (size_t)i] = wt[i];
-                fits = fits && sumo__coef_fits_float(wt[i]);
-            }
-            hwide[p] = narrow && !fits;
+    sumo_cuda__wsum_args a = {.dtype = dtype, .nin = nin, .nout = nout, .npieces = np,
+                              .nitems = nitems};
+    for (int i = 0; i < nin; i++) a.ins[i] = ins[i];
+    for (int o = 0; o < nout; o++) a.outs[o] = outs[o];
+    struct sumo_cuda__stage *st = NULL;
+    unsigned char *host = NULL, *scratch = NULL;
+    if (np <= SUMO_CUDA__INLINE_PIECES) {
+        /* Everything in the launch's arguments: no upload, no scratch. */
+        memcpy(a.inl, pieces, np * sizeof *pieces);
+        piece_weights(pieces, np, nin, dtype, w, a.inl_w, a.inl_wide);
+    } else {
+        /* One upload: the pieces, each piece's weights, each piece's wide flag. */
+        size_t pieces_bytes = np * sizeof *pieces, w_bytes = np * (size_t)nin * sizeof(double);
+        size_t bytes = pieces_bytes + w_bytes + np;
+        st = stage_take(k, bytes);
+        host = st ? st->mem : malloc(bytes);
+        if (host == NULL) r = SUMO_ERR_SYSTEM;
+        if (r == SUMO_SUCCESS) {
+            memcpy(host, pieces, pieces_bytes);
+            piece_weights(pieces, np, nin, dtype, w, (double *)(void *)(host + pieces_bytes),
+                          host + pieces_bytes + w_bytes);
+            r = scratch_alloc(k, bytes, s, (void **)&scratch);
         }
-        r = scratch_alloc(k, bytes, s, (void **)&scratch);
+        if (r == SUMO_SUCCESS) r = upload(k, scratch, host, bytes, s);
+        a.pieces = (const sumo_cuda__piece *)(const void *)scratch;
+        a.w = (const double *)(const void *)(scratch + pieces_bytes);
+        a.wide = scratch + pieces_bytes + w_bytes;
     }
-    if (r == SUMO_SUCCESS) r = upload(k, scratch, host, bytes, s);
     if (r == SUMO_SUCCESS) {
-        sumo_cuda__wsum_args a = {.dtype = dtype, .nin = nin, .nout = nout, .npieces = np,
-                                  .nitems = nitems,
-                                  .pieces = (const sumo_cuda__piece *)(const void *)scratch,
-                                  .w = (const double *)(const void *)(scratch + pieces_bytes),
-                                  .wide = scratch + pieces_bytes + w_bytes};
-        for (int i = 0; i < nin; i++) a.ins[i] = ins[i];
-        for (int o = 0; o < nout; o++) a.outs[o] = outs[o];
         if (k->emulated) sumo_cuda__wsum_emulate(&a);
         else r = launched(sumo_cuda__wsum_launch(&a, s), "weighted-sum kernel");
     }
     scratch_free(k, scratch, s);
     if (r == SUMO_SUCCESS) r = finish(k, s);
-    free(host);
-    free(pieces);
+    /* A pinned block goes back only after the wait: its upload may still be reading it. */
+    if (st) stage_give_after(k, st, r, s);
+    else free(host);
+    free(heap);
     return r;
 }
 

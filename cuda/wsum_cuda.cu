@@ -72,24 +72,28 @@ __device__ __forceinline__ void wsum_vec(const sumo_cuda__wsum_args &a, size_t e
     }
 }
 
-template <int DC> __global__ void __launch_bounds__(BLOCK) wsum_kernel(const sumo_cuda__wsum_args a)
+template <int DC> __global__ void __launch_bounds__(BLOCK) wsum_kernel(const __grid_constant__ sumo_cuda__wsum_args a)
 {
     constexpr int V = vec_of<DC>();
     constexpr int esz = dt_traits<DC>::esz;
     constexpr size_t CH = wsum_chunk<DC>();
     __shared__ double wd[SUMO_CUDA__MAX_IN];
     __shared__ float wf[SUMO_CUDA__MAX_IN];
+    /* Declined weights (the combine's flag): nothing is written, the inputs stay whole. Every
+     * thread of the block reads the same word, so the return is uniform. */
+    if (a.accept && *a.accept == 0) return;
     const size_t item = blockIdx.x;
-    const size_t p = piece_of(a.pieces, a.npieces, item);
-    const sumo_cuda__piece pc = a.pieces[p];
+    const sumo_cuda__piece *pieces = pieces_of(a);
+    const size_t p = piece_of(pieces, a.npieces, item);
+    const sumo_cuda__piece pc = pieces[p];
     const size_t c = item - pc.first_item, cstart = pc.start + c * CH;
     const size_t clen = pc.len - c * CH < CH ? pc.len - c * CH : CH;
     if (threadIdx.x < (unsigned)a.nin) {
-        wd[threadIdx.x] = a.w[p * (size_t)a.nin + threadIdx.x];
+        wd[threadIdx.x] = weights_of(a)[p * (size_t)a.nin + threadIdx.x];
         wf[threadIdx.x] = (float)wd[threadIdx.x];
     }
     __syncthreads();
-    const bool wide = a.wide[p] != 0, bf = a.dtype == SUMO_BFLOAT16;
+    const bool wide = wide_of(a)[p] != 0, bf = a.dtype == SUMO_BFLOAT16;
     bool vec_ok = true;
     for (int k = 0; k < a.nin; k++) vec_ok = vec_ok && aligned16(at(a.ins[k], cstart, esz));
     for (int o = 0; o < a.nout; o++) vec_ok = vec_ok && aligned16(at(a.outs[o], cstart, esz));
@@ -120,17 +124,21 @@ template <int DC> void wsum_emulate_t(const sumo_cuda__wsum_args *a)
 {
     constexpr size_t CH = wsum_chunk<DC>();
     const bool bf = a->dtype == SUMO_BFLOAT16;
+    if (a->accept && *a->accept == 0) return;
+    const sumo_cuda__piece *pieces = pieces_of(*a);
+    const double *w = weights_of(*a);
+    const unsigned char *wide = wide_of(*a);
     for (size_t p = 0; p < a->npieces; p++) {
-        const sumo_cuda__piece pc = a->pieces[p];
+        const sumo_cuda__piece pc = pieces[p];
         double wd[SUMO_CUDA__MAX_IN];
         float wf[SUMO_CUDA__MAX_IN];
         for (int k = 0; k < a->nin; k++) {
-            wd[k] = a->w[p * (size_t)a->nin + k];
+            wd[k] = w[p * (size_t)a->nin + k];
             wf[k] = (float)wd[k];
         }
         for (size_t c = 0; c * CH < pc.len; c++) {
             size_t cstart = pc.start + c * CH, clen = pc.len - c * CH < CH ? pc.len - c * CH : CH;
-            wsum_scalar_range<DC>(*a, cstart, cstart + clen, wd, wf, a->wide[p] != 0, bf);
+            wsum_scalar_range<DC>(*a, cstart, cstart + clen, wd, wf, wide[p] != 0, bf);
         }
     }
 }

@@ -414,7 +414,9 @@ void check_exact_entries(int kind)
         for (size_t q = 0; q < sizeof nins / sizeof nins[0]; q++) {
             check_weighted(&er, DTS[d], nins[q], 1, false, 0, 0, 0);
             check_weighted(&er, DTS[d], nins[q], nins[q] < 4 ? nins[q] : 3, true, 3, 5, 0);
+            /* Four pieces (the most that travel in the launch's arguments), and one. */
             if (!g_quick) check_weighted(&er, DTS[d], nins[q], 2, false, 140, 4000, 1);
+            check_weighted(&er, DTS[d], nins[q], 1, true, 700, 5000, 0);
         }
     }
     if (s) cudaStreamDestroy(s);
