@@ -33,37 +33,11 @@
 #ifndef SUMO_ADASUM_GRAM_H
 #define SUMO_ADASUM_GRAM_H
 
+/* The per-tensor math, shared with the CUDA plugin's device combine (it says why): the packed
+ * Gram's layout, the flags, the parameters, the work a tensor needs. */
+#include "kernels/adasum_weights.h"
+
 #include <stddef.h>
-
-/* Packed Gram: the upper triangle row by row, (0,0) (0,1) .. (0,P-1) (1,1) .. (P-1,P-1). */
-static inline size_t sumo__gram_len(int P) { return (size_t)P * (size_t)(P + 1) / 2; }
-static inline size_t sumo__gram_index(int P, int i, int j)
-{
-    if (i > j) {
-        int t = i;
-        i = j;
-        j = t;
-    }
-    return (size_t)i * (size_t)P - (size_t)i * (size_t)(i - 1) / 2 + (size_t)(j - i);
-}
-
-/* Per-tensor flags (a bit set). */
-enum {
-    SUMO__GRAM_NONFINITE = 1, /* a Gram entry, or a norm or dot made from them, is not finite */
-    SUMO__GRAM_CANCELLED = 2, /* the guard zeroed a node whose norm was small but not 0 */
-    SUMO__GRAM_INEXACT = 4,   /* a node's norm is less accurate than `need` asked */
-};
-
-typedef struct sumo__adasum_gram_params {
-    int nranks;     /* P >= 1 */
-    int group_size; /* 1: flat; g > 1 (dividing P): the tree over the averages of g ranks */
-    double need;    /* relative accuracy asked of every non-root norm; 0 flags nothing */
-    double gram_err; /* relative error of the Gram entries, as a multiple of |g_i||g_j|; 0
-                      * counts the weights' own rounding only */
-} sumo__adasum_gram_params;
-
-/* Doubles of work one call needs. */
-static inline size_t sumo__adasum_gram_work_len(int P) { return 2 * (size_t)P; }
 
 /*
  * For each of ntensors tensors: gram + t * sumo__gram_len(P) in, w + t * P out (w_i is rank
