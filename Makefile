@@ -370,7 +370,7 @@ $(LIBSUMO_CUDA_SO): $(CUDA_OBJS) $(BUILD)/libsumo.so
 
 $(BUILD)/tests/test_cuda: $(TEST_CUDA_SRCS) $(wildcard tests/cuda/*.h) $(TEST_SUPPORT) $(LIBSUMO_CUDA) $(LIBSUMO)
 	@mkdir -p $(dir $@)
-	$(CC) $(CUDA_CPPFLAGS) -Itests $(CFLAGS) $(TEST_CUDA_SRCS) $(TEST_SUPPORT) $(LIBSUMO_CUDA) $(LIBSUMO) $(LDFLAGS) $(CUDA_LDLIBS) -o $@
+	$(CC) $(CUDA_CPPFLAGS) -Isrc -Itests $(CFLAGS) $(TEST_CUDA_SRCS) $(TEST_SUPPORT) $(LIBSUMO_CUDA) $(LIBSUMO) $(LDFLAGS) $(CUDA_LDLIBS) -o $@
 
 $(BUILD)/bench/cuda_adasum: bench/cuda_adasum.cu $(LIBSUMO_CUDA) $(LIBSUMO)
 	@mkdir -p $(dir $@)

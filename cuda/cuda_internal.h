@@ -84,6 +84,27 @@ sumo_result sumo_cuda__emu_shared_alloc(sumo_cuda_kernels *k, size_t bytes, void
 void sumo_cuda__emu_shared_free(sumo_cuda_kernels *k, void *ptr);
 bool sumo_cuda__emu_shared_owns(sumo_cuda_kernels *k, const void *ptr, size_t bytes);
 
+/* The device combine's weights' parameters (sumo__adasum_gram_params less the rank count, which
+ * is the input count). */
+typedef struct sumo_cuda__combine_params {
+    int group_size;
+    double need, gram_err;
+} sumo_cuda__combine_params;
+
+/*
+ * Adasum of nin inputs one caller holds whole on k's device, per tensor of the layout (offsets
+ * from 0, ntensors + 1 of them): the Gram partials, each tensor's weights and the weighted sum
+ * into the nout outputs, queued on exec without a wait between, then one wait (table_cuda.c).
+ * *applied: whether every tensor's weights were accepted (its flags 0); if not, no output was
+ * written (inputs that are outputs are whole). flags (host, ntensors, may be NULL): each
+ * tensor's sumo__adasum_gram_weights flags.
+ */
+sumo_result sumo_cuda__combine(sumo_cuda_kernels *k, void *exec, sumo_dtype dtype,
+                               void *const *outs, int nout, const void *const *ins, int nin,
+                               const size_t *offsets, size_t ntensors,
+                               const sumo_cuda__combine_params *prm, unsigned char *flags,
+                               bool *applied);
+
 /* Runs on the kernels' device: the calling thread's current device is switched for the call
  * and restored after it (a progress thread or a user thread may be on another device). */
 typedef struct sumo_cuda__device_guard {

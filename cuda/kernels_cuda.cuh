@@ -169,20 +169,18 @@ HD size_t piece_of(const sumo_cuda__piece *pieces, size_t npieces, size_t item)
     return lo;
 }
 
-/* A launch's pieces, weights and wide flags: in its arguments up to INLINE_PIECES (the kernels
+/* A launch's pieces, weights and wide flags: the kernel-visible arrays where the caller set
+ * them (uploaded, or the device combine's weights), else the launch's arguments (the kernels
  * take their argument struct as __grid_constant__, so these addresses are the arguments' own,
- * not a per-thread copy), else the uploaded arrays. */
+ * not a per-thread copy). */
 template <typename ARGS> HD const sumo_cuda__piece *pieces_of(const ARGS &a)
 {
-    return a.npieces <= SUMO_CUDA__INLINE_PIECES ? a.inl : a.pieces;
+    return a.pieces ? a.pieces : a.inl;
 }
-HD const double *weights_of(const sumo_cuda__wsum_args &a)
-{
-    return a.npieces <= SUMO_CUDA__INLINE_PIECES ? a.inl_w : a.w;
-}
+HD const double *weights_of(const sumo_cuda__wsum_args &a) { return a.w ? a.w : a.inl_w; }
 HD const unsigned char *wide_of(const sumo_cuda__wsum_args &a)
 {
-    return a.npieces <= SUMO_CUDA__INLINE_PIECES ? a.inl_wide : a.wide;
+    return a.wide ? a.wide : a.inl_wide;
 }
 
 /*

@@ -78,8 +78,8 @@ typedef struct sumo_cuda__gram_args {
     int nin;
     const void *ins[SUMO_CUDA__MAX_IN]; /* at element lo */
     const sumo_cuda__piece *pieces;     /* kernel-visible (device memory, or host for the
-                                           emulator); unused up to INLINE_PIECES */
-    sumo_cuda__piece inl[SUMO_CUDA__INLINE_PIECES]; /* the pieces up to INLINE_PIECES */
+                                           emulator); NULL: inl */
+    sumo_cuda__piece inl[SUMO_CUDA__INLINE_PIECES]; /* the pieces, up to INLINE_PIECES */
     size_t npieces, nitems;
     double *partials; /* nitems x gram_len(nin): one per item, packed */
     double *totals;   /* npieces x gram_len(nin): the items of each piece summed */
@@ -102,8 +102,8 @@ typedef struct sumo_cuda__wsum_args {
     const double *w;           /* npieces x nin: each piece's tensor's weights */
     const unsigned char *wide; /* npieces: 1 where a weight does not narrow to float (fp16,
                                   bf16: the double path, as sumo's host kernels) */
-    /* Up to INLINE_PIECES pieces: the pieces, weights and wide flags in the arguments (pieces,
-     * w and wide unused). */
+    /* Up to INLINE_PIECES pieces: the pieces, weights and wide flags in the arguments, each
+     * used where its kernel-visible pointer above is NULL. */
     sumo_cuda__piece inl[SUMO_CUDA__INLINE_PIECES];
     double inl_w[SUMO_CUDA__INLINE_PIECES * SUMO_CUDA__MAX_IN];
     unsigned char inl_wide[SUMO_CUDA__INLINE_PIECES];
@@ -114,6 +114,34 @@ typedef struct sumo_cuda__wsum_args {
 
 int sumo_cuda__wsum_launch(const sumo_cuda__wsum_args *a, void *stream);
 void sumo_cuda__wsum_emulate(const sumo_cuda__wsum_args *a);
+
+/* ---- the device combine's weights (kernels/adasum_weights.h on the device) --------------- */
+
+/*
+ * Adasum's weights of every piece from its Gram totals, on the device: between the Gram pass
+ * and the weighted sum of a combine whose inputs one caller holds whole (one piece per
+ * non-empty tensor), so that the Gram matrix and the weights stay on the device. Each piece's
+ * Gram is 0.0 + its total, as the table's gram_partials adds totals into a zeroed host array,
+ * and its weights are sumo__adasum_gram_weights_one's, so the bits are the host path's. One
+ * block: a thread per piece, then the block's OR of the flags decides *accept (1: every piece's
+ * flags are 0, the weights are applied; 0: the weighted sum, launched with this accept, writes
+ * nothing and the caller takes another path on untouched inputs).
+ */
+typedef struct sumo_cuda__weights_args {
+    int nin;        /* the ranks P */
+    int group_size; /* sumo__adasum_gram_params' */
+    double need, gram_err;
+    int narrow; /* fp16 / bf16: a weight outside float sets the piece's wide flag */
+    size_t npieces;
+    const double *totals; /* npieces x gram_len(nin) */
+    double *w;            /* npieces x nin */
+    unsigned char *wide;  /* npieces */
+    unsigned char *flags; /* npieces: sumo__adasum_gram_weights' flags */
+    unsigned int *accept; /* one word */
+} sumo_cuda__weights_args;
+
+int sumo_cuda__weights_launch(const sumo_cuda__weights_args *a, void *stream);
+void sumo_cuda__weights_emulate(const sumo_cuda__weights_args *a);
 
 /* ---- element-wise kernels --------------------------------------------------------------- */
 

@@ -659,6 +659,123 @@ static sumo_result wsum_body(sumo_cuda_kernels *k, cudaStream_t s, sumo_dtype dt
     return r;
 }
 
+/* ---- the device combine: partials, weights, weighted sum, one wait ------------------------- */
+
+/* Bytes rounded up to 64, for the parts of one scratch block. */
+static size_t up64(size_t v) { return (v + 63) / 64 * 64; }
+
+sumo_result sumo_cuda__combine(sumo_cuda_kernels *k, void *exec, sumo_dtype dtype,
+                               void *const *outs, int nout, const void *const *ins, int nin,
+                               const size_t *offsets, size_t ntensors,
+                               const sumo_cuda__combine_params *prm, unsigned char *flags,
+                               bool *applied)
+{
+    *applied = false;
+    if (!dtype_ok(dtype) || nin < 1 || nin > SUMO_CUDA__MAX_IN || nout < 1 ||
+        nout > SUMO_CUDA__MAX_IN || offsets == NULL || (ntensors > 0 && offsets[0] != 0))
+        return SUMO_ERR_INVALID_ARGUMENT;
+    if (flags) memset(flags, 0, ntensors);
+    const size_t hi = ntensors ? offsets[ntensors] : 0;
+    if (hi == 0) {
+        *applied = true; /* nothing to weigh: every (empty) tensor's weights are accepted */
+        return SUMO_SUCCESS;
+    }
+    cudaStream_t s = exec;
+    ENTER(k);
+    /* The whole range: one piece per non-empty tensor, in both plans (their chunks may differ,
+     * their pieces do not), so piece p's weights are its tensor's in both kernels. */
+    sumo_cuda__piece gl[SUMO_CUDA__INLINE_PIECES], wl[SUMO_CUDA__INLINE_PIECES];
+    sumo_cuda__piece *gp, *wp, *gheap, *wheap = NULL;
+    size_t np, gitems, wnp = 0, witems = 0, L = sumo_cuda__gram_len(nin);
+    sumo_result r = plan_some(offsets, ntensors, 0, hi, sumo_cuda__gram_chunk(dtype), gl, &gp,
+                              &gheap, &np, &gitems);
+    if (r == SUMO_SUCCESS)
+        r = plan_some(offsets, ntensors, 0, hi, sumo_cuda__wsum_chunk(dtype), wl, &wp, &wheap,
+                      &wnp, &witems);
+    if (r == SUMO_SUCCESS && wnp != np) r = SUMO_ERR_INTERNAL;
+    if (r != SUMO_SUCCESS) {
+        free(gheap);
+        free(wheap);
+        LEAVE(r);
+    }
+    const bool far = np > SUMO_CUDA__INLINE_PIECES;
+    const size_t pb = far ? up64(np * sizeof(sumo_cuda__piece)) : 0;
+    /* Device scratch: [gram pieces][wsum pieces][partials][totals][w][wide][flags][accept]. */
+    const size_t o_wp = pb, o_part = o_wp + pb, o_tot = o_part + up64(gitems * L * sizeof(double));
+    const size_t o_w = o_tot + up64(np * L * sizeof(double));
+    const size_t o_wide = o_w + up64(np * (size_t)nin * sizeof(double));
+    const size_t o_flags = o_wide + up64(np), o_accept = o_flags + up64(np);
+    const size_t dev_bytes = o_accept + 64;
+    /* Host side: both pieces' arrays up, the flags and the accept word down. */
+    const size_t h_flags = 2 * pb, h_accept = h_flags + up64(np), host_bytes = h_accept + 64;
+    struct sumo_cuda__stage *st = stage_take(k, host_bytes);
+    unsigned char *host = st ? st->mem : malloc(host_bytes), *dev = NULL;
+    if (host == NULL) r = SUMO_ERR_SYSTEM;
+    if (r == SUMO_SUCCESS) r = scratch_alloc(k, dev_bytes, s, (void **)&dev);
+    sumo_cuda__gram_args ga = {.dtype = dtype, .nin = nin, .npieces = np, .nitems = gitems};
+    sumo_cuda__weights_args wa = {.nin = nin, .group_size = prm->group_size, .need = prm->need,
+                                  .gram_err = prm->gram_err,
+                                  .narrow = dtype == SUMO_FLOAT16 || dtype == SUMO_BFLOAT16,
+                                  .npieces = np};
+    sumo_cuda__wsum_args sa = {.dtype = dtype, .nin = nin, .nout = nout, .npieces = np,
+                               .nitems = witems};
+    if (r == SUMO_SUCCESS) {
+        for (int i = 0; i < nin; i++) ga.ins[i] = sa.ins[i] = ins[i];
+        for (int o = 0; o < nout; o++) sa.outs[o] = outs[o];
+        if (far) {
+            memcpy(host, gp, np * sizeof *gp);
+            memcpy(host + pb, wp, np * sizeof *wp);
+            ga.pieces = (const sumo_cuda__piece *)(const void *)dev;
+            sa.pieces = (const sumo_cuda__piece *)(const void *)(dev + o_wp);
+            r = upload(k, dev, host, 2 * pb, s);
+        } else {
+            memcpy(ga.inl, gp, np * sizeof *gp);
+            memcpy(sa.inl, wp, np * sizeof *wp);
+        }
+        ga.partials = (double *)(void *)(dev + o_part);
+        ga.totals = (double *)(void *)(dev + o_tot);
+        wa.totals = ga.totals;
+        wa.w = (double *)(void *)(dev + o_w);
+        wa.wide = dev + o_wide;
+        wa.flags = dev + o_flags;
+        wa.accept = (unsigned int *)(void *)(dev + o_accept);
+        sa.w = wa.w;
+        sa.wide = wa.wide;
+        sa.accept = wa.accept;
+    }
+    /* Three kernels in stream order, no wait between: the weights read the totals, the
+     * weighted sum reads the weights and the accept word, and does nothing when declined. */
+    if (r == SUMO_SUCCESS) {
+        if (k->emulated) sumo_cuda__gram_emulate(&ga);
+        else r = launched(sumo_cuda__gram_launch(&ga, s), "Gram partials kernel");
+    }
+    if (r == SUMO_SUCCESS) {
+        if (k->emulated) sumo_cuda__weights_emulate(&wa);
+        else r = launched(sumo_cuda__weights_launch(&wa, s), "Adasum weights kernel");
+    }
+    if (r == SUMO_SUCCESS) {
+        if (k->emulated) sumo_cuda__wsum_emulate(&sa);
+        else r = launched(sumo_cuda__wsum_launch(&sa, s), "weighted-sum kernel");
+    }
+    /* The flags and the accept word are adjacent in both memories: one copy down. */
+    if (r == SUMO_SUCCESS)
+        r = download(k, host + h_flags, dev + o_flags, o_accept - o_flags + sizeof(unsigned int), s);
+    scratch_free(k, dev, s);
+    if (r == SUMO_SUCCESS) r = finish(k, s);
+    if (r == SUMO_SUCCESS) {
+        unsigned int acc;
+        memcpy(&acc, host + h_flags + (o_accept - o_flags), sizeof acc);
+        *applied = acc != 0;
+        if (flags)
+            for (size_t p = 0; p < np; p++) flags[gp[p].tensor] = host[h_flags + p];
+    }
+    if (st) stage_give_after(k, st, r, s);
+    else free(host);
+    free(gheap);
+    free(wheap);
+    LEAVE(r);
+}
+
 static sumo_result k_weighted_sum(void *ctx, void *exec, sumo_dtype dtype, void *const *outs,
                                   int nout, const void *const *ins, int nin,
                                   const size_t *offsets, size_t ntensors, size_t lo, size_t hi,

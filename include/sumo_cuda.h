@@ -86,6 +86,28 @@ SUMO_API sumo_result sumo_cuda_allreduce(const void *sendbuf, void *recvbuf, siz
                                          void *stream);
 
 /*
+ * Adasum of nin inputs (1 to 16) that one caller holds whole on this object's device, per
+ * tensor of a layout (offsets: ntensors + 1 prefix sums of element counts, from 0): sumo's
+ * Gram form of the tree, flat (no groups), as sumo_allreduce with SUMO_OP_ADASUM computes it
+ * for nin ranks (the same Gram partials, the same weights to the bit, the same weighted sum),
+ * without a communicator: the Gram partials, each tensor's weights and the weighted sum into
+ * each of the nout outputs (1 to 16; an output may be an input) run on `stream` with no host
+ * round trip between them, and the call waits once, at the end.
+ *
+ * *applied (may be NULL) is 1 when the weights were applied, 0 when they were declined: a
+ * tensor's inputs cancel so that the Gram form's weights cannot be trusted to the dtype's
+ * accuracy (8 epsilon), or are not finite. Then no output was written, the inputs are whole,
+ * and the caller takes another way (sumo_allreduce's tree, or its own). fp64 asks 8 x 2^-52 of
+ * every non-root norm, which the quadratic forms rarely deliver beyond two inputs: expect it
+ * to decline there (sumo's allreduce keeps the tree for fp64).
+ */
+SUMO_API sumo_result sumo_cuda_adasum_combine(sumo_cuda_kernels *kernels, sumo_dtype dtype,
+                                              void *const *outs, int nout,
+                                              const void *const *ins, int nin,
+                                              const size_t *offsets, size_t ntensors,
+                                              void *stream, int *applied);
+
+/*
  * A communicator over an NCCL communicator (ncclComm_t), one rank per NCCL rank. sumo's
  * collectives run over it as over any transport of sumo_ext.h: point-to-point algorithms
  * whose messages are ncclSend/ncclRecv pairs in a group on `stream` (NULL: a stream of its

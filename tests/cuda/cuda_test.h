@@ -140,6 +140,12 @@ void d_gram(void);
 /* collectives.c: sum, average and Adasum on the threads transport at P = 2, 3, 4. */
 void check_collectives(int kind);
 
+/* combine.c: the device combine's weights (emulated) against the library's, the emulated
+ * combine against the table path, and on the device against the emulator. */
+void t_combine_weights_emulated(void);
+void t_combine_emulated(void);
+void d_combine(void);
+
 /* ipc.c: ranks in separate processes (the shm transport) on emulated device buffers shared
  * by the emulated IPC: the collectives, and the refusals. */
 void t_ipc_emulated_collectives(void);

@@ -30,7 +30,8 @@
  * tests.
  *
  * This file holds the tests of the API and the table as a whole and runs them all; the checks
- * are in entries.c (the exactly defined entries), gram.c (the Gram partials), collectives.c
+ * are in entries.c (the exactly defined entries), gram.c (the Gram partials), combine.c (the
+ * device combine), collectives.c
  * (the threads transport) and nccl.c (the NCCL transport), on what cuda_test.c provides.
  */
 #include "cuda_test.h"
@@ -237,6 +238,8 @@ int main(int argc, char **argv)
         {"16-bit conversions (emulated)", t_conversions_emulated},
         {"exact entries vs host (emulated)", t_entries_emulated},
         {"Gram partials (emulated)", t_gram_emulated},
+        {"combine: weights vs library (emulated)", t_combine_weights_emulated},
+        {"combine vs table path (emulated)", t_combine_emulated},
         {"threads P=2..4 (emulated)", t_collectives_emulated},
         {"processes P=2..4, IPC (emulated)", t_ipc_emulated_collectives},
         {"processes, IPC refusals (emulated)", t_ipc_emulated_refusals},
@@ -251,6 +254,7 @@ int main(int argc, char **argv)
         {"16-bit conversions", d_conversions},
         {"exact entries vs host", d_entries},
         {"Gram partials vs emulator, bound", d_gram},
+        {"combine vs emulator", d_combine},
         {"threads P=2..4 on one GPU", d_collectives},
         {"NCCL at one rank", d_nccl_one_rank},
     };
