@@ -374,7 +374,7 @@ $(BUILD)/tests/test_cuda: $(TEST_CUDA_SRCS) $(wildcard tests/cuda/*.h) $(TEST_SU
 
 $(BUILD)/bench/cuda_adasum: bench/cuda_adasum.cu $(LIBSUMO_CUDA) $(LIBSUMO)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(CUDA_CPPFLAGS) $(NVCC_FLAGS) $< $(LIBSUMO_CUDA) $(LIBSUMO) -Xcompiler -pthread -lm -o $@
+	$(NVCC) $(CUDA_CPPFLAGS) -Isrc $(NVCC_FLAGS) $< $(LIBSUMO_CUDA) $(LIBSUMO) -Xcompiler -pthread -lm -o $@
 
 test-cuda: $(BUILD)/tests/test_cuda
 	@echo "== $<"; $<

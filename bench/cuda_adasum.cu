@@ -7,6 +7,13 @@
  *
  *   cuda_adasum [--csv FILE] [--sizes 1,4,16,64,256,1024] [--ranks 2,4,8] [--quick]
  *
+ * Two kinds of row: `fused`, the table's two entries with the weights on the host between
+ * them (sumo__adasum_gram_weights, as a collective weighs), and `device`,
+ * sumo_cuda_adasum_combine: the same kernels and weights with the weights computed on the
+ * device, one wait per combine. Their outputs must be the same bits (checked). At 1 MiB each
+ * row also reports its fixed cost: the time less the bytes at the measured copy bandwidth
+ * (issue 30's goal for the device combine: <= 15 us).
+ *
  * Sizes are MiB per input (fp32). Bytes moved by the combine: P inputs read twice (Gram pass,
  * weighted sum) and one output written: (2P + 1) x size; fewer cannot be (the weights need
  * every input before the sum can start). bench/torch_adasum_cuda.py times the torch
@@ -20,6 +27,8 @@
 #include "sumo.h"
 #include "sumo_cuda.h"
 #include "sumo_ext.h"
+/* The library's own weights: the fused rows weigh as a collective does. */
+#include "collectives/adasum_gram.h"
 
 #include <cuda_runtime.h>
 
@@ -88,42 +97,15 @@ static void fill(float *x, size_t n, int rank, cudaStream_t s)
     CUDA_OK(cudaGetLastError());
 }
 
-/* The Adasum tree's weights from the Gram matrix (sumo.h's tree: pairs first when P is not a
- * power of two, then the balanced tree, the lower rank on the left): each intermediate is a
- * combination c of the inputs, and a.b = c_a^T G c_b. */
-static void adasum_weights(const double *packed, int P, double *w)
+/* The weights a collective applies (collectives/adasum.c: flat, 8 epsilon asked of fp32's
+ * norms); false where the Gram form declines (then a collective runs the tree). */
+static bool adasum_weights(const double *packed, int P, double *w)
 {
-    std::vector<double> G((size_t)P * P);
-    for (int a = 0, q = 0; a < P; a++)
-        for (int b = a; b < P; b++, q++) G[(size_t)a * P + b] = G[(size_t)b * P + a] = packed[q];
-    auto dot = [&](const std::vector<double> &u, const std::vector<double> &v) {
-        double s = 0;
-        for (int a = 0; a < P; a++)
-            for (int b = 0; b < P; b++) s += u[a] * G[(size_t)a * P + b] * v[b];
-        return s;
-    };
-    auto combine = [&](std::vector<double> &u, const std::vector<double> &v) {
-        double d = dot(u, v), nu = dot(u, u), nv = dot(v, v);
-        double cu = nu < 0x1p-511 ? 1.0 : 1.0 - d / (2 * nu), cv = nv < 0x1p-511 ? 1.0 : 1.0 - d / (2 * nv);
-        for (int k = 0; k < P; k++) u[k] = cu * u[k] + cv * v[k];
-    };
-    std::vector<std::vector<double>> c(P, std::vector<double>(P, 0.0));
-    for (int k = 0; k < P; k++) c[k][k] = 1.0;
-    int g2 = 1;
-    while (g2 * 2 <= P) g2 *= 2;
-    int rem = P - g2;
-    std::vector<std::vector<double>> t(g2);
-    for (int i = 0; i < g2; i++) {
-        if (i < rem) {
-            t[i] = c[2 * i];
-            combine(t[i], c[2 * i + 1]);
-        } else {
-            t[i] = c[i + rem];
-        }
-    }
-    for (int step = 1; step < g2; step *= 2)
-        for (int i = 0; i + step < g2; i += 2 * step) combine(t[i], t[i + step]);
-    for (int k = 0; k < P; k++) w[k] = t[0][k];
+    sumo__adasum_gram_params p = {P, 1, 8 * 0x1p-23, 0};
+    std::vector<double> work(sumo__adasum_gram_work_len(P));
+    unsigned char flags = 0;
+    sumo__adasum_gram_weights(&p, packed, 1, w, &flags, work.data());
+    return flags == 0;
 }
 
 static std::vector<int> parse_list(const char *s)
@@ -239,7 +221,7 @@ int main(int argc, char **argv)
     }
     if (csv) {
         fprintf(csv, "# device=%s copy_GBps=%.1f\n", prop.name, bw * 1e-9);
-        fprintf(csv, "kind,P,size_mib,median_ms,min_ms,gram_ms,weights_ms,wsum_ms,GBps,pct_copy_bw,reps\n");
+        fprintf(csv, "kind,P,size_mib,median_ms,min_ms,gram_ms,weights_ms,wsum_ms,GBps,pct_copy_bw,reps,fixed_us\n");
     }
     sumo_cuda_kernels *k;
     SUMO_OK(sumo_cuda_kernels_create(0, &k));
@@ -247,8 +229,8 @@ int main(int argc, char **argv)
     SUMO_OK(sumo_cuda_kernels_table(k, &t));
     cudaStream_t s;
     CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    printf("%-8s %3s %8s %10s %10s %9s %9s %9s %8s %7s\n", "kind", "P", "MiB", "median ms", "min ms",
-           "gram ms", "wts ms", "wsum ms", "GB/s", "% copy");
+    printf("%-8s %3s %8s %10s %10s %9s %9s %9s %8s %7s %8s\n", "kind", "P", "MiB", "median ms", "min ms",
+           "gram ms", "wts ms", "wsum ms", "GB/s", "% copy", "fixed us");
     for (int P : ranks)
         for (int mib : sizes) {
             size_t n = (size_t)mib << 18; /* fp32 elements */
@@ -271,7 +253,10 @@ int main(int argc, char **argv)
                 SUMO_OK(t->gram_partials(t->ctx, s, SUMO_FLOAT32, (const void *const *)in.data(), P,
                                          offsets, 1, 0, n, gram.data()));
                 double t1 = now_s();
-                adasum_weights(gram.data(), P, w.data());
+                if (!adasum_weights(gram.data(), P, w.data())) {
+                    fprintf(stderr, "cuda_adasum: P %d %d MiB: the Gram form declined\n", P, mib);
+                    return 1;
+                }
                 double t2 = now_s();
                 void *outs[1] = {out};
                 SUMO_OK(t->weighted_sum(t->ctx, s, SUMO_FLOAT32, outs, 1, (const void *const *)in.data(), P,
@@ -305,13 +290,58 @@ int main(int argc, char **argv)
             }
             double m = median(tot), bytes = (2.0 * P + 1) * (double)n * 4;
             double gbps = bytes / m * 1e-9, pct = 100.0 * bytes / m / bw;
-            printf("%-8s %3d %8d %10.3f %10.3f %9.3f %9.4f %9.3f %8.0f %6.1f%%\n", "fused", P, mib, m * 1e3,
+            /* The fixed cost: what the bytes at copy bandwidth do not explain (1 MiB only, where
+             * it dominates; larger sizes measure bandwidth). */
+            double fixed_us = (m - bytes / bw) * 1e6;
+            char fixed[32] = "";
+            if (mib == 1) snprintf(fixed, sizeof fixed, "%.1f", fixed_us);
+            printf("%-8s %3d %8d %10.3f %10.3f %9.3f %9.4f %9.3f %8.0f %6.1f%% %8s\n", "fused", P, mib, m * 1e3,
                    *std::min_element(tot.begin(), tot.end()) * 1e3, median(tg) * 1e3, median(tw) * 1e3,
-                   median(ts) * 1e3, gbps, pct);
+                   median(ts) * 1e3, gbps, pct, fixed);
             if (csv)
-                fprintf(csv, "fused,%d,%d,%.4f,%.4f,%.4f,%.5f,%.4f,%.1f,%.1f,%d\n", P, mib, m * 1e3,
+                fprintf(csv, "fused,%d,%d,%.4f,%.4f,%.4f,%.5f,%.4f,%.1f,%.1f,%d,%s\n", P, mib, m * 1e3,
                         *std::min_element(tot.begin(), tot.end()) * 1e3, median(tg) * 1e3,
-                        median(tw) * 1e3, median(ts) * 1e3, gbps, pct, reps);
+                        median(tw) * 1e3, median(ts) * 1e3, gbps, pct, reps, fixed);
+            /* The device combine on the same inputs, into a second output: the same bits. */
+            float *out2;
+            CUDA_OK(cudaMalloc(&out2, n * 4));
+            std::vector<double> td;
+            spent = 0;
+            reps = 0;
+            /* Half the fused rows' time: gpu-check.sh's budget (under 6 minutes) holds. */
+            for (int rep = 0; rep < 200 && (rep < 5 || (spent < 0.5 * budget && reps < 50)); rep++) {
+                void *outs[1] = {out2};
+                int applied = 0;
+                double t0 = now_s();
+                SUMO_OK(sumo_cuda_adasum_combine(k, SUMO_FLOAT32, outs, 1, (const void *const *)in.data(), P,
+                                                 offsets, 1, s, &applied));
+                double t1 = now_s();
+                if (!applied) {
+                    fprintf(stderr, "cuda_adasum: P %d %d MiB: the device combine declined\n", P, mib);
+                    return 1;
+                }
+                if (rep < 2) continue;
+                td.push_back(t1 - t0);
+                spent += t1 - t0;
+                reps++;
+            }
+            std::vector<float> h1(n), h2(n);
+            CUDA_OK(cudaMemcpy(h1.data(), out, n * 4, cudaMemcpyDeviceToHost));
+            CUDA_OK(cudaMemcpy(h2.data(), out2, n * 4, cudaMemcpyDeviceToHost));
+            if (memcmp(h1.data(), h2.data(), n * 4) != 0) {
+                fprintf(stderr, "cuda_adasum: P %d %d MiB: the device combine's bits differ from the table path's\n", P, mib);
+                return 1;
+            }
+            cudaFree(out2);
+            m = median(td);
+            gbps = bytes / m * 1e-9, pct = 100.0 * bytes / m / bw;
+            fixed_us = (m - bytes / bw) * 1e6;
+            if (mib == 1) snprintf(fixed, sizeof fixed, "%.1f", fixed_us);
+            printf("%-8s %3d %8d %10.3f %10.3f %9s %9s %9s %8.0f %6.1f%% %8s\n", "device", P, mib, m * 1e3,
+                   *std::min_element(td.begin(), td.end()) * 1e3, "", "", "", gbps, pct, fixed);
+            if (csv)
+                fprintf(csv, "device,%d,%d,%.4f,%.4f,,,,%.1f,%.1f,%d,%s\n", P, mib, m * 1e3,
+                        *std::min_element(td.begin(), td.end()) * 1e3, gbps, pct, reps, fixed);
             for (int r = 0; r < P; r++) cudaFree(in[r]);
             cudaFree(out);
         }
@@ -337,7 +367,7 @@ int main(int argc, char **argv)
             printf("%-8s %3d %8d %10.3f %10s %9s %9s %9s %8.0f %6.1f%%\n", "threads", P, mib, m * 1e3, "", "",
                    "", "", bytes / m * 1e-9, 100.0 * bytes / m / bw);
             if (csv)
-                fprintf(csv, "threads,%d,%d,%.4f,,,,,%.1f,%.1f,%d\n", P, mib, m * 1e3, bytes / m * 1e-9,
+                fprintf(csv, "threads,%d,%d,%.4f,,,,,%.1f,%.1f,%d,\n", P, mib, m * 1e3, bytes / m * 1e-9,
                         100.0 * bytes / m / bw, (int)a.times.size());
         }
     if (csv) fclose(csv);

@@ -44,7 +44,13 @@
  * i's weight), flags[t] out (flags may be NULL). A non-finite tensor gets NaN weights, as the
  * tree gives it a NaN result. Returns the first non-finite tensor, or SIZE_MAX.
  */
+#ifdef __cplusplus
+extern "C" { /* the CUDA benchmark weighs as a collective does */
+#endif
 size_t sumo__adasum_gram_weights(const sumo__adasum_gram_params *p, const double *gram,
                                  size_t ntensors, double *w, unsigned char *flags, double *work);
+#ifdef __cplusplus
+}
+#endif
 
 #endif
