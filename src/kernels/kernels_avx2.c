@@ -40,6 +40,12 @@ PRIM vf vf_from_vd(vd lo, vd hi)
 {
     return _mm256_set_m128(_mm256_cvtpd_ps(hi), _mm256_cvtpd_ps(lo));
 }
+/* The first m (< WF) floats at p, the other lanes +0; nothing past them is read. */
+PRIM vf vf_loadu_head(const float *p, size_t m)
+{
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)m), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    return _mm256_maskload_ps(p, mask);
+}
 PRIM double vd_hsum(vd v)
 {
     __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));

@@ -53,6 +53,8 @@ PRIM vf vf_from_vd(vd lo, vd hi)
     __m512d l = _mm512_castps_pd(_mm512_castps256_ps512(_mm512_cvtpd_ps(lo)));
     return _mm512_castpd_ps(_mm512_insertf64x4(l, _mm256_castps_pd(_mm512_cvtpd_ps(hi)), 1));
 }
+/* The first m (< WF) floats at p, the other lanes +0; nothing past them is read. */
+PRIM vf vf_loadu_head(const float *p, size_t m) { return _mm512_maskz_loadu_ps((__mmask16)((1u << m) - 1), p); }
 /* A fixed tree (halves, then quarters...), so the order depends on nothing but the data. */
 PRIM double vd_hsum(vd v)
 {

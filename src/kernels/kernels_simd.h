@@ -659,7 +659,16 @@ SIMD_INLINE void gram_direct(sumo_dtype dt, const void *const *ins, const int NI
             GRAM_DIRECT_STEP(vd_from_hi(v0), vd_from_hi(v1), vd_from_hi(v2), vd_from_hi(v3));
         }
     }
-    if (i < n) {
+    if (i < n && dt == SUMO_FLOAT32) {
+        /* The tail, widened and zero-padded as below, in registers: scalar stores reloaded as
+         * a vector cannot be forwarded, and stalled every small piece (at P = 4 the most
+         * expensive part of a 20-element piece). */
+        const size_t m = n - i;
+        const vf v0 = vf_loadu_head((const float *)p0 + i, m), v1 = vf_loadu_head((const float *)p1 + i, m);
+        const vf v2 = vf_loadu_head((const float *)p2 + i, m), v3 = vf_loadu_head((const float *)p3 + i, m);
+        GRAM_DIRECT_STEP(vd_from_lo(v0), vd_from_lo(v1), vd_from_lo(v2), vd_from_lo(v3));
+        if (m > WD) GRAM_DIRECT_STEP(vd_from_hi(v0), vd_from_hi(v1), vd_from_hi(v2), vd_from_hi(v3));
+    } else if (i < n) {
         /* The tail, widened as gram_widen widens it and zero-padded to whole vectors. */
         _Alignas(64) double tail[4][WF];
         const void *ip[4] = {p0, p1, p2, p3};

@@ -517,6 +517,64 @@ static void test_adasum_gram_exact(void **state)
     assert_true(isnan(w[0]) && fl == SUMO__GRAM_NONFINITE);
 }
 
+/* xorshift: the same draws on every run and machine. */
+static double draw(uint64_t *st)
+{
+    *st ^= *st << 13;
+    *st ^= *st >> 7;
+    *st ^= *st << 17;
+    return (double)(*st >> 11) * 0x1p-53;
+}
+
+/* Two and four flat ranks weigh a bucket's tensors side by side (adasum_gram.c's lanes): a call
+ * over T tensors must give each tensor the bits, flags and first non-finite tensor that T calls
+ * of one tensor (the scalar code) give it, through cancelling, zero, tiny and non-finite Grams. */
+static void test_adasum_gram_weights_batched(void **state)
+{
+    (void)state;
+    enum { T = 13, V = 4 };
+    uint64_t st = 0x9E3779B97F4A7C15ull;
+    int bad = 0;
+    for (int P = 2; P <= 4; P += 2)
+        for (int it = 0; it < 3000; it++) {
+            const size_t L = sumo__gram_len(P);
+            double G[T * 10], w[T * 4], w1[4], work[2 * 4];
+            unsigned char fl[T], f1;
+            for (size_t t = 0; t < T; t++) {
+                double v[4][V];
+                const int mode = (int)(draw(&st) * 8);
+                for (int i = 0; i < P; i++)
+                    for (int d = 0; d < V; d++) v[i][d] = draw(&st) * 2 - 1;
+                for (int d = 0; d < V; d++) {
+                    if (mode == 1) v[1][d] = -v[0][d];
+                    if (mode == 2) v[0][d] = 0;
+                    if (mode == 3) v[P - 1][d] = -v[P - 2][d] * (1 + 1e-12 * draw(&st));
+                    for (int i = 0; i < P && mode == 4; i++) v[i][d] *= 0x1p-300;
+                }
+                for (int i = 0; i < P; i++)
+                    for (int j = i; j < P; j++) {
+                        double x = 0;
+                        for (int d = 0; d < V; d++) x += v[i][d] * v[j][d];
+                        G[t * L + sumo__gram_index(P, i, j)] = x;
+                    }
+                const size_t e = t * L + (size_t)(draw(&st) * (double)L);
+                if (mode == 5) G[e] = draw(&st) < 0.5 ? NAN : -INFINITY;
+                if (mode == 6) G[e] = -0.0;
+            }
+            sumo__adasum_gram_params p = {.nranks = P, .group_size = 1,
+                                          .need = draw(&st) < 0.5 ? 8 * 0x1p-23 : 0,
+                                          .gram_err = draw(&st) < 0.3 ? 1e-7 : 0};
+            size_t first = sumo__adasum_gram_weights(&p, G, T, w, fl, work), first1 = SIZE_MAX;
+            for (size_t t = 0; t < T; t++) {
+                if (sumo__adasum_gram_weights(&p, G + t * L, 1, w1, &f1, work) == 0 && first1 == SIZE_MAX)
+                    first1 = t;
+                bad += memcmp(w1, w + t * (size_t)P, (size_t)P * sizeof(double)) != 0 || f1 != fl[t];
+            }
+            bad += first != first1;
+        }
+    assert_int_equal(bad, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -524,6 +582,7 @@ int main(void)
         cmocka_unit_test(test_weighted_sum_kernel),
         cmocka_unit_test(test_adasum_gram_exact),
         cmocka_unit_test(test_adasum_gram_weights),
+        cmocka_unit_test(test_adasum_gram_weights_batched),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
