@@ -1,6 +1,7 @@
 /*
- * Adasum's weights from the Gram matrix (adasum_gram.h), tensor by tensor: the tree's math is
- * kernels/adasum_weights.h's, one source with the CUDA plugin's device combine.
+ * Adasum's weights from the Gram matrix (adasum_gram.h): the tree's math is
+ * kernels/adasum_weights.h's, one source with the CUDA plugin's device combine; two and four
+ * flat ranks take it four tensors side by side here (the host's many small tensors).
  */
 #include "collectives/adasum_gram.h"
 
@@ -10,8 +11,8 @@
 #include <stdint.h>
 
 /*
- * adasum_weights.h's pair and quad weights over LANES tensors at a time, lane l computing tensor l's
- * scalar expressions operation for operation: the tensors are independent, and one tensor's
+ * adasum_weights.h's pair and quad weights over LANES tensors at a time, lane l computing
+ * tensor l's scalar expressions operation for operation: the tensors are independent, and one tensor's
  * weights are a chain of divisions, square roots and their uses that leaves the FP units idle
  * (four flat ranks: about 40 ns a tensor, the cost of the partials of a small bucket). Side
  * by side the chains overlap, and the compiler may run the lanes in vector registers: IEEE
