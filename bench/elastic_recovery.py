@@ -16,6 +16,8 @@ one thread per process) with --nproc processes on one host, each process taking 
             heartbeats, as processes on several hosts do (SUMO_LIVENESS_TIMEOUT, 5 s by
             default, is how soon a dead process is taken for dead)
   sumo-group:MS  the same with SUMO_LIVENESS_TIMEOUT of MS milliseconds
+  sumo-tcp, sumo-tcp:MS  likewise with --transport tcp: sumo's own TCP connections met through
+            the store, one communicator per membership (no message through the interpreter)
   torchrun  torchrun --standalone --nproc-per-node N --max-restarts 1, DDP over gloo; rank 0
             saves model, optimizer and step every --ckpt-every steps, and every worker
             starts from that file when there is one (its agent stops every worker when one
@@ -61,7 +63,7 @@ import time
 # it times.
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SYSTEMS = ("sumo", "sumo-group", "torchrun", "torchft")
+SYSTEMS = ("sumo", "sumo-group", "sumo-tcp", "torchrun", "torchft")
 GUARD = 300  # seconds one run may take at all (torch's start-up on a busy machine)
 
 
@@ -291,8 +293,9 @@ def start_job(a, system, directory, out):
     """The job's processes (what ends the run when they end) and the helpers to stop after."""
     me = [sys.executable, os.path.abspath(__file__)]
     spawn = dict(env=env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    if system == "sumo" or system.startswith("sumo-group"):
-        across = ["--transport", "group"] if system != "sumo" else []
+    if system == "sumo" or system.startswith(("sumo-group", "sumo-tcp")):
+        across = ["--transport", system[len("sumo-"):].partition(":")[0]] \
+            if system != "sumo" else []
         ms = system.partition(":")[2]
         if ms:
             spawn["env"]["SUMO_LIVENESS_TIMEOUT"] = str(int(ms) / 1000)
@@ -450,9 +453,10 @@ def spread(xs):
 
 
 def label(system):
-    if system.startswith("sumo-group"):
+    if system.startswith(("sumo-group", "sumo-tcp")):
         ms = system.partition(":")[2]
-        return "sumo, across hosts (gloo groups), liveness timeout %s" % (
+        return "sumo, across hosts (%s), liveness timeout %s" % (
+            "gloo groups" if system.startswith("sumo-group") else "sumo's TCP",
             "%s ms" % ms if ms else "5000 ms (default)")
     if system.startswith("torchft"):
         ms = system.partition(":")[2]
@@ -464,9 +468,9 @@ def driver(a):
     systems = [s for s in a.systems.split(",") if s]
     for s in systems:
         name, _, ms = s.partition(":")
-        if name not in SYSTEMS or (ms and (name not in ("torchft", "sumo-group") or
-                                           not ms.isdigit())):
-            sys.exit("--systems: %s, each once, or torchft:MS, sumo-group:MS"
+        if name not in SYSTEMS or (ms and (name not in ("torchft", "sumo-group", "sumo-tcp")
+                                           or not ms.isdigit())):
+            sys.exit("--systems: %s, each once, or torchft:MS, sumo-group:MS, sumo-tcp:MS"
                      % ", ".join(SYSTEMS))
     if any(s.startswith("torchft") for s in systems):
         import importlib.util

@@ -56,6 +56,18 @@ typedef struct sumo_tcp_options {
     char *error;             /* optional (NULL: none): why the creation failed ("" on
                                 success) */
     size_t error_bytes;
+    /* Optional (NULL: none), for the memberships of an elastic job whose processes beat in
+     * the store as sumo_agree_options's heartbeats do: rank r's beat is under alive_prefix
+     * and the decimal alive_ranks[r] (r where alive_ranks is NULL; a negative entry: r has
+     * none). A member may die between the agreement and this meeting, and nothing else
+     * would tell the others before SUMO_TIMEOUT: with it, a peer the meeting waits for whose
+     * beat has stood still for alive_s (0: SUMO_LIVENESS_TIMEOUT) is taken for dead, a
+     * refused connection to a peer's published address means the peer is gone, and a rank
+     * whose meeting fails says so under the key prefix, so that every rank fails within
+     * about alive_s with SUMO_ERR_PEER_FAILURE (and the survivors agree again). */
+    const char *alive_prefix;
+    const int *alive_ranks;
+    double alive_s;
 } sumo_tcp_options;
 
 /* struct_size set, everything else 0 or NULL: the caller fills rank, size, store and

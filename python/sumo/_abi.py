@@ -265,7 +265,10 @@ class sumo_tcp_options(ctypes.Structure):
                 ("route_host", ctypes.c_char_p),
                 ("node_local_size", ctypes.c_int),
                 ("error", ctypes.c_char_p),
-                ("error_bytes", ctypes.c_size_t)]
+                ("error_bytes", ctypes.c_size_t),
+                ("alive_prefix", ctypes.c_char_p),
+                ("alive_ranks", ctypes.POINTER(ctypes.c_int)),
+                ("alive_s", ctypes.c_double)]
 
 
 # -- sumo_elastic.h ------------------------------------------------------------------------------

@@ -16,13 +16,15 @@
         a process that joins the job running on PATH at its next commit().
 
     python -m sumo.launch --serve-store HOST:PORT
-    python -m sumo.launch --store tcp://HOST:PORT --transport group --rank R --size N train.py
+    python -m sumo.launch --store tcp://HOST:PORT --rank R --size N train.py
         across hosts: a store served by a process of its own (a TCPStore listening on
         HOST:PORT, until it is stopped), and the job's processes, started on any hosts, each
-        meeting through it over gloo groups made from the store (--transport group; the
-        default, shm, is for processes of one host). A lost process is found by its heartbeat
-        (SUMO_LIVENESS_TIMEOUT). --transport group works with --nproc too, to try it on one
-        host.
+        meeting through it over sumo's TCP connections, made again for each membership
+        (--transport tcp, the default with a tcp:// store; --transport group: gloo groups made
+        from the store, every message through the interpreter; shm, the default otherwise, is
+        for processes of one host). A lost process is found by its heartbeat
+        (SUMO_LIVENESS_TIMEOUT). --transport tcp or group works with --nproc too, to try it on
+        one host.
 
 A process calls sumo.torch.init(store=..., rank=..., size=...) (or join=True) and runs the
 script as __main__, whose own hvd.init() then finds the communicator made (sumo/torch/_launch.py).
@@ -49,9 +51,11 @@ def parser():
     p.add_argument("--rank", type=int, help="this process's rank (with --store and --size)")
     p.add_argument("--size", type=int, help="the number of processes (with --store and --rank)")
     p.add_argument("--join", action="store_true", help="join the job running on --store")
-    p.add_argument("--transport", choices=("shm", "group"), default="shm",
-                   help="shm: processes of one host over shared memory (the default); group: "
-                   "gloo groups made from the store, which span hosts")
+    p.add_argument("--transport", choices=("shm", "tcp", "group"),
+                   help="shm: processes of one host over shared memory (the default, but with "
+                   "a tcp:// store); tcp: sumo's TCP connections met through the store, which "
+                   "span hosts (the default with a tcp:// store); group: gloo groups made from "
+                   "the store, which span hosts too")
     p.add_argument("--serve-store", metavar="HOST:PORT",
                    help="serve a TCPStore on HOST:PORT until stopped, for --store "
                    "tcp://HOST:PORT (port 0: one the system picks, printed)")
@@ -67,6 +71,13 @@ def address(text, what, any_port=False):
     if not host or not port.isdigit() or not (0 if any_port else 1) <= int(port) < 65536:
         sys.exit("%s: %s must be HOST:PORT, not %r" % (USAGE, what, text))
     return host, int(port)
+
+
+def transport_of(args):
+    """--transport, or its default: a served store (tcp://) is what jobs across hosts use."""
+    if args.transport is not None:
+        return args.transport
+    return "tcp" if (args.store or "").startswith("tcp://") else "shm"
 
 
 def check(args):
@@ -114,7 +125,7 @@ def launch(args):
         for r in range(args.nproc):
             procs.append(subprocess.Popen(worker_command(store, args.script, args.args,
                                                          rank=r, size=args.nproc,
-                                                         transport=args.transport)))
+                                                         transport=transport_of(args))))
         codes = [p.wait() for p in procs]
     finally:
         for p in procs:
@@ -140,7 +151,7 @@ def main(argv=None):
     if args.nproc is not None:
         return launch(args)
     cmd = worker_command(args.store, args.script, args.args, args.rank, args.size, args.join,
-                         args.transport)
+                         transport_of(args))
     os.execv(cmd[0], cmd)
 
 

@@ -16,6 +16,7 @@
  * the collectives run their point-to-point algorithms.
  */
 #include "transport/transport_tcp.h"
+#include "common/settings.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -45,6 +46,11 @@
 #define HOST_BYTES 64
 /* Connections accepted but not yet introduced, at most (a stray beyond it is dropped). */
 #define MAX_PENDING 64
+/* With heartbeats, waits are cut in slices of this, between which the store is read: a
+ * meeting follows an agreement, so a tenth of a second does not count. */
+#define LOOK_MS 100
+#define LOOK_NS ((int64_t)LOOK_MS * 1000000)
+#define BEAT_BYTES 32
 
 enum { KIND_DATA = 1, KIND_ANNOUNCE = 2, KIND_BARRIER = 3 };
 
@@ -359,6 +365,14 @@ typedef struct hello {
     uint32_t version;
 } hello;
 
+/* The heartbeats an elastic job's meeting watches (sumo_tcp_options.alive_prefix). */
+typedef struct watch {
+    int64_t alive_ns;
+    int64_t next_look;           /* the store is read at most once per LOOK_NS */
+    char (*beat)[BEAT_BYTES];    /* each rank's beat as last read */
+    int64_t *since;              /* since when it has read so (0: never read) */
+} watch;
+
 typedef struct meeting {
     const sumo_tcp_options *o;
     int64_t deadline;
@@ -367,6 +381,7 @@ typedef struct meeting {
     uint64_t nonce;
     char *err;
     size_t errlen;
+    watch *w; /* NULL: no heartbeats, every wait runs to the deadline */
 } meeting;
 
 static sumo_result meet_fail(const meeting *m, sumo_result code, const char *fmt, ...)
@@ -402,12 +417,23 @@ static sumo_result store_set(const meeting *m, const char *key, const void *v, s
     return SUMO_SUCCESS;
 }
 
+static sumo_result keep_waiting(const meeting *m, const tcp_peer *peers, int lo, int hi);
+
 static sumo_result store_get(const meeting *m, const char *key, void *v, size_t bytes,
-                             const char *whose)
+                             const char *whose, int peer)
 {
     const sumo_store *s = m->o->store;
     size_t got = bytes;
-    sumo_result r = s->get(s->ctx, key, v, &got, m->deadline);
+    sumo_result r;
+    for (;;) {
+        int64_t until = m->deadline;
+        if (m->w && until - sumo__now_ns() > LOOK_NS) until = sumo__now_ns() + LOOK_NS;
+        got = bytes;
+        r = s->get(s->ctx, key, v, &got, until);
+        if (r != SUMO_ERR_TIMEOUT || until == m->deadline) break;
+        sumo_result k = keep_waiting(m, NULL, peer, peer + 1);
+        if (k != SUMO_SUCCESS) return k;
+    }
     if (r == SUMO_ERR_TIMEOUT)
         return meet_fail(m, r, "waited %.3f s for %s (store key \"%s\"): deadline reached "
                          "(the rank never came; raise the wait with SUMO_TIMEOUT)", m->seconds,
@@ -438,6 +464,52 @@ static int remaining_ms(const meeting *m)
     int64_t left = m->deadline - sumo__now_ns();
     if (left <= 0) return 0;
     return (int)SUMO__MIN(left / 1000000 + 1, (int64_t)1000000);
+}
+
+/* How long one poll may wait: the rest of the meeting, or with heartbeats one slice of it. */
+static int slice_ms(const meeting *m)
+{
+    int ms = remaining_ms(m);
+    return m->w && ms > LOOK_MS ? LOOK_MS : ms;
+}
+
+/* With heartbeats, between slices of a wait: SUMO_ERR_PEER_FAILURE, said, when a rank marked
+ * the meeting failed (a live rank that gave up is otherwise waited for to the deadline), or
+ * when a rank in lo .. hi - 1 not yet connected (peers NULL: each) has beaten no more for
+ * alive_ns. SUMO_SUCCESS otherwise, and without heartbeats. */
+static sumo_result keep_waiting(const meeting *m, const tcp_peer *peers, int lo, int hi)
+{
+    watch *w = m->w;
+    int64_t now = sumo__now_ns();
+    if (w == NULL || now < w->next_look) return SUMO_SUCCESS;
+    w->next_look = now + LOOK_NS;
+    const sumo_store *s = m->o->store;
+    char key[KEY_BYTES], text[128];
+    size_t n = sizeof text - 1;
+    if (make_key(m, key, "failed", -1) == SUMO_SUCCESS &&
+        s->get(s->ctx, key, text, &n, now) == SUMO_SUCCESS) {
+        text[SUMO__MIN(n, sizeof text - 1)] = '\0';
+        return meet_fail(m, SUMO_ERR_PEER_FAILURE, "the meeting failed on %s", text);
+    }
+    for (int r = lo; r < hi; r++) {
+        if (r == m->o->rank || (peers && peers[r].fd >= 0)) continue;
+        int who = m->o->alive_ranks ? m->o->alive_ranks[r] : r;
+        if (who < 0) continue;
+        int len = snprintf(key, sizeof key, "%s%d", m->o->alive_prefix, who);
+        if (len < 0 || len >= (int)sizeof key) continue;
+        n = BEAT_BYTES - 1;
+        if (s->get(s->ctx, key, text, &n, now) != SUMO_SUCCESS) n = 0; /* none: no beat */
+        text[SUMO__MIN(n, (size_t)BEAT_BYTES - 1)] = '\0'; /* a longer beat compares by its head */
+        if (w->since[r] == 0 || strcmp(text, w->beat[r]) != 0) {
+            memcpy(w->beat[r], text, BEAT_BYTES);
+            w->since[r] = now;
+        }
+        if (now - w->since[r] >= w->alive_ns)
+            return meet_fail(m, SUMO_ERR_PEER_FAILURE, "rank %d's heartbeat (%s) has not moved "
+                             "for %.1f s while this rank waited for it: it died after the "
+                             "membership was agreed", r, key, (double)w->alive_ns * 1e-9);
+    }
+    return SUMO_SUCCESS;
 }
 
 static void numeric_host(const struct sockaddr *sa, socklen_t len, char *host, size_t hostlen)
@@ -551,13 +623,15 @@ static sumo_result io_all(const meeting *m, int fd, void *buf, size_t bytes, boo
         if (errno != EAGAIN && errno != EWOULDBLOCK)
             return meet_fail(m, SUMO_ERR_PEER_FAILURE, "the %s with rank %d failed (%s)", what,
                              peer, strerror(errno));
-        int ms = remaining_ms(m);
+        int ms = slice_ms(m);
         if (ms == 0)
             return meet_fail(m, SUMO_ERR_TIMEOUT, "waited %.3f s for the %s with rank %d: "
                              "deadline reached (raise it with SUMO_TIMEOUT)", m->seconds, what,
                              peer);
         struct pollfd p = {.fd = fd, .events = send_it ? POLLOUT : POLLIN};
         poll(&p, 1, ms);
+        sumo_result k = keep_waiting(m, NULL, peer, peer + 1);
+        if (k != SUMO_SUCCESS) return k;
     }
     return SUMO_SUCCESS;
 }
@@ -576,13 +650,14 @@ static sumo_result address_of(const meeting *m, int peer, addr_record *rec)
     snprintf(whose, sizeof whose, "rank %d's address", peer);
     /* A record of another job (a prefix used before) is waited past: the peer overwrites it. */
     for (;;) {
-        SUMO__CHECK(store_get(m, key, rec, sizeof *rec, whose));
+        SUMO__CHECK(store_get(m, key, rec, sizeof *rec, whose, peer));
         if (rec->magic == HELLO_MAGIC && rec->nonce == m->nonce && rec->rank == peer) break;
         if (remaining_ms(m) == 0)
             return meet_fail(m, SUMO_ERR_TIMEOUT, "store key \"%s\" still holds another job's "
                              "address of rank %d at the deadline (a key prefix used before)",
                              key, peer);
         nap_ms(10);
+        SUMO__CHECK(keep_waiting(m, NULL, peer, peer + 1));
     }
     rec->host[sizeof rec->host - 1] = '\0';
     return SUMO_SUCCESS;
@@ -611,17 +686,32 @@ static sumo_result connect_to(const meeting *m, int peer, const addr_record *rec
         err = errno;
         if (err == EINPROGRESS) {
             struct pollfd p = {.fd = fd, .events = POLLOUT};
-            int ms = remaining_ms(m);
-            if (ms > 0 && poll(&p, 1, ms) == 1) {
-                socklen_t len = sizeof err;
-                getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-                if (err == 0) break;
-            } else {
-                err = ETIMEDOUT;
+            err = ETIMEDOUT;
+            for (int ms; (ms = slice_ms(m)) > 0;) {
+                if (poll(&p, 1, ms) == 1) {
+                    socklen_t len = sizeof err;
+                    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+                    break;
+                }
+                sumo_result k = keep_waiting(m, NULL, peer, peer + 1);
+                if (k != SUMO_SUCCESS) {
+                    close(fd);
+                    freeaddrinfo(res);
+                    return k;
+                }
             }
+            if (err == 0) break;
         }
         close(fd);
         fd = -1;
+        /* The peer listens from before it publishes its address until every lower rank has
+         * connected: a refusal means it is gone. Without heartbeats it is tried again, as a
+         * job of its own may start its ranks as it likes. */
+        if (m->w && err == ECONNREFUSED) {
+            freeaddrinfo(res);
+            return meet_fail(m, SUMO_ERR_PEER_FAILURE, "rank %d refused the connection at %s:%s: "
+                             "it is gone (it died or gave up the meeting)", peer, rec.host, port);
+        }
         /* Refused or unreachable for now: tried again until the deadline. */
         if (remaining_ms(m) == 0 || (err != ECONNREFUSED && err != EAGAIN && err != ENETUNREACH &&
                                      err != EHOSTUNREACH && err != ETIMEDOUT && err != EINTR))
@@ -670,7 +760,7 @@ static sumo_result accept_lower(const meeting *m, int lfd, tcp_peer *peers)
         struct pollfd fds[MAX_PENDING + 1];
         fds[0] = (struct pollfd){.fd = lfd, .events = POLLIN};
         for (int i = 0; i < np; i++) fds[i + 1] = (struct pollfd){.fd = pend[i].fd, .events = POLLIN};
-        int ms = remaining_ms(m);
+        int ms = slice_ms(m);
         if (ms == 0) {
             char list[120] = "";
             size_t used = 0;
@@ -727,6 +817,7 @@ static sumo_result accept_lower(const meeting *m, int lfd, tcp_peer *peers)
                 pend[np++] = (pending){.fd = fd};
             }
         }
+        if (missing > 0 && (r = keep_waiting(m, peers, 0, me)) != SUMO_SUCCESS) break;
     }
     for (int i = 0; i < np; i++) close(pend[i].fd);
     return r;
@@ -757,7 +848,7 @@ static sumo_result meet(const meeting *mc, tcp_peer *peers)
                             .version = TCP_VERSION};
         SUMO__CHECK(store_set(m, key, &nr, sizeof nr));
     } else {
-        SUMO__CHECK(store_get(m, key, &nr, sizeof nr, "rank 0's job record"));
+        SUMO__CHECK(store_get(m, key, &nr, sizeof nr, "rank 0's job record", 0));
         if (nr.magic != HELLO_MAGIC || nr.version != TCP_VERSION)
             return meet_fail(m, SUMO_ERR_MISMATCH, "store key \"%s\" holds no record of this "
                              "library's version", key);
@@ -830,7 +921,39 @@ sumo_result sumo__tcp_transport_create(const sumo_tcp_options *o, const sumo__en
     meeting m = {.o = o, .deadline = sumo__now_ns() + t->base.timeout_ns,
                  .seconds = env->timeout_s, .log_level = env->log_level, .err = err,
                  .errlen = errlen};
-    sumo_result r = meet(&m, peers);
+    watch w = {0};
+    sumo_result r = SUMO_SUCCESS;
+    if (o->alive_prefix != NULL) {
+        double seconds = o->alive_s;
+        if (seconds == 0) {
+            sumo__setting_value v;
+            r = sumo__setting_read(SUMO__SETTING_LIVENESS_TIMEOUT, &v, err, errlen);
+            seconds = v.number;
+        }
+        if (r == SUMO_SUCCESS && !(seconds > 0 && seconds < 1e7)) {
+            snprintf(err, errlen, "options.alive_s %g is not a number of seconds", seconds);
+            r = SUMO_ERR_INVALID_ARGUMENT;
+        }
+        w.alive_ns = (int64_t)(seconds * 1e9);
+        w.beat = calloc((size_t)o->size, sizeof *w.beat);
+        w.since = calloc((size_t)o->size, sizeof *w.since);
+        if (r == SUMO_SUCCESS && (w.beat == NULL || w.since == NULL)) {
+            snprintf(err, errlen, "out of memory for a group of %d", o->size);
+            r = SUMO_ERR_SYSTEM;
+        }
+        m.w = &w;
+    }
+    if (r == SUMO_SUCCESS) {
+        r = meet(&m, peers);
+        char key[KEY_BYTES], mark[64];
+        /* The others may wait on this rank, alive, to the deadline: they read why it left. */
+        if (r != SUMO_SUCCESS && m.w && make_key(&m, key, "failed", -1) == SUMO_SUCCESS) {
+            int n = snprintf(mark, sizeof mark, "rank %d (%s)", o->rank, sumo_result_name(r));
+            o->store->set(o->store->ctx, key, mark, (size_t)SUMO__MIN(n, (int)sizeof mark - 1));
+        }
+    }
+    free(w.beat);
+    free(w.since);
     if (r != SUMO_SUCCESS) {
         close_all(t);
         return r;

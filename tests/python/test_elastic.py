@@ -215,14 +215,15 @@ def test_example_killed_between_steps_survivors_equal_reference(tmp_path, across
 
 
 @pytest.mark.skipif(LAUNCHED, reason="starts processes of its own; runs without a launcher")
-@pytest.mark.parametrize("transport", ["shm", "group"])
+@pytest.mark.parametrize("transport", ["shm", "tcp", "group"])
 def test_joined_then_killed_inside_a_collective_survivors_equal_reference(tmp_path, transport):
     # 2 processes and one that joins at the first commit (step 2): 3 from step 2. Process 1
     # dies at step 5 inside the step's allreduce (its peers come into it later); the last
     # commit was at step 4, so steps 4 and 5 are redone by the two left (old ranks 0 and 2).
     # The store: a FileStore (the joiner's ticket needs its atomic add). Over shared memory,
-    # and over gloo groups made from the store (what processes on several hosts use: the
-    # survivors agree through the store, the lost one found by its heartbeat).
+    # and over sumo's TCP connections or gloo groups met through the store (what processes on
+    # several hosts use: the survivors agree through the store, the lost one found by its
+    # heartbeat).
     before = _shm_entries()
     codes, results, logs = _run_job(tmp_path, tmp_path / "store", 2, (1, 5, "collective"),
                                     joiners=1, extra=["--transport", transport])
@@ -236,7 +237,7 @@ def test_joined_then_killed_inside_a_collective_survivors_equal_reference(tmp_pa
         # before it), then the shrink back to the commit of step 4.
         assert resets == ([(2, 4)] if res is joiner[0] else [(3, 2), (2, 4)]), res["events"]
     assert _shm_entries() <= before
-    if transport == "group":
+    if transport != "shm":
         # The heartbeats of the memberships before the last, the lost process's among them,
         # are gone from the store (memberships: 0 the first two, 1 with the joiner, 2 after
         # the loss); the last one's stay until the job's store goes.
@@ -245,6 +246,12 @@ def test_joined_then_killed_inside_a_collective_survivors_equal_reference(tmp_pa
         held = {(m, r): store.compare_set("sumo/elastic/m%d/alive/%d" % (m, r), missing, missing)
                 != missing for m in range(3) for r in range(3)}
         assert [k for k, v in held.items() if v] == [(2, 0), (2, 1)], held
+    if transport == "tcp":
+        # Each meeting took its own keys away (the first, the grow, the shrink's first try).
+        for prefix in ("0/", "grow1/", "shrink2.1/"):
+            for key in ["tcp/nonce"] + ["tcp/addr/%d" % r for r in range(1, 3)]:
+                key = "sumo/elastic/" + prefix + key
+                assert store.compare_set(key, missing, missing) == missing, key
 
 
 def test_state_keeps_the_last_two_commits():

@@ -345,6 +345,84 @@ static void test_missing_peer(void **state)
     drop_store(store);
 }
 
+/* With heartbeats (an elastic job's meeting after its agreement): a member whose beat stands
+ * still makes the others fail within about alive_s, not at SUMO_TIMEOUT, and a rank whose
+ * meeting failed says so, which fails ranks that wait for it alive. */
+static const int beat_keys[3] = {-1, -1, 7}; /* ranks 0, 1 unwatched; rank 2 under beat/7 */
+static const int no_beats[3] = {-1, -1, -1};
+static int beat_keys_unwatched; /* no rank watched: only the failure mark can end the wait */
+
+static void *watched_rank(void *p)
+{
+    rank_ctx *c = p;
+    sumo_tcp_options o;
+    sumo_tcp_options_default(&o);
+    o.rank = c->rank;
+    o.size = c->size;
+    o.store = c->store;
+    o.key_prefix = c->prefix;
+    o.address = "127.0.0.1";
+    o.error = c->err;
+    o.error_bytes = sizeof c->err;
+    o.alive_prefix = "beat/";
+    o.alive_ranks = beat_keys_unwatched ? no_beats : beat_keys;
+    o.alive_s = 0.3;
+    double t0 = now_s();
+    c->made = sumo_comm_create_tcp(&o, &c->comm);
+    c->seconds = now_s() - t0;
+    if (c->comm) sumo_comm_destroy(c->comm);
+    c->comm = NULL;
+    return NULL;
+}
+
+static void run_watched(rank_ctx *cs, const sumo_store *store, const char *prefix)
+{
+    for (int r = 0; r < 2; r++) { /* rank 2 never comes */
+        cs[r] = (rank_ctx){.rank = r, .size = 3, .store = store, .prefix = prefix};
+        assert_int_equal(pthread_create(&cs[r].thread, NULL, watched_rank, &cs[r]), 0);
+    }
+    for (int r = 0; r < 2; r++) pthread_join(cs[r].thread, NULL);
+}
+
+static void test_dead_member_by_heartbeat(void **state)
+{
+    (void)state;
+    sumo_store *store = fresh_store();
+    setenv("SUMO_TIMEOUT", "30", 1);
+    rank_ctx cs[3];
+    run_watched(cs, store, "dead/");
+    /* The first to see rank 2's beat stand still may fail the other through its mark. */
+    int named = 0;
+    for (int r = 0; r < 2; r++) {
+        named += strstr(cs[r].err, "rank 2's heartbeat") != NULL;
+        if (cs[r].made != SUMO_ERR_PEER_FAILURE || cs[r].seconds > 3 ||
+            (strstr(cs[r].err, "rank 2's heartbeat") == NULL &&
+             strstr(cs[r].err, "the meeting failed on rank") == NULL))
+            fail_msg("rank %d after %.2f s: %s: %s", r, cs[r].seconds,
+                     sumo_result_name(cs[r].made), cs[r].err);
+    }
+    assert_true(named >= 1);
+    char mark[64];
+    size_t bytes = sizeof mark;
+    assert_int_equal(store->get(store->ctx, "dead/tcp/failed", mark, &bytes, 0), SUMO_SUCCESS);
+    /* A rank that gave up (its mark, written here by hand): the others leave at once, although
+     * the rank they wait for (2) is not watched. */
+    beat_keys_unwatched = 1;
+    const char given_up[] = "rank 2 (SUMO_ERR_TIMEOUT)";
+    assert_int_equal(store->set(store->ctx, "gaveup/tcp/failed", given_up, sizeof given_up - 1),
+                     SUMO_SUCCESS);
+    run_watched(cs, store, "gaveup/");
+    beat_keys_unwatched = 0;
+    for (int r = 0; r < 2; r++) {
+        if (cs[r].made != SUMO_ERR_PEER_FAILURE || strstr(cs[r].err, given_up) == NULL ||
+            cs[r].seconds > 3)
+            fail_msg("rank %d after %.2f s: %s: %s", r, cs[r].seconds,
+                     sumo_result_name(cs[r].made), cs[r].err);
+    }
+    unsetenv("SUMO_TIMEOUT");
+    drop_store(store);
+}
+
 /* ---- the meeting: a stray connection, and nothing left listening ----------------------------- */
 
 typedef struct addr_seen {
@@ -492,6 +570,7 @@ int main(void)
         cmocka_unit_test(test_peer_exits),
         cmocka_unit_test(test_peer_killed),
         cmocka_unit_test(test_missing_peer),
+        cmocka_unit_test(test_dead_member_by_heartbeat),
         cmocka_unit_test(test_stray_and_listener),
         cmocka_unit_test(test_length_mismatch),
     };

@@ -56,7 +56,7 @@ def main(argv=None):
         rt.init(store=_store(args.store), join=True)
     else:
         rt.init(store=_store(args.store), rank=args.rank, size=args.size,
-                transport=args.transport)
+                transport=launch.transport_of(args))
     sys.argv = [args.script] + args.args
     sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))
     runpy.run_path(args.script, run_name="__main__")

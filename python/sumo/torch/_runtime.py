@@ -13,9 +13,9 @@ Where the communicator comes from (init):
     rank 0 on the step's first host, a port from the job and step ids), then as torchrun's;
   - init(store=..., rank=..., size=...): processes started each on its own (no launcher that
     ends them all when one fails) meet through a store that lives in none of them: those of
-    one host over sumo's shared memory, those of several hosts (transport="group") over a
-    gloo group made from the store, one per membership: the communicator sumo.torch.elastic
-    shrinks and grows;
+    one host over sumo's shared memory, those of several hosts over sumo's TCP connections
+    met through the store (transport="tcp"; "group": a gloo group made from the store), one
+    communicator per membership: the communicator sumo.torch.elastic shrinks and grows;
   - no launcher: one rank (threads transport).
 A launcher sumo cannot join (PBS, LSF, a WORLD_SIZE without a rendezvous, a Slurm step that
 lacks a variable) is refused with a message, never turned into a world of one.
@@ -62,7 +62,7 @@ _OTHER_LAUNCHERS = (("SLURM_NTASKS", "a Slurm batch script outside an srun step"
 
 class _State:
     comm = None          # ctypes.c_void_p: the sumo_comm
-    transport = None     # "mpi", "shm", "group" or "threads"
+    transport = None     # "mpi", "shm", "tcp", "group", "nccl" or "threads"
     group = None         # the torch.distributed group the ranks are (process-group path)
     pg_transport = None  # the group's operations, kept alive while sumo may call them
     pg_transport_old = None  # the previous membership's, until its communicator is gone
@@ -462,8 +462,9 @@ def init(timeout=None, process_group=True, transport=None, group=None, store=Non
     store, rank, size: processes started each on its own meet through `store` as rank `rank`
     of `size`, with no launcher and no process group: what sumo.torch.elastic needs
     (docs/torch.md, "Elastic training"). Those of one host go over sumo's shared memory
-    (transport "shm", the default); transport="group" puts them on a gloo group made from the
-    store, one per membership, which is what spans hosts. The store must outlive any one
+    (transport "shm", the default); transport="tcp" puts them on sumo's TCP connections met
+    through the store, one communicator per membership, which is what spans hosts ("group":
+    a gloo group made from the store instead, every message through the interpreter). The store must outlive any one
     process: a torch.distributed.FileStore, a TCPStore served by a process of its own, or
     (shm only) the path of a directory (sumo's directory store), fresh for each job.
     join=True with a torch.distributed.Store instead of rank and size: this process joins the
@@ -656,17 +657,21 @@ def make_shm(store, rank, size, prefix, where):
     return comm
 
 
-def make_tcp(store, rank, size, prefix, node_local_size, where):
+def make_tcp(store, rank, size, prefix, node_local_size, where, route=None, alive=None):
     """sumo_comm_create_tcp of `size` processes meeting through store (a _pg_transport
     adapter) under prefix: each listens, while they meet, on the address through which its
-    host reaches the store's (MASTER_ADDR); raises the SumoError with the transport's
-    reason."""
+    host reaches route (default MASTER_ADDR: the store's host). alive: (prefix, the
+    heartbeat's number of each rank, -1 for none) of an elastic job's members, watched while
+    they meet. Raises the SumoError with the transport's reason."""
     comm = ctypes.c_void_p()
     err = ctypes.create_string_buffer(256)
-    route = os.environ.get("MASTER_ADDR") or None
+    route = route or os.environ.get("MASTER_ADDR") or None
     opts = sumo_tcp_options(ctypes.sizeof(sumo_tcp_options), rank, size, store.pointer(),
                             prefix.encode(), None, route and route.encode(), node_local_size,
                             ctypes.cast(err, ctypes.c_char_p), len(err))
+    if alive is not None:
+        beats = (ctypes.c_int * size)(*alive[1])
+        opts.alive_prefix, opts.alive_ranks = alive[0].encode(), beats
     code = lib.sumo_comm_create_tcp(ctypes.byref(opts), ctypes.byref(comm))
     if code != SUMO_SUCCESS:
         raise _lib.error(code, None, "sumo_comm_create_tcp (rank %d of %d) over %s: %s"
@@ -675,15 +680,16 @@ def make_tcp(store, rank, size, prefix, node_local_size, where):
 
 
 def _check_store_args(store, rank, size, transport, group, join):
-    if transport not in (None, "shm", "group") or group is not None:
+    if transport not in (None,) + _STORE_TRANSPORTS or group is not None:
         raise ValueError("sumo.torch.init: store, rank and size make the communicator of "
                          "processes started on their own, over shared memory (transport "
-                         "'shm') or a gloo group made from the store ('group'); "
-                         "transport=%r and group do not go with them" % (transport,))
-    if transport == "group" and isinstance(store, (str, bytes, os.PathLike)):
-        raise ValueError("sumo.torch.init: transport='group' makes gloo groups from the store: "
-                         "give a torch.distributed.Store (a FileStore or a TCPStore), not a "
-                         "directory")
+                         "'shm'), sumo's TCP connections met through the store ('tcp') or a "
+                         "gloo group made from the store ('group'); transport=%r and group do "
+                         "not go with them" % (transport,))
+    if transport in _ACROSS and isinstance(store, (str, bytes, os.PathLike)):
+        raise ValueError("sumo.torch.init: transport=%r spans hosts, whose processes beat and "
+                         "agree in the store: give a torch.distributed.Store (a FileStore or a "
+                         "TCPStore), not a directory" % transport)
     if join:
         if store is None or rank is not None or size is not None:
             raise ValueError("sumo.torch.init: join=True takes a store and no rank or size "
@@ -714,34 +720,56 @@ def store_adapter(store):
 # Keys of the communicators that processes started on their own make: one job per store, so
 # the root is fixed; each membership adds its number.
 _STORE_ROOT = "sumo/elastic/"
+# The transports of such jobs, and of those the ones that span hosts: their processes cannot
+# see each other's deaths, so they beat in the store and agree through it.
+_STORE_TRANSPORTS = ("shm", "tcp", "group")
+_ACROSS = ("tcp", "group")
+
+
+def store_across():
+    """Whether this process is in a store job across hosts (heartbeats, store agreement)."""
+    return state.key_root == _STORE_ROOT and state.transport in _ACROSS
 
 
 def _init_store(store, rank, size, over):
     """The communicator of processes started on their own, through `store`: over shared memory
-    (over "shm") or a gloo group of its own (over "group"). No torch.distributed default group
-    is made: one would keep the membership it started with."""
+    (over "shm"), sumo's TCP connections ("tcp") or a gloo group of its own ("group"). No
+    torch.distributed default group is made: one would keep the membership it started
+    with."""
     state.store = store_adapter(store)
     state.key_root = _STORE_ROOT
     comm = _make_member(over, _STORE_ROOT + "0/", rank, size, "the store given to init()")
     _adopt_member(comm, over, rank, size)
 
 
-def _make_member(over, prefix, rank, size, where):
+def _make_member(over, prefix, rank, size, where, alive=None):
     """A store job's communicator of one membership, meeting under prefix: over shared memory
-    (over "shm") or a gloo group made from the store ("group")."""
+    (over "shm"), sumo's TCP connections ("tcp") or a gloo group made from the store
+    ("group"). alive (tcp): make_tcp's, the members' heartbeats. Raises PeerLost when a
+    member does not come (or dies while they meet): the old communicator stays as it was."""
     if over == "group":
         return make_group(prefix, rank, size, where)
-    return make_shm(state.store, rank, size, prefix, where)
+    if over == "shm":
+        return make_shm(state.store, rank, size, prefix, where)
+    try:
+        # Each listens on the address through which its host reaches the store's (a
+        # TCPStore's host; a FileStore's hosts share a file system, not a route).
+        return make_tcp(state.store, rank, size, prefix, 0, where,
+                        getattr(state.store.store, "host", None), alive)
+    except SumoError as e:
+        if e.code in (SUMO_ERR_TIMEOUT, SUMO_ERR_PEER_FAILURE):
+            raise PeerLost(e.code, e.name, str(e)) from None
+        raise
 
 
 def _adopt_member(comm, over, rank, size):
-    """Makes a store job's first communicator this process's. A group job's processes may
-    span hosts: their place on this one is the launcher's LOCAL_RANK and LOCAL_WORLD_SIZE
+    """Makes a store job's first communicator this process's. A tcp or group job's processes
+    may span hosts: their place on this one is the launcher's LOCAL_RANK and LOCAL_WORLD_SIZE
     where it sets them, and each beats in the store from now on."""
-    if over != "group":
+    if over not in _ACROSS:
         _adopt(comm, "shm", rank, size)
         return
-    _adopt(comm, "group", int(os.environ.get("LOCAL_RANK", 0)),
+    _adopt(comm, over, int(os.environ.get("LOCAL_RANK", 0)),
            int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     _start_heart()
 
@@ -772,7 +800,7 @@ def make_group(prefix, rank, size, where):
     return comm
 
 
-# -- heartbeats (group store jobs) ------------------------------------------------------------
+# -- heartbeats (store jobs across hosts) ------------------------------------------------------------
 #
 # Across hosts no process sees another's end, so each one beats in the store: a counter under
 # the current membership's alive/<rank>, rewritten ten times per SUMO_LIVENESS_TIMEOUT. The
@@ -793,16 +821,22 @@ def alive_prefix():
 class _Heart:
     def __init__(self, store, period_s):
         self.store, self.period_s = store, period_s
+        self.beats = 0
+        self.lock = threading.Lock()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="sumo-heartbeat", daemon=True)
         self.thread.start()
 
+    def beat(self):
+        with self.lock:
+            self.beats += 1
+            beats = self.beats
+        self.store.set("%s%d" % (alive_prefix(), state.rank), str(beats))
+
     def _run(self):
-        beats = 0
         while not self.stop.is_set():
-            beats += 1
             try:
-                self.store.set("%s%d" % (alive_prefix(), state.rank), str(beats))
+                self.beat()
             except Exception:  # the store gone: the job is ending, or this process is lost
                 return
             self.stop.wait(self.period_s)
@@ -828,9 +862,10 @@ def _stop_heart():
 # join/tickets) and waits for join/<ticket>; at each commit() rank 0 reads how many tickets
 # were handed out and every member learns it (elastic.State.check_host_updates); when some are
 # new, every member raises HostsUpdatedInterrupt, rank 0 writes each new ticket's place (its
-# rank, the new size, the memberships so far, the tickets taken in, the key prefix), and the
-# members and the joiners make the larger communicator together (sumo_comm_create_shm), the
-# members keeping their ranks. A ticket is taken in once, whether its holder comes or not: one
+# rank, the new size, the memberships so far, the tickets taken in, the key prefix, the
+# transport, the members' number: across hosts the joiners watch the members' heartbeats
+# while they meet), and the members and the joiners make the larger communicator together,
+# the members keeping their ranks. A ticket is taken in once, whether its holder comes or not: one
 # that does not come makes the making time out on the members, who then shrink back to
 # themselves. Only a torch.distributed.Store has the atomic add; sumo's directory store has not.
 
@@ -869,17 +904,20 @@ def grow(tickets):
     state.admitted = tickets
     if state.rank == 0:
         for k in range(new):
-            store.set(_STORE_ROOT + "join/%d" % (first + k), "%d %d %d %d %s %s" % (
-                state.size + k, size, state.memberships + 1, tickets, prefix, state.transport))
+            store.set(_STORE_ROOT + "join/%d" % (first + k), "%d %d %d %d %s %s %d" % (
+                state.size + k, size, state.memberships + 1, tickets, prefix, state.transport,
+                state.size))
+    # The members keep their ranks and beat; the joiners do not yet.
+    alive = (alive_prefix(), list(range(state.size)) + [-1] * new) if store_across() else None
     try:
         comm = _make_member(state.transport, prefix, state.rank, size,
-                            "the store (processes joining)")
+                            "the store (processes joining)", alive)
     except SumoError as e:
         raise error_for(e.code, "making the communicator with %d joining process%s: %s"
                         % (new, "" if new == 1 else "es", e)) from None
     beats, old_size = alive_prefix(), state.size
     replace_comm(comm, state.rank, size)
-    if state.transport == "group":
+    if store_across():
         _forget(beats, old_size, [])
 
 
@@ -905,10 +943,16 @@ def _init_join(store):
                 adapter.close()
                 raise RuntimeError("sumo.torch.init: the job on this store ended before "
                                    "taking in join ticket %d" % ticket) from None
-    rank, size, memberships, admitted, prefix, over = bytes(torch_store.get(key)).decode().split()
+    rank, size, memberships, admitted, prefix, over, members = \
+        bytes(torch_store.get(key)).decode().split()
     state.store = adapter
     state.key_root = _STORE_ROOT
-    comm = _make_member(over, prefix, int(rank), int(size), "the store (joining)")
+    # The members beat under the membership before the one made now, each at its rank.
+    alive = None
+    if over in _ACROSS:
+        alive = ("%sm%d/alive/" % (_STORE_ROOT, int(memberships) - 1),
+                 [r if r < int(members) else -1 for r in range(int(size))])
+    comm = _make_member(over, prefix, int(rank), int(size), "the store (joining)", alive)
     state.memberships, state.admitted = int(memberships), int(admitted)  # the heart's keys
     state.joined = True
     _adopt_member(comm, over, int(rank), int(size))
@@ -1279,13 +1323,20 @@ def replace_comm(comm, rank, size):
     if old is not None:
         lib.sumo_comm_destroy(old)  # never waits for the peers
     state.pg_transport_old = None
-    if state.transport == "group":
-        _adopt(comm, "group", state.local_rank, state.local_size)  # hosts' own numbering
+    if state.transport == "group" or store_across():
+        _adopt(comm, state.transport, state.local_rank, state.local_size)  # hosts' own numbering
     else:
         _adopt(comm, state.transport, rank, size)
     state.broken = False
     state.memberships += 1
     state.agreements = 0
+    if state.heart is not None:
+        # The new membership's first beat at once, not up to a period later: a member that
+        # ends sooner (a fast communicator, a short job) has beaten in it all the same.
+        try:
+            state.heart.beat()
+        except Exception:  # the store gone: the heart's own beat finds it so too
+            pass
     for o in objects:
         o.comm_opened()
 
@@ -1308,7 +1359,7 @@ def shrink(value):
                         state.stranded)
     if state.worker is not None:
         state.worker.drain()
-    if state.transport == "group" and state.key_root == _STORE_ROOT:
+    if store_across():
         return _shrink_group(value)
     opts = sumo_shrink_options()
     raise_for(lib.sumo_shrink_options_default(ctypes.byref(opts)))
@@ -1349,10 +1400,12 @@ def _stranded_unless(code, err, call):
 
 
 def _shrink_group(value):
-    """shrink() for a job over gloo groups made from its store (across hosts): the agreement
-    through the store (sumo_store_agree, with the heartbeats), then the survivors' group made
-    from it. A member that died after it came makes the making fail on every survivor: they
-    raise PeerLost and agree again, under the next prefix, over the same old membership."""
+    """shrink() for a store job across hosts (over "tcp" or "group"): the agreement through
+    the store (sumo_store_agree, with the heartbeats), then the survivors' communicator made
+    from it. A member that died after it came makes the making fail on every survivor (over
+    tcp within about SUMO_LIVENESS_TIMEOUT: the meeting watches the verdict's members'
+    heartbeats): they raise PeerLost and agree again, under the next prefix, over the same
+    old membership."""
     state.agreements += 1
     prefix = "%sshrink%d.%d/" % (state.key_root, state.memberships + 1, state.agreements)
     opts = sumo_agree_options()
@@ -1371,7 +1424,8 @@ def _shrink_group(value):
     old, info = _verdict_buffers()
     code = lib.sumo_store_agree(ctypes.byref(opts), ctypes.byref(info))
     _stranded_unless(code, err, "sumo_store_agree")
-    comm = make_group(prefix, info.rank, info.size, "the store (after a lost process)")
+    comm = _make_member(state.transport, prefix, info.rank, info.size,
+                        "the store (after a lost process)", (alive_prefix(), old[:info.size]))
     beats, size, tried = alive_prefix(), state.size, state.agreements
     replace_comm(comm, info.rank, info.size)
     _forget(beats, size, ["%sshrink%d.%d/" % (state.key_root, state.memberships, a)
@@ -1380,9 +1434,10 @@ def _shrink_group(value):
 
 
 def _forget(beats, size, agreements):
-    """Rank 0 of a new membership of a group store job: the old membership's heartbeats and
-    the agreements' entries leave the store, the lost processes' among them. Every member made
-    the new gloo group, so every member has read the verdicts. The verdicts stay: a process
+    """Rank 0 of a new membership of a store job across hosts: the old membership's heartbeats
+    and the agreements' entries leave the store, the lost processes' among them. Every member
+    made the new communicator, so every member has read the verdicts (the meetings' own keys
+    are gone: each rank removes its own once its peers have read them). The verdicts stay: a process
     left out that comes only now must find the one that leaves it out, not agree alone and go
     on as a job of its own."""
     if state.rank != 0 or state.store is None or state.store.store is None:

@@ -44,8 +44,9 @@ members keep (model, DistributedOptimizer: their buffers are made on the new com
 collectively, in the order they were made) before it calls the run() function.
 
 Processes of one host go over sumo's shared memory (sumo_comm_shrink sees a process end);
-across hosts (init(..., transport="group")) over a gloo group made from the store, one per
-membership, the survivors agreeing through the store with heartbeats (sumo_store_agree). The
+across hosts (init(..., transport="tcp")) over sumo's TCP connections met through the store
+(transport="group": a gloo group made from it), one communicator per membership, the
+survivors agreeing through the store with heartbeats (sumo_store_agree). The
 MPI transport and torch.distributed groups made by a launcher cannot shrink, and a failure
 there ends the job as before (docs/torch.md).
 """
