@@ -1,8 +1,58 @@
 #include "collectives/comm.h"
 #include "transport/threads.h"
+#include "sumo_shm.h" /* sumo_store */
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+const char *sumo__store_fields_problem(const struct sumo_store *s, const char *key_prefix,
+                                       int rank, int size, int max, const char *max_name,
+                                       char *why, size_t why_bytes)
+{
+    const char *bad;
+    if (s == NULL) return "options.store is NULL";
+    if ((bad = SUMO__STRUCT_SIZE_PROBLEM(s, sumo_store, why, why_bytes)) != NULL) return bad;
+    if (s->set == NULL || s->get == NULL) return "the store lacks set or get";
+    if (key_prefix == NULL) return "options.key_prefix is NULL";
+    if (size < 1 || size > max) {
+        snprintf(why, why_bytes, "options.size is not 1 .. %s", max_name);
+        return why;
+    }
+    if (rank < 0 || rank >= size) return "options.rank is not 0 .. size - 1";
+    return NULL;
+}
+
+sumo_result sumo__comm_create_met(const sumo__store_constructor *how, const void *options,
+                                  const char *size_problem, int rank, int size, char *error,
+                                  size_t error_bytes, sumo_comm **out)
+{
+    char err[256] = "";
+    sumo__env env = {0};
+    sumo_result r = sumo__env_read(&env, err, sizeof err);
+    if (r == SUMO_SUCCESS && size_problem != NULL) {
+        snprintf(err, sizeof err, "%s: %.200s", how->name, size_problem);
+        r = SUMO_ERR_INVALID_ARGUMENT;
+    }
+    char why[256];
+    const char *bad = r == SUMO_SUCCESS ? how->fields(options, why, sizeof why) : NULL;
+    if (bad != NULL) {
+        snprintf(err, sizeof err, "%s: %.200s (rank %d, size %d)", how->name, bad, rank, size);
+        r = SUMO_ERR_INVALID_ARGUMENT;
+    }
+    sumo__transport *tp = NULL;
+    if (r == SUMO_SUCCESS) r = how->make(options, &env, &tp, err, sizeof err);
+    if (r == SUMO_SUCCESS) {
+        r = sumo__comm_wrap(tp, out);
+        if (r != SUMO_SUCCESS) snprintf(err, sizeof err, "out of memory creating the communicator");
+    }
+    /* No handle carries the message: printed where asked for, and always for a malformed
+     * environment (as every constructor does). */
+    if (r != SUMO_SUCCESS && (env.log_level >= SUMO__LOG_WARN || strncmp(err, "SUMO_", 5) == 0))
+        fprintf(stderr, "sumo: %s\n", err);
+    if (error && error_bytes > 0) snprintf(error, error_bytes, "%s", err);
+    return r;
+}
 
 sumo_result sumo__comm_wrap(sumo__transport *tp, sumo_comm **out)
 {

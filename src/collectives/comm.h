@@ -113,6 +113,30 @@ struct sumo_comm {
 
 /* Wraps a transport (taking ownership, and taking it back on failure) into a communicator. */
 SUMO__PLUGIN_API sumo_result sumo__comm_wrap(sumo__transport *tp, sumo_comm **out);
+/*
+ * The body of a constructor whose processes meet through a store (sumo_comm_create_shm,
+ * sumo_comm_create_tcp): the environment read, the options checked, the transport made and
+ * wrapped. size_problem: SUMO__STRUCT_SIZE_PROBLEM's verdict on the options (no field of
+ * options is read when it is not NULL, rank and size included); fields: why the options'
+ * fields make no communicator, or NULL; make: the transport. The reason of a failure goes to
+ * error (the options' buffer: NULL when the options are of another size) and, where the
+ * environment asks for it or is itself malformed, to stderr, since no handle carries it.
+ */
+typedef struct sumo__store_constructor {
+    const char *name; /* "sumo_comm_create_shm": what messages start with */
+    const char *(*fields)(const void *options, char *why, size_t why_bytes);
+    sumo_result (*make)(const void *options, const sumo__env *env, sumo__transport **tp,
+                        char *err, size_t errlen);
+} sumo__store_constructor;
+/* The fields every such constructor's options share: why they make no group of size ranks
+ * (max at most), or NULL; why holds a sentence about the store's size. */
+struct sumo_store;
+const char *sumo__store_fields_problem(const struct sumo_store *store, const char *key_prefix,
+                                       int rank, int size, int max, const char *max_name,
+                                       char *why, size_t why_bytes);
+sumo_result sumo__comm_create_met(const sumo__store_constructor *how, const void *options,
+                                  const char *size_problem, int rank, int size, char *error,
+                                  size_t error_bytes, sumo_comm **out);
 /* Frees what sumo__comm_wrap made, destroying the transport (the caller has stopped the
  * progress thread); returns the transport's verdict on leaving its peers. */
 sumo_result sumo__comm_free(sumo_comm *comm);

@@ -946,10 +946,17 @@ sumo_result sumo__tcp_transport_create(const sumo_tcp_options *o, const sumo__en
     if (r == SUMO_SUCCESS) {
         r = meet(&m, peers);
         char key[KEY_BYTES], mark[64];
-        /* The others may wait on this rank, alive, to the deadline: they read why it left. */
+        /* The others may wait on this rank, alive, to the deadline: they read why it left.
+         * The first reason stands (set_once; without it, a mark already there is kept): a
+         * rank that leaves on reading the mark must not replace the cause with itself. */
         if (r != SUMO_SUCCESS && m.w && make_key(&m, key, "failed", -1) == SUMO_SUCCESS) {
+            const sumo_store *st = o->store;
             int n = snprintf(mark, sizeof mark, "rank %d (%s)", o->rank, sumo_result_name(r));
-            o->store->set(o->store->ctx, key, mark, (size_t)SUMO__MIN(n, (int)sizeof mark - 1));
+            size_t len = (size_t)SUMO__MIN(n, (int)sizeof mark - 1), had = sizeof mark;
+            char old[64];
+            if (st->set_once != NULL) st->set_once(st->ctx, key, mark, len);
+            else if (st->get(st->ctx, key, old, &had, sumo__now_ns()) != SUMO_SUCCESS)
+                st->set(st->ctx, key, mark, len);
         }
     }
     free(w.beat);
