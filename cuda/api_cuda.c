@@ -5,6 +5,7 @@
  * an allreduce of device buffers on a stream.
  */
 #include "cuda_internal.h"
+#include "../src/kernels/adasum_weights.h" /* sumo__adasum_need: the collectives' own accuracy */
 
 #include <stdint.h>
 #include <stdio.h>
@@ -165,17 +166,6 @@ sumo_result sumo_cuda_allreduce(const void *sendbuf, void *recvbuf, size_t count
     return sumo_collective_run(comm, &c);
 }
 
-/* The accuracy sumo's allreduce asks of the Gram form's norms (collectives/adasum.c). */
-static double dtype_epsilon(sumo_dtype dtype)
-{
-    switch (dtype) {
-    case SUMO_FLOAT16: return 0x1p-10;
-    case SUMO_BFLOAT16: return 0x1p-7;
-    case SUMO_FLOAT32: return 0x1p-23;
-    default: return 0x1p-52;
-    }
-}
-
 sumo_result sumo_cuda_adasum_combine(sumo_cuda_kernels *kernels, sumo_dtype dtype,
                                      void *const *outs, int nout, const void *const *ins, int nin,
                                      const size_t *offsets, size_t ntensors, void *stream,
@@ -184,7 +174,7 @@ sumo_result sumo_cuda_adasum_combine(sumo_cuda_kernels *kernels, sumo_dtype dtyp
     if (applied) *applied = 0;
     if (kernels == NULL || outs == NULL || ins == NULL || offsets == NULL)
         return SUMO_ERR_INVALID_ARGUMENT;
-    const sumo_cuda__combine_params prm = {.group_size = 1, .need = 8 * dtype_epsilon(dtype)};
+    const sumo_cuda__combine_params prm = {.group_size = 1, .need = sumo__adasum_need(dtype)};
     bool ok = false;
     sumo_result r = sumo_cuda__combine(kernels, stream, dtype, outs, nout, ins, nin, offsets,
                                        ntensors, &prm, NULL, &ok);

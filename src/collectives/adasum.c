@@ -553,16 +553,6 @@ static bool weigh_adasum(void *ctx, const double *gram, size_t ntensors, double 
     return true;
 }
 
-static double dtype_epsilon(sumo_dtype dtype)
-{
-    switch (dtype) {
-    case SUMO_FLOAT16: return 0x1p-10;
-    case SUMO_BFLOAT16: return 0x1p-7;
-    case SUMO_FLOAT32: return 0x1p-23;
-    default: return 0x1p-52;
-    }
-}
-
 /* Scratch offsets of one call: host metadata (sums, pointers, the Gram form's matrices) in
  * the handle's scratch, the receive area y in its data scratch. */
 typedef struct scratch_plan {
@@ -638,7 +628,7 @@ sumo_result sumo__allreduce_adasum(sumo_comm *c, sumo__call_desc *d, const sumo_
                  a.ntensors <= ((size_t)1 << 32);
         if (a.gram) {
             a.gram_params = (sumo__adasum_gram_params){
-                .nranks = tp->size, .group_size = a.g, .need = 8 * dtype_epsilon(dtype)};
+                .nranks = tp->size, .group_size = a.g, .need = sumo__adasum_need(dtype)};
             a.gram_call = (sumo__gram_call){.dtype = dtype, .count = count,
                                             .ntensors = a.ntensors, .offsets = a.off,
                                             .weigh = weigh_adasum, .ctx = &a.gram_params,

@@ -29,6 +29,8 @@
 #ifndef SUMO_KERNELS_ADASUM_WEIGHTS_H
 #define SUMO_KERNELS_ADASUM_WEIGHTS_H
 
+#include "sumo.h"
+
 #include <float.h>
 #include <math.h>
 #include <stdbool.h>
@@ -52,6 +54,19 @@ SUMO__HD size_t sumo__gram_index(int P, int i, int j)
         j = t;
     }
     return (size_t)i * (size_t)P - (size_t)i * (size_t)(i - 1) / 2 + (size_t)(j - i);
+}
+
+/* The accuracy sumo's Adasum asks of the Gram form's norms (the weights' `need`): 8 units
+ * in the last place of the dtype the result is stored in; a tensor whose norms are less
+ * certain is flagged SUMO__GRAM_INEXACT and combined by the tree instead. */
+SUMO__HD double sumo__adasum_need(sumo_dtype dtype)
+{
+    switch (dtype) {
+    case SUMO_FLOAT16: return 8 * 0x1p-10;
+    case SUMO_BFLOAT16: return 8 * 0x1p-7;
+    case SUMO_FLOAT32: return 8 * 0x1p-23;
+    default: return 8 * 0x1p-52;
+    }
 }
 
 /* Per-tensor flags (a bit set). */
