@@ -400,7 +400,6 @@ static void check_group(int P)
                  log_count(g.dir, r, "point to point") == 0 &&
                  log_count(g.dir, r, "reduced there") == 0 &&
                  log_count(g.dir, r, "combined there") == 0;
-    if (getenv("IPC_KEEP")) fprintf(stderr, "logs in %s\n", g.dir); else
     remove_dir(g.dir);
     if (!ran) {
         for (int r = 0; r < P; r++)
