@@ -15,6 +15,7 @@
 #include "cuda_test.h"
 
 #include "sumo_shm.h"
+#include "support/temp_dir.h"
 
 #include <dirent.h>
 #include <math.h>
@@ -255,27 +256,11 @@ static int leftovers(const pid_t *pids, int n)
     return found;
 }
 
-static void remove_dir(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (d == NULL) return;
-    char path[512];
-    for (struct dirent *e; (e = readdir(d)) != NULL;) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        unlink(path);
-    }
-    closedir(d);
-    rmdir(dir);
-}
-
 /* Forks the group and waits (killing it after 60 s: a hang); false when a child failed. The
  * logs stay in g->dir until remove_dir. */
 static bool run_group(ipc_group *g, pid_t *pids, int *status)
 {
-    const char *base = getenv("TMPDIR");
-    snprintf(g->dir, sizeof g->dir, "%s/sumo-ipc-test.XXXXXX", base && *base ? base : "/tmp");
-    if (mkdtemp(g->dir) == NULL) return false;
+    if (!make_temp_dir(g->dir, sizeof g->dir, "ipc")) return false;
     fflush(NULL);
     for (int r = 0; r < g->P; r++) {
         pids[r] = fork();

@@ -20,6 +20,7 @@
 #include "sumo_shm.h"
 #include "support/harness.h"
 #include "support/reference.h"
+#include "support/temp_dir.h"
 
 #include <dirent.h>
 #include <signal.h>
@@ -147,23 +148,7 @@ static inline int leftovers(const pid_t *pids, int n)
 /* A fresh directory for a store, under TMPDIR as mkdtemp(3) users expect. */
 static inline void make_store_dir(char *dir, size_t len)
 {
-    const char *base = getenv("TMPDIR");
-    snprintf(dir, len, "%s/sumo-shm-test.XXXXXX", base && *base ? base : "/tmp");
-    assert_non_null(mkdtemp(dir));
-}
-
-static inline void remove_dir(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (d == NULL) return;
-    char path[512];
-    for (struct dirent *e; (e = readdir(d)) != NULL;) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        unlink(path);
-    }
-    closedir(d);
-    rmdir(dir);
+    assert_true(make_temp_dir(dir, len, "shm"));
 }
 
 /* The dir store's files of keys the meeting has done with once every rank met ("seg/" and

@@ -10,6 +10,7 @@
 #include "common/settings.h"
 #include "sumo_optim.h"
 #include "sumo_shm.h"
+#include "support/temp_dir.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -280,16 +281,7 @@ static void test_optimizer_refuses_malformed_debug(void **state)
 
 static void make_dir(char *dir, size_t len)
 {
-    const char *base = getenv("TMPDIR");
-    snprintf(dir, len, "%s/sumo-settings-test.XXXXXX", base && *base ? base : "/tmp");
-    assert_non_null(mkdtemp(dir));
-}
-
-static void remove_dir(const char *dir)
-{
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+    assert_true(make_temp_dir(dir, len, "settings"));
 }
 
 static sumo_result create_shm(const char *dir, int rank, int size, size_t stage_bytes, char *err,

@@ -26,6 +26,7 @@
 #include "sumo_tcp.h"
 #include "support/harness.h"
 #include "support/reference.h"
+#include "support/temp_dir.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -56,9 +57,7 @@ static char store_dir[160];
 
 static sumo_store *fresh_store(void)
 {
-    const char *base = getenv("TMPDIR");
-    snprintf(store_dir, sizeof store_dir, "%s/sumo-tcp-test.XXXXXX", base && *base ? base : "/tmp");
-    assert_non_null(mkdtemp(store_dir));
+    assert_true(make_temp_dir(store_dir, sizeof store_dir, "tcp"));
     sumo_store *s = NULL;
     assert_int_equal(sumo_store_create_dir(store_dir, &s), SUMO_SUCCESS);
     return s;
