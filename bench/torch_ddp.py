@@ -91,7 +91,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 import sumo  # noqa: E402
 from sumo import _abi as sumo_abi  # noqa: E402
-from sumo._lib import lib as sumo_lib  # noqa: E402
 import sumo.torch as st  # noqa: E402
 from sumo.torch import _runtime as rt  # noqa: E402
 
@@ -207,13 +206,10 @@ def group_comm():
     this communicator instead: sumo's C collectives over the group's own calls (what
     init(transport="group") makes), made once for the job."""
     if not _group_comm:
-        import ctypes
         from sumo.torch import _pg_transport as pgt
         t = pgt.GroupTransport(dist.group.WORLD)
-        comm = ctypes.c_void_p()
-        desc = t.desc(rt.state.hier.local_size if rt.state.hier is not None else 0)
-        rt.raise_for(sumo_lib.sumo_comm_create_transport(ctypes.byref(desc), ctypes.byref(comm)),
-                     "sumo_comm_create_transport")
+        comm = t.comm(rt.state.hier.local_size if rt.state.hier is not None else 0,
+                      "sumo_comm_create_transport")
         _group_comm.extend([t, comm])
     return _group_comm[1]
 

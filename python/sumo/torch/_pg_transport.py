@@ -95,6 +95,15 @@ class GroupTransport:
         return sumo_transport_desc(ctypes.sizeof(sumo_transport_desc), self.rank, self.size,
                                    node_local_size, ctypes.pointer(self.ops), None)
 
+    def comm(self, node_local_size, what):
+        """sumo_comm_create_transport over these operations (this object must outlive the
+        communicator): the communicator, or the SumoError saying what was being made."""
+        comm = ctypes.c_void_p()
+        desc = self.desc(node_local_size)
+        _lib.check(_lib.lib.sumo_comm_create_transport(ctypes.byref(desc), ctypes.byref(comm)),
+                   None, what)
+        return comm
+
     # -- the operations: never raise (ctypes would print and return 0, sumo's success) ------
     def _fail(self, code, what, exc):
         self.error.value = ("%s: %s" % (what, exc)).encode(errors="replace")[:250]

@@ -618,7 +618,6 @@ def _init_group(group, transport):
                            "this group spans %d" % len(set(where)))
     nodes = len(set(hosts))
     per_node = size // nodes if all(hosts.count(h) == size // nodes for h in set(hosts)) else 0
-    comm = ctypes.c_void_p()
     if transport in ("shm", "tcp"):
         store = pgt.StoreAdapter(_store_of(base))
         state.store = store
@@ -629,15 +628,11 @@ def _init_group(group, transport):
         else:
             comm = make_tcp(store, rank, size, prefix, per_node, "the group's store")
     else:
-        t = pgt.GroupTransport(base)
-        state.pg_transport = t
-        desc = t.desc(per_node)
-        check(lib.sumo_comm_create_transport(ctypes.byref(desc), ctypes.byref(comm)), None,
-              "sumo_comm_create_transport over the torch.distributed group")
+        state.pg_transport = pgt.GroupTransport(base)
+        comm = state.pg_transport.comm(per_node, "sumo_comm_create_transport over the "
+                                       "torch.distributed group")
     _adopt(comm, transport, local.index(rank), len(local))
-    if hierarchical:
-        store = pgt.StoreAdapter(_store_of(base))
-        state.store = store
+    if hierarchical:  # over tcp (above): the store's adapter is made
         state.hier = _hier.Hierarchy(base, hosts, store, _key_prefix(base),
                                      lambda r: pgt_global(base, r), _deadline_s())
         state.hier.ops = frozenset(hier_ops)
@@ -789,12 +784,7 @@ def make_group(prefix, rank, size, where):
         raise PeerLost(code, _lib.result_name(code), "making the gloo group of %d over %s: %s"
                        % (size, where, e)) from None
     t = pgt.GroupTransport(None, name="torch.distributed (elastic)", own=pg)
-    comm = ctypes.c_void_p()
-    desc = t.desc(0)
-    code = lib.sumo_comm_create_transport(ctypes.byref(desc), ctypes.byref(comm))
-    if code != SUMO_SUCCESS:
-        raise _lib.error(code, None, "sumo_comm_create_transport over the gloo group of %d"
-                         % size)
+    comm = t.comm(0, "sumo_comm_create_transport over the gloo group of %d" % size)
     # The old transport stays referenced until its communicator is destroyed.
     state.pg_transport, state.pg_transport_old = t, state.pg_transport
     return comm
