@@ -37,61 +37,13 @@ from sumo._abi import (SUMO_ERR_PEER_FAILURE, SUMO_ERR_TIMEOUT, SUMO_OP_ADASUM, 
                        SUMO_OP_AVERAGE, SUMO_OP_SUM)
 from sumo._lib import lib, SumoError  # noqa: E402
 from sumo.torch import _hier, _runtime as rt  # noqa: E402
-from reference import adasum_per_tensor  # noqa: E402
-
-KINDS = {"sum": SUMO_OP_SUM, "average": SUMO_OP_AVERAGE, "adasum": SUMO_OP_ADASUM}
-# Tensors of the Adasum layout: one element, odd sizes, one larger than a Gram chunk's share.
-LAYOUT = [1, 7, 300, 4099, 70000]
-EPS = {torch.float32: 2.0 ** -23, torch.float64: 2.0 ** -52, torch.float16: 2.0 ** -10,
-       torch.bfloat16: 2.0 ** -7}
-failures = []
-
-
-def report(ok, text):
-    if not ok:
-        failures.append(text)
-    if dist.get_rank() == 0 or not ok:
-        print("%s - rank %d: %s" % ("ok  " if ok else "FAIL", dist.get_rank(), text), flush=True)
-
-
-def bits(t):
-    return t.view(torch.int16 if t.element_size() == 2 else
-                  torch.int32 if t.element_size() == 4 else torch.int64)
-
+from across_hosts import (EPS, KINDS, LAYOUT, allreduce, bits, failures, inputs,  # noqa: E402
+                          reference, report)
 
 def gather(t):
     out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
     dist.all_gather(out, t)
     return out
-
-
-def inputs(dtype):
-    g = torch.Generator().manual_seed(1234 + dist.get_rank())
-    x = torch.randn(sum(LAYOUT), generator=g, dtype=torch.float64)
-    # Partly agreeing ranks (a shared direction), so Adasum's coefficients are not all 1.
-    common = torch.randn(sum(LAYOUT), generator=torch.Generator().manual_seed(99),
-                         dtype=torch.float64)
-    return (x + 2 * common).to(dtype)
-
-
-def flat(t, kind, layout):
-    ptr, n, dt = rt.tensor_args(t, "flat")
-    op = rt.adasum_op(rt.state.comm, layout, "flat") if kind == SUMO_OP_ADASUM else kind
-    code = lib.sumo_allreduce(ptr, ptr, n, dt, op, rt.state.comm)
-    if kind == SUMO_OP_ADASUM:
-        lib.sumo_op_destroy(rt.state.comm, op)
-    rt.raise_for(code, "the flat allreduce")
-
-
-def reference(all_inputs, kind):
-    x = [a.to(torch.float64) for a in all_inputs]
-    if kind == SUMO_OP_ADASUM:
-        per_rank = [list(a.split(LAYOUT)) for a in x]
-        return torch.cat(adasum_per_tensor(per_rank))
-    s = torch.zeros_like(x[0])
-    for a in x:
-        s += a
-    return s / len(x) if kind == SUMO_OP_AVERAGE else s
 
 
 def check_collectives(hier, label):
@@ -102,7 +54,7 @@ def check_collectives(hier, label):
             hier.allreduce(h, rt.tensor_args(h, "hier")[2], kind,
                            LAYOUT if kind == SUMO_OP_ADASUM else None, "hier")
             f = src.clone()
-            flat(f, kind, LAYOUT)
+            allreduce(rt.state.comm, f, kind, "the flat allreduce")
             same = torch.equal(bits(h), bits(f))
             everyone = all(torch.equal(bits(o), bits(h)) for o in gather(h))
             ref = reference(gather(src), kind)

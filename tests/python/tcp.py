@@ -27,68 +27,19 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import sumo.torch as st  # noqa: E402
-from sumo._abi import (SUMO_ERR_PEER_FAILURE, SUMO_OP_ADASUM, SUMO_OP_AVERAGE,  # noqa: E402
-                       SUMO_OP_SUM)
+from sumo._abi import SUMO_ERR_PEER_FAILURE, SUMO_OP_ADASUM, SUMO_OP_SUM  # noqa: E402
 from sumo import _lib  # noqa: E402
-from sumo._lib import lib, check, SumoError  # noqa: E402
+from sumo._lib import lib, SumoError  # noqa: E402
 from sumo.torch import _pg_transport as pgt, _runtime as rt  # noqa: E402
-from reference import adasum_per_tensor  # noqa: E402
-
-KINDS = {"sum": SUMO_OP_SUM, "average": SUMO_OP_AVERAGE, "adasum": SUMO_OP_ADASUM}
-LAYOUT = [1, 7, 300, 4099, 70000]
-EPS = {torch.float32: 2.0 ** -23, torch.float64: 2.0 ** -52, torch.float16: 2.0 ** -10,
-       torch.bfloat16: 2.0 ** -7}
-failures = []
-
-
-def report(ok, text):
-    if not ok:
-        failures.append(text)
-    if dist.get_rank() == 0 or not ok:
-        print("%s - rank %d: %s" % ("ok  " if ok else "FAIL", dist.get_rank(), text), flush=True)
-
-
-def bits(t):
-    return t.view(torch.int16 if t.element_size() == 2 else
-                  torch.int32 if t.element_size() == 4 else torch.int64)
-
-
-def inputs(dtype):
-    g = torch.Generator().manual_seed(1234 + dist.get_rank())
-    x = torch.randn(sum(LAYOUT), generator=g, dtype=torch.float64)
-    common = torch.randn(sum(LAYOUT), generator=torch.Generator().manual_seed(99),
-                         dtype=torch.float64)
-    return (x + 2 * common).to(dtype)
-
-
-def allreduce(comm, t, kind):
-    ptr, n, dt = rt.tensor_args(t, "t")
-    op = rt.adasum_op(comm, LAYOUT, "t") if kind == SUMO_OP_ADASUM else kind
-    code = lib.sumo_allreduce(ptr, ptr, n, dt, op, comm)
-    if kind == SUMO_OP_ADASUM:
-        lib.sumo_op_destroy(comm, op)
-    rt.raise_for(code, "allreduce")
-
-
-def reference(all_inputs, kind):
-    x = [a.to(torch.float64) for a in all_inputs]
-    if kind == SUMO_OP_ADASUM:
-        return torch.cat(adasum_per_tensor([list(a.split(LAYOUT)) for a in x]))
-    s = torch.zeros_like(x[0])
-    for a in x:
-        s += a
-    return s / len(x) if kind == SUMO_OP_AVERAGE else s
-
+from across_hosts import (EPS, KINDS, allreduce, bits, failures, inputs,  # noqa: E402
+                          reference, report)
 
 def group_comm():
     """The flat path over the group's own calls, on the same ranks (what transport="group"
     makes)."""
     t = pgt.GroupTransport(dist.group.WORLD)
-    comm = ctypes.c_void_p()
-    desc = t.desc(rt.state.hier.local_size if rt.state.hier else 0)
-    check(lib.sumo_comm_create_transport(ctypes.byref(desc), ctypes.byref(comm)), None,
-          "sumo_comm_create_transport")
-    return t, comm
+    return t, t.comm(rt.state.hier.local_size if rt.state.hier else 0,
+                     "sumo_comm_create_transport")
 
 
 def main():
@@ -105,8 +56,8 @@ def main():
         for kname, kind in KINDS.items():
             src = inputs(dtype)
             a, b = src.clone(), src.clone()
-            allreduce(rt.state.comm, a, kind)
-            allreduce(gcomm, b, kind)
+            allreduce(rt.state.comm, a, kind, "tcp")
+            allreduce(gcomm, b, kind, "group")
             everyone = [torch.empty_like(src) for _ in range(dist.get_world_size())]
             dist.all_gather(everyone, src)
             mine = bits(a).to(torch.int64)
