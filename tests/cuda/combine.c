@@ -148,74 +148,74 @@ static void make_inputs(const combine_case *c, size_t n, void **h)
         }
 }
 
+/* A case's inputs on `kind` memory, and its outputs (the inputs themselves in place). */
+typedef struct case_bufs {
+    tbuf in[16], out[16];
+    const void *ki[16];
+    void *ko[16];
+} case_bufs;
+
+static void bufs_make(int kind, const combine_case *c, void *const *h, size_t n, case_bufs *b)
+{
+    for (int j = 0; j < c->P; j++) {
+        b->in[j] = t_upload(kind, c->dt, h[j], n, 0);
+        b->ki[j] = b->in[j].p;
+    }
+    for (int o = 0; o < c->nout; o++) {
+        b->out[o] = c->in_place ? b->in[o] : t_alloc(kind, c->dt, n, 0);
+        b->ko[o] = b->out[o].p;
+    }
+}
+
+/* The outputs fetched to host (got), then every buffer freed. */
+static void bufs_finish(int kind, const combine_case *c, size_t n, case_bufs *b, void **got)
+{
+    for (int o = 0; o < c->nout; o++) got[o] = fetch(kind, c->dt, &b->out[o], n);
+    for (int j = 0; j < c->P; j++) m_free(kind, b->in[j].base);
+    if (!c->in_place)
+        for (int o = 0; o < c->nout; o++) m_free(kind, b->out[o].base);
+}
+
 /* The combine on `kind` memory through sumo_cuda_adasum_combine (outputs fetched to host). */
 static void combine_on(int kind, sumo_cuda_kernels *k, const combine_case *c, void *const *h,
                        void **got, int *applied)
 {
     size_t off[8], T = case_offsets(c, off), n = off[T];
-    tbuf in[16], out[16];
-    const void *ki[16];
-    void *ko[16];
-    for (int j = 0; j < c->P; j++) {
-        in[j] = t_upload(kind, c->dt, h[j], n, 0);
-        ki[j] = in[j].p;
-    }
-    for (int o = 0; o < c->nout; o++) {
-        if (c->in_place) {
-            out[o] = in[o];
-        } else {
-            out[o] = t_alloc(kind, c->dt, n, 0);
-        }
-        ko[o] = out[o].p;
-    }
+    case_bufs b;
+    bufs_make(kind, c, h, n, &b);
     *applied = -1;
-    sumo_result r = sumo_cuda_adasum_combine(k, c->dt, ko, c->nout, ki, c->P, off, T, NULL, applied);
+    sumo_result r = sumo_cuda_adasum_combine(k, c->dt, b.ko, c->nout, b.ki, c->P, off, T, NULL,
+                                             applied);
     if (r != SUMO_SUCCESS) *applied = -2;
-    for (int o = 0; o < c->nout; o++) got[o] = fetch(kind, c->dt, &out[o], n);
-    for (int j = 0; j < c->P; j++) m_free(kind, in[j].base);
-    if (!c->in_place)
-        for (int o = 0; o < c->nout; o++) m_free(kind, out[o].base);
+    bufs_finish(kind, c, n, &b, got);
 }
 
 /* What a collective runs on one table: gram_partials into a zeroed array, the library's
- * weights (need 8 epsilon, flat), declined when any tensor's flags are set, else
- * weighted_sum. */
+ * weights (the accuracy its allreduce asks, flat), declined when any tensor's flags are set,
+ * else weighted_sum. */
 static void table_path(const sumo_kernel_table *k, int kind, const combine_case *c, void *const *h,
                        void **got, int *applied)
 {
     size_t off[8], T = case_offsets(c, off), n = off[T], L = sumo__gram_len(c->P);
-    tbuf in[16], out[16];
-    const void *ki[16];
-    void *ko[16];
-    for (int j = 0; j < c->P; j++) {
-        in[j] = t_upload(kind, c->dt, h[j], n, 0);
-        ki[j] = in[j].p;
-    }
-    for (int o = 0; o < c->nout; o++) {
-        out[o] = c->in_place ? in[o] : t_alloc(kind, c->dt, n, 0);
-        ko[o] = out[o].p;
-    }
+    case_bufs b;
+    bufs_make(kind, c, h, n, &b);
     double *gram = calloc(T * L, sizeof *gram), *w = malloc(T * (size_t)c->P * sizeof *w), work[32];
     unsigned char flags[8];
     *applied = -2;
-    if (k->gram_partials(k->ctx, NULL, c->dt, ki, c->P, off, T, 0, n, gram) == SUMO_SUCCESS) {
-        double eps = c->dt == SUMO_FLOAT16 ? 0x1p-10 : c->dt == SUMO_BFLOAT16 ? 0x1p-7
-                   : c->dt == SUMO_FLOAT32 ? 0x1p-23 : 0x1p-52;
-        sumo__adasum_gram_params p = {.nranks = c->P, .group_size = 1, .need = 8 * eps};
+    if (k->gram_partials(k->ctx, NULL, c->dt, b.ki, c->P, off, T, 0, n, gram) == SUMO_SUCCESS) {
+        sumo__adasum_gram_params p = {.nranks = c->P, .group_size = 1,
+                                      .need = sumo__adasum_need(c->dt)};
         sumo__adasum_gram_weights(&p, gram, T, w, flags, work);
         *applied = 1;
         for (size_t t = 0; t < T; t++)
             if (flags[t]) *applied = 0;
-        if (*applied && k->weighted_sum(k->ctx, NULL, c->dt, ko, c->nout, ki, c->P, off, T, 0, n, w) !=
-                            SUMO_SUCCESS)
+        if (*applied && k->weighted_sum(k->ctx, NULL, c->dt, b.ko, c->nout, b.ki, c->P, off, T, 0,
+                                        n, w) != SUMO_SUCCESS)
             *applied = -2;
     }
-    for (int o = 0; o < c->nout; o++) got[o] = fetch(kind, c->dt, &out[o], n);
     free(gram);
     free(w);
-    for (int j = 0; j < c->P; j++) m_free(kind, in[j].base);
-    if (!c->in_place)
-        for (int o = 0; o < c->nout; o++) m_free(kind, out[o].base);
+    bufs_finish(kind, c, n, &b, got);
 }
 
 static void check_combine(const combine_case *c, int kind_a, sumo_cuda_kernels *ka, int kind_b,
