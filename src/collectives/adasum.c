@@ -78,9 +78,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* sqrt(DBL_MIN) = sqrt(2^-1022), exactly; Horovod's tiny-norm threshold. */
-#define TINY_NORM_SQ 0x1p-511
-
 /* Ranks and levels are ints; a power of two among them has at most 31 halvings. */
 #define MAX_LEVELS 32
 
@@ -283,8 +280,8 @@ static bool coefficients(const double s[3], double *cl, double *cr)
         *cl = *cr = NAN;
         return false;
     }
-    *cl = s[1] < TINY_NORM_SQ ? 1.0 : 1.0 - s[0] / (2.0 * s[1]);
-    *cr = s[2] < TINY_NORM_SQ ? 1.0 : 1.0 - s[0] / (2.0 * s[2]);
+    *cl = s[1] < SUMO__ADASUM_TINY_NORM_SQ ? 1.0 : 1.0 - s[0] / (2.0 * s[1]);
+    *cr = s[2] < SUMO__ADASUM_TINY_NORM_SQ ? 1.0 : 1.0 - s[0] / (2.0 * s[2]);
     return true;
 }
 

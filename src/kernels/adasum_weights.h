@@ -84,7 +84,9 @@ typedef struct sumo__adasum_gram_params {
                       * counts the weights' own rounding only */
 } sumo__adasum_gram_params;
 
-/* sqrt(DBL_MIN), the tree's tiny-norm threshold (adasum.c's TINY_NORM_SQ). */
+/* sqrt(DBL_MIN) = sqrt(2^-1022), exactly: Horovod's tiny-norm threshold, below which a
+ * combine takes its operand whole; the tree (collectives/adasum.c) and the Gram form use this
+ * one definition, so their coefficients agree. */
 #define SUMO__ADASUM_TINY_NORM_SQ 0x1p-511
 
 /*
