@@ -65,6 +65,18 @@ def check_collectives(hier, label):
                    "%s: %-7s %-8s hierarchical == flat bit for bit: %s, same bits on every "
                    "rank: %s, relative error vs float64 %.2g"
                    % (label, str(dtype).split(".")[1], name, same, everyone, err))
+    # A 0-dim tensor (a metric averaged, as examples/horovod_style.py's test() does): the
+    # chain slices what it sends; exact values, so the closed form holds bit for bit.
+    P = dist.get_world_size()
+    for name, kind, want in (("sum", SUMO_OP_SUM, P * (P + 1) / 2),
+                             ("average", SUMO_OP_AVERAGE, (P + 1) / 2)):
+        h = torch.tensor(float(dist.get_rank() + 1), dtype=torch.float64)
+        try:
+            out = hier.allreduce(h, rt.tensor_args(h, "hier")[2], kind, None, "hier 0-dim")
+            ok, got = out is h and h.dim() == 0 and h.item() == want, h.item()
+        except SumoError as e:
+            ok, got = False, e
+        report(ok, "%s: a 0-dim tensor's %s: %s (closed form %s)" % (label, name, got, want))
 
 
 def other_layout(hosts, timeout_s=60):

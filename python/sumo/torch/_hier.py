@@ -155,6 +155,9 @@ class Hierarchy:
         n = t.numel()
         if n == 0:
             return t
+        # A flat view: the chunks and copies below slice and copy 1-D buffers, and a 0-dim
+        # tensor (a metric's average) cannot be sliced. The caller's t holds the result.
+        result, t = t, t.view(-1)
         ptr = ctypes.c_void_p(t.data_ptr())
         chained = self.chain and kind in (SUMO_OP_SUM, SUMO_OP_AVERAGE)
         # Inside the host: the leader gathers its ranks' inputs (in the gather design into
@@ -192,7 +195,7 @@ class Hierarchy:
                                  % (what, e)) from e
         self._check(lib.sumo_broadcast(ptr if self.leader else None, ptr, n, dt, 0, self.comm),
                     "%s: the broadcast inside host %d" % (what, self.host))
-        return t
+        return result
 
     def _gather_local(self, t, n, dt, slots, what):
         """The host's inputs on its leader, in rank order: one shm broadcast from each other
