@@ -11,7 +11,9 @@
 #  4. runs sumo.torch's CUDA tests (tests/python/test_torch_cuda.py): one rank on the threads
 #     transport, then over sumo's NCCL transport under torchrun, one rank per GPU (2 where
 #     there are 2 GPUs, else 1: NCCL takes one GPU per rank), then over the shared-memory
-#     transport under torchrun with 2 and 4 processes on GPU 0 (CUDA IPC between them);
+#     transport under torchrun with 2 and 4 processes on GPU 0 (CUDA IPC between them), then
+#     on the hierarchical path (CUDA IPC inside a host, NCCL between hosts: one host of 2
+#     processes on GPU 0, and 2 simulated hosts of one rank each where there are 2 GPUs);
 #  5. runs the benchmarks: the fused Adasum combine (bench/cuda_adasum) and the torch
 #     compositions on the same GPU (bench/torch_adasum_cuda.py), a CNN training step at one
 #     rank (bench/torch_cuda_step.py: DDP's NCCL against sumo's average and Adasum hooks on the
@@ -130,6 +132,19 @@ for ipc_ranks in 2 4; do
     env SUMO_TEST_TRANSPORT=shm CUDA_VISIBLE_DEVICES=0 "$python" -m torch.distributed.run \
     --standalone --nproc_per_node "$ipc_ranks" "${pytest_args[@]}"
 done
+# The hierarchical path (sumo_hier.h: CUDA IPC inside a host, NCCL between hosts): one host of
+# 2 processes on GPU 0 (an NCCL communicator of one rank per local rank); with 2 GPUs, 2 ranks
+# as 2 simulated hosts, NCCL between them.
+step "torch CUDA tests, hierarchical, one host of 2 processes on GPU 0" 120 \
+  env SUMO_TEST_TRANSPORT=hierarchical CUDA_VISIBLE_DEVICES=0 "$python" -m torch.distributed.run \
+  --standalone --nproc_per_node 2 "${pytest_args[@]}"
+if [ "$gpus" -ge 2 ]; then
+  step "torch CUDA tests, hierarchical, 2 hosts of 1 (NCCL between GPUs 0 and 1)" 120 \
+    env SUMO_TEST_TRANSPORT=hierarchical SUMO_LOCAL_SIZE=1 "$python" -m torch.distributed.run \
+    --standalone --nproc_per_node 2 "${pytest_args[@]}"
+else
+  summary+=("| torch CUDA tests, hierarchical, 2 hosts | not run: one GPU (NCCL takes one GPU per rank) | 0 s |")
+fi
 step "torch_cuda_step" 180 "$python" bench/torch_cuda_step.py --csv "$out/torch_step.csv" --table "$out/tables.md"
 # N ranks sharing the GPU(s) under torchrun: DDP with gloo against sumo's hooks over shared
 # memory and CUDA IPC (issue 30 item 5); the CSV of each N beside the one-rank one.

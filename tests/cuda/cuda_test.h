@@ -157,6 +157,8 @@ void t_nccl_fake_timeout(void);
 void t_nccl_fake_error(void);
 void t_nccl_fake_abort(void);
 void t_nccl_fake_create(void);
+void t_nccl_fake_hier(void);
+void d_hier_one_node(void);
 void d_nccl_one_rank(void);
 
 #endif

@@ -6,6 +6,7 @@
  */
 #include "cuda_test.h"
 #include "nccl_api.h"
+#include "sumo_hier.h"
 
 #include <cuda_runtime_api.h>
 
@@ -608,6 +609,227 @@ void t_nccl_fake_create(void)
     sumo_cuda__nccl_close_unowned(ctx);
     CHECK(atomic_load(&n.destroys[0]) == 0, "an unowned context leaves the communicator alone");
     fk_net_free(&n);
+}
+
+/* ---- sumo_hier.h: CUDA IPC inside a node, NCCL between nodes -------------------------------- */
+
+/* H nodes of HL ranks on "device" buffers: each node's ranks on a threads communicator (their
+ * kernels read each other's buffers, as over CUDA IPC) and each local rank's peers on the
+ * other nodes over the fake NCCL; against the same composition whose across communicators are
+ * threads ones (which move device memory only by their shared-memory algorithms): sum and
+ * average bit for bit, Adasum per tensor within rounding (its point-to-point and shared-memory
+ * forms may round apart); every rank the same bits; the sum against two levels of in-order
+ * sums. */
+#define HL 2
+#define HN (XN + 3)
+
+typedef struct hjob {
+    int H;
+    bool fake;                 /* across over the fake NCCL, else threads */
+    sumo_comm *node[MAXP][HL]; /* [node][local rank] */
+    sumo_comm *across[HL][MAXP];
+    fk_net nets[HL];
+    float out[MAXP][3][HN];
+    sumo_result res[MAXP];
+    char msg[MAXP][320];
+} hjob;
+
+typedef struct hier_arg {
+    hjob *x;
+    int h, l;
+} hier_arg;
+
+static void *hier_rank(void *p)
+{
+    hier_arg *a = p;
+    hjob *x = a->x;
+    int rank = a->h * HL + a->l;
+    sumo_comm *node = x->node[a->h][a->l], *across = NULL;
+    sumo_result r = sumo_comm_add_kernels(node, g_emu_table);
+    if (x->fake) {
+        fk_rank *me = &x->nets[a->l].ranks[a->h];
+        if (r == SUMO_SUCCESS) r = sumo_cuda__nccl_comm_create(&FAKE, me, me, &across);
+    } else {
+        across = x->across[a->l][a->h];
+    }
+    if (r == SUMO_SUCCESS) r = sumo_comm_add_kernels(across, g_emu_table);
+    sumo_hier *hier = NULL;
+    if (r == SUMO_SUCCESS) r = sumo_hier_create(node, across, &hier);
+    size_t bytes = HN * sizeof(float);
+    float *h = malloc(bytes), *buf = m_alloc(M_EMU, bytes);
+    static const size_t layout[] = {300, 1, 599, 0, 303};
+    const sumo_op ops[3] = {SUMO_OP_SUM, SUMO_OP_AVERAGE, SUMO_OP_ADASUM};
+    for (int k = 0; k < 3 && r == SUMO_SUCCESS; k++) {
+        for (int i = 0; i < HN; i++) h[i] = (float)harness_uniform_at(11 + (uint64_t)k, (uint64_t)rank, (size_t)i);
+        m_put(M_EMU, buf, h, bytes);
+        r = sumo_hier_allreduce(buf, buf, HN, SUMO_FLOAT32, ops[k], k == 2 ? layout : NULL,
+                                k == 2 ? 5 : 0, NULL, hier);
+        m_get(M_EMU, x->out[rank][k], buf, bytes);
+    }
+    const char *m = "";
+    if (hier) sumo_hier_error_message(hier, &m);
+    snprintf(x->msg[rank], sizeof x->msg[rank], "%s", m);
+    x->res[rank] = r;
+    sumo_hier_destroy(hier);
+    if (x->fake && across) sumo_comm_destroy(across);
+    m_free(M_EMU, buf);
+    free(h);
+    return NULL;
+}
+
+static void hier_run(hjob *x)
+{
+    for (int h = 0; h < x->H; h++) CHECK_OK(sumo_comm_create_threads(HL, x->node[h]));
+    for (int l = 0; l < HL; l++) {
+        if (x->fake) fk_net_init(&x->nets[l], x->H);
+        else CHECK_OK(sumo_comm_create_threads(x->H, x->across[l]));
+    }
+    pthread_t ids[MAXP * HL];
+    hier_arg args[MAXP * HL];
+    for (int h = 0; h < x->H; h++)
+        for (int l = 0; l < HL; l++) {
+            args[h * HL + l] = (hier_arg){.x = x, .h = h, .l = l};
+            pthread_create(&ids[h * HL + l], NULL, hier_rank, &args[h * HL + l]);
+        }
+    for (int i = 0; i < x->H * HL; i++) pthread_join(ids[i], NULL);
+    for (int h = 0; h < x->H; h++)
+        for (int l = 0; l < HL; l++) {
+            sumo_comm_destroy(x->node[h][l]);
+            if (!x->fake) sumo_comm_destroy(x->across[l][h]);
+        }
+    for (int l = 0; l < HL && x->fake; l++) fk_net_free(&x->nets[l]);
+}
+
+void t_nccl_fake_hier(void)
+{
+    for (int H = 1; H <= 3; H++) {
+        hjob *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
+        a->H = b->H = H;
+        b->fake = true;
+        hier_run(a);
+        hier_run(b);
+        for (int r = 0; r < H * HL; r++) {
+            CHECK(a->res[r] == SUMO_SUCCESS && b->res[r] == SUMO_SUCCESS,
+                  "H %d rank %d: threads %s (%s), nccl %s (%s)", H, r, sumo_result_name(a->res[r]),
+                  a->msg[r], sumo_result_name(b->res[r]), b->msg[r]);
+            for (int k = 0; k < 3; k++) {
+                CHECK(k == 2 || memcmp(a->out[r][k], b->out[r][k], sizeof a->out[r][k]) == 0,
+                      "H %d rank %d op %d: NCCL between the nodes differs from threads", H, r, k);
+                CHECK(memcmp(b->out[r][k], b->out[0][k], sizeof b->out[r][k]) == 0,
+                      "H %d rank %d op %d: differs from rank 0", H, r, k);
+            }
+            for (int i = 0; i < HN; i++) {
+                float g = b->out[r][2][i], w = a->out[r][2][i];
+                if (!(fabsf(g - w) <= 1e-5f * (1 + fabsf(w)))) {
+                    CHECK(false, "H %d rank %d Adasum element %d: %g vs %g", H, r, i, g, w);
+                    break;
+                }
+            }
+        }
+        /* The sum is two levels of in-order sums (fp32 accumulates in fp32). */
+        for (int i = 0; i < HN; i++) {
+            float want = 0;
+            for (int h = 0; h < H; h++) {
+                float node = 0;
+                for (int l = 0; l < HL; l++)
+                    node += (float)harness_uniform_at(11, (uint64_t)(h * HL + l), (size_t)i);
+                want += node;
+            }
+            if (b->out[0][0][i] != want) {
+                CHECK(false, "H %d sum element %d: %.9g, want %.9g", H, i, b->out[0][0][i], want);
+                break;
+            }
+        }
+        free(a);
+        free(b);
+    }
+}
+
+/* On a device: one node of HL ranks (threads, reading each other's device buffers) and, per
+ * local rank, a real NCCL communicator of one rank between the "nodes" (NCCL refuses two
+ * ranks of one communicator on one device): sum and average against the closed form of two
+ * inputs, Adasum over one node's average = that average, every rank the same bits. */
+typedef struct dhier {
+    sumo_comm *node[HL], *across[HL];
+    float out[HL][3][HN];
+    sumo_result res[HL];
+    char msg[HL][320];
+} dhier;
+
+typedef struct dhier_arg {
+    dhier *x;
+    int l;
+} dhier_arg;
+
+static void *dhier_rank(void *p)
+{
+    dhier_arg *a = p;
+    dhier *x = a->x;
+    sumo_hier *hier = NULL;
+    sumo_result r = sumo_comm_add_cuda(x->node[a->l], g_dev_kernels);
+    if (r == SUMO_SUCCESS) r = sumo_hier_create(x->node[a->l], x->across[a->l], &hier);
+    size_t bytes = HN * sizeof(float);
+    float *h = malloc(bytes), *buf = m_alloc(M_DEV, bytes);
+    static const size_t layout[] = {300, 1, 599, 0, 303};
+    const sumo_op ops[3] = {SUMO_OP_SUM, SUMO_OP_AVERAGE, SUMO_OP_ADASUM};
+    for (int k = 0; k < 3 && r == SUMO_SUCCESS; k++) {
+        for (int i = 0; i < HN; i++) h[i] = (float)harness_uniform_at(21, (uint64_t)a->l, (size_t)i);
+        m_put(M_DEV, buf, h, bytes);
+        r = sumo_hier_allreduce(buf, buf, HN, SUMO_FLOAT32, ops[k], k == 2 ? layout : NULL,
+                                k == 2 ? 5 : 0, NULL, hier);
+        m_get(M_DEV, x->out[a->l][k], buf, bytes);
+    }
+    const char *m = "";
+    if (hier) sumo_hier_error_message(hier, &m);
+    snprintf(x->msg[a->l], sizeof x->msg[a->l], "%s", m);
+    x->res[a->l] = r;
+    sumo_hier_destroy(hier);
+    m_free(M_DEV, buf);
+    free(h);
+    return NULL;
+}
+
+void d_hier_one_node(void)
+{
+    unsigned char uid[128];
+    if (sumo_nccl_unique_id(uid, sizeof uid) != SUMO_SUCCESS) {
+        printf("    (NCCL not loaded; set SUMO_NCCL_LIBRARY)\n");
+        CHECK(getenv("SUMO_CUDA_TEST_REQUIRE_NCCL") == NULL, "NCCL required");
+        return;
+    }
+    dhier *x = calloc(1, sizeof *x);
+    CHECK_OK(sumo_comm_create_threads(HL, x->node));
+    for (int l = 0; l < HL; l++) {
+        CHECK_OK(sumo_nccl_unique_id(uid, sizeof uid));
+        CHECK_OK(sumo_comm_create_nccl_rank(1, uid, sizeof uid, 0, 0, NULL, &x->across[l]));
+        CHECK_OK(sumo_comm_add_cuda(x->across[l], g_dev_kernels));
+    }
+    pthread_t ids[HL];
+    dhier_arg args[HL];
+    for (int l = 0; l < HL; l++) {
+        args[l] = (dhier_arg){.x = x, .l = l};
+        pthread_create(&ids[l], NULL, dhier_rank, &args[l]);
+    }
+    for (int l = 0; l < HL; l++) pthread_join(ids[l], NULL);
+    for (int l = 0; l < HL; l++) {
+        CHECK(x->res[l] == SUMO_SUCCESS, "rank %d: %s (%s)", l, sumo_result_name(x->res[l]), x->msg[l]);
+        CHECK(memcmp(x->out[l], x->out[0], sizeof x->out[l]) == 0, "rank %d differs from rank 0", l);
+    }
+    int bad = 0;
+    for (int i = 0; i < HN && bad < 3; i++) {
+        float u = (float)harness_uniform_at(21, 0, (size_t)i), v = (float)harness_uniform_at(21, 1, (size_t)i);
+        float sum = u + v, avg = sum / 2;
+        if (x->out[0][0][i] != sum || x->out[0][1][i] != avg || x->out[0][2][i] != avg) {
+            CHECK(false, "element %d: sum %.9g average %.9g Adasum %.9g, want %.9g, %.9g, %.9g", i,
+                  x->out[0][0][i], x->out[0][1][i], x->out[0][2][i], sum, avg, avg);
+            bad++;
+        }
+    }
+    for (int l = 0; l < HL; l++) {
+        sumo_comm_destroy(x->node[l]);
+        sumo_comm_destroy(x->across[l]);
+    }
+    free(x);
 }
 
 /* ---- the real NCCL, at one rank ---------------------------------------------------------- */

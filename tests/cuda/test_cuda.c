@@ -248,6 +248,7 @@ int main(int argc, char **argv)
         {"NCCL transport, fake: NCCL error", t_nccl_fake_error},
         {"NCCL transport, fake: abort", t_nccl_fake_abort},
         {"NCCL transport, fake: create/ops", t_nccl_fake_create},
+        {"hierarchical: node threads, NCCL between nodes (fake)", t_nccl_fake_hier},
     };
     static const test_case device_tests[] = {
         {"claims", d_claims},
@@ -257,6 +258,7 @@ int main(int argc, char **argv)
         {"combine vs emulator", d_combine},
         {"threads P=2..4 on one GPU", d_collectives},
         {"NCCL at one rank", d_nccl_one_rank},
+        {"hierarchical: one node, NCCL between nodes", d_hier_one_node},
     };
     int failed = 0;
     if (!device_only) failed += run_tests("host", host_tests, sizeof host_tests / sizeof host_tests[0]);

@@ -51,8 +51,10 @@ def sumo_comm():
     if transport == "nccl":
         # One GPU per rank (torchrun's LOCAL_RANK), as a user's script picks it.
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    elif transport == "shm" and "LOCAL_RANK" in os.environ and torch.cuda.is_available():
-        # Processes of one node over CUDA IPC: several ranks may share a GPU.
+    elif transport in ("shm", "hierarchical") and "LOCAL_RANK" in os.environ and \
+            torch.cuda.is_available():
+        # Processes of one node over CUDA IPC (hierarchical: inside each host, NCCL between
+        # them): several ranks may share a GPU.
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
     st.init(transport=transport)
     torch.set_num_threads(1)

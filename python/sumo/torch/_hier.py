@@ -14,6 +14,14 @@ that host h+1 works on chunk k while host h computes chunk k+1. The last host's 
 and rounds once, as the flat path does, and broadcasts the result to the other leaders; each
 leader then broadcasts it inside its host. Each host sends about one vector, not its L inputs.
 
+CUDA tensors take another design, all of it in C (sumo_hier.h): the host's shm communicator,
+whose kernels read the peers' device buffers over CUDA IPC, and per local rank an NCCL
+communicator of that local rank on every host (one GPU per rank), made at the first CUDA
+allreduce. Sum and average are a reduce-scatter in the host, an allreduce of each rank's slice
+between the hosts and an allgather in the host (each level rounds once, so the bits are not the
+flat path's); Adasum is the tree over the hosts' averages (sumo's hierarchical Adasum with a
+group per host).
+
 Adasum (and sum or average when a host's ranks are not consecutive, which no chain in host
 order can sum in rank order): every rank's input crosses (the leader's all_gather of the hosts'
 blocks), and each leader runs the flat path's own computation on a threads communicator of P
@@ -126,16 +134,68 @@ class Hierarchy:
         self._threads = None  # the leader's threads communicator for the gather design
         self._pool = None
         self._ops = {}
+        self.cuda = None      # sumo_hier over self.comm and cuda_across (CUDA tensors)
+        self.cuda_across = None
+
+    def setup_cuda(self, cu, kernels, device, nccl_id):
+        """The CUDA design: self.comm takes the device's kernels, and this rank joins the NCCL
+        communicator of its local rank on every host (nccl_id(local_rank, host) -> the id,
+        through the store). Collective; every rank calls it before its first CUDA allreduce."""
+        sizes = sorted(set(len(m) for m in self.members))
+        if len(sizes) != 1:
+            raise ValueError("sumo: CUDA tensors across hosts need the same number of ranks on "
+                             "every host (here %s)" % ", ".join(map(str, sizes)))
+        code = cu.sumo_comm_add_cuda(self.comm, kernels)
+        if code != SUMO_SUCCESS:
+            raise _lib.error(code, self.comm, "sumo_comm_add_cuda on host %d's communicator"
+                             % self.host)
+        uid = nccl_id(self.local_rank, self.host)
+        across = ctypes.c_void_p()
+        code = cu.sumo_comm_create_nccl_rank(self.nhosts, uid, len(uid), self.host, device, None,
+                                             ctypes.byref(across))
+        if code != SUMO_SUCCESS:
+            raise _lib.error(code, None, "sumo_comm_create_nccl_rank between the hosts (host %d "
+                             "of %d, local rank %d, cuda:%d; sumo printed NCCL's reason on "
+                             "stderr)" % (self.host, self.nhosts, self.local_rank, device))
+        self.cuda_across = across
+        code = cu.sumo_comm_add_cuda(across, kernels)
+        hier = ctypes.c_void_p()
+        if code == SUMO_SUCCESS:
+            code = lib.sumo_hier_create(self.comm, across, ctypes.byref(hier))
+        if code != SUMO_SUCCESS:
+            raise _lib.error(code, None, "sumo_hier_create on host %d, local rank %d (sumo "
+                             "printed why on stderr)" % (self.host, self.local_rank))
+        self.cuda = hier
+
+    def cuda_allreduce(self, send, recv, n, dt, kind, layout, stream, what):
+        """The C design on device buffers (send and recv: pointers, the same one in place), its
+        kernels on `stream`, whose queued work the caller has completed (the host's peers read
+        the buffer over CUDA IPC)."""
+        counts = (ctypes.c_size_t * len(layout))(*layout) if layout else None
+        code = lib.sumo_hier_allreduce(send, recv, n, dt, kind, counts, len(layout or ()),
+                                       stream or None, self.cuda)
+        if code != SUMO_SUCCESS:
+            m = ctypes.c_char_p()
+            lib.sumo_hier_error_message(self.cuda, ctypes.byref(m))
+            raise _lib.error(code, None, "%s: %s" % (what, (m.value or b"").decode(
+                errors="replace")))
 
     def destroy(self):
         self._drop_threads()
+        hier, self.cuda = self.cuda, None
+        if hier:
+            lib.sumo_hier_destroy(hier)
+        across, self.cuda_across = self.cuda_across, None
+        if across:
+            lib.sumo_comm_destroy(across)
         if self.comm:
             lib.sumo_comm_destroy(self.comm)
             self.comm = ctypes.c_void_p()
 
     def abort(self, why):
-        if self.comm:
-            lib.sumo_comm_abort(self.comm, why.encode()[:200])
+        for comm in (self.comm, self.cuda_across):
+            if comm:
+                lib.sumo_comm_abort(comm, why.encode()[:200])
 
     def _buffer(self, key, numel, dtype):
         t = self._scratch.get(key)

@@ -39,7 +39,7 @@ from .._abi import (SUMO_SUCCESS, SUMO_ERR_INVALID_ARGUMENT, SUMO_ERR_TIMEOUT,
                     SUMO_ERR_PEER_FAILURE, SUMO_FLOAT32, SUMO_FLOAT64, SUMO_FLOAT16,
                     SUMO_BFLOAT16, SUMO_OP_SUM, SUMO_OP_AVERAGE, SUMO_OP_ADASUM,
                     SUMO_COLLECTIVE_ALLREDUCE, SUMO_COLLECTIVE_BROADCAST,
-                    sumo_adasum_options, sumo_agree_options, sumo_collective, sumo_shm_options,
+                    SUMO_COLLECTIVE_BARRIER, sumo_adasum_options, sumo_agree_options, sumo_collective, sumo_shm_options,
                     sumo_tcp_options,
                     sumo_shrink_info, sumo_shrink_options)
 from .._lib import lib, check, SumoError
@@ -173,7 +173,14 @@ def adasum_op(comm, layout, what):
     out = ctypes.c_uint32()
     raise_for(lib.sumo_op_create_adasum(comm, ctypes.byref(opts), ctypes.byref(out)),
               "sumo_op_create_adasum for " + what)
+    # The CUDA design across hosts takes the layout itself (_hier_collective).
+    _ADASUM_LAYOUTS[(comm.value if isinstance(comm, ctypes.c_void_p) else comm, out.value)] = \
+        tuple(layout)
     return out.value
+
+
+# (communicator, op) -> the layout of an Adasum op adasum_op made.
+_ADASUM_LAYOUTS = {}
 
 
 def tensor_args(t, name):
@@ -207,7 +214,9 @@ def tensor_args(t, name):
 # memory transport (torchrun's processes on one node), whose ranks' kernels read and write each
 # other's device buffers through CUDA IPC (one GPU or several; memory IPC cannot export, as
 # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True gives, is refused by the C library, naming
-# what to change). The MPI and process-group transports move host memory only and refuse CUDA
+# what to change). Across hosts (the hierarchical path, init()'s default there), the allreduce
+# of CUDA tensors is sumo_hier.h's: CUDA IPC inside each host, NCCL between the hosts
+# (_hier.py). The MPI and process-group transports move host memory only and refuse CUDA
 # tensors.
 
 # Transports whose collectives take device buffers.
@@ -226,18 +235,23 @@ def _device_index(device):
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
+def _peers_read_elsewhere():
+    return state.transport in _PEERS_READ_ELSEWHERE or state.hier is not None
+
+
 def cuda_ready(t, name):
     """Makes the communicator take CUDA tensor t (its device's kernels, once), or refuses it
     by name: a transport that cannot move device memory, a device other than the NCCL
     communicator's, no libsumo_cuda, no device."""
-    if state.comm is not None and state.transport not in CUDA_TRANSPORTS:
+    if state.comm is not None and state.transport not in CUDA_TRANSPORTS and state.hier is None:
         raise ValueError("sumo: tensor %s is on %s; the %s transport moves host memory only "
                          "(init(transport=\"nccl\") takes CUDA tensors, one GPU per rank)"
                          % (name, t.device, state.transport))
     index = _device_index(t.device)
     if index in _Cuda.kernels:
         return
-    if state.transport == "nccl" and _Cuda.device is not None and index != _Cuda.device:
+    if (state.transport == "nccl" or state.hier is not None) and _Cuda.device is not None \
+            and index != _Cuda.device:
         raise ValueError("sumo: tensor %s is on cuda:%d; this rank's NCCL communicator is on "
                          "cuda:%d" % (name, index, _Cuda.device))
     try:
@@ -286,14 +300,14 @@ def inputs_ready(t):
     through CUDA IPC), what was queued on the current stream must be
     complete first (as sumo_cuda_allreduce does in C). A no-op for CPU tensors and on the
     threads transport (one rank: the kernels on the current stream are ordered already)."""
-    if t.device.type == "cuda" and state.transport in _PEERS_READ_ELSEWHERE:
+    if t.device.type == "cuda" and _peers_read_elsewhere():
         torch.cuda.current_stream(t.device).synchronize()
 
 
 def inputs_event(t):
     """inputs_ready for a collective run later from the worker thread: an event recorded on
     the current stream now, which the worker waits for (None where nothing need wait)."""
-    if t.device.type == "cuda" and state.transport in _PEERS_READ_ELSEWHERE:
+    if t.device.type == "cuda" and _peers_read_elsewhere():
         ev = torch.cuda.Event()
         ev.record(torch.cuda.current_stream(t.device))
         return ev
@@ -307,7 +321,7 @@ def legacy_ready(t):
     transport from torch's default stream."""
     if t.device.type == "cuda":
         s = torch.cuda.current_stream(t.device)
-        if s.cuda_stream != 0 or state.transport in _PEERS_READ_ELSEWHERE:
+        if s.cuda_stream != 0 or _peers_read_elsewhere():
             s.synchronize()
 
 
@@ -333,11 +347,64 @@ def same_device(named, what):
 def collective(kind, sendbuf, recvbuf, count, dtype, stream, op=0, root=0, request=None):
     """sumo_collective_run (or _start into request) of one collective whose kernels run on
     `stream`: the stream-taking form of sumo_allreduce and the others, for CUDA tensors."""
+    if state.hier is not None:
+        return _hier_collective(kind, sendbuf, recvbuf, count, dtype, stream, op, request)
     c = sumo_collective(ctypes.sizeof(sumo_collective), kind, sendbuf, recvbuf, count, dtype,
                         op, root, stream or None)
     if request is None:
         return lib.sumo_collective_run(state.comm, ctypes.byref(c))
     return lib.sumo_collective_start(state.comm, ctypes.byref(c), ctypes.byref(request))
+
+
+def _hier_collective(kind, sendbuf, recvbuf, count, dtype, stream, op, request):
+    """A CUDA buffer across hosts: the allreduce of sumo_hier.h (_hier.py), set up at the first
+    one. It has no asynchronous form: it runs now, and a request asked for is a barrier's on
+    the flat communicator (every rank asks for it at the same call), complete soon after."""
+    if kind != SUMO_COLLECTIVE_ALLREDUCE:
+        raise ValueError("sumo: across hosts, CUDA tensors take the allreduce alone (CUDA IPC in "
+                         "each host, NCCL between them); for broadcast, allgather and "
+                         "reduce-scatter of CUDA tensors use init(transport=\"nccl\")")
+    layout = None
+    if op not in (SUMO_OP_SUM, SUMO_OP_AVERAGE, SUMO_OP_ADASUM):
+        layout = _ADASUM_LAYOUTS.get((state.comm.value, op))
+        if layout is None:
+            raise ValueError("sumo: op %d is not one the allreduce of CUDA tensors across hosts "
+                             "takes (sum, average, Adasum)" % op)
+        op = SUMO_OP_ADASUM
+    hier = state.hier
+    try:
+        if hier.cuda is None:
+            _setup_cuda_hier(hier)
+        hier.cuda_allreduce(sendbuf, recvbuf, count, dtype, op, layout, stream,
+                            "allreduce of a CUDA buffer across hosts")
+    except SumoError as e:
+        if e.code in (SUMO_ERR_TIMEOUT, SUMO_ERR_PEER_FAILURE):
+            state.broken = True
+        raise
+    if request is None:
+        return SUMO_SUCCESS
+    c = sumo_collective(ctypes.sizeof(sumo_collective), SUMO_COLLECTIVE_BARRIER, None, None, 0,
+                        0, 0, 0, None)
+    return lib.sumo_collective_start(state.comm, ctypes.byref(c), ctypes.byref(request))
+
+
+def _setup_cuda_hier(hier):
+    cu = _lib.cuda()
+    device = _Cuda.device
+    if device is None:
+        current = torch.cuda.current_device()
+        device = current if current in _Cuda.kernels or not _Cuda.kernels \
+            else next(iter(_Cuda.kernels))
+    if device not in _Cuda.kernels:
+        _add_kernels(cu, device, "the hierarchical path's device cuda:%d" % device)
+    store = _store_of(state.group)
+
+    def nccl_id(local_rank, host):
+        return nccl_rendezvous(store, "%shier_nccl/%d" % (state.key_root, local_rank), host,
+                               lambda: _make_nccl_id(cu), _deadline_s())
+
+    hier.setup_cuda(cu, _Cuda.kernels[device], device, nccl_id)
+    _Cuda.device = device
 
 
 def allreduce_call(t, ptr, n, dt, op, request=None):
@@ -1162,7 +1229,8 @@ def broadcast_tensor(t, root, name):
 
 
 def allreduce_tensor(t, op, name):
-    if state.hier is not None and int(op) in state.hier.ops:
+    # CUDA tensors across hosts take the C design (collective(), _hier_collective).
+    if state.hier is not None and int(op) in state.hier.ops and t.device.type != "cuda":
         hier_allreduce(t, int(op), None, "allreduce of " + name)
         return
     _in_place(lib.sumo_allreduce, t, op, "allreduce", name)
