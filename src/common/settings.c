@@ -71,6 +71,16 @@ static const sumo__setting table[SUMO__SETTING_COUNT] = {
                "(sumo_store_agree's alive_s where 0; sumo.torch's elastic jobs over a process "
                "group beat every tenth of it). Shorter finds a lost process sooner and risks "
                "leaving out one that is only stalled."},
+    [SUMO__SETTING_SOCKET_IFNAME] = {
+        .name = "SUMO_SOCKET_IFNAME", .type = SUMO__SETTING_TEXT, .noun = "an interface name",
+        .unit = "a network interface",
+        .doc = "The network interface whose address sumo's TCP transport listens on and "
+               "gives its peers, as `ip link` names it (ib0, eth1) or a prefix of the name "
+               "(eth): its first IPv4 address, else its first IPv6 one, as "
+               "NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME choose for their libraries. Read by "
+               "sumo_comm_create_tcp where sumo_tcp_options.address is NULL; unset: the "
+               "address through which the host reaches the store's (route_host), else the "
+               "host name's first one that is not a loopback one."},
 };
 
 const sumo__setting *sumo__setting_info(sumo__setting_id id)

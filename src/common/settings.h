@@ -29,6 +29,7 @@ typedef enum sumo__setting_id {
     SUMO__SETTING_TEST_EXIT_DURING_SAVE,
     SUMO__SETTING_LOCAL_SIZE,
     SUMO__SETTING_LIVENESS_TIMEOUT,
+    SUMO__SETTING_SOCKET_IFNAME,
     SUMO__SETTING_COUNT
 } sumo__setting_id;
 

@@ -21,6 +21,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <inttypes.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -529,14 +530,75 @@ static bool is_loopback(const struct sockaddr *sa)
     return false;
 }
 
-/* The address this rank listens on: the options', else the one that routes to route_host,
- * else the host name's first address that is not a loopback one, else 127.0.0.1. */
-static void own_address(const meeting *m, char *host, size_t hostlen)
+/* The rank of an interface address for SUMO_SOCKET_IFNAME: IPv4 first, then global IPv6,
+ * then link-local IPv6 (which needs its scope to be reached); 0 for no usable address. */
+static int if_address_rank(const struct sockaddr *sa)
+{
+    if (sa == NULL) return 0;
+    if (sa->sa_family == AF_INET) return 3;
+    if (sa->sa_family != AF_INET6) return 0;
+    const struct in6_addr *a = &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr;
+    return IN6_IS_ADDR_LINKLOCAL(a) ? 1 : 2;
+}
+
+/* The best address of the interface named `want` (the exact name first, else the first name
+ * it is a prefix of, in getifaddrs' order), or a refusal that lists the interfaces here. */
+static sumo_result interface_address(const meeting *m, const char *want, char *host,
+                                     size_t hostlen)
+{
+    struct ifaddrs *all = NULL;
+    if (getifaddrs(&all) != 0)
+        return meet_fail(m, SUMO_ERR_SYSTEM, "SUMO_SOCKET_IFNAME=%s: getifaddrs: %s", want,
+                         strerror(errno));
+    const struct ifaddrs *best = NULL;
+    int best_rank = 0;
+    for (int exact = 1; exact >= 0 && best == NULL; exact--) {
+        const char *prefix_of = NULL; /* the first interface the prefix names: only its addresses */
+        for (const struct ifaddrs *i = all; i; i = i->ifa_next) {
+            bool named = exact ? strcmp(i->ifa_name, want) == 0
+                               : strncmp(i->ifa_name, want, strlen(want)) == 0 &&
+                                     (prefix_of == NULL || strcmp(prefix_of, i->ifa_name) == 0);
+            int rank = named ? if_address_rank(i->ifa_addr) : 0;
+            if (rank == 0) continue;
+            if (!exact) prefix_of = i->ifa_name;
+            if (rank > best_rank) best = i, best_rank = rank;
+        }
+    }
+    if (best != NULL) {
+        socklen_t len = best->ifa_addr->sa_family == AF_INET ? sizeof(struct sockaddr_in)
+                                                              : sizeof(struct sockaddr_in6);
+        numeric_host(best->ifa_addr, len, host, hostlen);
+        freeifaddrs(all);
+        return SUMO_SUCCESS;
+    }
+    char names[256] = "";
+    size_t at = 0;
+    for (const struct ifaddrs *i = all; i && at + 1 < sizeof names; i = i->ifa_next) {
+        if (if_address_rank(i->ifa_addr) == 0 || strstr(names, i->ifa_name)) continue;
+        int w = snprintf(names + at, sizeof names - at, "%s%s", at ? ", " : "", i->ifa_name);
+        if (w > 0) at += (size_t)w;
+    }
+    freeifaddrs(all);
+    return meet_fail(m, SUMO_ERR_INVALID_ARGUMENT,
+                     "SUMO_SOCKET_IFNAME=%s: no interface of that name (or with it as a prefix) "
+                     "has an address here; this host's with one: %s", want,
+                     at ? names : "none");
+}
+
+/* The address this rank listens on: the options', else SUMO_SOCKET_IFNAME's, else the one
+ * that routes to route_host, else the host name's first address that is not a loopback one,
+ * else 127.0.0.1. */
+static sumo_result own_address(const meeting *m, char *host, size_t hostlen)
 {
     if (m->o->address) {
         snprintf(host, hostlen, "%s", m->o->address);
-        return;
+        return SUMO_SUCCESS;
     }
+    sumo__setting_value ifname;
+    char why[256];
+    if (sumo__setting_read(SUMO__SETTING_SOCKET_IFNAME, &ifname, why, sizeof why) != SUMO_SUCCESS)
+        return meet_fail(m, SUMO_ERR_INVALID_ARGUMENT, "%s", why);
+    if (ifname.set) return interface_address(m, ifname.text, host, hostlen);
     struct addrinfo hints = {.ai_socktype = SOCK_DGRAM}, *res = NULL;
     if (m->o->route_host && getaddrinfo(m->o->route_host, "9", &hints, &res) == 0) {
         for (struct addrinfo *a = res; a; a = a->ai_next) {
@@ -551,7 +613,7 @@ static void own_address(const meeting *m, char *host, size_t hostlen)
             if (ok) {
                 numeric_host((struct sockaddr *)&ss, len, host, hostlen);
                 freeaddrinfo(res);
-                return;
+                return SUMO_SUCCESS;
             }
         }
         freeaddrinfo(res);
@@ -564,11 +626,12 @@ static void own_address(const meeting *m, char *host, size_t hostlen)
             if (is_loopback(a->ai_addr)) continue;
             numeric_host(a->ai_addr, a->ai_addrlen, host, hostlen);
             freeaddrinfo(res);
-            return;
+            return SUMO_SUCCESS;
         }
         freeaddrinfo(res);
     }
     snprintf(host, hostlen, "127.0.0.1");
+    return SUMO_SUCCESS;
 }
 
 static sumo_result listen_on(const meeting *m, const char *host, int *fd_out, addr_record *rec)
@@ -859,7 +922,7 @@ static sumo_result meet(const meeting *mc, tcp_peer *peers)
     m->nonce = nr.nonce;
     if (me > 0) {
         char host[HOST_BYTES + 192];
-        own_address(m, host, sizeof host);
+        SUMO__CHECK(own_address(m, host, sizeof host));
         addr_record rec = {.magic = HELLO_MAGIC, .nonce = m->nonce, .rank = me};
         SUMO__CHECK(listen_on(m, host, &lfd, &rec));
         if ((r = make_key(m, key, "addr", me)) == SUMO_SUCCESS)

@@ -89,6 +89,9 @@ struct rank_ctx {
     pthread_t thread;
 };
 
+/* The address the ranks listen on (NULL: the transport picks one, SUMO_SOCKET_IFNAME's). */
+static const char *listen_address = "127.0.0.1";
+
 static sumo_result create(const sumo_store *store, const char *prefix, int rank, int size,
                           char *err, size_t errlen, sumo_comm **comm)
 {
@@ -98,7 +101,7 @@ static sumo_result create(const sumo_store *store, const char *prefix, int rank,
     o.size = size;
     o.store = store;
     o.key_prefix = prefix;
-    o.address = "127.0.0.1";
+    o.address = listen_address;
     o.error = err;
     o.error_bytes = errlen;
     return sumo_comm_create_tcp(&o, comm);
@@ -500,6 +503,55 @@ static void test_stray_and_listener(void **state)
     drop_store(store);
 }
 
+/* SUMO_SOCKET_IFNAME picks the address: the loopback interface by its name and by a prefix
+ * of it, the address its peers read in the store being that interface's; a name no
+ * interface has is refused, naming it and the interfaces here. */
+static void test_socket_ifname(void **state)
+{
+    (void)state;
+    sumo_store *store = fresh_store();
+    listen_address = NULL;
+    const char *names[] = {"lo", "l"};
+    for (int k = 0; k < 2; k++) {
+        setenv("SUMO_SOCKET_IFNAME", names[k], 1);
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "ifname%d/", k);
+        rank_ctx cs[3];
+        for (int r = 0; r < 3; r++)
+            cs[r] = (rank_ctx){.rank = r, .size = 3, .store = store, .prefix = prefix, .fn = say_hi};
+        /* Rank 1 publishes its address and waits for rank 2's, which comes once it is read. */
+        for (int r = 0; r < 2; r++)
+            assert_int_equal(pthread_create(&cs[r].thread, NULL, rank_main, &cs[r]), 0);
+        addr_seen a;
+        size_t bytes = sizeof a;
+        char key[64];
+        snprintf(key, sizeof key, "%stcp/addr/1", prefix);
+        assert_int_equal(store->get(store->ctx, key, &a, &bytes, (int64_t)((now_s() + 30) * 1e9)),
+                         SUMO_SUCCESS);
+        rank_main(&cs[2]);
+        for (int r = 0; r < 2; r++) pthread_join(cs[r].thread, NULL);
+        if (strcmp(a.host, "127.0.0.1") != 0 && strcmp(a.host, "::1") != 0)
+            fail_msg("SUMO_SOCKET_IFNAME=%s: rank 1 published %s", names[k], a.host);
+        for (int r = 0; r < 3; r++) {
+            if (cs[r].made != SUMO_SUCCESS) fail_msg("rank %d: %s", r, cs[r].err);
+            assert_int_equal(cs[r].result, SUMO_SUCCESS);
+        }
+    }
+    setenv("SUMO_SOCKET_IFNAME", "nosuchif9", 1);
+    setenv("SUMO_TIMEOUT", "5", 1);
+    rank_ctx cs[2];
+    run_ranks(cs, 2, store, "ifname_bad/", NULL, NULL, 0);
+    if (cs[1].made != SUMO_ERR_INVALID_ARGUMENT || !strstr(cs[1].err, "SUMO_SOCKET_IFNAME=nosuchif9") ||
+        !strstr(cs[1].err, "lo"))
+        fail_msg("rank 1: %s: %s", sumo_result_name(cs[1].made), cs[1].err);
+    /* Rank 0 learns of it through the store, not at its deadline. */
+    assert_int_not_equal(cs[0].made, SUMO_SUCCESS);
+    unsetenv("SUMO_SOCKET_IFNAME");
+    unsetenv("SUMO_TIMEOUT");
+    listen_address = "127.0.0.1";
+    drop_store(store);
+}
+
 /* A message of another length than the receiver expects. */
 static void mismatched(rank_ctx *c)
 {
@@ -572,6 +624,7 @@ int main(void)
         cmocka_unit_test(test_dead_member_by_heartbeat),
         cmocka_unit_test(test_stray_and_listener),
         cmocka_unit_test(test_length_mismatch),
+        cmocka_unit_test(test_socket_ifname),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
