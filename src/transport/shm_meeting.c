@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #define SEG_MAGIC 0x31306d6873756d73ull
-#define SEG_VERSION 2u /* 2: the ranks' boards */
+#define SEG_VERSION 3u /* 2: the ranks' boards; 3: rank 0's machine */
 #define KEY_BYTES 256
 #define NOTE_BYTES 200
 
@@ -44,6 +44,9 @@ typedef struct seg_record {
     uint64_t ino, dev, nonce;
     char name[64];
     char note[NOTE_BYTES];
+    /* Rank 0's machine: the kernel's boot id ("" where it cannot be read). Last, so that a
+     * test can rewrite it in a record it copies. */
+    char boot[40];
 } seg_record;
 
 /* Rank r -> rank 0: whether it mapped the segment. */
@@ -200,6 +203,18 @@ static sumo_result lead_settings(const sumo__shm_meeting *m, size_t *stage_bytes
  * Rank 0: makes the segment, publishes it, hears every peer's outcome and says go, try again
  * (a peer could not open the memfd: the named object next), or fail.
  */
+/* This machine's kernel boot id: the same for every process of one machine, containers
+ * included (they share the kernel), and another after every boot or on another machine. */
+static void boot_id(char *out, size_t bytes)
+{
+    out[0] = '\0';
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f == NULL) return;
+    if (fgets(out, (int)bytes, f) == NULL) out[0] = '\0';
+    fclose(f);
+    out[strcspn(out, "\n")] = '\0';
+}
+
 static sumo_result lead(const sumo__shm_meeting *m, sumo__shm_met *met)
 {
     int size = m->o->size;
@@ -245,6 +260,7 @@ static sumo_result lead(const sumo__shm_meeting *m, sumo__shm_met *met)
         rec.dev = s.dev;
         rec.nonce = s.nonce;
         snprintf(rec.name, sizeof rec.name, "%s", s.name);
+        boot_id(rec.boot, sizeof rec.boot);
         verdict_record v = {.code = meet_set(m, key, &rec, sizeof rec)};
         if (v.code != SUMO_SUCCESS) snprintf(v.note, sizeof v.note, "%s", m->err);
         bool retry = false;
@@ -346,20 +362,34 @@ static sumo_result follow(const sumo__shm_meeting *m, sumo__shm_met *met)
         SUMO__CHECK(meet_get(m, key, &rec, sizeof rec, "rank 0 making the segment", 0, 0));
         rec.name[sizeof rec.name - 1] = '\0';
         rec.note[sizeof rec.note - 1] = '\0';
+        rec.boot[sizeof rec.boot - 1] = '\0';
         if (rec.code != SUMO_SUCCESS) {
             snprintf(m->err, m->errlen, "%s", rec.note);
             return (sumo_result)rec.code;
         }
+        /* Ranks on two machines (a launcher or a store across hosts): nothing here can be
+         * mapped, and rank 0's process is not this machine's to watch; said as such, to rank 0
+         * too, rather than as a rank 0 that has ended. */
+        char boot[sizeof rec.boot];
+        boot_id(boot, sizeof boot);
+        bool elsewhere = rec.boot[0] != '\0' && boot[0] != '\0' && strcmp(rec.boot, boot) != 0;
         /* Where this process sees rank 0 (its pid and start time, as it wrote them), rank 0's
          * end ends the meeting. Over a memfd it must see it (it opens rank 0's descriptor
          * through /proc); over a name, rank 0 may live in another PID namespace. */
-        bool alive = rec.start != 0 && sumo__shm_still_running((pid_t)rec.pid, rec.start);
-        if (!alive && rec.mech == SUMO__SHM_MEMFD && rec.start != 0) {
+        bool alive = !elsewhere && rec.start != 0 &&
+                     sumo__shm_still_running((pid_t)rec.pid, rec.start);
+        if (!elsewhere && !alive && rec.mech == SUMO__SHM_MEMFD && rec.start != 0) {
             snprintf(m->err, m->errlen, "rank 0 (process %d), which published \"%s\", has "
                      "ended (or the key prefix was used before)", (int)rec.pid, key);
             return SUMO_ERR_PEER_FAILURE;
         }
-        attach_record a = attach(m, met, &rec);
+        attach_record a = {.code = SUMO_ERR_INVALID_USAGE, .pid = (int32_t)getpid()};
+        if (elsewhere)
+            snprintf(a.note, sizeof a.note, "runs on another machine than rank 0 (boot ids %.8s "
+                     "and %.8s): shared memory needs every rank on one host; across hosts, "
+                     "sumo_comm_create_tcp (sumo.torch: transport \"tcp\")", boot, rec.boot);
+        else
+            a = attach(m, met, &rec);
         SUMO__CHECK(make_key(m, key, "attach/%d/%d", attempt, m->o->rank));
         sumo_result r = meet_set(m, key, &a, sizeof a);
         if (r == SUMO_SUCCESS && a.code != SUMO_SUCCESS && !a.retry) {

@@ -26,6 +26,8 @@
 #include "support/reference.h"
 #include "support/shm_group.h"
 
+#include <pthread.h>
+
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -246,6 +248,71 @@ static void test_store_never_delivers(void **state)
     remove_dir(dir);
 }
 
+typedef struct lead_arg {
+    const sumo_store *store;
+    sumo_result r;
+    char err[256];
+} lead_arg;
+
+static void *lead_alone(void *p)
+{
+    lead_arg *a = p;
+    sumo_comm *comm = NULL;
+    a->r = create_alone(a->store, "here/", 0, 2, a->err, sizeof a->err, &comm);
+    if (comm) sumo_comm_destroy(comm);
+    return NULL;
+}
+
+/* Rank 0's record as a rank on another machine reads it (its boot id, the record's last 40
+ * bytes, rewritten): the follower says the ranks are on two machines, and tells rank 0 so,
+ * instead of taking rank 0 for ended. */
+static void test_rank_on_another_machine(void **state)
+{
+    (void)state;
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f == NULL) {
+        print_message("no /proc/sys/kernel/random/boot_id: the machine check is off here\n");
+        skip();
+    }
+    fclose(f);
+    char dir[160];
+    make_store_dir(dir, sizeof dir);
+    setenv("SUMO_TIMEOUT", "3", 1);
+    sumo_store *store = NULL;
+    assert_int_equal(sumo_store_create_dir(dir, &store), SUMO_SUCCESS);
+    lead_arg lead = {.store = store};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, lead_alone, &lead), 0);
+    unsigned char rec[4096];
+    size_t bytes = sizeof rec;
+    assert_int_equal(store->get(store->ctx, "here/seg/0", rec, &bytes, (int64_t)((now_s() + 20) * 1e9)),
+                     SUMO_SUCCESS);
+    assert_true(bytes > 40);
+    memcpy(rec + bytes - 40, "00000000-1111-2222-3333-444444444444", 37);
+    assert_int_equal(store->set(store->ctx, "there/seg/0", rec, bytes), SUMO_SUCCESS);
+    char err[256] = "";
+    sumo_comm *comm = NULL;
+    sumo_result r = create_alone(store, "there/", 1, 2, err, sizeof err, &comm);
+    fprintf(stderr, "follower: %s: %s\n", sumo_result_name(r), err);
+    assert_int_equal(r, SUMO_ERR_INVALID_USAGE);
+    assert_null(comm);
+    assert_non_null(strstr(err, "another machine than rank 0"));
+    assert_non_null(strstr(err, "\"tcp\""));
+    /* What rank 0 of that group would read: the attach record's code. */
+    int32_t told[128] = {0};
+    bytes = sizeof told;
+    assert_int_equal(store->get(store->ctx, "there/attach/0/1", told, &bytes, (int64_t)(now_s() * 1e9)),
+                     SUMO_SUCCESS);
+    assert_int_equal(told[0], SUMO_ERR_INVALID_USAGE);
+    pthread_join(t, NULL);
+    assert_int_equal(lead.r, SUMO_ERR_TIMEOUT); /* its own follower never came */
+    pid_t me = getpid();
+    assert_int_equal(leftovers(&me, 1), 0);
+    unsetenv("SUMO_TIMEOUT");
+    assert_int_equal(sumo_store_destroy_dir(store, 1), SUMO_SUCCESS);
+    remove_dir(dir);
+}
+
 static void test_options_refused(void **state)
 {
     (void)state;
@@ -293,6 +360,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_options_refused),
         cmocka_unit_test(test_store_never_delivers),
+        cmocka_unit_test(test_rank_on_another_machine),
         cmocka_unit_test(test_killed_rank_staged),
         cmocka_unit_test(test_killed_rank_messages_named),
         cmocka_unit_test(test_leave_early_and_linger),
