@@ -10,6 +10,9 @@ Every process computes the same thing from (step, rank) alone, so the test can c
 the survivors must end with (elastic_reference) without sumo. --kill-rank R --kill-step S
 --kill-where between|collective: the process that started as rank R kills itself (SIGKILL)
 at step S of the first membership, between steps or inside the step's gradient allreduce.
+--fail-shrink-rank R (over tcp): the process that started as rank R fails its first shrink's
+meeting after its peers have met it (it makes the communicator, drops it and raises PeerLost),
+as a member that dies at the end of a meeting leaves it on some ranks only.
 --wait-joiners K: rank 0 waits, at the first commit, until K join tickets were taken (so the
 test knows at which commit they come in). --diloco: the optimizer is sumo.torch.DiLoCo
 around make_optimizer's (DILOCO's options, DILOCO_STEPS steps, test_elastic_diloco.py), and
@@ -70,7 +73,21 @@ def main():
     p.add_argument("--wait-joiners", type=int, default=0)
     p.add_argument("--transport", default="shm")
     p.add_argument("--diloco", action="store_true")
+    p.add_argument("--fail-shrink-rank", type=int, default=-1)
     a = p.parse_args()
+    if a.rank is not None and a.rank == a.fail_shrink_rank:
+        real, failed = _runtime.make_tcp, []
+
+        def make_tcp(store, rank, size, prefix, *args, **kw):
+            comm = real(store, rank, size, prefix, *args, **kw)
+            if "shrink" in prefix and not failed:
+                failed.append(prefix)
+                _runtime.lib.sumo_comm_destroy(comm)
+                print("fail-shrink: the meeting under %s fails here only" % prefix, flush=True)
+                raise _runtime.PeerLost(5, "SUMO_ERR_PEER_FAILURE", "injected")
+            return comm
+
+        _runtime.make_tcp = make_tcp
     torch.set_num_threads(1)
     # A directory: sumo's directory store; else a FileStore's file.
     store = a.store if os.path.isdir(a.store) else dist.FileStore(a.store, -1)

@@ -254,6 +254,19 @@ def test_joined_then_killed_inside_a_collective_survivors_equal_reference(tmp_pa
                 assert store.compare_set(key, missing, missing) == missing, key
 
 
+@pytest.mark.skipif(LAUNCHED, reason="starts processes of its own; runs without a launcher")
+def test_a_shrink_met_by_some_ranks_only_is_made_again_by_all(tmp_path):
+    # 3 processes over TCP; process 2 dies between steps at step 5, and process 1's first
+    # shrink meeting fails after processes 0 and 1 have met (as when a member dies at the end
+    # of a meeting): process 0 must not go on with the communicator it made, or the two would
+    # count memberships apart and never meet again. Both make it again and end together,
+    # with the parameters of the training in which process 2 leaves at the commit of step 4.
+    codes, results, logs = _run_job(tmp_path, tmp_path / "store", 3, (2, 5, "between"),
+                                    extra=["--transport", "tcp", "--fail-shrink-rank", "1"])
+    assert "fail-shrink: the meeting under sumo/elastic/shrink1.1/ fails here only" in logs, logs
+    _check_survivors(codes, results, logs, 1, reference([(0, 3), (4, 2)]))
+
+
 def test_state_keeps_the_last_two_commits():
     model = worker.make_model()
     opt = hvd.DistributedOptimizer(worker.make_optimizer(model.parameters()),

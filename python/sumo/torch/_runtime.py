@@ -809,19 +809,89 @@ def _make_member(over, prefix, rank, size, where, alive=None):
     (over "shm"), sumo's TCP connections ("tcp") or a gloo group made from the store
     ("group"). alive (tcp): make_tcp's, the members' heartbeats. Raises PeerLost when a
     member does not come (or dies while they meet): the old communicator stays as it was."""
-    if over == "group":
-        return make_group(prefix, rank, size, where)
     if over == "shm":
         return make_shm(state.store, rank, size, prefix, where)
+
+    def make():
+        if over == "group":
+            return make_group(prefix, rank, size, where)
+        try:
+            # Each listens on the address through which its host reaches the store's (a
+            # TCPStore's host; a FileStore's hosts share a file system, not a route).
+            return make_tcp(state.store, rank, size, prefix, 0, where,
+                            getattr(state.store.store, "host", None), alive)
+        except SumoError as e:
+            if e.code in (SUMO_ERR_TIMEOUT, SUMO_ERR_PEER_FAILURE):
+                raise PeerLost(e.code, e.name, str(e)) from None
+            raise
+
+    def drop(comm):
+        lib.sumo_comm_destroy(comm)
+        if over == "group":  # make_group's transport goes; the one in use stays
+            state.pg_transport, state.pg_transport_old = state.pg_transport_old, None
+
+    return _committed(make, prefix, rank, size, where, alive, drop)
+
+
+# What compare_set returns for a key the store does not hold (its expected value).
+_ABSENT = b"\0absent\0"
+
+
+def _committed(make, prefix, rank, size, where, alive, drop):
+    """make()'s communicator once every member has made its own, or PeerLost on every member
+    (drop(comm) then undoes the making).
+
+    Across hosts a meeting can end differently on two ranks: a member that dies once some of
+    its peers have met it fails the meeting on the others only. Those that kept the new
+    communicator would count one membership more than those that agree again, and the two
+    sides would never meet again. So each member counts itself in the store once it has made
+    its communicator (prefix/made, the store's atomic add), and the first decision set under
+    prefix/outcome stands, the same for every member (the store's compare-and-set): "ok" once
+    all have counted themselves; "fail" from a member whose making failed, or that sees a
+    member stop beating for SUMO_LIVENESS_TIMEOUT (alive: make_tcp's heartbeats), or the
+    deadline pass. On "fail" every member drops what it made and raises PeerLost, so all agree
+    again from the same membership."""
+    store = state.store.store
+    decided, counted = prefix + "outcome", prefix + "made"
+
+    def decide(value):
+        got = store.compare_set(decided, b"", value)
+        return bytes(got) if got else value
+
     try:
-        # Each listens on the address through which its host reaches the store's (a
-        # TCPStore's host; a FileStore's hosts share a file system, not a route).
-        return make_tcp(state.store, rank, size, prefix, 0, where,
-                        getattr(state.store.store, "host", None), alive)
-    except SumoError as e:
-        if e.code in (SUMO_ERR_TIMEOUT, SUMO_ERR_PEER_FAILURE):
-            raise PeerLost(e.code, e.name, str(e)) from None
+        comm = make()
+    except Exception:
+        decide(b"fail")
         raise
+    store.add(counted, 1)
+    beats = {}
+    if alive is not None:
+        beats = {n: None for n in alive[1] if n >= 0}
+    liveness, end = _liveness_s(), time.monotonic() + _deadline_s()
+    while True:
+        verdict = bytes(store.compare_set(decided, _ABSENT, _ABSENT))
+        if verdict != _ABSENT:
+            break
+        if int(store.add(counted, 0)) >= size:
+            verdict = decide(b"ok")
+            break
+        now, stalled = time.monotonic(), False
+        for n, last in beats.items():
+            value = bytes(store.compare_set("%s%d" % (alive[0], n), _ABSENT, _ABSENT))
+            if last is None or last[0] != value:
+                beats[n] = (value, now)
+            stalled = stalled or now - beats[n][1] > liveness
+        if stalled or now > end:
+            verdict = decide(b"fail")
+            break
+        time.sleep(0.01)
+    if verdict != b"ok":
+        drop(comm)
+        raise PeerLost(SUMO_ERR_PEER_FAILURE, _lib.result_name(SUMO_ERR_PEER_FAILURE),
+                       "making the communicator of %d over %s: a member failed to make its own "
+                       "or was lost while they met (the store's verdict under %s)"
+                       % (size, where, decided))
+    return comm
 
 
 def _adopt_member(comm, over, rank, size):
