@@ -67,6 +67,8 @@ def cuda_mocked(monkeypatch):
     host kernels are handed no stream), futures without devices."""
     calls = []
     real = rt.collective
+    # The flat communicator's plumbing (the hierarchical path's: the test above).
+    monkeypatch.setattr(rt.state, "hier", None)
 
     def spy(kind, send, recv, count, dtype, stream, op=0, root=0, request=None):
         calls.append((kind, getattr(send, "value", send), stream))
@@ -99,6 +101,7 @@ def same_bits(a, b):
 
 def test_cuda_tensor_on_a_host_transport_refused_by_name(monkeypatch):
     monkeypatch.setattr(rt.state, "transport", "group")
+    monkeypatch.setattr(rt.state, "hier", None)  # no hierarchical path to take them
     t = mock(torch.ones(4))
     with pytest.raises(ValueError, match=r"tensor grads\.w is on cuda:0; the group transport "
                                          r"moves host memory only.*transport=\"nccl\""):
