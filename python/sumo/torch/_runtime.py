@@ -39,8 +39,8 @@ from .._abi import (SUMO_SUCCESS, SUMO_ERR_INVALID_ARGUMENT, SUMO_ERR_TIMEOUT,
                     SUMO_ERR_PEER_FAILURE, SUMO_FLOAT32, SUMO_FLOAT64, SUMO_FLOAT16,
                     SUMO_BFLOAT16, SUMO_OP_SUM, SUMO_OP_AVERAGE, SUMO_OP_ADASUM,
                     SUMO_COLLECTIVE_ALLREDUCE, SUMO_COLLECTIVE_BROADCAST,
-                    SUMO_COLLECTIVE_BARRIER, sumo_adasum_options, sumo_agree_options, sumo_collective, sumo_shm_options,
-                    sumo_tcp_options,
+                    SUMO_COLLECTIVE_BARRIER, sumo_adasum_options, sumo_agree_options,
+                    sumo_collective, sumo_shm_options, sumo_tcp_options,
                     sumo_shrink_info, sumo_shrink_options)
 from .._lib import lib, check, SumoError
 
@@ -380,6 +380,7 @@ def _hier_collective(kind, sendbuf, recvbuf, count, dtype, stream, op, request):
     except SumoError as e:
         if e.code in (SUMO_ERR_TIMEOUT, SUMO_ERR_PEER_FAILURE):
             state.broken = True
+            raise PeerLost(e.code, e.name, str(e)) from None
         raise
     if request is None:
         return SUMO_SUCCESS
@@ -868,6 +869,7 @@ def _committed(make, prefix, rank, size, where, alive, drop):
     if alive is not None:
         beats = {n: None for n in alive[1] if n >= 0}
     liveness, end = _liveness_s(), time.monotonic() + _deadline_s()
+    looked = None  # when the beats were last read: as often as they change, not every poll
     while True:
         verdict = bytes(store.compare_set(decided, _ABSENT, _ABSENT))
         if verdict != _ABSENT:
@@ -876,11 +878,13 @@ def _committed(make, prefix, rank, size, where, alive, drop):
             verdict = decide(b"ok")
             break
         now, stalled = time.monotonic(), False
-        for n, last in beats.items():
-            value = bytes(store.compare_set("%s%d" % (alive[0], n), _ABSENT, _ABSENT))
-            if last is None or last[0] != value:
-                beats[n] = (value, now)
-            stalled = stalled or now - beats[n][1] > liveness
+        if looked is None or now - looked >= liveness / 10:
+            looked = now
+            for n, last in beats.items():
+                value = bytes(store.compare_set("%s%d" % (alive[0], n), _ABSENT, _ABSENT))
+                if last is None or last[0] != value:
+                    beats[n] = (value, now)
+                stalled = stalled or now - beats[n][1] > liveness
         if stalled or now > end:
             verdict = decide(b"fail")
             break
