@@ -574,7 +574,10 @@ static sumo_result interface_address(const meeting *m, const char *want, char *h
     char names[256] = "";
     size_t at = 0;
     for (const struct ifaddrs *i = all; i && at + 1 < sizeof names; i = i->ifa_next) {
-        if (if_address_rank(i->ifa_addr) == 0 || strstr(names, i->ifa_name)) continue;
+        bool listed = false; /* an interface has an entry per address: named once */
+        for (const struct ifaddrs *j = all; j != i && !listed; j = j->ifa_next)
+            listed = if_address_rank(j->ifa_addr) != 0 && strcmp(j->ifa_name, i->ifa_name) == 0;
+        if (if_address_rank(i->ifa_addr) == 0 || listed) continue;
         int w = snprintf(names + at, sizeof names - at, "%s%s", at ? ", " : "", i->ifa_name);
         if (w > 0) at += (size_t)w;
     }
