@@ -15,9 +15,9 @@
 #include "cuda_test.h"
 
 #include "sumo_shm.h"
+#include "support/shm_names.h"
 #include "support/temp_dir.h"
 
-#include <dirent.h>
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -239,21 +239,6 @@ static int log_count(const char *dir, int rank, const char *needle)
     while (fgets(line, sizeof line, f)) n += strstr(line, needle) != NULL;
     fclose(f);
     return n;
-}
-
-/* Names in /dev/shm made by the children ("sumo.<pid>."): none may be left. */
-static int leftovers(const pid_t *pids, int n)
-{
-    DIR *d = opendir("/dev/shm");
-    if (d == NULL) return 0;
-    int found = 0;
-    for (struct dirent *e; (e = readdir(d)) != NULL;) {
-        int pid = 0;
-        if (sscanf(e->d_name, "sumo.%d.", &pid) != 1) continue;
-        for (int i = 0; i < n; i++) found += pids[i] == pid;
-    }
-    closedir(d);
-    return found;
 }
 
 /* Forks the group and waits (killing it after 60 s: a hang); false when a child failed. The

@@ -20,6 +20,7 @@
 #include "sumo_shm.h"
 #include "support/harness.h"
 #include "support/reference.h"
+#include "support/shm_names.h"
 #include "support/temp_dir.h"
 
 #include <dirent.h>
@@ -124,25 +125,6 @@ static inline int child(group *g, int rank)
         }
     }
     return status;
-}
-
-/* Names in /dev/shm made by one of pids ("sumo.<pid>.<nonce>"), printed; returns how many. */
-static inline int leftovers(const pid_t *pids, int n)
-{
-    DIR *d = opendir("/dev/shm");
-    if (d == NULL) return 0;
-    int found = 0;
-    for (struct dirent *e; (e = readdir(d)) != NULL;) {
-        int pid = 0;
-        if (sscanf(e->d_name, "sumo.%d.", &pid) != 1) continue;
-        for (int i = 0; i < n; i++)
-            if (pids[i] == pid) {
-                fprintf(stderr, "left behind: /dev/shm/%s\n", e->d_name);
-                found++;
-            }
-    }
-    closedir(d);
-    return found;
 }
 
 /* A fresh directory for a store, under TMPDIR as mkdtemp(3) users expect. */
