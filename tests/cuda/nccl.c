@@ -613,19 +613,19 @@ void t_nccl_fake_create(void)
 
 /* ---- sumo_hier.h: CUDA IPC inside a node, NCCL between nodes -------------------------------- */
 
-/* H nodes of HL ranks on "device" buffers: each node's ranks on a threads communicator (their
- * kernels read each other's buffers, as over CUDA IPC) and each local rank's peers on the
- * other nodes over the fake NCCL; against the same composition whose across communicators are
- * threads ones (which move device memory only by their shared-memory algorithms): sum and
- * average bit for bit, Adasum per tensor within rounding (its point-to-point and shared-memory
- * forms may round apart); every rank the same bits; the sum against two levels of in-order
- * sums. */
 #define HL 2
 #define HN (XN + 3)
 
+/* What carries the nodes' traffic: threads communicators, the fake NCCL, or the real NCCL at
+ * one rank per communicator (one node: NCCL refuses two ranks of one communicator on one
+ * device). */
+enum { ACROSS_THREADS, ACROSS_FAKE, ACROSS_NCCL };
+
+/* H nodes of HL ranks, each node's ranks on a threads communicator (their kernels read each
+ * other's buffers, as over CUDA IPC), on "device" buffers of kind mem: sum, average and
+ * Adasum per tensor of the inputs harness_uniform_at(11 + op, rank, i). */
 typedef struct hjob {
-    int H;
-    bool fake;                 /* across over the fake NCCL, else threads */
+    int H, mem, across_kind;
     sumo_comm *node[MAXP][HL]; /* [node][local rank] */
     sumo_comm *across[HL][MAXP];
     fk_net nets[HL];
@@ -639,40 +639,44 @@ typedef struct hier_arg {
     int h, l;
 } hier_arg;
 
+static sumo_result hier_kernels(const hjob *x, sumo_comm *comm)
+{
+    return x->mem == M_DEV ? sumo_comm_add_cuda(comm, g_dev_kernels)
+                           : sumo_comm_add_kernels(comm, g_emu_table);
+}
+
 static void *hier_rank(void *p)
 {
     hier_arg *a = p;
     hjob *x = a->x;
     int rank = a->h * HL + a->l;
-    sumo_comm *node = x->node[a->h][a->l], *across = NULL;
-    sumo_result r = sumo_comm_add_kernels(node, g_emu_table);
-    if (x->fake) {
+    sumo_comm *node = x->node[a->h][a->l], *across = x->across[a->l][a->h];
+    sumo_result r = hier_kernels(x, node);
+    if (x->across_kind == ACROSS_FAKE) {
         fk_rank *me = &x->nets[a->l].ranks[a->h];
         if (r == SUMO_SUCCESS) r = sumo_cuda__nccl_comm_create(&FAKE, me, me, &across);
-    } else {
-        across = x->across[a->l][a->h];
     }
-    if (r == SUMO_SUCCESS) r = sumo_comm_add_kernels(across, g_emu_table);
+    if (r == SUMO_SUCCESS) r = hier_kernels(x, across);
     sumo_hier *hier = NULL;
     if (r == SUMO_SUCCESS) r = sumo_hier_create(node, across, &hier);
     size_t bytes = HN * sizeof(float);
-    float *h = malloc(bytes), *buf = m_alloc(M_EMU, bytes);
+    float *h = malloc(bytes), *buf = m_alloc(x->mem, bytes);
     static const size_t layout[] = {300, 1, 599, 0, 303};
     const sumo_op ops[3] = {SUMO_OP_SUM, SUMO_OP_AVERAGE, SUMO_OP_ADASUM};
     for (int k = 0; k < 3 && r == SUMO_SUCCESS; k++) {
         for (int i = 0; i < HN; i++) h[i] = (float)harness_uniform_at(11 + (uint64_t)k, (uint64_t)rank, (size_t)i);
-        m_put(M_EMU, buf, h, bytes);
+        m_put(x->mem, buf, h, bytes);
         r = sumo_hier_allreduce(buf, buf, HN, SUMO_FLOAT32, ops[k], k == 2 ? layout : NULL,
                                 k == 2 ? 5 : 0, NULL, hier);
-        m_get(M_EMU, x->out[rank][k], buf, bytes);
+        m_get(x->mem, x->out[rank][k], buf, bytes);
     }
     const char *m = "";
     if (hier) sumo_hier_error_message(hier, &m);
     snprintf(x->msg[rank], sizeof x->msg[rank], "%s", m);
     x->res[rank] = r;
     sumo_hier_destroy(hier);
-    if (x->fake && across) sumo_comm_destroy(across);
-    m_free(M_EMU, buf);
+    if (x->across_kind == ACROSS_FAKE && across) sumo_comm_destroy(across);
+    m_free(x->mem, buf);
     free(h);
     return NULL;
 }
@@ -681,8 +685,15 @@ static void hier_run(hjob *x)
 {
     for (int h = 0; h < x->H; h++) CHECK_OK(sumo_comm_create_threads(HL, x->node[h]));
     for (int l = 0; l < HL; l++) {
-        if (x->fake) fk_net_init(&x->nets[l], x->H);
-        else CHECK_OK(sumo_comm_create_threads(x->H, x->across[l]));
+        if (x->across_kind == ACROSS_FAKE) {
+            fk_net_init(&x->nets[l], x->H);
+        } else if (x->across_kind == ACROSS_THREADS) {
+            CHECK_OK(sumo_comm_create_threads(x->H, x->across[l]));
+        } else {
+            unsigned char uid[128];
+            CHECK_OK(sumo_nccl_unique_id(uid, sizeof uid));
+            CHECK_OK(sumo_comm_create_nccl_rank(1, uid, sizeof uid, 0, 0, NULL, &x->across[l][0]));
+        }
     }
     pthread_t ids[MAXP * HL];
     hier_arg args[MAXP * HL];
@@ -695,17 +706,24 @@ static void hier_run(hjob *x)
     for (int h = 0; h < x->H; h++)
         for (int l = 0; l < HL; l++) {
             sumo_comm_destroy(x->node[h][l]);
-            if (!x->fake) sumo_comm_destroy(x->across[l][h]);
+            if (x->across_kind != ACROSS_FAKE) sumo_comm_destroy(x->across[l][h]);
         }
-    for (int l = 0; l < HL && x->fake; l++) fk_net_free(&x->nets[l]);
+    for (int l = 0; l < HL && x->across_kind == ACROSS_FAKE; l++) fk_net_free(&x->nets[l]);
 }
 
+/* On the host, over emulated device memory: the fake NCCL between the nodes against threads
+ * communicators between them (which move device memory only by their shared-memory
+ * algorithms): sum and average bit for bit, Adasum per tensor within rounding (its
+ * point-to-point and shared-memory forms may round apart); every rank the same bits; the sum
+ * against two levels of in-order sums. */
 void t_nccl_fake_hier(void)
 {
     for (int H = 1; H <= 3; H++) {
         hjob *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
         a->H = b->H = H;
-        b->fake = true;
+        a->mem = b->mem = M_EMU;
+        a->across_kind = ACROSS_THREADS;
+        b->across_kind = ACROSS_FAKE;
         hier_run(a);
         hier_run(b);
         for (int r = 0; r < H * HL; r++) {
@@ -745,50 +763,9 @@ void t_nccl_fake_hier(void)
     }
 }
 
-/* On a device: one node of HL ranks (threads, reading each other's device buffers) and, per
- * local rank, a real NCCL communicator of one rank between the "nodes" (NCCL refuses two
- * ranks of one communicator on one device): sum and average against the closed form of two
- * inputs, Adasum over one node's average = that average, every rank the same bits. */
-typedef struct dhier {
-    sumo_comm *node[HL], *across[HL];
-    float out[HL][3][HN];
-    sumo_result res[HL];
-    char msg[HL][320];
-} dhier;
-
-typedef struct dhier_arg {
-    dhier *x;
-    int l;
-} dhier_arg;
-
-static void *dhier_rank(void *p)
-{
-    dhier_arg *a = p;
-    dhier *x = a->x;
-    sumo_hier *hier = NULL;
-    sumo_result r = sumo_comm_add_cuda(x->node[a->l], g_dev_kernels);
-    if (r == SUMO_SUCCESS) r = sumo_hier_create(x->node[a->l], x->across[a->l], &hier);
-    size_t bytes = HN * sizeof(float);
-    float *h = malloc(bytes), *buf = m_alloc(M_DEV, bytes);
-    static const size_t layout[] = {300, 1, 599, 0, 303};
-    const sumo_op ops[3] = {SUMO_OP_SUM, SUMO_OP_AVERAGE, SUMO_OP_ADASUM};
-    for (int k = 0; k < 3 && r == SUMO_SUCCESS; k++) {
-        for (int i = 0; i < HN; i++) h[i] = (float)harness_uniform_at(21, (uint64_t)a->l, (size_t)i);
-        m_put(M_DEV, buf, h, bytes);
-        r = sumo_hier_allreduce(buf, buf, HN, SUMO_FLOAT32, ops[k], k == 2 ? layout : NULL,
-                                k == 2 ? 5 : 0, NULL, hier);
-        m_get(M_DEV, x->out[a->l][k], buf, bytes);
-    }
-    const char *m = "";
-    if (hier) sumo_hier_error_message(hier, &m);
-    snprintf(x->msg[a->l], sizeof x->msg[a->l], "%s", m);
-    x->res[a->l] = r;
-    sumo_hier_destroy(hier);
-    m_free(M_DEV, buf);
-    free(h);
-    return NULL;
-}
-
+/* On a device: one node of HL ranks and, per local rank, a real NCCL communicator of one rank
+ * between the "nodes": sum and average against the closed form of two inputs, Adasum over one
+ * node's average = that average, every rank the same bits. */
 void d_hier_one_node(void)
 {
     unsigned char uid[128];
@@ -797,37 +774,26 @@ void d_hier_one_node(void)
         CHECK(getenv("SUMO_CUDA_TEST_REQUIRE_NCCL") == NULL, "NCCL required");
         return;
     }
-    dhier *x = calloc(1, sizeof *x);
-    CHECK_OK(sumo_comm_create_threads(HL, x->node));
-    for (int l = 0; l < HL; l++) {
-        CHECK_OK(sumo_nccl_unique_id(uid, sizeof uid));
-        CHECK_OK(sumo_comm_create_nccl_rank(1, uid, sizeof uid, 0, 0, NULL, &x->across[l]));
-        CHECK_OK(sumo_comm_add_cuda(x->across[l], g_dev_kernels));
-    }
-    pthread_t ids[HL];
-    dhier_arg args[HL];
-    for (int l = 0; l < HL; l++) {
-        args[l] = (dhier_arg){.x = x, .l = l};
-        pthread_create(&ids[l], NULL, dhier_rank, &args[l]);
-    }
-    for (int l = 0; l < HL; l++) pthread_join(ids[l], NULL);
+    hjob *x = calloc(1, sizeof *x);
+    x->H = 1, x->mem = M_DEV, x->across_kind = ACROSS_NCCL;
+    hier_run(x);
     for (int l = 0; l < HL; l++) {
         CHECK(x->res[l] == SUMO_SUCCESS, "rank %d: %s (%s)", l, sumo_result_name(x->res[l]), x->msg[l]);
         CHECK(memcmp(x->out[l], x->out[0], sizeof x->out[l]) == 0, "rank %d differs from rank 0", l);
     }
     int bad = 0;
     for (int i = 0; i < HN && bad < 3; i++) {
-        float u = (float)harness_uniform_at(21, 0, (size_t)i), v = (float)harness_uniform_at(21, 1, (size_t)i);
-        float sum = u + v, avg = sum / 2;
-        if (x->out[0][0][i] != sum || x->out[0][1][i] != avg || x->out[0][2][i] != avg) {
+        float want[3];
+        for (int k = 0; k < 3; k++) {
+            float u = (float)harness_uniform_at(11 + (uint64_t)k, 0, (size_t)i);
+            float v = (float)harness_uniform_at(11 + (uint64_t)k, 1, (size_t)i);
+            want[k] = k == 0 ? u + v : (u + v) / 2;
+        }
+        if (x->out[0][0][i] != want[0] || x->out[0][1][i] != want[1] || x->out[0][2][i] != want[2]) {
             CHECK(false, "element %d: sum %.9g average %.9g Adasum %.9g, want %.9g, %.9g, %.9g", i,
-                  x->out[0][0][i], x->out[0][1][i], x->out[0][2][i], sum, avg, avg);
+                  x->out[0][0][i], x->out[0][1][i], x->out[0][2][i], want[0], want[1], want[2]);
             bad++;
         }
-    }
-    for (int l = 0; l < HL; l++) {
-        sumo_comm_destroy(x->node[l]);
-        sumo_comm_destroy(x->across[l]);
     }
     free(x);
 }
