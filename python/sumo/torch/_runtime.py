@@ -174,8 +174,7 @@ def adasum_op(comm, layout, what):
     raise_for(lib.sumo_op_create_adasum(comm, ctypes.byref(opts), ctypes.byref(out)),
               "sumo_op_create_adasum for " + what)
     # The CUDA design across hosts takes the layout itself (_hier_collective).
-    _ADASUM_LAYOUTS[(comm.value if isinstance(comm, ctypes.c_void_p) else comm, out.value)] = \
-        tuple(layout)
+    _ADASUM_LAYOUTS[(comm.value, out.value)] = tuple(layout)
     return out.value
 
 
