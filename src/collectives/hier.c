@@ -155,17 +155,11 @@ static bool layout_equal(const hier_layout *lay, const size_t *counts, size_t nt
            memcmp(lay->counts, counts, ntensors * sizeof *counts) == 0;
 }
 
-/* FNV-1a of the layout, folded to two 26-bit halves (exact in double) for the node's check. */
+/* FNV-1a of the layout, folded to two 26-bit halves (exact in double) for the node's check
+ * (its ranks share one machine, so one byte order). */
 static void layout_digest(const size_t *counts, size_t ntensors, double out[2])
 {
-    uint64_t v = 1469598103934665603ull;
-    for (size_t i = 0; i < ntensors; i++) {
-        uint64_t c = (uint64_t)counts[i];
-        for (int b = 0; b < 8; b++) {
-            v ^= (c >> (8 * b)) & 0xffu;
-            v *= 1099511628211ull;
-        }
-    }
+    uint64_t v = sumo__fnv1a(SUMO__FNV_OFFSET, counts, ntensors * sizeof *counts);
     out[0] = (double)(v & ((1u << 26) - 1));
     out[1] = (double)((v >> 26) & ((1u << 26) - 1)) + (double)ntensors * 67108864.0;
 }
