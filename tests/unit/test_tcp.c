@@ -107,6 +107,14 @@ static sumo_result create(const sumo_store *store, const char *prefix, int rank,
     return sumo_comm_create_tcp(&o, comm);
 }
 
+/* The communicator's message after the scenario's call, for the test to read. */
+static void keep_message(rank_ctx *c)
+{
+    const char *m = NULL;
+    sumo_comm_error_message(c->comm, &m);
+    snprintf(c->message, sizeof c->message, "%s", m ? m : "");
+}
+
 static void *rank_main(void *p)
 {
     rank_ctx *c = p;
@@ -256,9 +264,7 @@ static void reduce_or_leave(rank_ctx *c)
     double t0 = now_s();
     c->result = sumo_allreduce(x, x, 1024, SUMO_FLOAT32, SUMO_OP_SUM, c->comm);
     c->seconds = now_s() - t0;
-    const char *m = NULL;
-    sumo_comm_error_message(c->comm, &m);
-    snprintf(c->message, sizeof c->message, "%s", m ? m : "");
+    keep_message(c);
 }
 
 static void test_peer_exits(void **state)
@@ -561,9 +567,7 @@ static void mismatched(rank_ctx *c)
         c->result = tp->ops->sendrecv(tp, buf, 8, 1, NULL, 0, -1);
     } else {
         c->result = tp->ops->sendrecv(tp, NULL, 0, -1, buf, 16, 0);
-        const char *m = NULL;
-    sumo_comm_error_message(c->comm, &m);
-        snprintf(c->message, sizeof c->message, "%s", m ? m : "");
+        keep_message(c);
     }
 }
 
