@@ -302,6 +302,16 @@ static sumo_result small_partials(sumo_comm *c, const sumo__gram_call *call, sta
     double *stack[8];
     stack[0] = g->gram;
     for (size_t k = 1; k < 8; k++) stack[k] = g->local + (k - 1) * TL;
+    if (P == 2) {
+        /* The tree is one sum, slice 0's partial + slice 1's: the kernel adding slice 1's
+         * straight onto slice 0's makes it (a tensor in one slice only has +0 from the other,
+         * and x + 0 is x, as no partial is -0), without a second array to zero and add. */
+        size_t lo, hi;
+        const sumo__exec host = sumo__host_exec();
+        SUMO__CHECK(slice_partials(c, call, in, 0, g->gram));
+        staged_chunk(in, call->count, 0, 1, &lo, &hi);
+        return partials(c, &host, call, lo, hi, staged_at, in, g->gram);
+    }
     for (int v = 0; v < pof2; v++) {
         int r = v < rem ? 2 * v : v + rem;
         SUMO__CHECK(slice_partials(c, call, in, r, stack[depth]));
@@ -321,27 +331,32 @@ static sumo_result small_partials(sumo_comm *c, const sumo__gram_call *call, sta
 
 /*
  * The small staged path (gram.h): every input is in its area since the agreement. Each rank
- * reads every area for all partials and for its whole output; nobody writes an area, and the
- * barrier keeps the next call's early copies out of the areas until everyone has read them.
- * The weighted sum is elementwise, so the output has the bits the sliced path gives it.
+ * reads every area for all partials and for its whole output, nobody writes an area, and a
+ * rank returns as soon as its output is written, without a barrier: peers may still be
+ * reading the half its input is in, so the transport's parity flips, and the next call's
+ * early copy goes into the other half. That half was last read in the call before this one,
+ * which every peer ended before it met this call's agreement. (A barrier here cost as much as
+ * the weighted sum.) The parity flips first, so that it stays the same on every rank whatever
+ * fails after. The weighted sum is elementwise, so the output has the bits the sliced path
+ * gives it.
  */
 static sumo_result run_small(sumo_comm *c, void *recvbuf, const sumo__gram_call *call,
                              gram_space *g, bool *applied)
 {
     sumo__transport *tp = c->tp;
     sumo__staging st = sumo__staging_of(tp, &c->x, sumo__dtype_bytes(call->dtype));
+    tp->stage_parity ^= 1u;
     staged_inputs in = {.st = &st, .P = tp->size};
     const sumo__exec host = sumo__host_exec();
     SUMO__LOG(tp->log_level, SUMO__LOG_INFO, "rank %d gram combine: small, every rank's partials here",
               tp->rank);
     SUMO__CHECK(small_partials(c, call, &in, g));
     bool accept = call->weigh(call->ctx, g->gram, call->ntensors, g->w, g->weigh_work);
-    if (accept) {
-        unsigned char *out = recvbuf;
-        SUMO__CHECK(weighted(c, &host, call, 0, call->count, staged_at, &in, g->w, &out, 1));
-    }
     *applied = accept;
-    return tp->ops->barrier(tp);
+    /* Declined, the tree runs next and writes the areas: everyone must be done reading. */
+    if (!accept) return tp->ops->barrier(tp);
+    unsigned char *out = recvbuf;
+    return weighted(c, &host, call, 0, call->count, staged_at, &in, g->w, &out, 1);
 }
 
 static bool small_everywhere(const sumo_comm *c, const sumo__call_desc *all,

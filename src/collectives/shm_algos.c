@@ -137,17 +137,17 @@ static sumo_result stage_start(sumo_comm *c, sumo__call_desc *d, int root, const
 }
 
 /*
- * Each rank's staging area holds two halves; chunk k uses half k % 2. Per chunk: every rank
- * reduces its cache slice of the chunk across all ranks' staging areas and writes the result
- * back into all of them, copies its next input chunk into the other half, passes one barrier,
- * and copies the finished chunk out of its own area. A half is rewritten only two barriers
+ * Each rank's staging area holds two halves; chunk k uses half (k + parity) % 2. Per chunk:
+ * every rank reduces its cache slice of the chunk across all ranks' staging areas and writes
+ * the result back into all of them, copies its next input chunk into the other half, passes
+ * one barrier, and copies the finished chunk out of its own area. A half is rewritten only two barriers
  * after everyone last read it. Chunks are small enough to stay in cache, so user buffers are
  * read once and written once. After the last barrier a rank touches only its own area, so the
  * next collective's first copy may ride ahead of its agreement.
  */
 sumo__staging sumo__staging_of(sumo__transport *tp, const sumo__exec *x, size_t esz)
 {
-    sumo__staging s = {.tp = tp, .x = x, .esz = esz};
+    sumo__staging s = {.tp = tp, .x = x, .esz = esz, .parity = tp->stage_parity};
     size_t line = SUMO__CACHELINE / esz, unit = line * (size_t)tp->size;
     s.chunk = (tp->stage_bytes / 2 / esz) / unit * unit;
     if (s.chunk == 0) s.chunk = line;
@@ -165,7 +165,7 @@ sumo__staging sumo__staging_into_outputs(sumo__transport *tp, const sumo__exec *
 unsigned char *sumo__stage_half(const sumo__staging *s, int rank, size_t k)
 {
     if (s->outputs) return s->outputs[rank] + k * s->chunk * s->esz;
-    return s->tp->ops->stage(s->tp, rank) + (k & 1) * (s->tp->stage_bytes / 2);
+    return s->tp->ops->stage(s->tp, rank) + ((k + s->parity) & 1) * (s->tp->stage_bytes / 2);
 }
 
 size_t sumo__stage_chunk_len(const sumo__staging *s, size_t count, size_t k)
@@ -340,7 +340,8 @@ sumo_result sumo__shm_reduce_scatter(sumo_comm *c, sumo__call_desc *d, const voi
     const void **ins;
     SUMO__CHECK(pointer_arrays(c, &outs, &ins, NULL));
     const unsigned char *in = sendbuf;
-#define HALF(rank, j) (tp->ops->stage(tp, (rank)) + ((j) & 1) * (tp->stage_bytes / 2))
+    const unsigned parity = tp->stage_parity;
+#define HALF(rank, j) (tp->ops->stage(tp, (rank)) + (((j) + parity) & 1) * (tp->stage_bytes / 2))
     for (size_t j = 0; j <= rounds; j++) {
         if (j >= 1) {
             size_t prev = j - 1, off = prev * sub, len = SUMO__MIN(sub, n - off);

@@ -705,12 +705,39 @@ SIMD_INLINE void gram_piece(sumo_dtype dt, const void *const *ins, int nin, size
     else gram_f(dt, ins, nin, n, out);
 }
 
+/* Two inputs (P = 2, the commonest): dot_f's three sums added straight into the tensor's
+ * entries. Through gram_piece they went out to a stack array and a loop of unknown length
+ * read them back, a store-to-load round trip that was the largest cost of a 16-element piece.
+ * The same additions in the same order, so the same bits. */
+SIMD_INLINE void gram_layout2(sumo_dtype dt, const void *const *ins, const size_t *offsets,
+                              size_t ntensors, size_t lo, size_t hi, double *gram)
+{
+    const size_t esz = sumo__dtype_bytes(dt);
+    const unsigned char *a = ins[0], *b = ins[1];
+    for (size_t t = sumo__first_tensor(offsets, ntensors, lo); t < ntensors && offsets[t] < hi;
+         t++) {
+        size_t s = SUMO__MAX(lo, offsets[t]), e = SUMO__MIN(hi, offsets[t + 1]);
+        if (e <= s) continue;
+        double d[3];
+        if (dt == SUMO_FLOAT64) dot_d((const double *)(const void *)(a + (s - lo) * esz),
+                                      (const double *)(const void *)(b + (s - lo) * esz), e - s, d);
+        else dot_f(dt, a + (s - lo) * esz, b + (s - lo) * esz, e - s, d);
+        gram[t * 3 + 0] += d[1];
+        gram[t * 3 + 1] += d[0];
+        gram[t * 3 + 2] += d[2];
+    }
+}
+
 /* sumo__kernel_gram_partials_layout's loop, with the body inlined: a bucket of many small
  * tensors makes one piece per tensor, and a call and a dispatch per piece cost as much as
  * the piece's arithmetic. */
 SIMD_INLINE void gram_layout(sumo_dtype dt, const void *const *ins, int nin, const size_t *offsets,
                              size_t ntensors, size_t lo, size_t hi, double *gram)
 {
+    if (nin == 2) {
+        gram_layout2(dt, ins, offsets, ntensors, lo, hi, gram);
+        return;
+    }
     const size_t esz = sumo__dtype_bytes(dt), L = (size_t)nin * (size_t)(nin + 1) / 2;
     const void *in_at[SUMO__GRAM_MAX_IN];
     double piece[SUMO__GRAM_MAX_IN * (SUMO__GRAM_MAX_IN + 1) / 2];
@@ -752,6 +779,32 @@ SUMO__SIMD_TARGET void SUMO__SIMD_NAME(sumo__gram_partials)(sumo_dtype dtype,
 
 /* ---- weighted sum ------------------------------------------------------------------------- */
 
+/* Whether any output's n bytes overlap any input's. */
+SIMD_INLINE bool outputs_meet_inputs(void *const *op, int nout, const void *const *ip, int nin,
+                                     size_t bytes)
+{
+    bool meet = false;
+    for (int k = 0; k < nout; k++)
+        for (int p = 0; p < nin; p++) {
+            uintptr_t o = (uintptr_t)op[k], q = (uintptr_t)ip[p];
+            meet = meet || (o < q + bytes && q < o + bytes);
+        }
+    return meet;
+}
+
+/* The fp32 weighted sum of the WF elements from i, in double, rounded once. */
+SIMD_INLINE vf wsum_f32_at(const void *const *ip, const vd *wv, int nin, size_t i)
+{
+    vf x = vf_loadu((const float *)ip[0] + i);
+    vd lo = vd_mul(wv[0], vd_from_lo(x)), hi = vd_mul(wv[0], vd_from_hi(x));
+    for (int p = 1; p < nin; p++) {
+        x = vf_loadu((const float *)ip[p] + i);
+        lo = vd_fmadd(wv[p], vd_from_lo(x), lo);
+        hi = vd_fmadd(wv[p], vd_from_hi(x), hi);
+    }
+    return vf_from_vd(lo, hi);
+}
+
 /* fp32/fp64 in double: v = w0 x0, then v = fma(w_p, x_p, v), rounded once (portable's twin).
  * Every input is prefetched ahead, as dot_norms' are: with the conversions, FMAs and one store
  * per output in flight, too few loads are outstanding otherwise (threads, P = 2, 64 MiB: the
@@ -785,15 +838,17 @@ SIMD_INLINE void wsum_wide(sumo_dtype dt, void *const *outs, int nout, const voi
     }
     for (; i + WF <= n; i += WF) {
         for (int p = 0; p < nin; p++) prefetch_ahead(ip[p], i * esz, WF * esz);
-        vf x = vf_loadu((const float *)ip[0] + i);
-        vd lo = vd_mul(wv[0], vd_from_lo(x)), hi = vd_mul(wv[0], vd_from_hi(x));
-        for (int p = 1; p < nin; p++) {
-            x = vf_loadu((const float *)ip[p] + i);
-            lo = vd_fmadd(wv[p], vd_from_lo(x), lo);
-            hi = vd_fmadd(wv[p], vd_from_hi(x), hi);
-        }
-        vf v = vf_from_vd(lo, hi);
+        const vf v = wsum_f32_at(ip, wv, nin, i);
         for (int k = 0; k < nout; k++) vf_storeu((float *)op[k] + i, v);
+    }
+    if (i < n && i >= WF && !outputs_meet_inputs(op, nout, ip, nin, n * esz)) {
+        /* The tail as the piece's last whole vector, which overlaps elements already written
+         * and writes them again with the same bits (each is computed from the inputs alone,
+         * none of which is an output): a scalar loop of 1 to WF - 1 turns mispredicts its exit
+         * in most pieces of a bucket of small tensors, and a masked store is slow on AMD. */
+        const vf v = wsum_f32_at(ip, wv, nin, n - WF);
+        for (int k = 0; k < nout; k++) vf_storeu((float *)op[k] + n - WF, v);
+        return;
     }
     for (; i < n; i++) {
         double v = w[0] * (double)((const float *)ip[0])[i];

@@ -178,6 +178,11 @@ struct sumo__transport {
      * may still be busy, saving a checkpoint; what the ranks share is released when the
      * process ends, e.g. by MPI_Finalize, which waits for every rank however long it takes). */
     bool leaving_process;
+    /* Which half of the staging areas holds a call's first chunk (sumo__staging.parity): 0
+     * or 1, the same on every rank, as every rank makes the same calls. A small Adasum call
+     * that ends without a barrier flips it (gram.c, run_small): peers may still be reading
+     * the half it used when this rank copies its next call's input ahead of the agreement. */
+    unsigned stage_parity;
 };
 
 /*

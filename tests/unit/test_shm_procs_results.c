@@ -12,7 +12,9 @@
  *     broadcast from every root and allgather deliver every rank's bytes;
  *   - Adasum equals the sequential tree of sumo.h (within Horovod's tolerance) in its Gram
  *     form (fp32, bf16) and its tree form over point-to-point messages (fp64, forced ring),
- *     with the same bits on every rank;
+ *     with the same bits on every rank; so do small Adasum calls (one tensor and a bucket)
+ *     back to back and between sums and allgathers, each on new inputs, which end without a
+ *     barrier;
  *   - many sumo_mem_alloc buffers of mixed sizes, reduced in turn and started together, each
  *     reach their own memory on every peer (a region that ends where a buffer starts is not
  *     its region);
@@ -230,6 +232,79 @@ static void adasum(sumo_comm *comm, int rank, int size, const buffers *b, tally 
     for (int k = 0; k < size; k++) free(u[k]);
 }
 
+/*
+ * A small Adasum call ends without a barrier (gram.c, run_small): a rank may copy its next
+ * call's input into its area while its peers still read the last call's. Calls of every
+ * staged kind in a row, small Adasum calls back to back among them (one tensor and a bucket
+ * of 37), each on inputs of its own, so that a half rewritten too early shows as a wrong
+ * result; with more ranks than cores, a rank is often descheduled in the middle of its reads.
+ */
+static void back_to_back(sumo_comm *comm, int rank, int size, tally *t)
+{
+    if (size < 2) return;
+    enum { MAXN = 1500, TENSORS = 37, CALLS = 400 };
+    float *x = malloc(MAXN * sizeof(float)), *gathered = malloc((size_t)size * MAXN * sizeof(float));
+    double *u[MAXP];
+    for (int k = 0; k < size; k++) u[k] = malloc(MAXN * sizeof(double));
+    size_t counts[TENSORS], off[TENSORS + 1] = {0};
+    for (size_t k = 0; k < TENSORS; k++) {
+        counts[k] = 5 + (k * 7) % 31;
+        off[k + 1] = off[k] + counts[k];
+    }
+    sumo_adasum_options o;
+    sumo_adasum_options_default(&o);
+    o.tensor_counts = counts;
+    o.ntensors = TENSORS;
+    sumo_op bucket;
+    sumo_result made = sumo_op_create_adasum(comm, &o, &bucket);
+    check(t, made == SUMO_SUCCESS, "sumo_op_create_adasum: %s", sumo_result_name(made));
+    size_t wrong_calls = 0, first_wrong = SIZE_MAX;
+    for (int call = 0; made == SUMO_SUCCESS && call < CALLS; call++) {
+        /* Three Adasum calls in four, so most follow another; the fourth a sum or allgather. */
+        int kind = call % 8 == 3 ? 2 : call % 8 == 7 ? 3 : call % 2;
+        size_t n = kind == 1 ? off[TENSORS] : (size_t)(200 + (call * 131) % (MAXN - 200));
+        for (size_t i = 0; i < n; i++)
+            x[i] = (float)(kind >= 2 ? harness_collective_value(rank, i + (size_t)call, true)
+                                     : harness_uniform_at((uint64_t)call, (uint64_t)rank, i));
+        sumo_result r;
+        bool right = true;
+        if (kind <= 1) {
+            r = sumo_allreduce(x, x, n, SUMO_FLOAT32, kind == 1 ? bucket : SUMO_OP_ADASUM, comm);
+            for (int k = 0; k < size; k++)
+                for (size_t i = 0; i < n; i++)
+                    u[k][i] = ref_round_to(SUMO_FLOAT32, harness_uniform_at((uint64_t)call, (uint64_t)k, i));
+            size_t one[2] = {0, n};
+            ref_adasum_tree(u, size, kind == 1 ? off : one, kind == 1 ? TENSORS : 1);
+            double dd = 0, ww = 0;
+            for (size_t i = 0; i < n; i++) {
+                dd += (x[i] - u[0][i]) * (x[i] - u[0][i]);
+                ww += u[0][i] * u[0][i];
+            }
+            right = r == SUMO_SUCCESS && sqrt(dd / ww) < 100 * harness_eps(SUMO_FLOAT32) &&
+                    same_bits(comm, size, x, n * sizeof(float));
+        } else if (kind == 2) {
+            r = sumo_allreduce(x, x, n, SUMO_FLOAT32, SUMO_OP_SUM, comm);
+            for (size_t i = 0; r == SUMO_SUCCESS && i < n; i++)
+                right = right && x[i] == expected_sum(SUMO_FLOAT32, SUMO_OP_SUM, size, i + (size_t)call);
+            right = right && r == SUMO_SUCCESS;
+        } else {
+            r = sumo_allgather(x, gathered, n, SUMO_FLOAT32, comm);
+            for (int k = 0; r == SUMO_SUCCESS && k < size; k++)
+                for (size_t i = 0; i < n; i++)
+                    right = right && gathered[(size_t)k * n + i] ==
+                                         (float)harness_collective_value(k, i + (size_t)call, true);
+            right = right && r == SUMO_SUCCESS;
+        }
+        if (!right && wrong_calls++ == 0) first_wrong = (size_t)call;
+    }
+    check(t, wrong_calls == 0, "back to back: %zu of %d calls wrong, the first call %zu (kind %zu)",
+          wrong_calls, CALLS, first_wrong, first_wrong == SIZE_MAX ? 0 : first_wrong % 8);
+    if (made == SUMO_SUCCESS) sumo_op_destroy(comm, bucket);
+    for (int k = 0; k < size; k++) free(u[k]);
+    free(x);
+    free(gathered);
+}
+
 /* Calls that fail on every rank together and leave the handle usable. */
 static void refusals(sumo_comm *comm, int rank, int size, const buffers *b, tally *t)
 {
@@ -335,6 +410,7 @@ static int battery(sumo_comm **commp, int rank, int size, group *g)
     copies(comm, rank, size, &b, &t);
     forced(comm, rank, size, &b, &t);
     adasum(comm, rank, size, &b, &t);
+    back_to_back(comm, rank, size, &t);
     refusals(comm, rank, size, &b, &t);
     sumo_result r = sumo_mem_free(comm, b.in[SHARED]);
     check(&t, r == SUMO_SUCCESS, "sumo_mem_free: %s", sumo_result_name(r));
