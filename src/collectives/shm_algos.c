@@ -140,9 +140,9 @@ static sumo_result stage_start(sumo_comm *c, sumo__call_desc *d, int root, const
  * Each rank's staging area holds two halves; chunk k uses half (k + parity) % 2. Per chunk:
  * every rank reduces its cache slice of the chunk across all ranks' staging areas and writes
  * the result back into all of them, copies its next input chunk into the other half, passes
- * one barrier, and copies the finished chunk out of its own area. A half is rewritten only two barriers
- * after everyone last read it. Chunks are small enough to stay in cache, so user buffers are
- * read once and written once. After the last barrier a rank touches only its own area, so the
+ * one barrier, and copies the finished chunk out of its own area. A half is rewritten only
+ * two barriers after everyone last read it. Chunks are small enough to stay in cache, so user
+ * buffers are read once and written once. After the last barrier a rank touches only its own area, so the
  * next collective's first copy may ride ahead of its agreement.
  */
 sumo__staging sumo__staging_of(sumo__transport *tp, const sumo__exec *x, size_t esz)
