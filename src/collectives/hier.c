@@ -63,12 +63,6 @@ static sumo_result run(sumo_hier *x, sumo_comm *c, const sumo_collective *call, 
     return r == SUMO_SUCCESS ? r : level_failed(x, c, r, what);
 }
 
-#define HIER_CHECK(expr)                                                                        \
-    do {                                                                                        \
-        sumo_result hier_r_ = (expr);                                                           \
-        if (hier_r_ != SUMO_SUCCESS) return hier_r_;                                            \
-    } while (0)
-
 /* Every rank of c has the same (a, b) as this one: an allgather of small integers, exact in
  * double, over host memory (whatever memory the communicator's collectives take besides). */
 static sumo_result same_on_all(sumo_hier *x, sumo_comm *c, int size, double a, double b,
@@ -182,7 +176,7 @@ static sumo_result layout_for(sumo_hier *x, const size_t *counts, size_t ntensor
     }
     double digest[2];
     layout_digest(counts, ntensors, digest);
-    HIER_CHECK(same_on_all(x, x->node, x->L, digest[0], digest[1],
+    SUMO__CHECK(same_on_all(x, x->node, x->L, digest[0], digest[1],
                            "sumo_hier_allreduce: Adasum's layout (a digest of its counts)"));
     hier_layout *lay = &x->layouts[x->nlayouts];
     size_t L = (size_t)x->L;
@@ -230,15 +224,15 @@ static sumo_result sum_or_average(sumo_hier *x, const unsigned char *s, unsigned
         sumo_collective rs = {.struct_size = sizeof rs, .kind = SUMO_COLLECTIVE_REDUCE_SCATTER,
                               .sendbuf = s, .recvbuf = r + mine, .count = m, .dtype = dtype,
                               .op = op, .stream = stream};
-        HIER_CHECK(run(x, x->node, &rs, "the reduce-scatter inside the node"));
+        SUMO__CHECK(run(x, x->node, &rs, "the reduce-scatter inside the node"));
         sumo_collective ar = {.struct_size = sizeof ar, .kind = SUMO_COLLECTIVE_ALLREDUCE,
                               .sendbuf = r + mine, .recvbuf = r + mine, .count = m,
                               .dtype = dtype, .op = op, .stream = stream};
-        HIER_CHECK(run(x, x->across, &ar, "the allreduce across the nodes"));
+        SUMO__CHECK(run(x, x->across, &ar, "the allreduce across the nodes"));
         sumo_collective ag = {.struct_size = sizeof ag, .kind = SUMO_COLLECTIVE_ALLGATHER,
                               .sendbuf = r + mine, .recvbuf = r, .count = m, .dtype = dtype,
                               .stream = stream};
-        HIER_CHECK(run(x, x->node, &ag, "the allgather inside the node"));
+        SUMO__CHECK(run(x, x->node, &ag, "the allgather inside the node"));
     }
     /* The tail (fewer than L elements, or a count of 0, whose calls still check that the
      * peers agree): whole on every rank, each local rank over its own across communicator
@@ -248,9 +242,9 @@ static sumo_result sum_or_average(sumo_hier *x, const unsigned char *s, unsigned
                               .sendbuf = s + body * esz, .recvbuf = r + body * esz,
                               .count = count - body, .dtype = dtype, .op = op,
                               .stream = stream};
-        HIER_CHECK(run(x, x->node, &ar, "the allreduce of the tail inside the node"));
+        SUMO__CHECK(run(x, x->node, &ar, "the allreduce of the tail inside the node"));
         ar.sendbuf = ar.recvbuf;
-        HIER_CHECK(run(x, x->across, &ar, "the allreduce of the tail across the nodes"));
+        SUMO__CHECK(run(x, x->across, &ar, "the allreduce of the tail across the nodes"));
     }
     return SUMO_SUCCESS;
 }
@@ -262,19 +256,19 @@ static sumo_result adasum(sumo_hier *x, const unsigned char *s, unsigned char *r
     size_t one = count;
     if (counts == NULL) counts = &one, ntensors = 1;
     hier_layout *lay = NULL;
-    HIER_CHECK(layout_for(x, counts, ntensors, count, &lay));
+    SUMO__CHECK(layout_for(x, counts, ntensors, count, &lay));
     /* The node's average (the group average of sumo's hierarchical Adasum) on every rank. */
     sumo_collective avg = {.struct_size = sizeof avg, .kind = SUMO_COLLECTIVE_ALLREDUCE,
                            .sendbuf = s, .recvbuf = r, .count = count, .dtype = dtype,
                            .op = SUMO_OP_AVERAGE, .stream = stream};
-    HIER_CHECK(run(x, x->node, &avg, "the average inside the node"));
+    SUMO__CHECK(run(x, x->node, &avg, "the average inside the node"));
     if (x->H == 1) return SUMO_SUCCESS;
     size_t lo = lay->cut[x->l], n = lay->cut[x->l + 1] - lo;
     if (lay->has_op) {
         sumo_collective ar = {.struct_size = sizeof ar, .kind = SUMO_COLLECTIVE_ALLREDUCE,
                               .sendbuf = r + lo * esz, .recvbuf = r + lo * esz, .count = n,
                               .dtype = dtype, .op = lay->op, .stream = stream};
-        HIER_CHECK(run(x, x->across, &ar, "Adasum across the nodes"));
+        SUMO__CHECK(run(x, x->across, &ar, "Adasum across the nodes"));
     }
     /* Each share from the rank that combined it. */
     for (int g = 0; g < x->L; g++) {
@@ -283,7 +277,7 @@ static sumo_result adasum(sumo_hier *x, const unsigned char *s, unsigned char *r
         sumo_collective bc = {.struct_size = sizeof bc, .kind = SUMO_COLLECTIVE_BROADCAST,
                               .sendbuf = r + glo * esz, .recvbuf = r + glo * esz, .count = gn,
                               .dtype = dtype, .root = g, .stream = stream};
-        HIER_CHECK(run(x, x->node, &bc, "the broadcast of a share inside the node"));
+        SUMO__CHECK(run(x, x->node, &bc, "the broadcast of a share inside the node"));
     }
     return SUMO_SUCCESS;
 }
