@@ -147,12 +147,16 @@ class PeerLost(SumoError, HorovodInternalError):
     a HorovodInternalError too, which is what elastic.run recovers from."""
 
 
-def error_for(code, what=None):
-    """The exception for a failed call's `code` (PeerLost for a lost or late peer)."""
-    e = _lib.error(code, state.comm, what)
-    if code in (SUMO_ERR_TIMEOUT, SUMO_ERR_PEER_FAILURE):
+def lost_or(e):
+    """SumoError e, or its PeerLost where a peer was lost or late."""
+    if e.code in (SUMO_ERR_TIMEOUT, SUMO_ERR_PEER_FAILURE):
         return PeerLost(e.code, e.name, str(e))
     return e
+
+
+def error_for(code, what=None):
+    """The exception for a failed call's `code` (PeerLost for a lost or late peer)."""
+    return lost_or(_lib.error(code, state.comm, what))
 
 
 def raise_for(code, what=None):
@@ -377,10 +381,11 @@ def _hier_collective(kind, sendbuf, recvbuf, count, dtype, stream, op, request):
         hier.cuda_allreduce(sendbuf, recvbuf, count, dtype, op, layout, stream,
                             "allreduce of a CUDA buffer across hosts")
     except SumoError as e:
-        if e.code in (SUMO_ERR_TIMEOUT, SUMO_ERR_PEER_FAILURE):
-            state.broken = True
-            raise PeerLost(e.code, e.name, str(e)) from None
-        raise
+        lost = lost_or(e)
+        if lost is e:
+            raise
+        state.broken = True
+        raise lost from None
     if request is None:
         return SUMO_SUCCESS
     c = sumo_collective(ctypes.sizeof(sumo_collective), SUMO_COLLECTIVE_BARRIER, None, None, 0,
@@ -821,9 +826,10 @@ def _make_member(over, prefix, rank, size, where, alive=None):
             return make_tcp(state.store, rank, size, prefix, 0, where,
                             getattr(state.store.store, "host", None), alive)
         except SumoError as e:
-            if e.code in (SUMO_ERR_TIMEOUT, SUMO_ERR_PEER_FAILURE):
-                raise PeerLost(e.code, e.name, str(e)) from None
-            raise
+            lost = lost_or(e)
+            if lost is e:
+                raise
+            raise lost from None
 
     def drop(comm):
         lib.sumo_comm_destroy(comm)
