@@ -13,7 +13,8 @@ within a tolerance of a float64 reference computed here from the gathered inputs
 float64, tests/python/reference.py's Adasum tree). Then the DDP hooks: one step of a small
 model through average_hook and adasum_hook, hierarchical and flat, gives the same gradients.
 Last, the highest rank leaves before a hierarchical allreduce (deadline 5 s): the others must
-end it with SUMO_ERR_PEER_FAILURE or SUMO_ERR_TIMEOUT, not hang.
+end the public allreduce with PeerLost (SUMO_ERR_PEER_FAILURE or SUMO_ERR_TIMEOUT) and the job
+marked broken, not hang.
 Prints one line per check on rank 0; exits non-zero on any failure.
 """
 import os
@@ -122,15 +123,21 @@ def check_dead_rank():
     st.barrier()
     if dist.get_rank() == st.size() - 1:
         os._exit(0)
+    # Through hier_allreduce, the runtime's entry (the DDP hooks' is hier_run under it; the
+    # public allreduce's join announcement on the flat communicator would see the loss first):
+    # the error must be PeerLost, what elastic.run recovers from, and the job marked broken.
+    rt.state.hier = h
     t = inputs(torch.float32)
     t0 = time.monotonic()
     try:
-        h.allreduce(t, rt.tensor_args(t, "dead")[2], SUMO_OP_SUM, None, "dead")
+        rt.hier_allreduce(t, SUMO_OP_SUM, None, "dead")
         report(False, "a hierarchical allreduce with a rank gone returned without an error")
     except Exception as e:  # noqa: BLE001 - which error it is gets printed
-        report(isinstance(e, SumoError) and e.code in (SUMO_ERR_PEER_FAILURE, SUMO_ERR_TIMEOUT),
-               "a rank gone during a hierarchical allreduce: %s after %.1f s (deadline 5 s): %s"
-               % (type(e).__name__, time.monotonic() - t0, str(e)[:120]))
+        report(isinstance(e, rt.PeerLost) and e.code in (SUMO_ERR_PEER_FAILURE, SUMO_ERR_TIMEOUT)
+               and rt.state.broken,
+               "a rank gone during a hierarchical allreduce: %s after %.1f s (deadline 5 s), "
+               "job broken %s: %s" % (type(e).__name__, time.monotonic() - t0, rt.state.broken,
+                                      str(e)[:120]))
     sys.stdout.flush()
     os._exit(1 if failures else 0)
 

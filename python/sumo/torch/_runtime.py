@@ -1325,13 +1325,16 @@ def hier_allreduce(t, kind, layout, what):
 def hier_run(t, dt, kind, layout, what, t0):
     """The hierarchical allreduce itself, on whatever thread keeps the collectives' order (the
     caller's after sync(), or the worker's): a peer lost or late makes the communicator
-    unusable, as it does for sumo's own collectives."""
+    unusable and raises PeerLost, as sumo's own collectives do (elastic.run recovers from
+    that one only)."""
     try:
         state.hier.allreduce(t, dt, kind, layout, what)
     except SumoError as e:
-        if e.code in (SUMO_ERR_TIMEOUT, SUMO_ERR_PEER_FAILURE):
-            state.broken = True
-        raise
+        lost = lost_or(e)
+        if lost is e:
+            raise
+        state.broken = True
+        raise lost from e
     record(t0, time.perf_counter(), t.numel() * t.element_size())
 
 
