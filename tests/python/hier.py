@@ -13,8 +13,9 @@ within a tolerance of a float64 reference computed here from the gathered inputs
 float64, tests/python/reference.py's Adasum tree). Then the DDP hooks: one step of a small
 model through average_hook and adasum_hook, hierarchical and flat, gives the same gradients.
 Last, the highest rank leaves before a hierarchical allreduce (deadline 5 s): the others must
-end the public allreduce with PeerLost (SUMO_ERR_PEER_FAILURE or SUMO_ERR_TIMEOUT) and the job
-marked broken, not hang.
+end the runtime's hierarchical allreduce (hier_allreduce, hier_run under it as under the DDP
+hooks) with PeerLost (SUMO_ERR_PEER_FAILURE or SUMO_ERR_TIMEOUT) and the job marked broken, not
+hang.
 Prints one line per check on rank 0; exits non-zero on any failure.
 """
 import os
