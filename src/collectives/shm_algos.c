@@ -142,8 +142,8 @@ static sumo_result stage_start(sumo_comm *c, sumo__call_desc *d, int root, const
  * the result back into all of them, copies its next input chunk into the other half, passes
  * one barrier, and copies the finished chunk out of its own area. A half is rewritten only
  * two barriers after everyone last read it. Chunks are small enough to stay in cache, so user
- * buffers are read once and written once. After the last barrier a rank touches only its own area, so the
- * next collective's first copy may ride ahead of its agreement.
+ * buffers are read once and written once. After the last barrier a rank touches only its own
+ * area, so the next collective's first copy may ride ahead of its agreement.
  */
 sumo__staging sumo__staging_of(sumo__transport *tp, const sumo__exec *x, size_t esz)
 {
@@ -340,18 +340,21 @@ sumo_result sumo__shm_reduce_scatter(sumo_comm *c, sumo__call_desc *d, const voi
     const void **ins;
     SUMO__CHECK(pointer_arrays(c, &outs, &ins, NULL));
     const unsigned char *in = sendbuf;
-    const unsigned parity = tp->stage_parity;
-#define HALF(rank, j) (tp->ops->stage(tp, (rank)) + (((j) + parity) & 1) * (tp->stage_bytes / 2))
+    /* Round j's half of each area, as the staged algorithms find chunk j's (its own chunks are
+     * `sub` per segment, not the staging's). */
+    const sumo__staging st = sumo__staging_of(tp, &c->x, esz);
     for (size_t j = 0; j <= rounds; j++) {
         if (j >= 1) {
             size_t prev = j - 1, off = prev * sub, len = SUMO__MIN(sub, n - off);
-            for (int k = 0; k < size; k++) ins[k] = HALF(k, prev) + (size_t)me * sub * esz;
+            for (int k = 0; k < size; k++)
+                ins[k] = sumo__stage_half(&st, k, prev) + (size_t)me * sub * esz;
             /* The areas are host memory, so the sum runs on the host: straight into a host
              * output, else into this rank's own sub-chunk (which only this rank reads) and
              * copied out. In place, the output is this rank's own input segment, whose part
              * here was staged a round ago and whose later parts are staged after this. */
             unsigned char *out = (unsigned char *)recvbuf + off * esz;
-            outs[0] = c->x.k == host.k ? (void *)out : HALF(me, prev) + (size_t)me * sub * esz;
+            outs[0] = c->x.k == host.k ? (void *)out
+                                       : sumo__stage_half(&st, me, prev) + (size_t)me * sub * esz;
             SUMO__KCHECK(c, sumo__k_reduce(&host, d->dtype, outs, 1, ins, size, len,
                                            sumo__divisor_of(d->op, size)));
             SUMO__KCHECK(c, sumo__k_copy(&c->x, out, outs[0], len * esz));
@@ -359,11 +362,11 @@ sumo_result sumo__shm_reduce_scatter(sumo_comm *c, sumo__call_desc *d, const voi
         if (j < rounds) {
             size_t off = j * sub, len = SUMO__MIN(sub, n - off);
             for (int s = 0; s < size; s++)
-                SUMO__KCHECK(c, sumo__k_copy(&c->x, HALF(me, j) + (size_t)s * sub * esz,
+                SUMO__KCHECK(c, sumo__k_copy(&c->x,
+                                             sumo__stage_half(&st, me, j) + (size_t)s * sub * esz,
                                              in + ((size_t)s * n + off) * esz, len * esz));
         }
         SUMO__CHECK(tp->ops->barrier(tp));
     }
-#undef HALF
     return SUMO_SUCCESS;
 }

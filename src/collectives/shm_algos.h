@@ -14,8 +14,9 @@
  * The staging areas of a SUMO__REACH_STAGED transport, for algorithms that stream through
  * them: chunk k of a buffer lives in half (k + parity) % 2 of each rank's area, parity being
  * the transport's when the staging was made (sumo__transport.stage_parity); chunk is a
- * multiple of P cache lines, so every rank's cache slice of a chunk is whole lines. Or, when every rank's
- * output is shared (sumo_mem_alloc), those outputs: chunk k at its own place in each.
+ * multiple of P cache lines, so every rank's cache slice of a chunk is whole lines. Or, when
+ * every rank's output is shared (sumo_mem_alloc), those outputs: chunk k at its own place in
+ * each.
  */
 typedef struct sumo__staging {
     sumo__transport *tp;
