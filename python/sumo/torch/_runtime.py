@@ -159,13 +159,20 @@ def error_for(code, what=None):
     return lost_or(_lib.error(code, state.comm, what))
 
 
+def broken_by(e):
+    """lost_or(e), the job marked broken where that is a PeerLost: what a failed collective
+    raises, here (raise_for) or in the paths across hosts, which get SumoErrors of their own."""
+    lost = lost_or(e)
+    if lost is not e:
+        state.broken = True
+    return lost
+
+
 def raise_for(code, what=None):
     """Raises the SumoError for `code`; a timeout or dead peer marks the job as broken."""
     if code == SUMO_SUCCESS:
         return
-    if code in (SUMO_ERR_TIMEOUT, SUMO_ERR_PEER_FAILURE):
-        state.broken = True
-    raise error_for(code, what)
+    raise broken_by(_lib.error(code, state.comm, what))
 
 
 def adasum_op(comm, layout, what):
@@ -381,11 +388,7 @@ def _hier_collective(kind, sendbuf, recvbuf, count, dtype, stream, op, request):
         hier.cuda_allreduce(sendbuf, recvbuf, count, dtype, op, layout, stream,
                             "allreduce of a CUDA buffer across hosts")
     except SumoError as e:
-        lost = lost_or(e)
-        if lost is e:
-            raise
-        state.broken = True
-        raise lost from None
+        raise broken_by(e) from None
     if request is None:
         return SUMO_SUCCESS
     c = sumo_collective(ctypes.sizeof(sumo_collective), SUMO_COLLECTIVE_BARRIER, None, None, 0,
@@ -826,10 +829,7 @@ def _make_member(over, prefix, rank, size, where, alive=None):
             return make_tcp(state.store, rank, size, prefix, 0, where,
                             getattr(state.store.store, "host", None), alive)
         except SumoError as e:
-            lost = lost_or(e)
-            if lost is e:
-                raise
-            raise lost from None
+            raise lost_or(e) from None
 
     def drop(comm):
         lib.sumo_comm_destroy(comm)
@@ -1330,11 +1330,7 @@ def hier_run(t, dt, kind, layout, what, t0):
     try:
         state.hier.allreduce(t, dt, kind, layout, what)
     except SumoError as e:
-        lost = lost_or(e)
-        if lost is e:
-            raise
-        state.broken = True
-        raise lost from e
+        raise broken_by(e) from None
     record(t0, time.perf_counter(), t.numel() * t.element_size())
 
 
