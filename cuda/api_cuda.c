@@ -5,6 +5,8 @@
  * an allreduce of device buffers on a stream.
  */
 #include "cuda_internal.h"
+#include "device_cuda.h"
+#include "stage_cuda.h"
 #include "../src/kernels/adasum_weights.h" /* sumo__adasum_need: the collectives' own accuracy */
 
 #include <stdint.h>

@@ -1,6 +1,6 @@
 /*
- * What the files of sumo's CUDA plugin share: the kernels object behind sumo_cuda.h, the
- * device guard every entry runs under, and the emulated table the host tests use.
+ * What the files of sumo's CUDA plugin share: the kernels object behind sumo_cuda.h and the
+ * emulated table the host tests use (the device guard and the diagnostics: device_cuda.h).
  * Internal: sumo_cuda__ names, hidden in libsumo_cuda.so.
  */
 #ifndef SUMO_CUDA_INTERNAL_H
@@ -42,7 +42,7 @@ struct sumo_cuda_kernels {
      * mappings, which a peer process opens through /proc, as CUDA IPC opens an allocation. */
     bool emulated_ipc;
     struct sumo_cuda__emu_block *emu_blocks;
-    /* Pinned host blocks of SUMO_CUDA__STAGE_BYTES for the small copies of an entry (pieces
+    /* Pinned host blocks (stage_cuda.h) for the small copies of an entry (pieces
      * and weights up, Gram totals and flags down), under stage_lock: allocated on first need,
      * kept, one per entry in flight (ranks of the threads transport share the object). A
      * pageable copy waits on the host by itself; from pinned memory the copies queue and the
@@ -50,13 +50,6 @@ struct sumo_cuda_kernels {
     pthread_mutex_t stage_lock;
     struct sumo_cuda__stage *stages;
 };
-
-/* Bytes of one staging block: the pieces and totals of a few hundred tensors; larger calls
- * copy through pageable memory, as before. */
-#define SUMO_CUDA__STAGE_BYTES ((size_t)64 << 10)
-
-/* Frees the object's staging blocks (at destroy, after its streams are idle). */
-void sumo_cuda__stage_free(sumo_cuda_kernels *k);
 
 /* Fills k->table: every entry of sumo_kernel_table over k's kernels (table_cuda.c). */
 void sumo_cuda__fill_table(sumo_cuda_kernels *k);
@@ -105,31 +98,10 @@ sumo_result sumo_cuda__combine(sumo_cuda_kernels *k, void *exec, sumo_dtype dtyp
                                const sumo_cuda__combine_params *prm, unsigned char *flags,
                                bool *applied);
 
-/* Runs on the kernels' device: the calling thread's current device is switched for the call
- * and restored after it (a progress thread or a user thread may be on another device). */
-typedef struct sumo_cuda__device_guard {
-    int previous;
-    bool switched;
-} sumo_cuda__device_guard;
-
-cudaError_t sumo_cuda__device_enter(const sumo_cuda_kernels *k, sumo_cuda__device_guard *g);
-void sumo_cuda__device_leave(const sumo_cuda__device_guard *g);
-
-/* A CUDA failure as a sumo_result (out of memory: SUMO_ERR_SYSTEM; a launch or argument the
- * runtime refused: SUMO_ERR_INTERNAL; no driver or device: SUMO_ERR_INVALID_USAGE), with one
- * line on stderr under SUMO_DEBUG=WARN or INFO naming the call, the error and where: sumo's
- * message names the memory and the entry, this gives the CUDA detail. Clears the runtime's
- * last (non-sticky) error. */
-sumo_result sumo_cuda__fail(cudaError_t e, const char *what, const char *file, int line);
-#define SUMO_CUDA__FAIL(e, what) sumo_cuda__fail((e), (what), __FILE__, __LINE__)
-
 #define SUMO_CUDA__CHECK_RESULT(call)         \
     do {                                      \
         sumo_result cr_ = (call);             \
         if (cr_ != SUMO_SUCCESS) return cr_;  \
     } while (0)
-
-/* One line on stderr under SUMO_DEBUG=WARN or INFO ("sumo cuda: ..."). */
-void sumo_cuda__warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #endif

@@ -16,6 +16,7 @@
  * with the last process that maps it.
  */
 #include "cuda_internal.h"
+#include "device_cuda.h"
 
 #include <cuda.h> /* the driver's types: the one driver entry is fetched at run time */
 

@@ -18,79 +18,26 @@
  * the host tests: only the memory calls and the launch differ (the `em` branches).
  */
 #include "cuda_internal.h"
+#include "device_cuda.h"
+#include "stage_cuda.h"
 #include "kernels_cuda.h"
 /* The library's codec and conversions (it says why this one header is shared): the fill
  * patterns, the wide-path test and the codec's checks are the host table's own. */
 #include "../src/kernels/codec.h"
 
-#include <stdarg.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #define MEMORY_NAME "cuda"
 
 static sumo_cuda_kernels *of(void *ctx) { return ctx; }
-
-/* ---- diagnostics ----------------------------------------------------------------------- */
-
-static bool debug_on(void)
-{
-    const char *v;
-    sumo_setting("SUMO_DEBUG", &v); /* NULL when malformed (constructors refuse it) */
-    return v && (strcasecmp(v, "WARN") == 0 || strcasecmp(v, "INFO") == 0);
-}
-
-void sumo_cuda__warn(const char *fmt, ...)
-{
-    if (!debug_on()) return;
-    char line[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "sumo cuda: %s\n", line);
-}
-
-sumo_result sumo_cuda__fail(cudaError_t e, const char *what, const char *file, int line)
-{
-    (void)cudaGetLastError();
-    sumo_cuda__warn("%s: %s: %s (%s:%d)", what, cudaGetErrorName(e), cudaGetErrorString(e), file,
-                    line);
-    switch (e) {
-    case cudaErrorMemoryAllocation: return SUMO_ERR_SYSTEM;
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorInvalidDevice: return SUMO_ERR_INVALID_USAGE;
-    default: return SUMO_ERR_INTERNAL;
-    }
-}
 
 #define CU(call)                                                       \
     do {                                                               \
         cudaError_t cu_e_ = (call);                                    \
         if (cu_e_ != cudaSuccess) return SUMO_CUDA__FAIL(cu_e_, #call); \
     } while (0)
-
-cudaError_t sumo_cuda__device_enter(const sumo_cuda_kernels *k, sumo_cuda__device_guard *g)
-{
-    g->switched = false;
-    g->previous = k->device;
-    if (k->emulated) return cudaSuccess;
-    cudaError_t e = cudaGetDevice(&g->previous);
-    if (e != cudaSuccess) return e;
-    if (g->previous == k->device) return cudaSuccess;
-    e = cudaSetDevice(k->device);
-    g->switched = e == cudaSuccess;
-    return e;
-}
-
-void sumo_cuda__device_leave(const sumo_cuda__device_guard *g)
-{
-    if (g->switched) (void)cudaSetDevice(g->previous);
-}
 
 /* ---- memory: the device's, or the emulator's (host) ----------------------------------------- */
 
@@ -426,72 +373,6 @@ static sumo_result k_scaled_add(void *ctx, void *exec, sumo_dtype dtype, void *a
     LEAVE(ew_body(k, exec, &a, NULL));
 }
 
-/* ---- staging: pinned host blocks, one per entry in flight ---------------------------------- */
-
-struct sumo_cuda__stage {
-    struct sumo_cuda__stage *next;
-    void *mem; /* SUMO_CUDA__STAGE_BYTES */
-};
-
-/* A block for this entry, or NULL (bytes beyond a block, or no pinned memory to be had): then
- * the caller copies through pageable memory, which costs time, not correctness. */
-static struct sumo_cuda__stage *stage_take(sumo_cuda_kernels *k, size_t bytes)
-{
-    if (bytes > SUMO_CUDA__STAGE_BYTES) return NULL;
-    pthread_mutex_lock(&k->stage_lock);
-    struct sumo_cuda__stage *st = k->stages;
-    if (st) k->stages = st->next;
-    pthread_mutex_unlock(&k->stage_lock);
-    if (st) return st;
-    st = malloc(sizeof *st);
-    if (st == NULL) return NULL;
-    if (k->emulated) {
-        st->mem = aligned_alloc(64, SUMO_CUDA__STAGE_BYTES);
-    } else if (cudaHostAlloc(&st->mem, SUMO_CUDA__STAGE_BYTES, cudaHostAllocPortable) != cudaSuccess) {
-        (void)cudaGetLastError();
-        st->mem = NULL;
-    }
-    if (st->mem == NULL) {
-        free(st);
-        return NULL;
-    }
-    return st;
-}
-
-/* Back to the object, once the entry's copies are complete. */
-static void stage_give(sumo_cuda_kernels *k, struct sumo_cuda__stage *st)
-{
-    if (st == NULL) return;
-    pthread_mutex_lock(&k->stage_lock);
-    st->next = k->stages;
-    k->stages = st;
-    pthread_mutex_unlock(&k->stage_lock);
-}
-
-void sumo_cuda__stage_free(sumo_cuda_kernels *k)
-{
-    while (k->stages) {
-        struct sumo_cuda__stage *st = k->stages;
-        k->stages = st->next;
-        if (k->emulated) free(st->mem);
-        else (void)cudaFreeHost(st->mem);
-        free(st);
-    }
-}
-
-/* After a failure an entry's copies may still be queued on a staging block: it goes back
- * once the stream has drained. */
-static void stage_give_after(sumo_cuda_kernels *k, struct sumo_cuda__stage *st, sumo_result r,
-                             cudaStream_t s)
-{
-    if (st == NULL) return;
-    if (r != SUMO_SUCCESS && !k->emulated && cudaStreamSynchronize(s) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return; /* the stream is broken: the block may still be read; leak it */
-    }
-    stage_give(k, st);
-}
-
 /* The pieces of a call: up to INLINE_PIECES into `local` (no allocation), else malloc'd
  * (*heap, freed by the caller). */
 static sumo_result plan_some(const size_t *offsets, size_t ntensors, size_t lo, size_t hi,
@@ -524,7 +405,7 @@ static sumo_result gram_body(sumo_cuda_kernels *k, cudaStream_t s, sumo_dtype dt
     size_t partial_bytes = (nitems * L * sizeof(double) + 63) / 64 * 64;
     size_t total_bytes = np * L * sizeof(double);
     /* Host side: the pieces to upload, then the totals to download (pinned where they fit). */
-    struct sumo_cuda__stage *st = stage_take(k, pieces_bytes + total_bytes);
+    struct sumo_cuda__stage *st = sumo_cuda__stage_take(k, pieces_bytes + total_bytes);
     unsigned char *host = st ? st->mem : malloc(pieces_bytes + total_bytes);
     unsigned char *scratch = NULL;
     if (host == NULL) r = SUMO_ERR_SYSTEM;
@@ -553,7 +434,7 @@ static sumo_result gram_body(sumo_cuda_kernels *k, cudaStream_t s, sumo_dtype dt
     if (r == SUMO_SUCCESS)
         for (size_t p = 0; p < np; p++)
             for (size_t q = 0; q < L; q++) gram[pieces[p].tensor * L + q] += totals[p * L + q];
-    if (st) stage_give_after(k, st, r, s);
+    if (st) sumo_cuda__stage_give_after(k, st, r, s);
     else free(host);
     free(heap);
     return r;
@@ -632,7 +513,7 @@ static sumo_result wsum_body(sumo_cuda_kernels *k, cudaStream_t s, sumo_dtype dt
         /* One upload: the pieces, each piece's weights, each piece's wide flag. */
         size_t pieces_bytes = np * sizeof *pieces, w_bytes = np * (size_t)nin * sizeof(double);
         size_t bytes = pieces_bytes + w_bytes + np;
-        st = stage_take(k, bytes);
+        st = sumo_cuda__stage_take(k, bytes);
         host = st ? st->mem : malloc(bytes);
         if (host == NULL) r = SUMO_ERR_SYSTEM;
         if (r == SUMO_SUCCESS) {
@@ -653,7 +534,7 @@ static sumo_result wsum_body(sumo_cuda_kernels *k, cudaStream_t s, sumo_dtype dt
     scratch_free(k, scratch, s);
     if (r == SUMO_SUCCESS) r = finish(k, s);
     /* A pinned block goes back only after the wait: its upload may still be reading it. */
-    if (st) stage_give_after(k, st, r, s);
+    if (st) sumo_cuda__stage_give_after(k, st, r, s);
     else free(host);
     free(heap);
     return r;
@@ -708,7 +589,7 @@ sumo_result sumo_cuda__combine(sumo_cuda_kernels *k, void *exec, sumo_dtype dtyp
     const size_t dev_bytes = o_accept + 64;
     /* Host side: both pieces' arrays up, the flags and the accept word down. */
     const size_t h_flags = 2 * pb, h_accept = h_flags + up64(np), host_bytes = h_accept + 64;
-    struct sumo_cuda__stage *st = stage_take(k, host_bytes);
+    struct sumo_cuda__stage *st = sumo_cuda__stage_take(k, host_bytes);
     unsigned char *host = st ? st->mem : malloc(host_bytes), *dev = NULL;
     if (host == NULL) r = SUMO_ERR_SYSTEM;
     if (r == SUMO_SUCCESS) r = scratch_alloc(k, dev_bytes, s, (void **)&dev);
@@ -769,7 +650,7 @@ sumo_result sumo_cuda__combine(sumo_cuda_kernels *k, void *exec, sumo_dtype dtyp
         if (flags)
             for (size_t p = 0; p < np; p++) flags[gp[p].tensor] = host[h_flags + p];
     }
-    if (st) stage_give_after(k, st, r, s);
+    if (st) sumo_cuda__stage_give_after(k, st, r, s);
     else free(host);
     free(gheap);
     free(wheap);

@@ -18,6 +18,7 @@
  */
 #define _GNU_SOURCE 1
 #include "cuda_internal.h"
+#include "device_cuda.h"
 #include "nccl_api.h"
 
 #include <dlfcn.h>

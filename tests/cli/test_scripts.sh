@@ -97,6 +97,25 @@ layers "the ctypes binding importing sumo.torch" python/sumo/_lib.py 'from .torc
   '^sumo._lib imports sumo.torch._runtime, a layer above it$'
 layers "two sumo.torch modules importing each other" python/sumo/torch/compression.py \
   'from .optimizer import DistributedOptimizer' '^circle: .*sumo.torch.compression -> sumo.torch.optimizer'
+# Calls between the files of one folder: no include says them.
+layers "two CUDA files calling each other" cuda/device_cuda.c \
+  'void sumo_cuda__probe(void) { sumo_cuda__fill_ipc(0); }' \
+  '^circle: .*cuda/ipc_cuda \(calls sumo_cuda__fill_ipc\)'
+layers "two files of the command calling each other" tools/sumo/args.c \
+  'void args_probe(void) { bench_algo_name(0); }' \
+  '^circle: tools/sumo/args -> tools/sumo/bench_options \(calls bench_algo_name\) -> tools/sumo/args$'
+layers "two files of a layer calling each other" src/common/settings.c \
+  'const char *sumo__probe(void) { return sumo__op_name(0); }' \
+  '^circle: .*common/common \(calls sumo__op_name\)'
+rm -rf "$tmp/tree" && mkdir "$tmp/tree" && cp -r src include cuda tools bench python "$tmp/tree/"
+# ipc_cuda.c stands on device_cuda.c: a call back named in a comment or a string, or one to
+# a function of ipc_cuda.c's own (static), is no dependency.
+printf '%s\n' '/* sumo_cuda__fill_ipc(k) */' \
+  'static void fill_probe(void) { (void)"sumo_cuda__fill_ipc(k)"; k_share(0, 0, 0, 0, 0, 0, 0, 0); }' \
+  >> "$tmp/tree/cuda/device_cuda.c"
+scripts/check-layers "$tmp/tree" > "$tmp/l.out" 2>&1 \
+  && ok "check-layers: a name in a comment or a string, or another file's static function, is no call" \
+  || fail "check-layers, comments, strings and static functions: $(cat "$tmp/l.out")"
 
 echo "scripts: $passed passed, $failed failed"
 [ $failed -eq 0 ]

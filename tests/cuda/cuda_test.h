@@ -157,8 +157,11 @@ void t_nccl_fake_timeout(void);
 void t_nccl_fake_error(void);
 void t_nccl_fake_abort(void);
 void t_nccl_fake_create(void);
+void d_nccl_one_rank(void);
+
+/* hier.c: two levels, NCCL between the nodes (the fake on the host, the real one at one rank
+ * on a device). */
 void t_nccl_fake_hier(void);
 void d_hier_one_node(void);
-void d_nccl_one_rank(void);
 
 #endif

@@ -32,7 +32,8 @@
  * This file holds the tests of the API and the table as a whole and runs them all; the checks
  * are in entries.c (the exactly defined entries), gram.c (the Gram partials), combine.c (the
  * device combine), collectives.c
- * (the threads transport) and nccl.c (the NCCL transport), on what cuda_test.c provides.
+ * (the threads transport), nccl.c (the NCCL transport, over fake_nccl.c's fake on the host)
+ * and hier.c (two levels, NCCL between the nodes), on what cuda_test.c provides.
  */
 #include "cuda_test.h"
 

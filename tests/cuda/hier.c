@@ -1,0 +1,198 @@
+/*
+ * test_cuda: two levels (sumo_hier.h), CUDA IPC inside a node and NCCL between the nodes. On
+ * the host, each node's ranks on a threads communicator over emulated device memory and the
+ * fake NCCL (fake_nccl.h) between the nodes, against threads communicators between them; on a
+ * device, one node and the real NCCL at one rank per communicator.
+ */
+#include "cuda_test.h"
+#include "fake_nccl.h"
+#include "sumo_hier.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define HL 2
+#define HN 1203
+
+/* What carries the nodes' traffic: threads communicators, the fake NCCL, or the real NCCL at
+ * one rank per communicator (one node: NCCL refuses two ranks of one communicator on one
+ * device). */
+enum { ACROSS_THREADS, ACROSS_FAKE, ACROSS_NCCL };
+
+/* H nodes of HL ranks, each node's ranks on a threads communicator (their kernels read each
+ * other's buffers, as over CUDA IPC), on "device" buffers of kind mem: sum, average and
+ * Adasum per tensor of the inputs harness_uniform_at(11 + op, rank, i). */
+typedef struct hjob {
+    int H, mem, across_kind;
+    sumo_comm *node[MAXP][HL]; /* [node][local rank] */
+    sumo_comm *across[HL][MAXP];
+    fk_net nets[HL];
+    float out[MAXP][3][HN];
+    sumo_result res[MAXP];
+    char msg[MAXP][320];
+} hjob;
+
+typedef struct hier_arg {
+    hjob *x;
+    int h, l;
+} hier_arg;
+
+static sumo_result hier_kernels(const hjob *x, sumo_comm *comm)
+{
+    return x->mem == M_DEV ? sumo_comm_add_cuda(comm, g_dev_kernels)
+                           : sumo_comm_add_kernels(comm, g_emu_table);
+}
+
+static void *hier_rank(void *p)
+{
+    hier_arg *a = p;
+    hjob *x = a->x;
+    int rank = a->h * HL + a->l;
+    sumo_comm *node = x->node[a->h][a->l], *across = x->across[a->l][a->h];
+    sumo_result r = hier_kernels(x, node);
+    if (x->across_kind == ACROSS_FAKE) {
+        fk_rank *me = &x->nets[a->l].ranks[a->h];
+        if (r == SUMO_SUCCESS) r = sumo_cuda__nccl_comm_create(&FAKE, me, me, &across);
+    }
+    if (r == SUMO_SUCCESS) r = hier_kernels(x, across);
+    sumo_hier *hier = NULL;
+    if (r == SUMO_SUCCESS) r = sumo_hier_create(node, across, &hier);
+    size_t bytes = HN * sizeof(float);
+    float *h = malloc(bytes), *buf = m_alloc(x->mem, bytes);
+    static const size_t layout[] = {300, 1, 599, 0, 303};
+    const sumo_op ops[3] = {SUMO_OP_SUM, SUMO_OP_AVERAGE, SUMO_OP_ADASUM};
+    for (int k = 0; k < 3 && r == SUMO_SUCCESS; k++) {
+        for (int i = 0; i < HN; i++) h[i] = (float)harness_uniform_at(11 + (uint64_t)k, (uint64_t)rank, (size_t)i);
+        m_put(x->mem, buf, h, bytes);
+        r = sumo_hier_allreduce(buf, buf, HN, SUMO_FLOAT32, ops[k], k == 2 ? layout : NULL,
+                                k == 2 ? 5 : 0, NULL, hier);
+        m_get(x->mem, x->out[rank][k], buf, bytes);
+    }
+    const char *m = "";
+    if (hier) sumo_hier_error_message(hier, &m);
+    snprintf(x->msg[rank], sizeof x->msg[rank], "%s", m);
+    x->res[rank] = r;
+    sumo_hier_destroy(hier);
+    if (x->across_kind == ACROSS_FAKE && across) sumo_comm_destroy(across);
+    m_free(x->mem, buf);
+    free(h);
+    return NULL;
+}
+
+static void hier_run(hjob *x)
+{
+    for (int h = 0; h < x->H; h++) CHECK_OK(sumo_comm_create_threads(HL, x->node[h]));
+    for (int l = 0; l < HL; l++) {
+        if (x->across_kind == ACROSS_FAKE) {
+            fk_net_init(&x->nets[l], x->H);
+        } else if (x->across_kind == ACROSS_THREADS) {
+            CHECK_OK(sumo_comm_create_threads(x->H, x->across[l]));
+        } else {
+            unsigned char uid[128];
+            CHECK_OK(sumo_nccl_unique_id(uid, sizeof uid));
+            CHECK_OK(sumo_comm_create_nccl_rank(1, uid, sizeof uid, 0, 0, NULL, &x->across[l][0]));
+        }
+    }
+    pthread_t ids[MAXP * HL];
+    hier_arg args[MAXP * HL];
+    for (int h = 0; h < x->H; h++)
+        for (int l = 0; l < HL; l++) {
+            args[h * HL + l] = (hier_arg){.x = x, .h = h, .l = l};
+            pthread_create(&ids[h * HL + l], NULL, hier_rank, &args[h * HL + l]);
+        }
+    for (int i = 0; i < x->H * HL; i++) pthread_join(ids[i], NULL);
+    for (int h = 0; h < x->H; h++)
+        for (int l = 0; l < HL; l++) {
+            sumo_comm_destroy(x->node[h][l]);
+            if (x->across_kind != ACROSS_FAKE) sumo_comm_destroy(x->across[l][h]);
+        }
+    for (int l = 0; l < HL && x->across_kind == ACROSS_FAKE; l++) fk_net_free(&x->nets[l]);
+}
+
+/* On the host, over emulated device memory: the fake NCCL between the nodes against threads
+ * communicators between them (which move device memory only by their shared-memory
+ * algorithms): sum and average bit for bit, Adasum per tensor within rounding (its
+ * point-to-point and shared-memory forms may round apart); every rank the same bits; the sum
+ * against two levels of in-order sums. */
+void t_nccl_fake_hier(void)
+{
+    for (int H = 1; H <= 3; H++) {
+        hjob *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
+        a->H = b->H = H;
+        a->mem = b->mem = M_EMU;
+        a->across_kind = ACROSS_THREADS;
+        b->across_kind = ACROSS_FAKE;
+        hier_run(a);
+        hier_run(b);
+        for (int r = 0; r < H * HL; r++) {
+            CHECK(a->res[r] == SUMO_SUCCESS && b->res[r] == SUMO_SUCCESS,
+                  "H %d rank %d: threads %s (%s), nccl %s (%s)", H, r, sumo_result_name(a->res[r]),
+                  a->msg[r], sumo_result_name(b->res[r]), b->msg[r]);
+            for (int k = 0; k < 3; k++) {
+                CHECK(k == 2 || memcmp(a->out[r][k], b->out[r][k], sizeof a->out[r][k]) == 0,
+                      "H %d rank %d op %d: NCCL between the nodes differs from threads", H, r, k);
+                CHECK(memcmp(b->out[r][k], b->out[0][k], sizeof b->out[r][k]) == 0,
+                      "H %d rank %d op %d: differs from rank 0", H, r, k);
+            }
+            for (int i = 0; i < HN; i++) {
+                float g = b->out[r][2][i], w = a->out[r][2][i];
+                if (!(fabsf(g - w) <= 1e-5f * (1 + fabsf(w)))) {
+                    CHECK(false, "H %d rank %d Adasum element %d: %g vs %g", H, r, i, g, w);
+                    break;
+                }
+            }
+        }
+        /* The sum is two levels of in-order sums (fp32 accumulates in fp32). */
+        for (int i = 0; i < HN; i++) {
+            float want = 0;
+            for (int h = 0; h < H; h++) {
+                float node = 0;
+                for (int l = 0; l < HL; l++)
+                    node += (float)harness_uniform_at(11, (uint64_t)(h * HL + l), (size_t)i);
+                want += node;
+            }
+            if (b->out[0][0][i] != want) {
+                CHECK(false, "H %d sum element %d: %.9g, want %.9g", H, i, b->out[0][0][i], want);
+                break;
+            }
+        }
+        free(a);
+        free(b);
+    }
+}
+
+/* On a device: one node of HL ranks and, per local rank, a real NCCL communicator of one rank
+ * between the "nodes": sum and average against the closed form of two inputs, Adasum over one
+ * node's average = that average, every rank the same bits. */
+void d_hier_one_node(void)
+{
+    unsigned char uid[128];
+    if (sumo_nccl_unique_id(uid, sizeof uid) != SUMO_SUCCESS) {
+        printf("    (NCCL not loaded; set SUMO_NCCL_LIBRARY)\n");
+        CHECK(getenv("SUMO_CUDA_TEST_REQUIRE_NCCL") == NULL, "NCCL required");
+        return;
+    }
+    hjob *x = calloc(1, sizeof *x);
+    x->H = 1, x->mem = M_DEV, x->across_kind = ACROSS_NCCL;
+    hier_run(x);
+    for (int l = 0; l < HL; l++) {
+        CHECK(x->res[l] == SUMO_SUCCESS, "rank %d: %s (%s)", l, sumo_result_name(x->res[l]), x->msg[l]);
+        CHECK(memcmp(x->out[l], x->out[0], sizeof x->out[l]) == 0, "rank %d differs from rank 0", l);
+    }
+    int bad = 0;
+    for (int i = 0; i < HN && bad < 3; i++) {
+        float want[3];
+        for (int k = 0; k < 3; k++) {
+            float u = (float)harness_uniform_at(11 + (uint64_t)k, 0, (size_t)i);
+            float v = (float)harness_uniform_at(11 + (uint64_t)k, 1, (size_t)i);
+            want[k] = k == 0 ? u + v : (u + v) / 2;
+        }
+        if (x->out[0][0][i] != want[0] || x->out[0][1][i] != want[1] || x->out[0][2][i] != want[2]) {
+            CHECK(false, "element %d: sum %.9g average %.9g Adasum %.9g, want %.9g, %.9g, %.9g", i,
+                  x->out[0][0][i], x->out[0][1][i], x->out[0][2][i], want[0], want[1], want[2]);
+            bad++;
+        }
+    }
+    free(x);
+}
