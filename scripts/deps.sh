@@ -12,7 +12,7 @@
 #                              single-node Slurm (tests/slurm/run.sh); the library needs neither
 #   scripts/deps.sh --print    the packages it would make sure of, one a line; installs nothing
 #
-# What it installs on a Debian 12 base image, and how that was measured: README.md, "Set-up".
+# What it installs on a Debian 12 base image, and how that was measured: docs/contributing.md, "Set-up".
 set -euo pipefail
 
 case ${SUMO_NO_PYTHON:-0} in

@@ -2,7 +2,7 @@
 # Runs bench/transport_parity.py for P = 1..5 over sumo's MPI transport (mpirun), its
 # shared-memory transport and the process group's own calls (torchrun, torch 2.x from
 # scripts/torch-venv.sh), and prints where the paths give the same bits and by how much they
-# differ where they do not (a markdown table; docs/torch.md keeps the last one).
+# differ where they do not (a markdown table; docs/torch/launching.md states the result).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONPATH=$PWD/python
