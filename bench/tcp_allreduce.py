@@ -26,7 +26,7 @@ import torch.distributed as dist  # noqa: E402
 import sumo.torch as st  # noqa: E402
 from sumo._abi import SUMO_OP_SUM  # noqa: E402
 from sumo._lib import lib  # noqa: E402
-from sumo.torch import _pg_transport as pgt, _runtime as rt  # noqa: E402
+from sumo.torch import _pg_transport as pgt, _runtime as rt, _tensors  # noqa: E402
 
 
 def main():
@@ -49,7 +49,7 @@ def main():
         print("%-10s %-11s %10s %12s %8s" % ("bytes", "path", "us", "vs group", "vs gloo"))
     for nbytes in (int(s) for s in args.sizes.split(",")):
         x = torch.ones(nbytes // 4)
-        ptr, n, dt = rt.tensor_args(x, "x")
+        ptr, n, dt = _tensors.tensor_args(x, "x")
         times = {p: [] for p in paths}
         order = list(paths)
         for i in range(args.iters + 10):

@@ -7,7 +7,7 @@ import torch.distributed as dist
 
 from sumo._abi import SUMO_OP_ADASUM, SUMO_OP_AVERAGE, SUMO_OP_SUM
 from sumo._lib import lib
-from sumo.torch import _runtime as rt
+from sumo.torch import _runtime as rt, _tensors
 from reference import adasum_per_tensor
 
 KINDS = {"sum": SUMO_OP_SUM, "average": SUMO_OP_AVERAGE, "adasum": SUMO_OP_ADASUM}
@@ -41,8 +41,8 @@ def inputs(dtype):
 
 def allreduce(comm, t, kind, what):
     """sumo_allreduce of t in place on comm: kind's op, Adasum per tensor of LAYOUT."""
-    ptr, n, dt = rt.tensor_args(t, what)
-    op = rt.adasum_op(comm, LAYOUT, what) if kind == SUMO_OP_ADASUM else kind
+    ptr, n, dt = _tensors.tensor_args(t, what)
+    op = _tensors.adasum_op(comm, LAYOUT, what) if kind == SUMO_OP_ADASUM else kind
     code = lib.sumo_allreduce(ptr, ptr, n, dt, op, comm)
     if kind == SUMO_OP_ADASUM:
         lib.sumo_op_destroy(comm, op)

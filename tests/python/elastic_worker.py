@@ -32,7 +32,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import sumo.torch as hvd  # noqa: E402
-from sumo.torch import _runtime  # noqa: E402
+from sumo.torch import _runtime, _stores  # noqa: E402
 
 STEPS = 8
 COMMIT_EVERY = 2
@@ -76,7 +76,7 @@ def main():
     p.add_argument("--fail-shrink-rank", type=int, default=-1)
     a = p.parse_args()
     if a.rank is not None and a.rank == a.fail_shrink_rank:
-        real, failed = _runtime.make_tcp, []
+        real, failed = _stores.make_tcp, []
 
         def make_tcp(store, rank, size, prefix, *args, **kw):
             comm = real(store, rank, size, prefix, *args, **kw)
@@ -87,7 +87,7 @@ def main():
                 raise _runtime.PeerLost(5, "SUMO_ERR_PEER_FAILURE", "injected")
             return comm
 
-        _runtime.make_tcp = make_tcp
+        _stores.make_tcp = make_tcp
     torch.set_num_threads(1)
     # A directory: sumo's directory store; else a FileStore's file.
     store = a.store if os.path.isdir(a.store) else dist.FileStore(a.store, -1)

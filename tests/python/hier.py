@@ -38,7 +38,7 @@ import sumo.torch as st  # noqa: E402
 from sumo._abi import (SUMO_ERR_PEER_FAILURE, SUMO_ERR_TIMEOUT, SUMO_OP_ADASUM,  # noqa: E402
                        SUMO_OP_AVERAGE, SUMO_OP_SUM)
 from sumo._lib import lib, SumoError  # noqa: E402
-from sumo.torch import _hier, _runtime as rt  # noqa: E402
+from sumo.torch import _calls, _hier, _runtime as rt, _stores, _tensors  # noqa: E402
 from across_hosts import (EPS, KINDS, LAYOUT, allreduce, bits, failures, inputs,  # noqa: E402
                           reference, report)
 
@@ -53,7 +53,7 @@ def check_collectives(hier, label):
         for name, kind in KINDS.items():
             src = inputs(dtype)
             h = src.clone()
-            hier.allreduce(h, rt.tensor_args(h, "hier")[2], kind,
+            hier.allreduce(h, _tensors.tensor_args(h, "hier")[2], kind,
                            LAYOUT if kind == SUMO_OP_ADASUM else None, "hier")
             f = src.clone()
             allreduce(rt.state.comm, f, kind, "the flat allreduce")
@@ -74,7 +74,7 @@ def check_collectives(hier, label):
                              ("average", SUMO_OP_AVERAGE, (P + 1) / 2)):
         h = torch.tensor(float(dist.get_rank() + 1), dtype=torch.float64)
         try:
-            out = hier.allreduce(h, rt.tensor_args(h, "hier")[2], kind, None, "hier 0-dim")
+            out = hier.allreduce(h, _tensors.tensor_args(h, "hier")[2], kind, None, "hier 0-dim")
             ok, got = out is h and h.dim() == 0 and h.item() == want, h.item()
         except SumoError as e:
             ok, got = False, e
@@ -85,9 +85,9 @@ def other_layout(hosts, timeout_s=60):
     """A second hierarchy over the same ranks with hosts of our choosing (collective)."""
     from sumo.torch import _pg_transport as pgt
     base = rt.state.group
-    store = pgt.StoreAdapter(rt._store_of(base))
-    h = _hier.Hierarchy(base, hosts, store, rt._key_prefix(base),
-                        lambda r: rt.pgt_global(base, r), timeout_s)
+    store = pgt.StoreAdapter(_stores._store_of(base))
+    h = _hier.Hierarchy(base, hosts, store, _stores._key_prefix(base),
+                        lambda r: _stores.pgt_global(base, r), timeout_s)
     h.store = store  # kept alive with the communicator
     return h
 
@@ -131,7 +131,7 @@ def check_dead_rank():
     t = inputs(torch.float32)
     t0 = time.monotonic()
     try:
-        rt.hier_allreduce(t, SUMO_OP_SUM, None, "dead")
+        _calls.hier_allreduce(t, SUMO_OP_SUM, None, "dead")
         report(False, "a hierarchical allreduce with a rank gone returned without an error")
     except Exception as e:  # noqa: BLE001 - which error it is gets printed
         report(isinstance(e, rt.PeerLost) and e.code in (SUMO_ERR_PEER_FAILURE, SUMO_ERR_TIMEOUT)

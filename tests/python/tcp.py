@@ -30,7 +30,7 @@ import sumo.torch as st  # noqa: E402
 from sumo._abi import SUMO_ERR_PEER_FAILURE, SUMO_OP_ADASUM, SUMO_OP_SUM  # noqa: E402
 from sumo import _lib  # noqa: E402
 from sumo._lib import lib, SumoError  # noqa: E402
-from sumo.torch import _pg_transport as pgt, _runtime as rt  # noqa: E402
+from sumo.torch import _pg_transport as pgt, _runtime as rt, _tensors  # noqa: E402
 from across_hosts import (EPS, KINDS, allreduce, bits, failures, inputs,  # noqa: E402
                           reference, report)
 
@@ -85,7 +85,7 @@ def main():
         lib.sumo_comm_set_timeout(comm, ctypes.c_double(60.0))
         t0 = time.monotonic()
         x = torch.ones(1 << 16)
-        ptr, n, dt = rt.tensor_args(x, "x")
+        ptr, n, dt = _tensors.tensor_args(x, "x")
         code = lib.sumo_allreduce(ptr, ptr, n, dt, SUMO_OP_SUM, comm)
         took = time.monotonic() - t0
         report(code == SUMO_ERR_PEER_FAILURE and took < 10,

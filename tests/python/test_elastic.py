@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 import sumo.torch as hvd
-from sumo.torch import _runtime
+from sumo.torch import _init, _runtime, _stores
 
 import elastic_worker as worker
 
@@ -337,17 +337,17 @@ def test_run_recovers_from_a_lost_peer_on_one_rank():
 
 def test_init_store_arguments_are_checked():
     with pytest.raises(ValueError, match="go together"):
-        _runtime._check_store_args("store", 0, None, None, None, False)
+        _init._check_store_args("store", 0, None, None, None, False)
     with pytest.raises(ValueError, match="not a rank of 2"):
-        _runtime._check_store_args("store", 2, 2, None, None, False)
+        _init._check_store_args("store", 2, 2, None, None, False)
     with pytest.raises(ValueError, match="transport='mpi'"):
-        _runtime._check_store_args("store", 0, 2, "mpi", None, False)
+        _init._check_store_args("store", 0, 2, "mpi", None, False)
     with pytest.raises(ValueError, match="no rank or size"):
-        _runtime._check_store_args("store", 0, 2, None, None, True)
+        _init._check_store_args("store", 0, 2, None, None, True)
     with pytest.raises(TypeError, match="store must be"):
-        _runtime.store_adapter(42)
+        _stores.store_adapter(42)
     with pytest.raises(ValueError, match="not a directory"):
-        _runtime._check_store_args("a/dir", 0, 2, "group", None, False)
+        _init._check_store_args("a/dir", 0, 2, "group", None, False)
 
 
 @pytest.mark.parametrize("argv, message", [

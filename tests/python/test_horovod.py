@@ -15,7 +15,7 @@ import torch
 
 import sumo
 import sumo.torch as hvd
-from sumo.torch import _runtime
+from sumo.torch import _calls
 
 from reference import adasum_tree
 from test_torch import assert_identical_across_ranks, loss_of, make_model, params_of
@@ -536,7 +536,7 @@ def test_join_refuses_broadcast_and_explains_a_collective_it_cannot_join():
         assert e.value.name == "SUMO_ERR_MISMATCH"
     else:
         with pytest.raises(sumo.SumoError, match="SUMO_ERR_MISMATCH"):
-            _runtime.allreduce_tensor(torch.ones(5), sumo.Average, "raw")
+            _calls.allreduce_tensor(torch.ones(5), sumo.Average, "raw")
     assert_identical_across_ranks([torch.ones(2)])  # every rank out of join, still usable
 
 

@@ -11,7 +11,7 @@ import pytest
 
 import sumo.torch as st
 from sumo import _slurm
-from sumo.torch import _runtime
+from sumo.torch import _init
 
 
 @pytest.mark.parametrize("text, hosts", [
@@ -78,17 +78,17 @@ def test_launcher(monkeypatch):
         if k.startswith(("SLURM_", "OMPI_", "PMI", "TORCHELASTIC_")) or k in (
                 "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "MPI_LOCALNRANKS"):
             monkeypatch.delenv(k)
-    assert _runtime._launcher() is None
+    assert _init._launcher() is None
     for k, v in step_env().items():
         monkeypatch.setenv(k, v)
-    assert _runtime._launcher() == "srun"
+    assert _init._launcher() == "srun"
     monkeypatch.setenv("SLURM_NTASKS", "1")  # a step of one task: a world of one
-    assert _runtime._launcher() is None
+    assert _init._launcher() is None
     # A batch script's shell (no step) with several tasks is still refused, not joined.
     monkeypatch.setenv("SLURM_NTASKS", "4")
     monkeypatch.delenv("SLURM_STEP_ID")
     monkeypatch.delenv("SLURM_STEP_NODELIST")
-    assert "batch script" in _runtime._launcher()
+    assert "batch script" in _init._launcher()
 
 
 TASK = r"""

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import sumo
 import sumo.torch as st
 from sumo import _lib
-from sumo.torch import _runtime as rt
+from sumo.torch import _calls, _cuda, _init, _runtime as rt, _tensors
 from sumo.torch import hooks as sumo_hooks
 
 HAVE_CUDA = torch.cuda.is_available()
@@ -66,7 +66,7 @@ def cuda_mocked(monkeypatch):
     a made-up current stream that is recorded and then replaced by NULL for the C call (the
     host kernels are handed no stream), futures without devices."""
     calls = []
-    real = rt.collective
+    real = _calls.collective
     # The flat communicator's plumbing (the hierarchical path's: the test above).
     monkeypatch.setattr(rt.state, "hier", None)
 
@@ -74,14 +74,14 @@ def cuda_mocked(monkeypatch):
         calls.append((kind, getattr(send, "value", send), stream))
         return real(kind, send, recv, count, dtype, 0, op=op, root=root, request=request)
 
-    monkeypatch.setattr(rt, "cuda_ready", lambda t, name: None)
-    monkeypatch.setattr(rt, "current_stream",
+    monkeypatch.setattr(_cuda, "cuda_ready", lambda t, name: None)
+    monkeypatch.setattr(_cuda, "current_stream",
                         lambda t: FAKE_STREAM if t.device.type == "cuda" else 0)
-    monkeypatch.setattr(rt, "legacy_ready", lambda t: None)
-    monkeypatch.setattr(rt, "inputs_ready", lambda t: None)
-    monkeypatch.setattr(rt, "inputs_event", lambda t: None)
-    monkeypatch.setattr(rt, "future_devices", lambda t: None)
-    monkeypatch.setattr(rt, "collective", spy)
+    monkeypatch.setattr(_cuda, "legacy_ready", lambda t: None)
+    monkeypatch.setattr(_cuda, "inputs_ready", lambda t: None)
+    monkeypatch.setattr(_cuda, "inputs_event", lambda t: None)
+    monkeypatch.setattr(_cuda, "future_devices", lambda t: None)
+    monkeypatch.setattr(_calls, "collective", spy)
     return calls
 
 
@@ -105,19 +105,19 @@ def test_cuda_tensor_on_a_host_transport_refused_by_name(monkeypatch):
     t = mock(torch.ones(4))
     with pytest.raises(ValueError, match=r"tensor grads\.w is on cuda:0; the group transport "
                                          r"moves host memory only.*transport=\"nccl\""):
-        rt.tensor_args(t, "grads.w")
+        _tensors.tensor_args(t, "grads.w")
 
 
 def test_cuda_tensor_on_the_shm_transport_is_taken(monkeypatch):
     """The shared-memory transport (torchrun's processes on one node) takes CUDA tensors
     through CUDA IPC: no refusal by transport; without a device, the device's own reason."""
-    assert "shm" in rt.CUDA_TRANSPORTS
+    assert "shm" in _cuda.CUDA_TRANSPORTS
     monkeypatch.setattr(rt.state, "transport", "shm")
     t = mock(torch.ones(4))
     if HAVE_CUDA:
         pytest.skip("a CUDA device is present (the shm transport on it: gpu-check.sh)")
     with pytest.raises(ValueError) as e:
-        rt.tensor_args(t, "grads.w")
+        _tensors.tensor_args(t, "grads.w")
     assert "moves host memory only" not in str(e.value)
     assert "tensor grads.w is on cuda:0: " in str(e.value)
 
@@ -135,9 +135,9 @@ def test_shm_cuda_inputs_are_waited_for(monkeypatch):
 
     monkeypatch.setattr(rt.state, "transport", "shm")
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
-    rt.inputs_ready(mock(torch.ones(4)))
-    rt.legacy_ready(mock(torch.ones(4)))
-    rt.inputs_ready(torch.ones(4))
+    _cuda.inputs_ready(mock(torch.ones(4)))
+    _cuda.legacy_ready(mock(torch.ones(4)))
+    _cuda.inputs_ready(torch.ones(4))
     assert calls == ["sync", "sync"]
 
 
@@ -220,7 +220,7 @@ def test_nccl_rendezvous_shares_rank0s_id_through_the_store():
 
     def rank(r):
         try:
-            got[r] = rt.nccl_rendezvous(store, "sumo/test/1/nccl_id", r, make, 30)
+            got[r] = _cuda.nccl_rendezvous(store, "sumo/test/1/nccl_id", r, make, 30)
         except Exception as e:  # reported below
             errors.append(e)
 
@@ -240,14 +240,14 @@ def test_nccl_rendezvous_refuses_an_id_of_another_size():
     store.set("k", b"short")
     with pytest.raises(RuntimeError,
                        match="the store holds 5 bytes under k, not an NCCL id of 128"):
-        rt.nccl_rendezvous(store, "k", 1, None, 5)
+        _cuda.nccl_rendezvous(store, "k", 1, None, 5)
     with pytest.raises(RuntimeError, match="an NCCL id of 3 bytes, not 128"):
-        rt.nccl_rendezvous(dist.HashStore(), "k", 0, lambda: b"abc", 5)
+        _cuda.nccl_rendezvous(dist.HashStore(), "k", 0, lambda: b"abc", 5)
 
 
 def test_nccl_rendezvous_times_out_without_rank0():
     with pytest.raises(Exception, match="(?i)timeout|timed out|deadline"):
-        rt.nccl_rendezvous(dist.HashStore(), "never", 1, None, 0.2)
+        _cuda.nccl_rendezvous(dist.HashStore(), "never", 1, None, 0.2)
 
 
 def test_nccl_transport_without_a_device_says_why():
@@ -257,7 +257,7 @@ def test_nccl_transport_without_a_device_says_why():
     try:
         with pytest.raises(RuntimeError,
                            match=r"transport 'nccl' needs (libsumo_cuda|a CUDA device)"):
-            rt._init_nccl(None)
+            _init._init_nccl(None)
     finally:
         rt.state.comm = saved
 
@@ -281,24 +281,24 @@ def test_cuda_across_hosts_takes_the_allreduce_through_sumo_hier(monkeypatch):
             calls.append((send.value, recv.value, n, dt, kind, layout, stream))
 
     monkeypatch.setattr(rt.state, "hier", Hier())
-    op = rt.adasum_op(rt.state.comm, [3, 4], "a test layout")
+    op = _tensors.adasum_op(rt.state.comm, [3, 4], "a test layout")
     try:
         x, y = torch.zeros(7), torch.zeros(7)
         px, py = ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(y.data_ptr())
-        assert rt.collective(SUMO_COLLECTIVE_ALLREDUCE, px, py, 7, SUMO_FLOAT32, FAKE_STREAM,
-                             op=op) == 0
+        assert _calls.collective(SUMO_COLLECTIVE_ALLREDUCE, px, py, 7, SUMO_FLOAT32,
+                                 FAKE_STREAM, op=op) == 0
         assert calls[-1] == (px.value, py.value, 7, SUMO_FLOAT32, SUMO_OP_ADASUM, (3, 4),
                              FAKE_STREAM)
-        assert rt.collective(SUMO_COLLECTIVE_ALLREDUCE, px, px, 7, SUMO_FLOAT32, 0,
-                             op=SUMO_OP_AVERAGE) == 0
+        assert _calls.collective(SUMO_COLLECTIVE_ALLREDUCE, px, px, 7, SUMO_FLOAT32, 0,
+                                 op=SUMO_OP_AVERAGE) == 0
         assert calls[-1][4:6] == (SUMO_OP_AVERAGE, None)
         with pytest.raises(ValueError, match="take the allreduce alone"):
-            rt.collective(SUMO_COLLECTIVE_BROADCAST, px, px, 7, SUMO_FLOAT32, 0, root=0)
+            _calls.collective(SUMO_COLLECTIVE_BROADCAST, px, px, 7, SUMO_FLOAT32, 0, root=0)
         with pytest.raises(ValueError, match="op 4096"):
-            rt.collective(SUMO_COLLECTIVE_ALLREDUCE, px, px, 7, SUMO_FLOAT32, 0, op=4096)
+            _calls.collective(SUMO_COLLECTIVE_ALLREDUCE, px, px, 7, SUMO_FLOAT32, 0, op=4096)
         req = ctypes.c_void_p()
-        assert rt.collective(SUMO_COLLECTIVE_ALLREDUCE, px, px, 7, SUMO_FLOAT32, 0,
-                             op=SUMO_OP_AVERAGE, request=req) == 0
+        assert _calls.collective(SUMO_COLLECTIVE_ALLREDUCE, px, px, 7, SUMO_FLOAT32, 0,
+                                 op=SUMO_OP_AVERAGE, request=req) == 0
         assert len(calls) == 3 and req.value
         assert _lib.lib.sumo_request_wait(req) == 0
     finally:
@@ -433,7 +433,7 @@ def _dev():
 def _takes_cuda():
     """The session's communicator takes CUDA tensors: a CUDA transport, or the hierarchical
     path across hosts (SUMO_TEST_TRANSPORT=hierarchical: CUDA IPC in the host, NCCL between)."""
-    return rt.state.transport in rt.CUDA_TRANSPORTS or rt.state.hier is not None
+    return rt.state.transport in _cuda.CUDA_TRANSPORTS or rt.state.hier is not None
 
 
 def _hosts():

@@ -16,7 +16,9 @@ sumo keeps its own communicator: its collectives never run on torch.distributed'
 """
 from .. import Sum, Average, Adasum, SumoError
 from . import _runtime as _rt
-from ._runtime import init, set_timeout, shutdown, take_timeline, union_seconds
+from ._init import init
+from ._runtime import set_timeout, take_timeline, union_seconds
+from ._shutdown import shutdown
 from .collectives import (allreduce, allreduce_, allreduce_async, allreduce_async_,
                           grouped_allreduce, grouped_allreduce_, poll, synchronize, allgather,
                           allgather_object, broadcast, broadcast_, broadcast_object,

@@ -127,7 +127,7 @@ class Hierarchy:
         if code != SUMO_SUCCESS:
             raise _lib.error(code, None, "sumo_comm_create_shm for host %d's ranks: %s"
                              % (self.host, err.value.decode(errors="replace")))
-        # The allreduce kinds sumo.torch routes here (_runtime sets them; all by default).
+        # The allreduce kinds sumo.torch routes here (_init.py sets them; all by default).
         self.ops = frozenset((SUMO_OP_SUM, SUMO_OP_AVERAGE, SUMO_OP_ADASUM))
         self._k = _Kernels()
         self._scratch = {}

@@ -12,7 +12,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from .. import launch
-from . import _runtime as rt
+from . import _init, _runtime as rt
 
 
 def _store(path):
@@ -53,10 +53,10 @@ def main(argv=None):
                  "python -m sumo.launch --nproc")
     launch.check(args)
     if args.join:
-        rt.init(store=_store(args.store), join=True)
+        _init.init(store=_store(args.store), join=True)
     else:
-        rt.init(store=_store(args.store), rank=args.rank, size=args.size,
-                transport=launch.transport_of(args))
+        _init.init(store=_store(args.store), rank=args.rank, size=args.size,
+                   transport=launch.transport_of(args))
     sys.argv = [args.script] + args.args
     sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))
     runpy.run_path(args.script, run_name="__main__")

@@ -30,11 +30,11 @@ from .._abi import (SUMO_FLOAT64, SUMO_COLLECTIVE_ALLREDUCE, SUMO_COLLECTIVE_ALL
                     SUMO_COLLECTIVE_BROADCAST, SUMO_COLLECTIVE_REDUCE_SCATTER,
                     SUMO_ERR_PEER_FAILURE)
 from .._lib import lib, SumoError
-from . import _runtime as rt
+from . import _calls, _cuda, _membership, _runtime as rt, _tensors
 from .compression import Compression, check as check_compression
 
 _OP_NAMES = {Sum: "Sum", Average: "Average", Adasum: "Adasum"}
-_FROM_SUMO = {v: k for k, v in rt._DTYPES.items()}
+_FROM_SUMO = {v: k for k, v in _tensors._DTYPES.items()}
 
 # What the announcement says is coming.
 ALLREDUCE, _BROADCAST, _ALLGATHER, _BARRIER, _REDUCESCATTER = 1, 2, 3, 4, 5
@@ -165,7 +165,7 @@ def join(device=-1):
             if kind == ALLREDUCE:
                 zeros = torch.zeros(max(count, 0), dtype=_FROM_SUMO.get(dtype, torch.float64),
                                     device="cuda" if cuda else "cpu")
-                rt.allreduce_tensor(zeros, op, "join (a joined rank's zeros in an allreduce)")
+                _calls.allreduce_tensor(zeros, op, "join (a joined rank's zeros in an allreduce)")
             elif kind == _BARRIER:
                 rt.sync()
                 rt.raise_for(lib.sumo_barrier(rt.state.comm), "join (a barrier)")
@@ -187,7 +187,7 @@ def join(device=-1):
 
 def _check_tensor(t, name):
     """A tensor, on the CPU or a CUDA device (whether this communicator takes CUDA tensors is
-    rt.tensor_args's to say)."""
+    _tensors.tensor_args's to say)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError("sumo: %s is a %s, not a torch.Tensor" % (name, type(t).__name__))
     if t.device.type not in ("cpu", "cuda"):
@@ -202,12 +202,12 @@ def _is_cuda(t):
 def _run(kind, t, send, recv, n, dt, op=0, root=0, request=None, cpu=None):
     """One collective of tensor t's memory: cpu() (the sumo.h call) for a CPU tensor; for a
     CUDA tensor sumo_collective_run (or _start into request) with its kernels on the current
-    stream, after the work the transport must see complete (rt.inputs_ready)."""
+    stream, after the work the transport must see complete (_cuda.inputs_ready)."""
     if not _is_cuda(t):
         return cpu()
-    stream = rt.current_stream(t)
-    rt.inputs_ready(t)
-    return rt.collective(kind, send, recv, n, dt, stream, op=op, root=root, request=request)
+    stream = _cuda.current_stream(t)
+    _cuda.inputs_ready(t)
+    return _calls.collective(kind, send, recv, n, dt, stream, op=op, root=root, request=request)
 
 
 def _scale(t, factor):
@@ -220,11 +220,12 @@ def _allreduce_inplace(t, op, name, prescale, postscale):
     ones through float64 (exact below 2^53), summed, and for Average divided with
     truncation, as Horovod scales integer tensors."""
     _check_tensor(t, name)
-    if t.dtype in rt._DTYPES:
-        ptr, n, dt = rt.checked_tensor(t, name)  # refuses a bad tensor before the announcement
+    if t.dtype in _tensors._DTYPES:
+        # refuses a bad tensor before the announcement
+        ptr, n, dt = _tensors.checked_tensor(t, name)
         announce(ALLREDUCE, "allreduce of %s" % name, n, dt, op, _is_cuda(t))
         _scale(t, prescale)
-        rt.allreduce_tensor(t, op, name)
+        _calls.allreduce_tensor(t, op, name)
         _scale(t, postscale)
         return t
     if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
@@ -239,7 +240,7 @@ def _allreduce_inplace(t, op, name, prescale, postscale):
     staged = t.to(torch.float64)
     announce(ALLREDUCE, "allreduce of %s" % name, staged.numel(), SUMO_FLOAT64, Sum,
              _is_cuda(t))
-    rt.allreduce_tensor(staged, Sum, name)
+    _calls.allreduce_tensor(staged, Sum, name)
     if op == Average:
         staged = torch.div(staged, rt.state.size, rounding_mode="trunc")
     t.copy_(staged)
@@ -293,11 +294,11 @@ def _grouped(tensors, op, name, prescale, postscale):
     tensor, as Horovod's grouped Adasum)."""
     for i, t in enumerate(tensors):
         _check_tensor(t, "%s[%d]" % (name, i))
-    rt.same_device([("%s[%d]" % (name, i), t) for i, t in enumerate(tensors)],
-                   "grouped allreduce of %s" % name)
+    _tensors.same_device([("%s[%d]" % (name, i), t) for i, t in enumerate(tensors)],
+                         "grouped allreduce of %s" % name)
     by_dtype = {}
     for i, t in enumerate(tensors):
-        if op != Adasum and t.dtype in rt._DTYPES:
+        if op != Adasum and t.dtype in _tensors._DTYPES:
             by_dtype.setdefault(t.dtype, []).append(i)
         else:
             _allreduce_inplace(t, op, "%s[%d]" % (name, i), prescale, postscale)
@@ -446,7 +447,7 @@ def _start_fused(b):
             flat = m.tensor
         else:
             flat = torch.cat([m.tensor.reshape(-1) for m in b.members])
-        ptr, n, dt = rt.tensor_args(flat, b.what)
+        ptr, n, dt = _tensors.tensor_args(flat, b.what)
         announce(ALLREDUCE, b.what, n, dt, b.op, _is_cuda(flat), wait=False)
         for m in b.members:
             if m.prescale != 1.0:
@@ -520,11 +521,11 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     name = name or "tensor"
     _check_tensor(tensor, name)
     handle = next(_handle_ids)
-    if tensor.dtype not in rt._DTYPES:  # integers: through float64, at once
+    if tensor.dtype not in _tensors._DTYPES:  # integers: through float64, at once
         _allreduce_inplace(tensor, op, name, float(prescale_factor), float(postscale_factor))
         _pending[handle] = _Pending(None, tensor, 1.0, name, 0.0)
         return handle
-    rt.checked_tensor(tensor, name)
+    _tensors.checked_tensor(tensor, name)
     threshold = _fusion_threshold()
     p = _Pending(None, tensor, float(postscale_factor), name, 0.0)
     p.prescale = float(prescale_factor)
@@ -605,7 +606,7 @@ rt.before_collective = _start_open
 
 class _Outstanding:
     """What this module has in flight on the communicator, for when sumo.torch.elastic
-    replaces it (rt.bind): every started request is waited for (which frees it), and every
+    replaces it (bind): every started request is waited for (which frees it), and every
     handle not yet synchronized, started or not, raises the loss on synchronize(): the
     caller redoes the step on the new membership. Join's count of rounds starts again, since
     the processes still here may have got through different numbers of them."""
@@ -634,7 +635,7 @@ class _Outstanding:
 
 
 _outstanding = _Outstanding()
-rt.bind(_outstanding)
+_membership.bind(_outstanding)
 
 
 # -- bytes: broadcast and allgather of any dtype --------------------------------------------------
@@ -656,11 +657,11 @@ def _from_bytes(u8, dtype, shape):
 def _broadcast_raw(t, root, name):
     """t (any dtype) replaced by the root's, in place, with no announcement."""
     _check_tensor(t, name)
-    if t.dtype in rt._DTYPES and t.is_contiguous():
-        rt.broadcast_tensor(t, root, name)
+    if t.dtype in _tensors._DTYPES and t.is_contiguous():
+        _calls.broadcast_tensor(t, root, name)
         return t
     words, nbytes = _to_words(t)
-    rt.broadcast_tensor(words, root, name)
+    _calls.broadcast_tensor(words, root, name)
     with torch.no_grad():
         t.copy_(_from_bytes(words.view(torch.uint8)[:nbytes], t.dtype, t.shape))
     return t
@@ -709,7 +710,7 @@ def broadcast_async_(tensor, root_rank=0, name=None):
     name = name or "tensor"
     _check_root(root_rank, "broadcast_async_ of %s" % name)
     _check_tensor(tensor, name)
-    ptr, n, dt = rt.checked_tensor(tensor, name)
+    ptr, n, dt = _tensors.checked_tensor(tensor, name)
     announce(_BROADCAST, "broadcast of %s" % name)
     rt.sync()
     req = ctypes.c_void_p()
@@ -736,7 +737,7 @@ def _reducescatter_args(tensor, op, name, where):
         rt.fail_together(ValueError("%s of %s: the first dimension (%s) must divide among the "
                                     "%d ranks" % (where, name, tuple(tensor.shape), size)))
     src = tensor.detach().contiguous()
-    ptr, n, dt = rt.checked_tensor(src, name)
+    ptr, n, dt = _tensors.checked_tensor(src, name)
     out = src.new_empty((tensor.shape[0] // size,) + tuple(tensor.shape[1:]))
     announce(_REDUCESCATTER, "reducescatter of %s" % name, out.numel(), dt, op)
     return src, ptr, out, out.numel(), dt, op
@@ -749,7 +750,7 @@ def reducescatter(tensor, op=None, name=None):
     src, ptr, out, n, dt, op = _reducescatter_args(tensor, op, name, "reducescatter")
     rt.sync()
     t0 = time.perf_counter()
-    recv = rt.tensor_args(out, name)[0]
+    recv = _tensors.tensor_args(out, name)[0]
     rt.raise_for(_run(SUMO_COLLECTIVE_REDUCE_SCATTER, src, ptr, recv, n, dt, op=op,
                       cpu=lambda: lib.sumo_reduce_scatter(ptr, recv, n, dt, op, rt.state.comm)),
                  "reducescatter of %s" % name)
@@ -765,7 +766,7 @@ def reducescatter_async(tensor, op=None, name=None):
     rt.sync()
     req = ctypes.c_void_p()
     t0 = time.perf_counter()
-    recv = rt.tensor_args(out, name)[0]
+    recv = _tensors.tensor_args(out, name)[0]
     rt.raise_for(_run(SUMO_COLLECTIVE_REDUCE_SCATTER, src, ptr, recv, n, dt, op=op, request=req,
                       cpu=lambda: lib.sumo_reduce_scatter_start(ptr, recv, n, dt, op,
                                                                 rt.state.comm,
@@ -788,8 +789,8 @@ def broadcast(tensor, root_rank=0, name=None):
 
 
 def _allgather_tensor(send, recv, name):
-    sp, n, dt = rt.checked_tensor(send, name)
-    rp = rt.tensor_args(recv, name)[0]
+    sp, n, dt = _tensors.checked_tensor(send, name)
+    rp = _tensors.tensor_args(recv, name)[0]
     rt.sync()
     t0 = time.perf_counter()
     rt.raise_for(_run(SUMO_COLLECTIVE_ALLGATHER, send, sp, rp, n, dt,
@@ -887,7 +888,7 @@ def barrier():
 
 def _broadcast_bytes(data, root_rank, what):
     n = torch.tensor([float(len(data)) if data is not None else 0.0], dtype=torch.float64)
-    rt.broadcast_tensor(n, root_rank, what + " (length)")
+    _calls.broadcast_tensor(n, root_rank, what + " (length)")
     nbytes = int(n[0].item())
     if nbytes == 0:
         return b""
@@ -896,7 +897,7 @@ def _broadcast_bytes(data, root_rank, what):
     else:
         buf = torch.empty(nbytes, dtype=torch.uint8)
     words, _ = _to_words(buf)
-    rt.broadcast_tensor(words, root_rank, what)
+    _calls.broadcast_tensor(words, root_rank, what)
     return ctypes.string_at(words.data_ptr(), nbytes)
 
 
@@ -940,7 +941,7 @@ def broadcast_parameters(params, root_rank=0):
             raise TypeError("broadcast_parameters: %s is not a tensor" % name)
         _check_tensor(t, name)
         named.append((name, t))
-    rt.same_device(named, "broadcast_parameters")
+    _tensors.same_device(named, "broadcast_parameters")
     announce(_BROADCAST, "broadcast_parameters")
     for name, t in named:
         _broadcast_raw(t, root_rank, name)

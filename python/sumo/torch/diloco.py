@@ -43,7 +43,7 @@ from .._abi import (
     SUMO_DILOCO_START, SUMO_ERR_INVALID_ARGUMENT, SUMO_OUTER_HEAVY_BALL, SUMO_OUTER_NESTEROV,
     SUMO_SPLIT_RANGES, SUMO_SPLIT_TENSORS, sumo_comm_stats, sumo_diloco_options)
 from .._lib import lib
-from . import _runtime as rt
+from . import _cuda, _membership, _runtime as rt, _tensors
 from ._wrapped import WrappedOptimizer
 
 _PRESETS = {"diloco": SUMO_DILOCO_PRESET_DILOCO, "streaming": SUMO_DILOCO_PRESET_STREAMING,
@@ -130,7 +130,7 @@ class DiLoCo(WrappedOptimizer):
             raise ValueError("sumo: DiLoCo on CUDA parameters across hosts needs "
                              "init(transport=\"nccl\"); the hierarchical path takes the "
                              "allreduce of CUDA tensors alone")
-        dt = rt.tensor_args(self._flat, "the parameters")[2]
+        dt = _tensors.tensor_args(self._flat, "the parameters")[2]
         self.memory_efficient = bool(o.memory_efficient)
         # Kept for comm_opened, which makes the C object again on a new communicator.
         self._layout = (ctypes.c_size_t * len(counts))(*counts)
@@ -145,7 +145,7 @@ class DiLoCo(WrappedOptimizer):
         self.last_due = 0
         self._carried = None
         self._replaced = False
-        rt.bind(self)
+        _membership.bind(self)
         if not _exit_hook[0]:
             atexit.register(_close_all)
             _exit_hook[0] = True
@@ -290,7 +290,7 @@ class DiLoCo(WrappedOptimizer):
         if getattr(self, "_handle", None):
             self.close()
 
-    # sumo.torch.elastic replaced the communicator (rt.bind). The C object keeps the old one
+    # sumo.torch.elastic replaced the communicator (bind). The C object keeps the old one
     # (its exchanges run on it), so it goes with it and is made again on the new one, holding
     # the outer state it held: the averages then divide by the new number of replicas. After a
     # join the members are at a commit and that state is theirs to go on with; after a loss
@@ -373,7 +373,7 @@ class DiLoCo(WrappedOptimizer):
         lr = self._inner_rate(started)
         if not self._anchored:
             self._gather(range(len(self._params)))
-            rt.legacy_ready(self._flat)  # the C loop runs its kernels on the legacy stream
+            _cuda.legacy_ready(self._flat)  # the C loop runs its kernels on the legacy stream
             rt.raise_for(lib.sumo_diloco_begin(self._handle, self._ptr()), "DiLoCo anchors")
             self._anchored = True
         loss = self._local_step(closure)
@@ -383,7 +383,7 @@ class DiLoCo(WrappedOptimizer):
         if what:
             self._gather(moved)
             rt.sync()  # the exchange is ordered after collectives already queued
-        rt.legacy_ready(self._flat)
+        _cuda.legacy_ready(self._flat)
         rt.raise_for(lib.sumo_diloco_end(self._handle, self._ptr(), ctypes.c_double(lr), None),
                      "DiLoCo step %d%s%s" % (
                          self.steps + self.skipped,

@@ -58,9 +58,11 @@ import random
 import torch
 import torch.utils.data
 
-from . import _runtime as rt
+from . import _joiners, _membership, _runtime as rt
 from . import collectives
-from ._runtime import HorovodInternalError, HostsUpdatedInterrupt, init, shutdown
+from ._init import init
+from ._runtime import HorovodInternalError, HostsUpdatedInterrupt
+from ._shutdown import shutdown
 from .diloco import DiLoCo
 
 __all__ = ["run", "State", "ObjectState", "TorchState", "ElasticSampler", "HorovodInternalError",
@@ -130,7 +132,7 @@ class State:
         """Raises HostsUpdatedInterrupt on every rank when processes took join tickets since
         the last membership. Collective: rank 0 reads the store, every rank learns its
         answer."""
-        tickets = _broadcast_count(rt.join_tickets(), "sumo.torch.elastic: the join tickets")
+        tickets = _broadcast_count(_joiners.join_tickets(), "sumo.torch.elastic: the join tickets")
         if tickets > rt.state.admitted:
             e = HostsUpdatedInterrupt(False)
             e.tickets = tickets
@@ -410,7 +412,7 @@ def _recover(state, lost, synced):
     first sync, which the one after the shrink then is)."""
     mine = getattr(state, "_commits", None)
     has_state = synced or not rt.state.joined
-    agreed, _ = rt.shrink((mine or 0) if has_state else _NO_STATE)
+    agreed, _ = _membership.shrink((mine or 0) if has_state else _NO_STATE)
     if agreed == _NO_STATE:
         raise RuntimeError("sumo.torch.elastic: every process that held the job's state was "
                            "lost; the ones left joined and never had it") from lost
@@ -453,7 +455,7 @@ def run(func):
                     _recover(state, lost, synced)
                     state.on_reset()
                 elif joined is not None:
-                    rt.grow(joined.tickets)
+                    _joiners.grow(joined.tickets)
                     state.on_reset()
                 lost = joined = None
                 if not skip_sync:

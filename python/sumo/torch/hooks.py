@@ -32,7 +32,7 @@ import torch.distributed as dist
 from .._abi import (SUMO_AGGREGATE_ACGA, SUMO_COLLECTIVE_ALLREDUCE, SUMO_FLOAT32, SUMO_OP_ADASUM,
                     SUMO_OP_AVERAGE, SUMO_OP_SUM, sumo_aggregator_options)
 from .._lib import lib
-from . import _runtime as rt
+from . import _calls, _cuda, _membership, _runtime as rt, _tensors
 
 
 class HookState:
@@ -50,7 +50,7 @@ class HookState:
             raise TypeError("sumo: mapped_buffers is None, True or False, not %r"
                             % (mapped_buffers,))
         self.mapped_buffers = mapped_buffers
-        self.node_maps_memory = rt.node_maps_memory()
+        self.node_maps_memory = _tensors.node_maps_memory()
         self._mapped = {}        # bucket index -> its buffer in mapped memory
         self.acga_beta = float(acga_beta)
         self.acga_per_tensor = bool(acga_per_tensor)
@@ -58,9 +58,9 @@ class HookState:
         self._ops = {}           # layout tuple -> sumo_op (Adasum per tensor)
         self._aggregators = {}   # (bucket index, layout) -> sumo_aggregator (ACGA)
         self._pending = {}       # ACGA state loaded before its bucket was seen
-        rt.bind(self)
+        _membership.bind(self)
 
-    # sumo.torch.elastic replaced the communicator (rt.bind). Everything here is made on
+    # sumo.torch.elastic replaced the communicator (bind). Everything here is made on
     # demand, so it is dropped with the old communicator and made again on the new one as the
     # buckets come; ACGA's momentum is kept (as state_dict would keep it) and applied when its
     # bucket comes again. (DDP itself cannot follow: its process group keeps the membership it
@@ -75,14 +75,14 @@ class HookState:
 
     def comm_opened(self):
         self.comm = rt.state.comm
-        self.node_maps_memory = rt.node_maps_memory()
+        self.node_maps_memory = _tensors.node_maps_memory()
 
     # -- Adasum -------------------------------------------------------------------------------
     def adasum_op(self, layout):
         op = self._ops.get(layout)
         if op is None:
-            op = self._ops[layout] = rt.adasum_op(self.comm, layout,
-                                                  "a bucket of %d tensors" % len(layout))
+            op = self._ops[layout] = _tensors.adasum_op(self.comm, layout,
+                                                        "a bucket of %d tensors" % len(layout))
         return op
 
     # -- ACGA ---------------------------------------------------------------------------------
@@ -157,9 +157,9 @@ class HookState:
         if t is None or t.numel() != buf.numel() or t.dtype != buf.dtype:
             if t is not None:
                 del self._mapped[index]
-                rt.shared_free(t, "bucket %d's mapped buffer" % index)
-            t = self._mapped[index] = rt.shared_empty(buf.numel(), buf.dtype,
-                                                      "bucket %d's mapped buffer" % index)
+                _tensors.shared_free(t, "bucket %d's mapped buffer" % index)
+            t = self._mapped[index] = _tensors.shared_empty(buf.numel(), buf.dtype,
+                                                            "bucket %d's mapped buffer" % index)
         return t
 
     def close(self):
@@ -169,7 +169,7 @@ class HookState:
         results into the gradients by the end of each backward pass)."""
         rt.sync()
         for index in list(self._mapped):
-            rt.shared_free(self._mapped.pop(index), "bucket %d's mapped buffer" % index)
+            _tensors.shared_free(self._mapped.pop(index), "bucket %d's mapped buffer" % index)
         for agg in self._aggregators.values():
             lib.sumo_aggregator_destroy(agg)
         self._aggregators.clear()
@@ -199,19 +199,19 @@ def _start(state, index, buf, op, what, gram_form, kind=None, layout=None):
     kinds it takes (hier.ops), the worker runs the hierarchical allreduce of kind (and layout)
     in place instead."""
     # A bad bucket is refused before anything is allocated, on every rank at once.
-    send, n, dt = rt.checked_tensor(buf, what)
+    send, n, dt = _tensors.checked_tensor(buf, what)
     if buf.device.type == "cuda":
         return _start_cuda(buf, send, n, dt, op, what)
     t0 = time.perf_counter()
     hier = rt.state.hier
     if hier is not None and kind in hier.ops:
         def run():
-            rt.hier_run(buf, dt, kind, layout, what, t0)
+            _calls.hier_run(buf, dt, kind, layout, what, t0)
             return buf
 
         return rt.state.worker.submit(run)
     out = state.mapped(index, buf, gram_form)
-    recv = rt.tensor_args(out, what)[0]
+    recv = _tensors.tensor_args(out, what)[0]
     req = ctypes.c_void_p()
     rt.raise_for(lib.sumo_allreduce_start(send, recv, n, dt, op, state.comm, ctypes.byref(req)),
                  what)
@@ -227,20 +227,20 @@ def _start(state, index, buf, op, what, gram_form, kind=None, layout=None):
 def _start_cuda(buf, ptr, n, dt, op, what):
     """A CUDA bucket, reduced in place on the device: the worker thread runs the collective
     (sumo_collective_run) with its kernels on the stream that was current when DDP called the
-    hook, after the work queued there (rt.inputs_event, where the transport needs it)."""
-    stream = rt.current_stream(buf)
-    ready = rt.inputs_event(buf)
+    hook, after the work queued there (_cuda.inputs_event, where the transport needs it)."""
+    stream = _cuda.current_stream(buf)
+    ready = _cuda.inputs_event(buf)
 
     def run():
         if ready is not None:
             ready.synchronize()
         t0 = time.perf_counter()
-        rt.raise_for(rt.collective(SUMO_COLLECTIVE_ALLREDUCE, ptr, ptr, n, dt, stream, op=op),
-                     what)
+        rt.raise_for(_calls.collective(SUMO_COLLECTIVE_ALLREDUCE, ptr, ptr, n, dt, stream,
+                                       op=op), what)
         rt.record(t0, time.perf_counter(), n * buf.element_size())
         return buf
 
-    return rt.state.worker.submit(run, rt.future_devices(buf))
+    return rt.state.worker.submit(run, _cuda.future_devices(buf))
 
 
 def average_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -272,14 +272,14 @@ def acga_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
         rt.fail_together(ValueError("sumo: %s is on %s; the ACGA hook combines CPU gradients "
                                     "only (average_hook, sum_hook and adasum_hook take CUDA "
                                     "buckets)" % (what, buf.device)))
-    ptr, n, dt = rt.checked_tensor(buf, what)
+    ptr, n, dt = _tensors.checked_tensor(buf, what)
     if dt != SUMO_FLOAT32:
         rt.fail_together(TypeError("sumo: ACGA combines float32 gradients only; %s is %s"
                                    % (what, buf.dtype)))
     agg = state.acga_aggregator((bucket.index(), layout), layout)
     t0 = time.perf_counter()
     out = state.mapped(bucket.index(), buf, gram_form=True)
-    recv = rt.tensor_args(out, what)[0]
+    recv = _tensors.tensor_args(out, what)[0]
     # Queued on sumo's handle like the other hooks' allreduces (in bucket order), so the
     # backward pass never waits for it.
     req = ctypes.c_void_p()

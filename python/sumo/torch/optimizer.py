@@ -44,7 +44,7 @@ import torch
 
 from .. import Sum, Average, Adasum
 from .._lib import lib
-from . import _runtime as rt
+from . import _calls, _cuda, _membership, _runtime as rt, _tensors
 from .collectives import announce, reap_announcements, ALLREDUCE
 from .compression import Compression, check as check_compression
 from ._wrapped import WrappedOptimizer
@@ -140,12 +140,13 @@ class DistributedOptimizer(WrappedOptimizer):
         # One device for every parameter (its buffers and collectives are that device's),
         # then each refused now if sumo cannot reduce it (int, non-contiguous, a CUDA tensor
         # this communicator does not take).
-        rt.same_device(list(zip(self._names, params)), "sumo.DistributedOptimizer's parameters")
+        _tensors.same_device(list(zip(self._names, params)),
+                             "sumo.DistributedOptimizer's parameters")
         # Buffers are made like the first parameter: on its device.
         self._like = params[0].detach() if params else torch.empty(0)
         self._device = self._like.device
         for p, name in zip(params, self._names):
-            rt.tensor_args(p.detach(), name)
+            _tensors.tensor_args(p.detach(), name)
         self._all_params = params
         self._sync_groups = _partition(params, groups)
         if op == Adasum:
@@ -160,7 +161,7 @@ class DistributedOptimizer(WrappedOptimizer):
         if self.overlap:
             self._build_buckets(params, float(bucket_cap_mb) * 1e6)
         self._made_on(comm)
-        rt.bind(self)
+        _membership.bind(self)
 
     def _made_on(self, comm):
         """What the optimizer keeps on the communicator: the buckets' buffers (memory every
@@ -170,10 +171,10 @@ class DistributedOptimizer(WrappedOptimizer):
         elif self.op == Adasum:
             # The tensor sizes are the Adasum layout.
             for g in self._groups.values():
-                g.op = rt.adasum_op(comm, g.layout(), "the %d %s parameters"
-                                    % (len(g.params), g.dtype))
+                g.op = _tensors.adasum_op(comm, g.layout(), "the %d %s parameters"
+                                          % (len(g.params), g.dtype))
 
-    # sumo.torch.elastic replaced the communicator (rt.bind): the collectives started on the
+    # sumo.torch.elastic replaced the communicator (bind): the collectives started on the
     # old one are waited for and the step they belonged to dropped (it is redone from the last
     # commit); the buffers and ops are made again on the new one.
     def comm_closing(self):
@@ -264,7 +265,7 @@ class DistributedOptimizer(WrappedOptimizer):
                     "Sum" if self.op == Sum else "Average", b.index, len(b.slots),
                     ", ".join(self._names[i] for i in b.slots[:3]),
                     ", ..." if len(b.slots) > 3 else "")
-                b.grad = (rt.shared_empty(b.numel, self._wire(b.dtype), b.what)
+                b.grad = (_tensors.shared_empty(b.numel, self._wire(b.dtype), b.what)
                           if self._like.device.type == "cpu"
                           else self._like.new_empty(b.numel, dtype=self._wire(b.dtype)))
                 b.op = self.op
@@ -278,14 +279,14 @@ class DistributedOptimizer(WrappedOptimizer):
             # twice through the staging areas. Elsewhere a bucket of one parameter combines
             # the delta in the parameter's own storage, as Horovod does (no third buffer).
             wire = self._wire(b.dtype)
-            single = len(b.slots) == 1 and not rt.node_maps_memory() and wire == b.dtype
+            single = len(b.slots) == 1 and not _tensors.node_maps_memory() and wire == b.dtype
             if single:
                 b.delta = None
             elif self._device.type == "cuda":
                 b.delta = self._like.new_empty(b.numel, dtype=wire)
             else:
-                b.delta = rt.shared_empty(b.numel, wire, b.what)
-            b.op = rt.adasum_op(comm, tuple(params[i].numel() for i in b.slots), b.what)
+                b.delta = _tensors.shared_empty(b.numel, wire, b.what)
+            b.op = _tensors.adasum_op(comm, tuple(params[i].numel() for i in b.slots), b.what)
         if self.op != Adasum:
             # Each parameter's place in its bucket, as a view made once (not per backward).
             self._pieces = [None] * len(params)
@@ -378,7 +379,7 @@ class DistributedOptimizer(WrappedOptimizer):
                                      "pass sparse_as_dense=True" % self._names[i])
                 g = g.to_dense()
             sent, ctx = self.compression.compress(g)
-            rt.tensor_args(sent, self._names[i] + ".grad")
+            _tensors.tensor_args(sent, self._names[i] + ".grad")
         piece = self._pieces[i]
         piece.copy_(sent.reshape(-1))
         if self._prescale != 1.0:
@@ -392,14 +393,14 @@ class DistributedOptimizer(WrappedOptimizer):
             b = self._buckets[self._next]
             if self.op != Adasum:
                 flat = b.grad
-                ptr, n, dt = rt.tensor_args(flat, b.what)
+                ptr, n, dt = _tensors.tensor_args(flat, b.what)
                 announce(ALLREDUCE, b.what, n, dt, b.op, flat.is_cuda, wait=False)  # collectives.py
             else:
                 flat = self._params[b.slots[0]].detach() if b.delta is None else b.delta
-                ptr, n, dt = rt.tensor_args(flat, b.what)
+                ptr, n, dt = _tensors.tensor_args(flat, b.what)
             req = ctypes.c_void_p()
             b.t0 = time.perf_counter()
-            rt.raise_for(rt.allreduce_call(flat, ptr, n, dt, b.op, req), b.what)
+            rt.raise_for(_calls.allreduce_call(flat, ptr, n, dt, b.op, req), b.what)
             b.req = req
             self._next += 1
 
@@ -561,12 +562,12 @@ class DistributedOptimizer(WrappedOptimizer):
             tensors[0].reshape(-1).clone()
 
     def _allreduce(self, group, flat, op):
-        ptr, n, dt = rt.tensor_args(flat, "the %s %s buffer of %d parameters (%s...)" % (
+        ptr, n, dt = _tensors.tensor_args(flat, "the %s %s buffer of %d parameters (%s...)" % (
             str(group.dtype).replace("torch.", ""), "delta" if self.op == Adasum else "gradient",
             len(group.params), group.names[0]))
         rt.sync()
         t0 = time.perf_counter()
-        rt.raise_for(rt.allreduce_call(flat, ptr, n, dt, op),
+        rt.raise_for(_calls.allreduce_call(flat, ptr, n, dt, op),
                      "DistributedOptimizer.step (%d tensors: %s, ...)" % (
                          len(group.params), ", ".join(group.names[:3])))
         rt.record(t0, time.perf_counter(), n * flat.element_size())
@@ -594,7 +595,7 @@ class DistributedOptimizer(WrappedOptimizer):
                                          "pass sparse_as_dense=True" % name)
                     g = g.to_dense()
                 sent, ctx = self.compression.compress(g)
-                rt.checked_tensor(sent, name + ".grad")
+                _tensors.checked_tensor(sent, name + ".grad")
                 by_dtype.setdefault(sent.dtype, []).append((p, sent, ctx, sparse, name))
             for dtype, entries in by_dtype.items():
                 flat = torch.cat([e[1].reshape(-1) for e in entries])
@@ -603,13 +604,13 @@ class DistributedOptimizer(WrappedOptimizer):
                     ", ".join(e[4] for e in entries[:3]), ", ..." if len(entries) > 3 else "")
                 batches.append((flat, entries, what))
         for flat, entries, what in batches:
-            ptr, n, dt = rt.tensor_args(flat, what)
+            ptr, n, dt = _tensors.tensor_args(flat, what)
             announce(ALLREDUCE, what, n, dt, self.op, flat.is_cuda)
             if prescale != 1.0:
                 flat.mul_(prescale)
             rt.sync()
             t0 = time.perf_counter()
-            rt.raise_for(rt.allreduce_call(flat, ptr, n, dt, self.op), what)
+            rt.raise_for(_calls.allreduce_call(flat, ptr, n, dt, self.op), what)
             rt.record(t0, time.perf_counter(), n * flat.element_size())
             if postscale != 1.0:
                 flat.mul_(postscale)
@@ -659,12 +660,12 @@ class DistributedOptimizer(WrappedOptimizer):
 def _delta(out, params, start):
     """out = params - start: sumo's delta step (the C optimizer's own), or, where the wire
     type differs from the parameters' (a compressor), torch's subtraction and cast."""
-    if out.dtype == params.dtype == start.dtype and out.dtype in rt._DTYPES:
-        rt.legacy_ready(out)  # the C step runs on the legacy stream
-        rt.raise_for(lib.sumo_delta_compute(rt.state.comm, rt.tensor_args(out, "delta")[0],
-                                            rt.tensor_args(params, "parameter")[0],
-                                            rt.tensor_args(start, "start")[0], out.numel(),
-                                            rt._DTYPES[out.dtype]), "the delta step")
+    if out.dtype == params.dtype == start.dtype and out.dtype in _tensors._DTYPES:
+        _cuda.legacy_ready(out)  # the C step runs on the legacy stream
+        rt.raise_for(lib.sumo_delta_compute(
+            rt.state.comm, _tensors.tensor_args(out, "delta")[0],
+            _tensors.tensor_args(params, "parameter")[0], _tensors.tensor_args(start, "start")[0],
+            out.numel(), _tensors._DTYPES[out.dtype]), "the delta step")
     else:
         torch.sub(params, start, out=out)
 
@@ -672,12 +673,12 @@ def _delta(out, params, start):
 def _apply_delta(params, start, delta, what):
     """params = start + combined delta (sumo's, which puts params back at start and raises
     SUMO_ERR_NONFINITE when a result is not finite), or torch's add of a compressed delta."""
-    if params.dtype == start.dtype == delta.dtype and params.dtype in rt._DTYPES:
-        rt.legacy_ready(params)  # the C step runs on the legacy stream
-        rt.raise_for(lib.sumo_delta_apply(rt.state.comm, rt.tensor_args(params, "parameter")[0],
-                                          rt.tensor_args(start, "start")[0],
-                                          rt.tensor_args(delta, "delta")[0], params.numel(),
-                                          rt._DTYPES[params.dtype]), what)
+    if params.dtype == start.dtype == delta.dtype and params.dtype in _tensors._DTYPES:
+        _cuda.legacy_ready(params)  # the C step runs on the legacy stream
+        rt.raise_for(lib.sumo_delta_apply(
+            rt.state.comm, _tensors.tensor_args(params, "parameter")[0],
+            _tensors.tensor_args(start, "start")[0], _tensors.tensor_args(delta, "delta")[0],
+            params.numel(), _tensors._DTYPES[params.dtype]), what)
     else:
         torch.add(start, delta, out=params)
 

@@ -19,7 +19,7 @@ sharded state is cut for one number of ranks and cannot follow a membership chan
 import torch
 
 from .._abi import SUMO_DILOCO_APPLY, SUMO_OP_AVERAGE
-from . import _runtime as rt
+from . import _calls
 from .diloco import DiLoCo
 
 _POLICIES = ("keep", "reset", "average")
@@ -60,7 +60,7 @@ class SlowMo(DiLoCo):
             for p, st in self._opt.state.items():
                 for k, v in st.items():
                     if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() > 0:
-                        rt.allreduce_tensor(v, SUMO_OP_AVERAGE, "optimizer state %s" % k)
+                        _calls.allreduce_tensor(v, SUMO_OP_AVERAGE, "optimizer state %s" % k)
 
 
 def LocalSGD(optimizer, period=12, **kw):

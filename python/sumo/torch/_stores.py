@@ -1,0 +1,89 @@
+"""Meeting through a store: the adapter of a store as init() takes it (a
+torch.distributed.Store or sumo's directory store), a torch.distributed group's store and the
+key prefix of each communicator made in it, and the two communicators whose processes meet
+there (sumo_comm_create_shm, sumo_comm_create_tcp). A module because both the launchers'
+communicators (_init.py) and a store job's memberships (_membership.py) are made this way.
+"""
+import ctypes
+import os
+
+import torch.distributed as dist
+
+from .. import _lib
+from .._abi import SUMO_SUCCESS, sumo_shm_options, sumo_tcp_options
+from .._lib import lib
+
+
+def make_shm(store, rank, size, prefix, where):
+    """sumo_comm_create_shm of `size` processes meeting through store (a _pg_transport
+    adapter) under prefix; raises the SumoError with the transport's reason."""
+    comm = ctypes.c_void_p()
+    err = ctypes.create_string_buffer(256)
+    opts = sumo_shm_options(ctypes.sizeof(sumo_shm_options), rank, size, store.pointer(),
+                            prefix.encode(), 0, ctypes.cast(err, ctypes.c_char_p), len(err))
+    code = lib.sumo_comm_create_shm(ctypes.byref(opts), ctypes.byref(comm))
+    if code != SUMO_SUCCESS:
+        raise _lib.error(code, None, "sumo_comm_create_shm (rank %d of %d) over %s: %s"
+                         % (rank, size, where, err.value.decode(errors="replace")))
+    return comm
+
+
+def make_tcp(store, rank, size, prefix, node_local_size, where, route=None, alive=None):
+    """sumo_comm_create_tcp of `size` processes meeting through store (a _pg_transport
+    adapter) under prefix: each listens, while they meet, on the address through which its
+    host reaches route (default MASTER_ADDR: the store's host). alive: (prefix, the
+    heartbeat's number of each rank, -1 for none) of an elastic job's members, watched while
+    they meet. Raises the SumoError with the transport's reason."""
+    comm = ctypes.c_void_p()
+    err = ctypes.create_string_buffer(256)
+    route = route or os.environ.get("MASTER_ADDR") or None
+    opts = sumo_tcp_options(ctypes.sizeof(sumo_tcp_options), rank, size, store.pointer(),
+                            prefix.encode(), None, route and route.encode(), node_local_size,
+                            ctypes.cast(err, ctypes.c_char_p), len(err))
+    if alive is not None:
+        beats = (ctypes.c_int * size)(*alive[1])
+        opts.alive_prefix, opts.alive_ranks = alive[0].encode(), beats
+    code = lib.sumo_comm_create_tcp(ctypes.byref(opts), ctypes.byref(comm))
+    if code != SUMO_SUCCESS:
+        raise _lib.error(code, None, "sumo_comm_create_tcp (rank %d of %d) over %s: %s"
+                         % (rank, size, where, err.value.decode(errors="replace")))
+    return comm
+
+
+def store_adapter(store):
+    """The _pg_transport adapter of a store as init() takes it: a path names sumo's directory
+    store, anything else is a torch.distributed.Store."""
+    from . import _pg_transport as pgt
+    if isinstance(store, (str, bytes, os.PathLike)):
+        return pgt.DirStore(store)
+    if not isinstance(store, dist.Store):
+        raise TypeError("sumo.torch.init: store must be a torch.distributed.Store (FileStore, "
+                        "TCPStore) or a directory's path, not %r" % (store,))
+    return pgt.StoreAdapter(store)
+
+
+def _store_of(group):
+    """The store of a torch.distributed group: the default group's, under a prefix that names a
+    subgroup's ranks."""
+    store = dist.distributed_c10d._get_default_store()
+    if group is not None and group is not dist.group.WORLD:
+        ranks = "-".join(str(pgt_global(group, r)) for r in range(dist.get_world_size(group)))
+        store = dist.PrefixStore("group%s/" % ranks, store)
+    return store
+
+
+def pgt_global(group, r):
+    from ._pg_transport import global_rank
+    return global_rank(group, r)
+
+
+_communicators_made = [0]
+
+
+def _key_prefix(group):
+    """Unique per communicator in the store: the run, its restart (a torchrun restart meets
+    a fresh store key space), and a count of the communicators this process made."""
+    _communicators_made[0] += 1
+    return "sumo/%s/%s/%d/" % (os.environ.get("TORCHELASTIC_RUN_ID", "run"),
+                               os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"),
+                               _communicators_made[0])
