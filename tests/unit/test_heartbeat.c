@@ -430,7 +430,8 @@ static void test_watch(void **state)
     char longer[300];
     memset(longer, 'k', sizeof longer - 1);
     longer[sizeof longer - 1] = '\0';
-    assert_int_equal(sumo_heart_watch_create(NULL, "w/", 3, ranks, 1, &w), SUMO_ERR_INVALID_ARGUMENT);
+    assert_int_equal(sumo_heart_watch_create(NULL, "w/", 3, ranks, 1, &w),
+                     SUMO_ERR_INVALID_ARGUMENT);
     assert_int_equal(sumo_heart_watch_create(&x->store, longer, 3, ranks, 1, &w),
                      SUMO_ERR_INVALID_ARGUMENT);
     assert_int_equal(sumo_heart_watch_create(&x->store, "w/", 3, NULL, 1, &w),
