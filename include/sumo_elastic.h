@@ -132,8 +132,10 @@ typedef struct sumo_heart sumo_heart;
 
 typedef struct sumo_heart_options {
     size_t struct_size;      /* sizeof(sumo_heart_options) */
-    const sumo_store *store; /* set is called from the heart's thread: the store must take
-                                calls from any thread, and outlive the heart */
+    const sumo_store *store; /* set is called from the heart's thread and must replace a
+                                value already there (the directory store's and torch's do):
+                                the store must take calls from any thread, and outlive the
+                                heart */
     const char *key_prefix;  /* at most 230 bytes; copied */
     int rank;                /* >= 0: the beat goes under key_prefix and this, in decimal */
     double period_s;         /* between beats; 0: a tenth of SUMO_LIVENESS_TIMEOUT */
