@@ -6,6 +6,7 @@
 #include "train/snapshot.h"
 #include "collectives/collectives.h"
 #include "common/common.h"
+#include "common/settings.h"
 
 #include <errno.h>
 #include <math.h>
@@ -339,9 +340,14 @@ sumo_result sumo__train_threads(const sumo__train_config *cfg, const sumo__datas
         snprintf(err, errlen, "--workers %d is out of range (1 to %d)", n, SUMO_THREADS_MAX_RANKS);
         return SUMO_ERR_INVALID_ARGUMENT;
     }
-    double timeout = 300;
-    const char *t = getenv("SUMO_TIMEOUT");
-    if (t && atof(t) > 0) timeout = atof(t);
+    /* The workers' communicators would refuse a malformed deadline each on its own; read here
+     * once, before any thread starts, the refusal is the run's message. */
+    sumo__setting_value timeout;
+    char why[256];
+    if (sumo__setting_read(SUMO__SETTING_TIMEOUT, &timeout, why, sizeof why) != SUMO_SUCCESS) {
+        snprintf(err, errlen, "%s", why);
+        return SUMO_ERR_INVALID_ARGUMENT;
+    }
     int joiners = 0;
     for (int i = 0; cfg->elastic && i < cfg->nevents; i++) joiners += cfg->events[i].kind == SUMO__EVENT_JOIN;
     int all = n + joiners;
@@ -356,7 +362,7 @@ sumo_result sumo__train_threads(const sumo__train_config *cfg, const sumo__datas
     for (int i = 0; i < all; i++) jobs[i] = (thread_job){.cfg = cfg, .train = train, .test = test};
     /* The runner makes the ranks that did start fail at once when one could not, instead of
      * waiting for it until the deadline. */
-    sumo_result r = cfg->elastic ? run_elastic_threads(n, joiners, timeout, jobs, results)
+    sumo_result r = cfg->elastic ? run_elastic_threads(n, joiners, timeout.number, jobs, results)
                                  : sumo_threads_run(n, train_thread, jobs, results);
     int missing = 0, first_missing = -1;
     for (int i = 0; i < all; i++)
