@@ -370,11 +370,11 @@ sumo_result sumo__train_threads(const sumo__train_config *cfg, const sumo__datas
             if (first_missing < 0) first_missing = i;
             missing++;
         }
-    if (missing == n) {
+    if (missing == all) {
         snprintf(err, errlen, "cannot set up %d workers (--workers): %s", n, sumo_strerror(r));
     } else if (missing > 0) {
         snprintf(err, errlen, "%d of %d worker threads could not be started (the first: rank %d); "
-                 "lower --workers or raise the memory or thread limit", missing, n, first_missing);
+                 "lower --workers or raise the memory or thread limit", missing, all, first_missing);
         r = SUMO_ERR_SYSTEM;
     } else {
         /* The report comes from the first worker still there at the end. */
