@@ -15,7 +15,9 @@ static const sumo__setting table[SUMO__SETTING_COUNT] = {
         .min = 0, .max = 1e8, .fallback = "300",
         .doc = "The deadline of every wait: a peer that has not arrived by then makes a "
                "collective, or a communicator's creation, fail with SUMO_ERR_TIMEOUT. Read by "
-               "every communicator constructor; sumo_comm_set_timeout changes it per handle."},
+               "every communicator constructor, and by `sumo train` before its worker threads "
+               "start (how long a joining thread waits for its step); sumo_comm_set_timeout "
+               "changes it per handle."},
     [SUMO__SETTING_DEBUG] = {
         .name = "SUMO_DEBUG", .type = SUMO__SETTING_CHOICE, .noun = "a log level",
         .choices = log_levels, .fallback = "NONE",

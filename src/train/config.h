@@ -112,7 +112,7 @@ typedef struct sumo__train_config {
      * the order given. */
     struct { int rank; long step; sumo__train_event kind; } events[SUMO__MAX_TRAIN_EVENTS];
     int nevents;
-    /* Threads joining an elastic run meet the workers here (trainer.c; NULL: none). */
+    /* Threads joining an elastic run meet the workers here (join.h; NULL: none). */
     struct sumo__train_room *room;
 } sumo__train_config;
 

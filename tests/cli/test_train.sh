@@ -184,6 +184,22 @@ code=$? took=$(( $(date +%s) - start ))
   || fail "threads that cannot start: exit $code after ${took}s: $(tail -1 "$tmp/k.out")"
 fi
 
+# A malformed deadline is refused once, by name, before any worker starts: the workers'
+# communicators and the room where joining threads wait read SUMO_TIMEOUT through the one
+# settings table (not a bare number, not above 0, past its bound).
+for v in soon 0 1e9; do
+  for how in plain elastic; do
+    extra=()
+    [ $how = elastic ] && extra=(--workers 2 --elastic --join 2)
+    SUMO_TIMEOUT=$v "$sumo" train "${quick[@]}" "${extra[@]}" > "$tmp/to.out" 2>&1
+    code=$?
+    [ $code -ne 0 ] && [ "$(grep -c "SUMO_TIMEOUT" "$tmp/to.out")" -eq 1 ] \
+      && grep -q "^sumo train: avg: SUMO_TIMEOUT='$v' is not a deadline: expected seconds, a number > 0" "$tmp/to.out" \
+      && ! grep -q fnv1a "$tmp/to.out" \
+      && ok "SUMO_TIMEOUT=$v refused by name ($how)" || fail "SUMO_TIMEOUT=$v ($how): exit $code: $(head -3 "$tmp/to.out")"
+  done
+done
+
 # ---- what a newcomer reads ----
 "$sumo" train "${quick[@]}" --epochs 2 --reduce avg@linear > "$tmp/n.out" 2> "$tmp/n.err"
 grep -q "to target  epochs until" "$tmp/n.out" && grep -q "^target: 85.00% test accuracy" "$tmp/n.out" \
