@@ -26,10 +26,20 @@ static void check_accepted(const train_options *o)
     if (!(c->lr > 0 && c->lr <= MAX_LR)) __builtin_trap();
     if (o->nmethods < 1 || o->nmethods > MAX_METHODS) __builtin_trap();
     if ((c->resume || c->keep != 2 || o->overwrite) && c->checkpoint_dir == NULL) __builtin_trap();
+    /* A method's own flag is accepted only where a chosen method reads it. */
+    int nflags;
+    const sumo__method_flag *t = sumo__method_flags(&nflags);
+    unsigned chosen = 0;
+    for (int k = 0; k < o->nmethods; k++) chosen |= SUMO__METHOD_BIT(o->methods[k]);
+    for (int f = 0; f < nflags; f++)
+        if ((o->specific_given >> f & 1) && !(t[f].methods & chosen)) __builtin_trap();
     for (int k = 0; k < o->nmethods; k++) {
         sumo__train_config mc;
-        if (train_configure_method(o, o->methods[k], o->scalings[k], &mc) != 0) __builtin_trap();
-        if (!(mc.lr_scale > 0)) __builtin_trap();
+        /* A combination of values one method cannot take (--fragments above --sync-every, ...)
+         * is refused here, naming the flags: a refusal like the parse's. */
+        int rc = train_configure_method(o, o->methods[k], o->scalings[k], &mc);
+        if (rc == 2) continue;
+        if (rc != 0 || !(mc.lr_scale > 0)) __builtin_trap();
     }
 }
 

@@ -119,20 +119,38 @@ static long planned_steps(const sumo__train_config *c, const sumo__dataset *trai
     return (long)(usable / ((size_t)c->workers * (size_t)c->batch)) * c->epochs;
 }
 
-/* SlowMo's outer step (the exact average and the slow momentum) comes every tau steps: a run
- * shorter than tau would never take it, and its workers would end where their local steps
- * left them, without a word. Refused, naming the ways out. 0 or the exit status 2. */
+/* Every outer method (SlowMo's presets and DiLoCo's) first takes its outer step over the whole
+ * model at the end of step H (tau; with fragments, the last one's turn) and applies it `delay`
+ * steps later (sumo_diloco.h; SlowMo's delay is 0). A run shorter than that would never take it,
+ * and its workers would end where their local steps left them, without a word. Refused, naming
+ * the ways out. --stop-after does not count: a stopped run is resumed towards the same end.
+ * 0 or the exit status 2. */
 static int check_outer_steps(const sumo__train_config *c, const char *label, const sumo__dataset *train,
                              bool say)
 {
     long steps = planned_steps(c, train);
-    if (!sumo__method_is_slowmo(c->method) || steps < 1 || steps >= c->outer.sync_every) return 0;
-    if (say)
-        fprintf(stderr, "sumo train: --reduce %s: the run has %ld step(s) (%d epoch(s) of %ld), fewer than "
-                        "--tau %d: its outer step (the exact average and the slow momentum) would never "
-                        "run%s. Give --tau %ld or less, more --epochs or a smaller --batch\n",
-                label, steps, c->epochs, steps / c->epochs, c->outer.sync_every,
-                c->workers > 1 ? " and the workers would end unsynchronised" : "", steps);
+    const sumo_diloco_options *d = &c->outer;
+    long first = (long)d->sync_every + d->delay;
+    if (!sumo__method_is_outer(c->method) || steps < 1 || steps >= first) return 0;
+    if (!say) return 2;
+    bool slowmo = sumo__method_is_slowmo(c->method);
+    const char *flag = slowmo ? "--tau" : "--sync-every";
+    char bound[96], step[128], out[160];
+    if (d->delay > 0) snprintf(bound, sizeof bound, "--sync-every %d + --delay %d = %ld", d->sync_every, d->delay, first);
+    else snprintf(bound, sizeof bound, "%s %d", flag, d->sync_every);
+    if (slowmo) snprintf(step, sizeof step, "the exact average and the slow momentum");
+    else if (d->fragments > 1)
+        snprintf(step, sizeof step, "the outer optimizer's step on the combined change, for fragment %d of %d",
+                 d->fragments, d->fragments);
+    else snprintf(step, sizeof step, "the outer optimizer's step on the combined change");
+    /* A shorter H must still hold the delay (delay <= H / F). */
+    long h = steps - d->delay;
+    if (h >= 1 && h >= (long)d->delay * d->fragments) snprintf(out, sizeof out, "%s %ld or less", flag, h);
+    else snprintf(out, sizeof out, "a smaller --sync-every and --delay");
+    fprintf(stderr, "sumo train: --reduce %s: the run has %ld step(s) (%d epoch(s) of %ld), fewer than %s: its "
+                    "outer step (%s) would never run%s. Give %s, more --epochs or a smaller --batch\n",
+            label, steps, c->epochs, steps / c->epochs, bound, step,
+            c->workers > 1 ? " and the workers would end unsynchronised" : "", out);
     return 2;
 }
 

@@ -33,17 +33,25 @@ static void usage(FILE *out)
         "  --warmup-epochs W      linear warm-up from lr to the scaled lr [0]\n"
         "  --schedule K           constant | step (x0.1 at half) | cosine [constant]\n"
         "  --momentum M --nesterov --dampening D --weight-decay W --beta1 B --beta2 B --eps E\n"
-        "  ACGA:    --acga-beta B --acga-per-tensor --acga-reference-permutation\n"
+        "  The methods' own flags below are refused when no --reduce method reads them; with\n"
+        "  several methods compared, each goes to those that read it, the others run without it.\n"
+        "  ACGA (acga):\n"
+        "           --acga-beta B --acga-per-tensor --acga-reference-permutation\n"
         "           --acga-no-guard --acga-rescale --acga-eps E\n"
-        "  SlowMo:  --tau T --alpha A --slow-beta B --inner-period K --buffers keep|reset|average\n"
+        "  SlowMo (slowmo, localsgd, bmuf; --slow-beta: not localsgd):\n"
+        "           --tau T --alpha A --slow-beta B --inner-period K --buffers keep|reset|average\n"
         "           --memory-efficient   (localsgd: beta 0; bmuf and slowmo: beta 0.5; tau 12)\n"
-        "  DiLoCo:  --sync-every H --fragments F --strided-fragments --fragment-ranges\n"
+        "  DiLoCo (diloco, streaming-diloco):\n"
+        "           --sync-every H --fragments F --strided-fragments --fragment-ranges\n"
         "           --delay T --merge-alpha A\n"
         "           --outer nesterov|heavy-ball --outer-lr X --outer-momentum M\n"
         "           --outer-combine average|adasum|acga --quantize none|bf16|e4m3|e3m0\n"
         "           --quantize-block B   (diloco: H 500, Nesterov 0.7/0.9; streaming-diloco:\n"
         "           F 4, delay 1, merge 0.5, e3m0 in blocks of 128)\n"
-        "  Adasum:  --adasum-hierarchical --adasum-group-size G\n"
+        "  Adasum (adasum, adasum-delta):\n"
+        "           --adasum-hierarchical --adasum-group-size G\n"
+        "  An outer method (SlowMo's, DiLoCo's) whose run is shorter than its first synchronisation\n"
+        "  of the whole model (--tau; --sync-every + --delay) is refused.\n"
         "  --eval-every K         evaluate every K steps [0: every epoch]\n"
         "  --target A             report steps to this test accuracy (0..1) [0.85]\n"
         "  --data DIR             IDX files [/usr/share/datasets/fashion-mnist]\n"
@@ -154,6 +162,44 @@ static int parse_methods(const char *value, train_options *o)
     return 0;
 }
 
+/* Notes a method-specific flag (config.h's table) as given; its value is parsed as any other. */
+static void mark_specific(const char *flag, train_options *o)
+{
+    int n;
+    const sumo__method_flag *t = sumo__method_flags(&n);
+    for (int f = 0; f < n; f++)
+        if (strcmp(flag, t[f].name) == 0) o->specific_given |= (uint64_t)1 << f;
+}
+
+/* A method-specific flag must be read by at least one --reduce method: otherwise it changes
+ * nothing and the run would look like one that used it. 0, or 2 after naming the first such
+ * flag, the methods chosen and those that read it. */
+static int check_specific(const train_options *o)
+{
+    int n;
+    const sumo__method_flag *t = sumo__method_flags(&n);
+    unsigned chosen = 0;
+    for (int k = 0; k < o->nmethods; k++) chosen |= SUMO__METHOD_BIT(o->methods[k]);
+    for (int f = 0; f < n; f++) {
+        if (!(o->specific_given >> f & 1) || (t[f].methods & chosen)) continue;
+        char takers[256], given[1024];
+        sumo__method_set_text(t[f].methods, takers, sizeof takers);
+        size_t used = 0;
+        given[0] = '\0';
+        for (int k = 0; k < o->nmethods && used < sizeof given; k++) {
+            int w = snprintf(given + used, sizeof given - used, "%s%s", k ? "," : "", o->labels[k]);
+            if (w < 0) break;
+            used += (size_t)w;
+        }
+        bool noted = t[f].note && (t[f].note_for & chosen);
+        fprintf(stderr, "sumo train: %s applies to %s, not to %s--reduce %s%s%s%s\n", t[f].name, takers,
+                o->nmethods > 1 ? "any of " : "", given, noted ? " (" : "", noted ? t[f].note : "",
+                noted ? ")" : "");
+        return 2;
+    }
+    return 0;
+}
+
 int train_parse_options(int argc, char **argv, train_options *o)
 {
     sumo__train_config *c = &o->cfg;
@@ -176,6 +222,7 @@ int train_parse_options(int argc, char **argv, train_options *o)
     sumo_args_error e;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        mark_specific(a, o);
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t l;
 #define FLAG(name) (strcmp(a, name) == 0)
@@ -337,6 +384,7 @@ int train_parse_options(int argc, char **argv, train_options *o)
 #undef INT
 #undef I64
     }
+    if ((rc = check_specific(o)) != 0) return rc;
     if (c->checkpoint_dir == NULL) {
         const char *needs = c->resume ? "--resume" : o->have_checkpoint_every ? "--checkpoint-every"
                           : o->have_keep ? "--keep" : o->overwrite ? "--overwrite" : NULL;

@@ -41,6 +41,9 @@ typedef struct train_options {
     int64_t quantize_block;
     int have_momentum;
     bool workers_given; /* under mpirun the ranks are the workers: a differing --workers is refused */
+    /* The method-specific flags given (bit f: entry f of sumo__method_flags), whatever their
+     * value: one given at its default is still refused for methods that do not read it. */
+    uint64_t specific_given;
     bool overwrite, have_checkpoint_every, have_keep;
 } train_options;
 
