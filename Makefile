@@ -302,9 +302,9 @@ $(FUZZ_BUILD)/fuzz_idx: tests/fuzz/fuzz_idx.c src/train/idx.c $(LIBSUMO)
 $(FUZZ_BUILD)/fuzz_checkpoint: tests/fuzz/fuzz_checkpoint.c src/train/checkpoint.c $(LIBSUMO)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) $(LIBSUMO) -lz -lm -pthread -o $@
-$(FUZZ_BUILD)/fuzz_cli: tests/fuzz/fuzz_cli.c tools/sumo/train.c tools/sumo/args.c tools/sumo/launch.c $(LIBSUMO_TRAIN) $(LIBSUMO)
+$(FUZZ_BUILD)/fuzz_cli: tests/fuzz/fuzz_cli.c tools/sumo/train_options.c tools/sumo/args.c $(TOOL_HDRS) $(LIBSUMO_TRAIN) $(LIBSUMO)
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_FLAGS) tests/fuzz/fuzz_cli.c tools/sumo/args.c tools/sumo/launch.c $(LIBSUMO_TRAIN) $(LIBSUMO) $(TRAIN_LIBS) -lm -pthread -o $@
+	$(FUZZ_CC) $(FUZZ_FLAGS) tests/fuzz/fuzz_cli.c tools/sumo/train_options.c tools/sumo/args.c $(LIBSUMO_TRAIN) $(LIBSUMO) $(TRAIN_LIBS) -lm -pthread -o $@
 .PHONY: fuzz fuzz-build
 fuzz-build: $(FUZZ_BINS)
 fuzz:
