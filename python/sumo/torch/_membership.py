@@ -3,7 +3,7 @@ store, init(store=..., rank=..., size=...)): the first communicator, the store's
 every member made its own (_committed), the heartbeats of processes on several hosts, and the
 communicator replaced when a lost process makes the others shrink (shrink) or joiners make
 it grow (_joiners.py), with the objects made on it told (bind). A module because this is
-what sumo.torch.elastic stands on, and nothing else does.
+what sumo.torch.elastic stands on; the rest of the package only binds its objects here.
 """
 import ctypes
 import os
