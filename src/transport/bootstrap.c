@@ -445,8 +445,9 @@ static sumo_result detect_store(const reader *r, const sumo_bootstrap_options *o
 {
     b->launcher = SUMO_LAUNCHER_STORE;
     if (o->size < 1 || o->size > SUMO_BOOTSTRAP_MAX_SIZE || o->rank < 0 || o->rank >= o->size)
-        return refuse(r, SUMO_ERR_INVALID_ARGUMENT, "rank %d of size %d: the size must be 1 to %d and the rank 0 to size - 1",
-                      o->rank, o->size, SUMO_BOOTSTRAP_MAX_SIZE);
+        return refuse(r, SUMO_ERR_INVALID_ARGUMENT,
+                      "rank %d of size %d: the size must be 1 to %d and the rank 0 to size - 1", o->rank, o->size,
+                      SUMO_BOOTSTRAP_MAX_SIZE);
     b->rank = o->rank;
     b->size = o->size;
     const char *s = o->store;

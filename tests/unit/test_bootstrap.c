@@ -282,7 +282,8 @@ static void test_malformed_values_named(void **state)
         detected d = detect_step(steps[i].change);
         assert_refused(d, SUMO_ERR_INVALID_ARGUMENT, steps[i].words);
     }
-    assert_refused(DETECT("OMPI_COMM_WORLD_SIZE=0"), SUMO_ERR_INVALID_ARGUMENT, "OMPI_COMM_WORLD_SIZE=0 is not a number from 1");
+    assert_refused(DETECT("OMPI_COMM_WORLD_SIZE=0"), SUMO_ERR_INVALID_ARGUMENT,
+                   "OMPI_COMM_WORLD_SIZE=0 is not a number from 1");
     assert_refused(DETECT("OMPI_COMM_WORLD_SIZE=2", "OMPI_COMM_WORLD_RANK=2"), SUMO_ERR_INVALID_ARGUMENT,
                    "OMPI_COMM_WORLD_RANK=2 is not a rank of OMPI_COMM_WORLD_SIZE=2");
     assert_refused(DETECT("PMI_SIZE=+3"), SUMO_ERR_INVALID_ARGUMENT, "PMI_SIZE=+3 is not a number");
@@ -393,7 +394,8 @@ static void test_hostlists_refused(void **state)
     static const char *const cases[][2] = {
         {"node[01-04", "'[' without ']'"}, {"node01]", "']' without '['"}, {"node[a-b]", "not a number or a range"},
         {"node[4-1]", "range 4-1 runs backwards"}, {"a,,b", "an empty name"}, {"a,", "an empty name"},
-        {"n[[1]]", "nested brackets"}, {"node[]", "not a number or a range"}, {"n[1-2000000]", "more than 1048576 hosts"},
+        {"n[[1]]", "nested brackets"}, {"node[]", "not a number or a range"},
+        {"n[1-2000000]", "more than 1048576 hosts"},
         {"n[1-2]m[1-1000]p[1-1000]", "more than 1048576 hosts"}, {"a b", "a space"}, {"", "an empty name"},
     };
     char out[512];
