@@ -178,6 +178,7 @@ install: $(TARGETS)
 	install -m 644 include/sumo.h include/sumo_aggregation.h include/sumo_optim.h \
 	  include/sumo_distributed.h include/sumo_diloco.h include/sumo_delta.h include/sumo_ext.h \
 	  include/sumo_shm.h include/sumo_tcp.h include/sumo_hier.h include/sumo_elastic.h \
+	  include/sumo_bootstrap.h \
 	  $(DESTDIR)$(INCDIR)/
 	install -m 644 $(LIBSUMO) $(DESTDIR)$(LIBDIR)/
 	install -m 755 $(LIBSUMO_SO) $(DESTDIR)$(LIBDIR)/
@@ -194,7 +195,7 @@ ifneq ($(MPICC),)
 endif
 
 uninstall:
-	rm -f $(addprefix $(DESTDIR)$(INCDIR)/,sumo.h sumo_mpi.h sumo_aggregation.h sumo_optim.h sumo_distributed.h sumo_diloco.h sumo_delta.h sumo_ext.h sumo_shm.h sumo_tcp.h sumo_hier.h sumo_elastic.h)
+	rm -f $(addprefix $(DESTDIR)$(INCDIR)/,sumo.h sumo_mpi.h sumo_aggregation.h sumo_optim.h sumo_distributed.h sumo_diloco.h sumo_delta.h sumo_ext.h sumo_shm.h sumo_tcp.h sumo_hier.h sumo_elastic.h sumo_bootstrap.h)
 	rm -f $(addprefix $(DESTDIR)$(LIBDIR)/,libsumo.a libsumo_mpi.a libsumo.so $(SONAME) $(notdir $(LIBSUMO_SO)) pkgconfig/sumo.pc)
 	rm -f $(addprefix $(DESTDIR)$(LIBDIR)/,libsumo_mpi.so $(MPI_SONAME) $(notdir $(LIBSUMO_MPI_SO)) pkgconfig/sumo-mpi.pc)
 

@@ -61,7 +61,7 @@ done
 # The tasks of a plain srun step, started by hand: shared memory, a store in a folder. Each runs
 # in the background, where exec makes the job's pid the task's own (kill -9 reaches it).
 task() { exec env SLURM_JOB_ID=$$ SLURM_STEP_ID=$1 SLURM_NTASKS=4 SLURM_STEP_NUM_NODES=1 SLURM_SRUN_COMM_PORT=9 \
-           SLURM_PROCID=$2 "$sumo" train "${common[@]}" --reduce adasum --elastic "${@:3}"; }
+           SLURM_STEP_NODELIST=localhost SLURM_PROCID=$2 SLURM_LOCALID=$2 "$sumo" train "${common[@]}" --reduce adasum --elastic "${@:3}"; }
 for r in 0 1 2 3; do task 1 $r --kill 2@33 > "$tmp/self$r" 2>&1 & done
 wait
 run ref --reduce adasum --workers 4 --elastic --leave 2@33

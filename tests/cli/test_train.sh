@@ -317,7 +317,7 @@ fi
 # threads transport's bits and leave no folder behind; a step across nodes, and shm outside a
 # step, are refused by name.
 step_env() { env SLURM_JOB_ID=$$ SLURM_STEP_ID=0 SLURM_NTASKS=2 SLURM_STEP_NUM_NODES=1 SLURM_SRUN_COMM_PORT=1 \
-  TMPDIR="$tmp" "$@"; }
+  SLURM_STEP_NODELIST=localhost SLURM_LOCALID=0 TMPDIR="$tmp" "$@"; }
 no_workers=("${common[@]:2}")
 step_env SLURM_PROCID=0 "$sumo" train "${no_workers[@]}" > "$tmp/srun0.out" 2>&1 &
 p0=$!
@@ -334,6 +334,19 @@ step_env SLURM_PROCID=zero "$sumo" train "${quick[@]:2}" > "$tmp/srun3.out" 2>&1
 [ $? -eq 2 ] && grep -q "SLURM_PROCID=zero is not a number" "$tmp/srun3.out" && ok "a malformed SLURM_PROCID refused, naming it" \
   || fail "malformed SLURM_PROCID: $(head -2 "$tmp/srun3.out")"
 refused "--transport shm joins the tasks of an srun step" --transport shm
+# Launchers whose processes the command does not join are refused rather than each process
+# training alone, unless --transport threads says that is meant.
+env TORCHELASTIC_RUN_ID=t RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 "$sumo" train "${quick[@]}" \
+  > "$tmp/tr.out" 2>&1
+[ $? -eq 2 ] && grep -q "started by torchrun, whose processes .sumo train. does not join" "$tmp/tr.out" \
+  && ok "sumo train under torchrun refused, naming it" || fail "under torchrun: $(head -2 "$tmp/tr.out")"
+env SLURM_NTASKS=4 SLURM_JOB_ID=1 "$sumo" train "${quick[@]}" > "$tmp/sb.out" 2>&1
+[ $? -eq 2 ] && grep -q "batch script.*SLURM_NTASKS=4.*--transport threads" "$tmp/sb.out" \
+  && ok "sumo train in a batch script outside srun refused, naming --transport threads" \
+  || fail "batch script: $(head -2 "$tmp/sb.out")"
+env SLURM_NTASKS=4 SLURM_JOB_ID=1 "$sumo" train "${quick[@]}" --transport threads > "$tmp/sb2.out" 2>&1
+[ $? -eq 0 ] && grep -q fnv1a "$tmp/sb2.out" && ok "... and run with --transport threads" \
+  || fail "batch script, --transport threads: $(tail -2 "$tmp/sb2.out")"
 
 # Streaming DiLoCo stopped while an exchange is in flight (fragment 0 starts at step 12 and is
 # applied at 14) and resumed: the same parameters and log as the run that never stopped.
