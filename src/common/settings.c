@@ -63,16 +63,17 @@ static const sumo__setting table[SUMO__SETTING_COUNT] = {
         .unit = "ranks per host", .min = 1, .max = 256,
         .doc = "sumo.torch over a process group: hosts of this many consecutive ranks (the "
                "last may hold fewer) instead of the hosts the ranks run on, so one machine "
-               "runs the hierarchical path across hosts (docs/torch.md). Read by "
+               "runs the hierarchical path across hosts (docs/torch/launching.md). Read by "
                "sumo.torch.init on every rank; unset: the real hosts."},
     [SUMO__SETTING_LIVENESS_TIMEOUT] = {
         .name = "SUMO_LIVENESS_TIMEOUT", .type = SUMO__SETTING_NUMBER, .noun = "a deadline",
         .unit = "seconds", .min = 0, .max = 1e6, .fallback = "5",
         .doc = "Across hosts, where no process sees another's end: a process whose heartbeat "
-               "has not changed for this long is taken for dead by the survivors' agreement "
-               "(sumo_store_agree's alive_s where 0; sumo.torch's elastic jobs over a process "
-               "group beat every tenth of it). Shorter finds a lost process sooner and risks "
-               "leaving out one that is only stalled."},
+               "in the store has not changed for this long is taken for dead by the survivors' "
+               "agreement and by the TCP meeting of their next communicator (the alive_s of "
+               "sumo_store_agree and sumo_tcp_options where 0; sumo.torch's elastic jobs across "
+               "hosts, over TCP or a process group, beat every tenth of it). Shorter finds a "
+               "lost process sooner and risks leaving out one that is only stalled."},
     [SUMO__SETTING_SOCKET_IFNAME] = {
         .name = "SUMO_SOCKET_IFNAME", .type = SUMO__SETTING_TEXT, .noun = "an interface name",
         .unit = "a network interface",

@@ -82,7 +82,7 @@ def init(timeout=None, process_group=True, transport=None, group=None, store=Non
 
     store, rank, size: processes started each on its own meet through `store` as rank `rank`
     of `size`, with no launcher and no process group: what sumo.torch.elastic needs
-    (docs/torch.md, "Elastic training"). Those of one host go over sumo's shared memory
+    (docs/torch/elastic.md). Those of one host go over sumo's shared memory
     (transport "shm", the default); transport="tcp" puts them on sumo's TCP connections met
     through the store, one communicator per membership, which is what spans hosts ("group":
     a gloo group made from the store instead, every message through the interpreter). The
@@ -217,9 +217,10 @@ def _init_group(group, transport):
     state.group = base
     hierarchical = transport == "hierarchical"
     # Which allreduces take it: every one it offers when asked for by name; by default, across
-    # hosts, sum and average only (the chain: faster than the flat path on both of
-    # docs/results.md's models), while Adasum's gather design is slower than the flat path on
-    # the larger one and stays opt-in. Everything else, and transport="group": the flat path.
+    # hosts, sum and average only (the chain: faster than the flat path over the group on both
+    # models of docs/performance.md, "Across hosts, simulated"), while Adasum's gather design is
+    # slower than the flat path on the larger one and stays opt-in. Everything else, and
+    # transport="group": the flat path.
     hier_ops = (SUMO_OP_SUM, SUMO_OP_AVERAGE, SUMO_OP_ADASUM)
     # The flat path across hosts (every collective the hierarchical path does not take): sumo's
     # TCP transport, met through the group's store, whose messages never enter the

@@ -87,7 +87,7 @@ class _Bucket:
 
 class DistributedOptimizer(WrappedOptimizer):
     """Horovod's DistributedOptimizer: the same arguments with the same meaning
-    (docs/torch.md lists what differs), plus sumo's overlap and bucket_cap_mb for op=Adasum.
+    (docs/torch/horovod.md lists what differs), plus sumo's overlap and bucket_cap_mb for op=Adasum.
 
     compression: how gradients (Average, Sum) or deltas (Adasum) travel: Compression.none,
     .fp16 or .bf16 (accumulated in fp32), or any Horovod-style compressor for Average and
