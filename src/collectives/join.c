@@ -117,6 +117,10 @@ static sumo_result join_run(sumo_comm *c, void *args)
         const sumo__call_desc *all;
         int active;
         r = sumo__agree_join(c, &d, &all, &active);
+        /* The others' call, answered here when the agreement was all of it (a barrier, a
+         * refusal), counts as it does on their side. */
+        if (active >= 0 && (r != SUMO_SUCCESS || all[active].kind == SUMO__CALL_BARRIER))
+            atomic_fetch_add_explicit(&c->rounds, 1, memory_order_relaxed);
         if (r != SUMO_SUCCESS) break;
         if (active < 0) {
             *last = last_joined(c, all);
@@ -124,11 +128,7 @@ static sumo_result join_run(sumo_comm *c, void *args)
         }
         /* Copied: the next agreement overwrites the announcements. */
         sumo__call_desc call = all[active];
-        if (call.kind == SUMO__CALL_BARRIER) {
-            /* The agreement was all of it. */
-            atomic_fetch_add_explicit(&c->rounds, 1, memory_order_relaxed);
-            continue;
-        }
+        if (call.kind == SUMO__CALL_BARRIER) continue;
         r = answer_allreduce(c, &call, &z);
         if (r != SUMO_SUCCESS) break;
     }

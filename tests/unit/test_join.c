@@ -362,10 +362,14 @@ static void stats_body(sumo_comm *comm, int rank, int size, void *arg)
     sumo_comm_get_stats(comm, &t->before[rank]);
     sumo_allreduce(x, x, 16, SUMO_FLOAT32, SUMO_OP_SUM, comm);
     sumo_comm_get_stats(comm, &t->after_allreduce[rank]);
-    /* Rank 0 joins; 1 and 2 run an allreduce and a barrier, which rank 0 answers. */
+    /* Rank 0 joins; 1 and 2 run an allreduce and a barrier, which rank 0 answers, and a
+     * broadcast, refused on every rank (rank 0's sumo_join returns); then all join. */
     if (rank != 0) {
         sumo_allreduce(x, x, 16, SUMO_FLOAT32, SUMO_OP_SUM, comm);
         sumo_barrier(comm);
+        sumo_broadcast(x, x, 16, SUMO_FLOAT32, 1, comm);
+    } else {
+        sumo_join(comm, &t->last[rank]);
     }
     t->join[rank] = sumo_join(comm, &t->last[rank]);
     sumo_comm_get_stats(comm, &t->after_join[rank]);
@@ -381,8 +385,8 @@ static void test_stats_count_each_collective_once(void **state)
         assert_int_equal(t.join[r], SUMO_SUCCESS);
         assert_int_equal(t.after_allreduce[r].rounds - t.before[r].rounds, 1);
         assert_int_equal(t.after_allreduce[r].bytes - t.before[r].bytes, 16 * sizeof(float));
-        /* The allreduce and the barrier, made or answered. */
-        assert_int_equal(t.after_join[r].rounds - t.after_allreduce[r].rounds, 2);
+        /* The allreduce, the barrier and the refused broadcast, made or answered. */
+        assert_int_equal(t.after_join[r].rounds - t.after_allreduce[r].rounds, 3);
     }
 }
 
