@@ -93,6 +93,8 @@ _SIGS = {
     "sumo_broadcast": (_R, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                             ctypes.c_int, _c_comm_p]),
     "sumo_barrier": (_R, [_c_comm_p]),
+    "sumo_join": (_R, [_c_comm_p, ctypes.POINTER(ctypes.c_int)]),
+    "sumo_comm_get_stats": (_R, [_c_comm_p, ctypes.POINTER(sumo_comm_stats)]),
     "sumo_broadcast_start": (_R, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                                   ctypes.c_int, _c_comm_p, ctypes.POINTER(_c_req_p)]),
     "sumo_allgather_start": (_R, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,

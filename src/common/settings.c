@@ -49,6 +49,7 @@ static const sumo__setting table[SUMO__SETTING_COUNT] = {
     [SUMO__SETTING_FUSION_THRESHOLD] = {
         .name = "SUMO_FUSION_THRESHOLD", .type = SUMO__SETTING_INTEGER, .noun = "a byte count",
         .unit = "bytes", .min = 0, .max = 1099511627776.0, .fallback = "67108864",
+        .alias = "HOROVOD_FUSION_THRESHOLD",
         .doc = "sumo.torch's tensor fusion: allreduce_async calls of one dtype and op are packed "
                "in order into buffers of up to this many bytes, each one collective; 0: each "
                "call is its own collective. Unset, HOROVOD_FUSION_THRESHOLD is read in its "
@@ -183,17 +184,27 @@ sumo_result sumo__setting_read(sumo__setting_id id, sumo__setting_value *value, 
         if (why) snprintf(why, why_bytes, "setting %d is not in sumo's table", (int)id);
         return SUMO_ERR_INTERNAL;
     }
-    const char *text = getenv(s->name);
+    const char *name = s->name, *text = getenv(name);
     value->set = text != NULL && *text != '\0';
+    if (!value->set && s->alias) {
+        name = s->alias;
+        text = getenv(name);
+        value->set = text != NULL && *text != '\0';
+    }
     if (!value->set) text = s->fallback;
     if (text == NULL) return SUMO_SUCCESS;
     value->text = text;
     if (parse(s, text, value)) return SUMO_SUCCESS;
     if (why) {
-        char accepts[160];
+        char accepts[160], unset[120];
         sumo__setting_accepts(s, accepts, sizeof accepts);
-        snprintf(why, why_bytes, "%s='%.64s' is not %s: expected %s (unset or empty: %s)",
-                 s->name, text, s->noun, accepts, s->fallback ? s->fallback : "none");
+        if (name == s->alias)
+            snprintf(unset, sizeof unset, "read where %s is unset; both unset or empty: %s",
+                     s->name, s->fallback ? s->fallback : "none");
+        else
+            snprintf(unset, sizeof unset, "unset or empty: %s", s->fallback ? s->fallback : "none");
+        snprintf(why, why_bytes, "%s='%.64s' is not %s: expected %s (%s)", name, text, s->noun,
+                 accepts, unset);
     }
     return SUMO_ERR_INVALID_ARGUMENT;
 }
