@@ -334,6 +334,34 @@ SUMO_API sumo_result sumo_reduce_scatter(const void *sendbuf, void *recvbuf, siz
 SUMO_API sumo_result sumo_barrier(sumo_comm *comm);
 
 /*
+ * Joining, for ranks with uneven amounts of data (Horovod's hvd.join). A rank that has no more
+ * data calls sumo_join, and takes part in the collectives its peers go on making until every
+ * rank has called it: in each allreduce with SUMO_OP_SUM or SUMO_OP_AVERAGE (blocking or
+ * asynchronous) it contributes zeros, so an average still divides by the communicator's size,
+ * as with Horovod's joined ranks; in each barrier it takes its part. Any other collective a
+ * peer makes while ranks have joined (broadcast, allgather, reduce-scatter, Adasum, a
+ * compressed allreduce, sumo_mem_alloc, a layer's own) fails on every rank, the joined ones
+ * included, with SUMO_ERR_INVALID_USAGE naming the joined ranks; no data moves and the
+ * communicator stays usable. The zeros lie in the memory of the peers' buffers, made by its
+ * kernel table (sumo_ext.h): a rank joins after adding the tables its peers use.
+ *
+ * Returns once every rank has called sumo_join, with *last_joined the rank that called it last
+ * (of ranks that called it between the same two collectives, the highest), the same on every
+ * rank. The ranks that have not joined pay nothing for it until one has: no collective takes
+ * an extra message, and an allreduce that meets a joined rank one extra agreement. A joined
+ * rank waits under the communicator's deadline like any collective (SUMO_TIMEOUT).
+ */
+SUMO_API sumo_result sumo_join(sumo_comm *comm, int *last_joined);
+
+/*
+ * The collectives this handle has run so far: rounds counts every call that reached the
+ * collectives (sumo.h's and sumo_ext.h's, blocking or asynchronous, refused ones too, those
+ * the layers above make through the handle, and each one sumo_join answered), bytes the size
+ * of their receive buffers on this rank. Readable from any thread at any time.
+ */
+SUMO_API sumo_result sumo_comm_get_stats(const sumo_comm *comm, sumo_comm_stats *stats);
+
+/*
  * Failing together. A rank that finds it cannot go on (a check of its own failed) while its
  * peers are heading into a collective calls sumo_comm_fail: its peers' next collective (or
  * the one they are entering) returns `code` at once, naming this rank and `message`, instead

@@ -7,10 +7,16 @@
  * Who can shrink: the threads transport (ranks that leave: a thread that aborts and destroys
  * its handle) and the shm transport (processes of one machine, a process killed outright
  * included). The MPI transport cannot: Debian's Open MPI 4.1 has no ULFM, and a process that
- * dies ends the job under mpirun. Nor can a transport of the caller's (a process group across
- * hosts): sumo cannot make its next group. sumo_store_agree below is the agreement alone,
- * through a store, after which the caller makes the survivors' group itself (sumo.torch does:
- * a new gloo group per membership, made from the same store).
+ * dies ends the job under mpirun. Across hosts, where no process sees another's end, the
+ * survivors go on as a new communicator rather than shrink the old one (the TCP transport and
+ * a transport of the caller's refuse sumo_comm_shrink): sumo_store_agree below is the agreement
+ * through a store, with the members' heartbeats in it (a rank whose beat has stood still for
+ * SUMO_LIVENESS_TIMEOUT is dead), and the survivors then make their next communicator from its
+ * verdict under a new key prefix: sumo_comm_create_tcp (sumo_tcp.h), whose meeting watches the
+ * same heartbeats so that a member that dies meanwhile fails it within that deadline too, or
+ * their own transport over a new process group. sumo.torch's elastic jobs across hosts do so:
+ * a new TCP communicator per membership, or with transport="group" a new gloo group made from
+ * the same store.
  *
  * What a failure costs. A collective in flight when a peer died fails on every survivor. By
  * default its output is then undefined (in-place buffers included): the caller redoes the step

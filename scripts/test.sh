@@ -35,7 +35,7 @@ step tests/python/run.sh
 # (about 2 minutes on two busy cores; skipped with the torch 2.x environment).
 step tests/python/wheel.sh
 # A real one-node Slurm started for the test: srun -n 2 and -n 3 of sumo train (the threads
-# transport's bits) and of the binding's check, srun --mpi=pmix, and the README's sbatch
+# transport's bits) and of the binding's check, srun --mpi=pmix, and docs/cli.md's sbatch
 # example. Skipped with one line where Slurm cannot start (not root) or SUMO_SKIP_SLURM=1.
 step tests/slurm/run.sh
 # A rank stopped, killed or leaving early under mpirun ends the job within the deadline.

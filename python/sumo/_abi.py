@@ -313,6 +313,48 @@ class sumo_heart_options(ctypes.Structure):
                 ("error_bytes", ctypes.c_size_t)]
 
 
+# -- sumo_bootstrap.h ----------------------------------------------------------------------------
+SUMO_LAUNCHER_NONE = 0
+SUMO_LAUNCHER_OPEN_MPI = 1
+SUMO_LAUNCHER_PMI = 2
+SUMO_LAUNCHER_PMIX = 3
+SUMO_LAUNCHER_SRUN = 4
+SUMO_LAUNCHER_TORCHRUN = 5
+SUMO_LAUNCHER_ENV = 6
+SUMO_LAUNCHER_STORE = 7
+SUMO_LAUNCHER_UNSUPPORTED = 8
+# The arrays' lengths (#defines, which sumo_enum_value does not know: the struct's size checks
+# them).
+_BOOTSTRAP_HOST_BYTES = 256
+_BOOTSTRAP_ID_BYTES = 128
+_BOOTSTRAP_STORE_BYTES = 512
+
+
+class sumo_bootstrap_options(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t),
+                ("envp", ctypes.POINTER(ctypes.c_char_p)),
+                ("store", ctypes.c_char_p),
+                ("rank", ctypes.c_int),
+                ("size", ctypes.c_int),
+                ("error", ctypes.c_char_p),
+                ("error_bytes", ctypes.c_size_t)]
+
+
+class sumo_bootstrap(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t),
+                ("launcher", ctypes.c_int),
+                ("rank", ctypes.c_int),
+                ("size", ctypes.c_int),
+                ("local_rank", ctypes.c_int),
+                ("local_size", ctypes.c_int),
+                ("nodes", ctypes.c_int),
+                ("slurm_step", ctypes.c_int),
+                ("host", ctypes.c_char * _BOOTSTRAP_HOST_BYTES),
+                ("port", ctypes.c_int),
+                ("run_id", ctypes.c_char * _BOOTSTRAP_ID_BYTES),
+                ("store", ctypes.c_char * _BOOTSTRAP_STORE_BYTES)]
+
+
 # -- the check -----------------------------------------------------------------------------------
 
 def _mirrored():

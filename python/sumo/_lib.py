@@ -11,8 +11,9 @@ import os
 
 from . import _abi
 from ._abi import (SUMO_SUCCESS, sumo_adasum_options, sumo_aggregator_options,
-                   sumo_agree_options, sumo_collective, sumo_comm_stats, sumo_diloco_options,
-                   sumo_heart_options, sumo_shrink_info, sumo_shrink_options)
+                   sumo_agree_options, sumo_bootstrap, sumo_bootstrap_options, sumo_collective,
+                   sumo_comm_stats, sumo_diloco_options, sumo_heart_options,
+                   sumo_shrink_info, sumo_shrink_options)
 
 _c_comm_p = ctypes.c_void_p
 _c_req_p = ctypes.c_void_p
@@ -93,6 +94,8 @@ _SIGS = {
     "sumo_broadcast": (_R, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                             ctypes.c_int, _c_comm_p]),
     "sumo_barrier": (_R, [_c_comm_p]),
+    "sumo_join": (_R, [_c_comm_p, ctypes.POINTER(ctypes.c_int)]),
+    "sumo_comm_get_stats": (_R, [_c_comm_p, ctypes.POINTER(sumo_comm_stats)]),
     "sumo_broadcast_start": (_R, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                                   ctypes.c_int, _c_comm_p, ctypes.POINTER(_c_req_p)]),
     "sumo_allgather_start": (_R, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
@@ -181,6 +184,13 @@ _SIGS = {
     "sumo_host_kernels": (_R, [ctypes.POINTER(ctypes.c_void_p)]),
     "sumo_threads_run": (_R, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                               ctypes.POINTER(_abi.sumo_result)]),
+    "sumo_bootstrap_options_default": (_R, [ctypes.POINTER(sumo_bootstrap_options)]),
+    "sumo_bootstrap_detect": (_R, [ctypes.POINTER(sumo_bootstrap_options),
+                                   ctypes.POINTER(sumo_bootstrap)]),
+    "sumo_launcher_name": (ctypes.c_char_p, [ctypes.c_int]),
+    "sumo_hostlist_get": (_R, [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p,
+                               ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t),
+                               ctypes.c_char_p, ctypes.c_size_t]),
     "sumo_collective_run": (_R, [_c_comm_p, ctypes.POINTER(sumo_collective)]),
     "sumo_collective_start": (_R, [_c_comm_p, ctypes.POINTER(sumo_collective),
                                    ctypes.POINTER(_c_req_p)]),
@@ -324,3 +334,67 @@ def error(code, comm=None, what=None):
 def check(code, comm=None, what=None):
     if code != SUMO_SUCCESS:
         raise error(code, comm, what)
+
+
+class Launch:
+    """The launch sumo_bootstrap_detect read (include/sumo_bootstrap.h): `launcher` (a
+    SUMO_LAUNCHER_ value) and `name` (its name for messages), rank, size, local_rank,
+    local_size and nodes (-1 where the launcher does not say), slurm_step, host and port (where
+    rank 0 listens; "" and 0 where it does not say), run_id, store; `code` SUMO_SUCCESS, else
+    the refusal's (SUMO_ERR_INVALID_USAGE: a launcher sumo does not join;
+    SUMO_ERR_INVALID_ARGUMENT: a variable missing or malformed) with its sentence in
+    `message`."""
+
+    def __init__(self, code, b, message):
+        self.code, self.message = code, message
+        self.launcher = b.launcher
+        self.name = lib.sumo_launcher_name(b.launcher).decode()
+        for field in ("rank", "size", "local_rank", "local_size", "nodes"):
+            setattr(self, field, getattr(b, field))
+        self.slurm_step = bool(b.slurm_step)
+        self.host = b.host.decode(errors="replace")
+        self.port = b.port
+        self.run_id = b.run_id.decode(errors="replace")
+        self.store = b.store.decode(errors="replace")
+
+    def __repr__(self):
+        return "Launch(%s, rank %d of %d, code %d%s)" % (
+            self.name, self.rank, self.size, self.code, ": " + self.message if self.code else "")
+
+
+def bootstrap(environ=None, store=None, rank=0, size=0):
+    """Who started this process, read by libsumo from environ (a mapping; None: os.environ)
+    and, when given, a store's address with this process's rank and size: a Launch. The
+    binding keeps no list of launcher variables of its own."""
+    environ = os.environ if environ is None else environ
+    entries = [("%s=%s" % (k, v)).encode("utf-8", "surrogateescape") for k, v in environ.items()]
+    envp = (ctypes.c_char_p * (len(entries) + 1))(*entries, None)
+    opts = sumo_bootstrap_options()
+    lib.sumo_bootstrap_options_default(ctypes.byref(opts))
+    message = ctypes.create_string_buffer(512)
+    opts.envp = ctypes.cast(envp, ctypes.POINTER(ctypes.c_char_p))
+    opts.store = store.encode() if store is not None else None
+    opts.rank, opts.size = rank, size
+    opts.error, opts.error_bytes = ctypes.cast(message, ctypes.c_char_p), len(message)
+    out = sumo_bootstrap()
+    code = lib.sumo_bootstrap_detect(ctypes.byref(opts), ctypes.byref(out))
+    return Launch(code, out, message.value.decode(errors="replace"))
+
+
+def expand_hostlist(text):
+    """Slurm's hostlist syntax expanded by libsumo, in order ("node[01-03,07],gpu5" -> node01,
+    node02, node03, node07, gpu5); ValueError with libsumo's sentence for a malformed list."""
+    host = ctypes.create_string_buffer(256)
+    why = ctypes.create_string_buffer(256)
+    count = ctypes.c_size_t()
+    hosts = []
+    i = 0
+    while True:
+        code = lib.sumo_hostlist_get(text.encode(), i, host, len(host), ctypes.byref(count),
+                                     why, len(why))
+        if code != SUMO_SUCCESS:
+            raise ValueError(why.value.decode(errors="replace"))
+        hosts.append(host.value.decode())
+        i += 1
+        if i >= count.value:
+            return hosts

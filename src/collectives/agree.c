@@ -1,6 +1,7 @@
 #include "collectives/agree.h"
 #include "collectives/imports.h"
 
+#include <stdio.h>
 #include <string.h>
 
 _Static_assert(sizeof(sumo__call_desc) <= SUMO__ANNOUNCE_BYTES, "an announcement fits its slot");
@@ -19,17 +20,32 @@ const char *sumo__call_kind_name(uint32_t kind)
     case SUMO__CALL_GRAM: return "gram combine";
     case SUMO__CALL_FAIL: return "a failure announcement";
     case SUMO__CALL_COMPRESSED: return "allreduce_compressed";
+    case SUMO__CALL_JOIN: return "join";
     default: return "unknown collective";
     }
 }
 
+uint32_t sumo__memory_id(const sumo_kernel_table *k)
+{
+    return (uint32_t)sumo__fnv1a(SUMO__FNV_OFFSET, k->memory, strlen(k->memory));
+}
+
+static bool joined(const sumo__call_desc *d)
+{
+    return d->kind == SUMO__CALL_JOIN;
+}
+
+/* Every announcement against mine, which rank me made (this rank, or for a joined rank the
+ * lowest rank that runs the call); ranks that have joined are left out. */
 static sumo_result compare(sumo_comm *c, const sumo__call_desc *all, const sumo__call_desc *mine,
-                           const char *what)
+                           int me, const char *what)
 {
     sumo__transport *tp = c->tp;
     for (int r = 0; r < tp->size; r++) {
+        if (joined(&all[r])) continue;
         if (all[r].local_error != SUMO_SUCCESS) {
-            if (mine->local_error != SUMO_SUCCESS) return (sumo_result)mine->local_error;
+            if (mine->local_error != SUMO_SUCCESS && me == tp->rank)
+                return (sumo_result)mine->local_error;
             /* An allocation that failed somewhere leaves every rank in step, nothing held. */
             if (mine->kind == SUMO__CALL_MEM_ALLOC)
                 return SUMO__FAIL_TOGETHER(tp, (sumo_result)all[r].local_error,
@@ -44,26 +60,27 @@ static sumo_result compare(sumo_comm *c, const sumo__call_desc *all, const sumo_
     }
     for (int r = 0; r < tp->size; r++) {
         const sumo__call_desc *o = &all[r];
+        if (joined(o)) continue;
         if (o->kind != mine->kind)
             return SUMO__COMM_FAIL(c, SUMO_ERR_MISMATCH, "rank %d called %s while rank %d called %s",
-                                   r, sumo__call_kind_name(o->kind), tp->rank,
+                                   r, sumo__call_kind_name(o->kind), me,
                                    sumo__call_kind_name(mine->kind));
         if (o->count != mine->count)
             return SUMO__COMM_FAIL(c, SUMO_ERR_MISMATCH,
                                    "%s: rank %d passed count %llu, rank %d passed %llu", what, r,
-                                   (unsigned long long)o->count, tp->rank,
+                                   (unsigned long long)o->count, me,
                                    (unsigned long long)mine->count);
         if (o->dtype != mine->dtype)
             return SUMO__COMM_FAIL(c, SUMO_ERR_MISMATCH, "%s: rank %d passed dtype %s, rank %d %s",
-                                   what, r, sumo_dtype_name(o->dtype), tp->rank,
+                                   what, r, sumo_dtype_name(o->dtype), me,
                                    sumo_dtype_name(mine->dtype));
         if (o->op != mine->op)
             return SUMO__COMM_FAIL(c, SUMO_ERR_MISMATCH, "%s: rank %d passed op %s, rank %d %s",
-                                   what, r, sumo__op_name(o->op), tp->rank,
+                                   what, r, sumo__op_name(o->op), me,
                                    sumo__op_name(mine->op));
         if (o->root != mine->root)
             return SUMO__COMM_FAIL(c, SUMO_ERR_MISMATCH, "%s: rank %d passed root %d, rank %d %d",
-                                   what, r, o->root, tp->rank, mine->root);
+                                   what, r, o->root, me, mine->root);
         if (o->aux != mine->aux)
             return SUMO__COMM_FAIL(c, SUMO_ERR_MISMATCH,
                                    "%s: rank %d passed a different %s than rank %d (hash %016llx "
@@ -73,13 +90,13 @@ static sumo_result compare(sumo_comm *c, const sumo__call_desc *all, const sumo_
                                    : mine->kind == SUMO__CALL_MEM_FREE ? "allocation (serial)"
                                    : mine->kind == SUMO__CALL_COMPRESSED ? "compression format or block size"
                                                                        : "tensor layout or op options",
-                                   tp->rank, (unsigned long long)o->aux,
+                                   me, (unsigned long long)o->aux,
                                    (unsigned long long)mine->aux);
         if (o->memory != mine->memory)
             return SUMO__COMM_FAIL(c, SUMO_ERR_MISMATCH,
                                    "%s: rank %d passed buffers in another memory than rank %d "
                                    "(%s here)",
-                                   what, r, tp->rank, c->x.k->memory);
+                                   what, r, me, c->x.k->memory);
     }
     return SUMO_SUCCESS;
 }
@@ -113,14 +130,86 @@ static sumo_result check_imports(sumo_comm *c, const sumo__call_desc *d, const c
     return SUMO_SUCCESS;
 }
 
+/* The transport's announce: every agreement, counted alike on every rank (a joined rank's
+ * round, collectives/join.c). */
+static sumo_result announce(sumo_comm *c, sumo__call_desc *d)
+{
+    c->announces++;
+    return c->tp->ops->announce(c->tp, d, c->agreed, sizeof *d);
+}
+
+/* "ranks 1, 3" or "rank 2": the ranks of all that have joined. */
+static void joined_ranks(const sumo_comm *c, const sumo__call_desc *all, char *out, size_t bytes)
+{
+    int n = 0, shown = 0;
+    for (int r = 0; r < c->tp->size; r++) n += joined(&all[r]);
+    size_t at = (size_t)snprintf(out, bytes, "rank%s", n > 1 ? "s" : "");
+    for (int r = 0; r < c->tp->size && at < bytes; r++) {
+        if (!joined(&all[r])) continue;
+        if (shown++ == 8) {
+            snprintf(out + at, bytes - at, " and %d more", n - 8);
+            return;
+        }
+        at += (size_t)snprintf(out + at, bytes - at, "%s %d", shown > 1 ? "," : "", r);
+    }
+}
+
+/*
+ * The verdict on a round in which some ranks announced SUMO__CALL_JOIN, every rank alike:
+ * the others' announcements compared against mine (rank me's), then whether their call is one
+ * a joined rank takes part in. An allreduce's op is announced as its kind (execute.c): sum or
+ * average; Adasum announces its op's number, which no joined rank could answer alike.
+ */
+static sumo_result join_verdict(sumo_comm *c, const sumo__call_desc *all,
+                                const sumo__call_desc *mine, int me, const char *what)
+{
+    SUMO__CHECK(compare(c, all, mine, me, what));
+    if (mine->kind == SUMO__CALL_BARRIER) return SUMO_SUCCESS;
+    if (mine->kind == SUMO__CALL_ALLREDUCE &&
+        (mine->op == SUMO_OP_SUM || mine->op == SUMO_OP_AVERAGE))
+        return SUMO_SUCCESS;
+    char who[128];
+    joined_ranks(c, all, who, sizeof who);
+    bool adasum = mine->kind == SUMO__CALL_ALLREDUCE;
+    return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_USAGE,
+                           "%s%s: %s called sumo_join (no more data); while ranks have joined "
+                           "only allreduce with sum or average and barrier run, as in "
+                           "Horovod; no rank moved data",
+                           what, adasum ? " with an Adasum op" : "", who);
+}
+
 sumo_result sumo__agree_named(sumo_comm *c, sumo__call_desc *d, const sumo__call_desc **all,
                               const char *what)
 {
-    SUMO__CHECK(c->tp->ops->announce(c->tp, d, c->agreed, sizeof *d));
-    SUMO__CHECK(compare(c, c->agreed, d, what ? what : sumo__call_kind_name(d->kind)));
-    SUMO__CHECK(check_imports(c, d, what ? what : sumo__call_kind_name(d->kind)));
+    sumo__transport *tp = c->tp;
+    const char *name = what ? what : sumo__call_kind_name(d->kind);
+    SUMO__CHECK(announce(c, d));
+    bool any_joined = false;
+    for (int r = 0; r < tp->size && !any_joined; r++) any_joined = joined(&c->agreed[r]);
+    if (any_joined) {
+        SUMO__CHECK(join_verdict(c, c->agreed, d, tp->rank, name));
+        if (d->kind == SUMO__CALL_BARRIER) return SUMO_SUCCESS;
+        /* The joined ranks now announce this allreduce over their zeros. */
+        SUMO__CHECK(announce(c, d));
+    }
+    SUMO__CHECK(compare(c, c->agreed, d, tp->rank, name));
+    SUMO__CHECK(check_imports(c, d, name));
     if (all) *all = c->agreed;
     return SUMO_SUCCESS;
+}
+
+sumo_result sumo__agree_join(sumo_comm *c, sumo__call_desc *d, const sumo__call_desc **all,
+                             int *active)
+{
+    sumo__transport *tp = c->tp;
+    *active = -1;
+    SUMO__CHECK(announce(c, d));
+    *all = c->agreed;
+    for (int r = 0; r < tp->size && *active < 0; r++)
+        if (!joined(&c->agreed[r])) *active = r;
+    if (*active < 0) return SUMO_SUCCESS;
+    const sumo__call_desc *call = &c->agreed[*active];
+    return join_verdict(c, c->agreed, call, *active, sumo__call_kind_name(call->kind));
 }
 
 sumo_result sumo__agree(sumo_comm *c, sumo__call_desc *d, const sumo__call_desc **all)

@@ -26,6 +26,7 @@ enum sumo__call_kind {
     SUMO__CALL_FAIL, /* sumo_comm_fail: only local_error matters */
     SUMO__CALL_COMPOSITE, /* never announced: a layer above's operation made of collectives */
     SUMO__CALL_COMPRESSED, /* sumo_allreduce_compressed; aux: its format and block size */
+    SUMO__CALL_JOIN, /* a rank inside sumo_join (collectives/join.c); aux: its join round */
 };
 
 /* The kind's name as messages give it ("allreduce", "allreduce_compressed", ...). */
@@ -86,6 +87,23 @@ sumo_result sumo__agree(sumo_comm *c, sumo__call_desc *d, const sumo__call_desc 
 /* sumo__agree with the messages naming `what` (a layer above's set-up) instead of the kind. */
 sumo_result sumo__agree_named(sumo_comm *c, sumo__call_desc *d, const sumo__call_desc **all,
                               const char *what);
+
+/*
+ * Ranks that have joined (sumo_join) announce SUMO__CALL_JOIN in place of the collective their
+ * peers run. Every rank then reaches one verdict from the announcements: the others' call
+ * runs when it is an allreduce with sum or average (a second agreement follows, in which the
+ * joined ranks announce that allreduce over zeros of their own) or a barrier (the first
+ * agreement was all of it); any other call fails on every rank with SUMO_ERR_INVALID_USAGE,
+ * the handle usable. sumo__agree does this for the ranks that run the call; a joined rank
+ * announces d (SUMO__CALL_JOIN) through sumo__agree_join, which gives in *active the lowest
+ * rank that runs a call (what it announced is the call: (*all)[*active]), or -1 once every
+ * rank has joined.
+ */
+sumo_result sumo__agree_join(sumo_comm *c, sumo__call_desc *d, const sumo__call_desc **all,
+                             int *active);
+
+/* The memory's name as the ranks compare it (sumo__call_desc.memory). */
+uint32_t sumo__memory_id(const sumo_kernel_table *k);
 
 /* Whether the handle can still run collectives (not broken by an earlier failure). */
 sumo_result sumo__usable(sumo_comm *c);

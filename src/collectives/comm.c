@@ -186,6 +186,16 @@ sumo_result sumo_comm_transport(const sumo_comm *comm, const char **name)
     return SUMO_SUCCESS;
 }
 
+sumo_result sumo_comm_get_stats(const sumo_comm *comm, sumo_comm_stats *stats)
+{
+    if (comm == NULL || stats == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    sumo_comm *c = (sumo_comm *)comm; /* the counters are atomic; nothing else is touched */
+    *stats = (sumo_comm_stats){
+        .rounds = atomic_load_explicit(&c->rounds, memory_order_relaxed),
+        .bytes = atomic_load_explicit(&c->bytes, memory_order_relaxed)};
+    return SUMO_SUCCESS;
+}
+
 sumo_result sumo_comm_set_timeout(sumo_comm *comm, double seconds)
 {
     /* Also rejects NaN. The upper bound keeps the deadline arithmetic in int64 nanoseconds. */

@@ -89,8 +89,14 @@ struct sumo_comm {
     /* sumo_comm_abort: 0, 1 while its message is written, 2 once it can be read. */
     _Atomic int aborted;
     char abort_message[160];
-    /* Every rank's announcement of the collective in progress (size entries). */
+    /* Every rank's announcement of the collective in progress (size entries), and how many
+     * agreements the handle has made: the same count on every rank, since each is collective
+     * (a joined rank's round, collectives/join.c). */
     sumo__call_desc *agreed;
+    uint64_t announces;
+    /* sumo_comm_get_stats: the collectives run on the handle and their output bytes, read
+     * from any thread. */
+    _Atomic uint64_t rounds, bytes;
     /* Scratch kept between calls so the hot path does not allocate: host metadata (pointer
      * arrays, per-tensor sums, Gram matrices), and data in the memory of the call's buffers. */
     void *scratch;

@@ -30,12 +30,6 @@ static size_t bytes_of(size_t count, sumo_dtype dtype)
     return b;
 }
 
-/* The memory's name as the ranks compare it. */
-static uint32_t memory_id(const sumo_kernel_table *k)
-{
-    return (uint32_t)sumo__fnv1a(SUMO__FNV_OFFSET, k->memory, strlen(k->memory));
-}
-
 /*
  * Local checks, no communication: the arguments, the op's kind, and the kernel table of the
  * buffers' memory (into *x). Returns the code and records why. send_bytes and recv_bytes are
@@ -113,7 +107,7 @@ static sumo_result validate(sumo_comm *c, const sumo__call *call, sumo__call_des
                                what, ks->memory, kr->memory);
     x->k = kr ? kr : ks ? ks : sumo__host_kernels();
     x->stream = call->stream;
-    d->memory = memory_id(x->k);
+    d->memory = sumo__memory_id(x->k);
     c->x = *x; /* the call's, for sumo__call_imports */
     /* Another memory runs where no byte of it crosses the transport (ranks that share an
      * address space, or processes whose kernel table shares the memory between them, with the
@@ -265,6 +259,7 @@ sumo_result sumo__execute(sumo_comm *c, const sumo__call *call)
 {
     SUMO__CHECK(sumo__usable(c));
     if (call->kind == SUMO__CALL_COMPOSITE) return call->run(c, (void *)call->args);
+    atomic_fetch_add_explicit(&c->rounds, 1, memory_order_relaxed);
     sumo__call_desc d = {.kind = call->kind, .dtype = (uint32_t)call->dtype, .op = call->op,
                          .root = call->root, .count = call->count,
                          .sendptr = (uintptr_t)call->sendbuf, .recvptr = (uintptr_t)call->recvbuf,
@@ -284,6 +279,8 @@ sumo_result sumo__execute(sumo_comm *c, const sumo__call *call)
     sumo__exec x;
     d.local_error = validate(c, call, &d, &op, &x);
     c->x = x;
+    if (d.local_error == SUMO_SUCCESS && call->kind != SUMO__CALL_BARRIER)
+        atomic_fetch_add_explicit(&c->bytes, recv_bytes_of(c, call), memory_order_relaxed);
     if (call->kind != SUMO__CALL_ALLREDUCE && call->kind != SUMO__CALL_REDUCE_SCATTER) d.op = 0;
     if (call->kind != SUMO__CALL_BROADCAST) d.root = 0;
     if (d.local_error != SUMO_SUCCESS) return sumo__agree(c, &d, NULL);

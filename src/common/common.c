@@ -1,6 +1,7 @@
 #include "common/common.h"
 #include "common/settings.h"
 #include "sumo_aggregation.h"
+#include "sumo_bootstrap.h"
 #include "sumo_diloco.h"
 #include "sumo_distributed.h"
 #include "sumo_elastic.h"
@@ -175,7 +176,8 @@ sumo_result sumo_struct_size(const char *name, size_t *bytes)
         SIZE_OF(sumo_transport_desc), SIZE_OF(sumo_shm_options), SIZE_OF(sumo_store),
         SIZE_OF(sumo_compression), SIZE_OF(sumo_diloco_options), SIZE_OF(sumo_outer_step),
         SIZE_OF(sumo_shrink_options), SIZE_OF(sumo_shrink_info), SIZE_OF(sumo_agree_options),
-        SIZE_OF(sumo_tcp_options), SIZE_OF(sumo_heart_options),
+        SIZE_OF(sumo_tcp_options), SIZE_OF(sumo_bootstrap_options), SIZE_OF(sumo_bootstrap),
+        SIZE_OF(sumo_heart_options),
     };
 #undef SIZE_OF
     int64_t v;
@@ -218,6 +220,9 @@ sumo_result sumo_enum_value(const char *name, int64_t *value)
         VALUE(SUMO_COLLECTIVE_ALLREDUCE), VALUE(SUMO_COLLECTIVE_BROADCAST),
         VALUE(SUMO_COLLECTIVE_ALLGATHER), VALUE(SUMO_COLLECTIVE_REDUCE_SCATTER),
         VALUE(SUMO_COLLECTIVE_BARRIER),
+        VALUE(SUMO_LAUNCHER_NONE), VALUE(SUMO_LAUNCHER_OPEN_MPI), VALUE(SUMO_LAUNCHER_PMI),
+        VALUE(SUMO_LAUNCHER_PMIX), VALUE(SUMO_LAUNCHER_SRUN), VALUE(SUMO_LAUNCHER_TORCHRUN),
+        VALUE(SUMO_LAUNCHER_ENV), VALUE(SUMO_LAUNCHER_STORE), VALUE(SUMO_LAUNCHER_UNSUPPORTED),
     };
 #undef VALUE
     if (value == NULL || !abi_find(values, sizeof values / sizeof values[0], name, value))

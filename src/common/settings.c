@@ -15,7 +15,9 @@ static const sumo__setting table[SUMO__SETTING_COUNT] = {
         .min = 0, .max = 1e8, .fallback = "300",
         .doc = "The deadline of every wait: a peer that has not arrived by then makes a "
                "collective, or a communicator's creation, fail with SUMO_ERR_TIMEOUT. Read by "
-               "every communicator constructor; sumo_comm_set_timeout changes it per handle."},
+               "every communicator constructor, and by `sumo train` before its worker threads "
+               "start (how long a joining thread waits for its step); sumo_comm_set_timeout "
+               "changes it per handle."},
     [SUMO__SETTING_DEBUG] = {
         .name = "SUMO_DEBUG", .type = SUMO__SETTING_CHOICE, .noun = "a log level",
         .choices = log_levels, .fallback = "NONE",
@@ -47,6 +49,7 @@ static const sumo__setting table[SUMO__SETTING_COUNT] = {
     [SUMO__SETTING_FUSION_THRESHOLD] = {
         .name = "SUMO_FUSION_THRESHOLD", .type = SUMO__SETTING_INTEGER, .noun = "a byte count",
         .unit = "bytes", .min = 0, .max = 1099511627776.0, .fallback = "67108864",
+        .alias = "HOROVOD_FUSION_THRESHOLD",
         .doc = "sumo.torch's tensor fusion: allreduce_async calls of one dtype and op are packed "
                "in order into buffers of up to this many bytes, each one collective; 0: each "
                "call is its own collective. Unset, HOROVOD_FUSION_THRESHOLD is read in its "
@@ -61,16 +64,17 @@ static const sumo__setting table[SUMO__SETTING_COUNT] = {
         .unit = "ranks per host", .min = 1, .max = 256,
         .doc = "sumo.torch over a process group: hosts of this many consecutive ranks (the "
                "last may hold fewer) instead of the hosts the ranks run on, so one machine "
-               "runs the hierarchical path across hosts (docs/torch.md). Read by "
+               "runs the hierarchical path across hosts (docs/torch/launching.md). Read by "
                "sumo.torch.init on every rank; unset: the real hosts."},
     [SUMO__SETTING_LIVENESS_TIMEOUT] = {
         .name = "SUMO_LIVENESS_TIMEOUT", .type = SUMO__SETTING_NUMBER, .noun = "a deadline",
         .unit = "seconds", .min = 0, .max = 1e6, .fallback = "5",
         .doc = "Across hosts, where no process sees another's end: a process whose heartbeat "
-               "has not changed for this long is taken for dead by the survivors' agreement "
-               "(sumo_store_agree's alive_s where 0; sumo.torch's elastic jobs over a process "
-               "group beat every tenth of it). Shorter finds a lost process sooner and risks "
-               "leaving out one that is only stalled."},
+               "in the store has not changed for this long is taken for dead by the survivors' "
+               "agreement and by the TCP meeting of their next communicator (the alive_s of "
+               "sumo_store_agree and sumo_tcp_options where 0; sumo.torch's elastic jobs across "
+               "hosts, over TCP or a process group, beat every tenth of it). Shorter finds a "
+               "lost process sooner and risks leaving out one that is only stalled."},
     [SUMO__SETTING_SOCKET_IFNAME] = {
         .name = "SUMO_SOCKET_IFNAME", .type = SUMO__SETTING_TEXT, .noun = "an interface name",
         .unit = "a network interface",
@@ -180,17 +184,27 @@ sumo_result sumo__setting_read(sumo__setting_id id, sumo__setting_value *value, 
         if (why) snprintf(why, why_bytes, "setting %d is not in sumo's table", (int)id);
         return SUMO_ERR_INTERNAL;
     }
-    const char *text = getenv(s->name);
+    const char *name = s->name, *text = getenv(name);
     value->set = text != NULL && *text != '\0';
+    if (!value->set && s->alias) {
+        name = s->alias;
+        text = getenv(name);
+        value->set = text != NULL && *text != '\0';
+    }
     if (!value->set) text = s->fallback;
     if (text == NULL) return SUMO_SUCCESS;
     value->text = text;
     if (parse(s, text, value)) return SUMO_SUCCESS;
     if (why) {
-        char accepts[160];
+        char accepts[160], unset[120];
         sumo__setting_accepts(s, accepts, sizeof accepts);
-        snprintf(why, why_bytes, "%s='%.64s' is not %s: expected %s (unset or empty: %s)",
-                 s->name, text, s->noun, accepts, s->fallback ? s->fallback : "none");
+        if (name == s->alias)
+            snprintf(unset, sizeof unset, "read where %s is unset; both unset or empty: %s",
+                     s->name, s->fallback ? s->fallback : "none");
+        else
+            snprintf(unset, sizeof unset, "unset or empty: %s", s->fallback ? s->fallback : "none");
+        snprintf(why, why_bytes, "%s='%.64s' is not %s: expected %s (%s)", name, text, s->noun,
+                 accepts, unset);
     }
     return SUMO_ERR_INVALID_ARGUMENT;
 }

@@ -50,6 +50,8 @@ typedef struct sumo__setting {
     int64_t step;               /* INTEGER: 0 or 1 for none */
     const char *const *choices; /* CHOICE: upper case, NULL-terminated */
     const char *fallback;       /* the value when unset or empty, as written; NULL: none */
+    const char *alias;          /* another framework's name for it, read in its place when it
+                                   is unset or empty (refused by that name); NULL: none */
     const char *doc;            /* what it does and what reads it */
 } sumo__setting;
 
@@ -66,9 +68,9 @@ const sumo__setting *sumo__setting_info(sumo__setting_id id);
  * 100000000"). */
 void sumo__setting_accepts(const sumo__setting *s, char *out, size_t bytes);
 
-/* Reads setting id from the environment, or its fallback when unset or empty. A malformed or
- * out-of-range value is SUMO_ERR_INVALID_ARGUMENT with a sentence in why (may be NULL) naming
- * the variable, its value and what is accepted. */
+/* Reads setting id from the environment (its alias where it is unset or empty), or its
+ * fallback when both are. A malformed or out-of-range value is SUMO_ERR_INVALID_ARGUMENT with
+ * a sentence in why (may be NULL) naming the variable read, its value and what is accepted. */
 SUMO__PLUGIN_API sumo_result sumo__setting_read(sumo__setting_id id, sumo__setting_value *value, char *why,
                                                 size_t why_bytes);
 

@@ -28,6 +28,71 @@ bool sumo__method_parse(const char *name, sumo__method *out)
     return false;
 }
 
+#define BIT SUMO__METHOD_BIT
+#define SLOWMO_FAMILY (BIT(SUMO__METHOD_SLOWMO) | BIT(SUMO__METHOD_LOCALSGD) | BIT(SUMO__METHOD_BMUF))
+#define DILOCO_FAMILY (BIT(SUMO__METHOD_DILOCO) | BIT(SUMO__METHOD_STREAMING_DILOCO))
+#define ADASUMS (BIT(SUMO__METHOD_ADASUM) | BIT(SUMO__METHOD_ADASUM_DELTA))
+/* The outer loop's own combines are made from their defaults (sumo_diloco_create), not from
+ * the run's ACGA and Adasum settings: a reader of --outer-combine would expect otherwise. */
+#define ACGA_NOTE "--outer-combine acga of diloco and streaming-diloco uses ACGA's defaults, rescaled"
+#define ADASUM_NOTE "--outer-combine adasum of diloco and streaming-diloco is the flat Adasum"
+
+static const sumo__method_flag method_flags[] = {
+    {"--acga-beta", BIT(SUMO__METHOD_ACGA), ACGA_NOTE, DILOCO_FAMILY},
+    {"--acga-per-tensor", BIT(SUMO__METHOD_ACGA), ACGA_NOTE, DILOCO_FAMILY},
+    {"--acga-reference-permutation", BIT(SUMO__METHOD_ACGA), ACGA_NOTE, DILOCO_FAMILY},
+    {"--acga-no-guard", BIT(SUMO__METHOD_ACGA), ACGA_NOTE, DILOCO_FAMILY},
+    {"--acga-rescale", BIT(SUMO__METHOD_ACGA), ACGA_NOTE, DILOCO_FAMILY},
+    {"--acga-eps", BIT(SUMO__METHOD_ACGA), ACGA_NOTE, DILOCO_FAMILY},
+    {"--tau", SLOWMO_FAMILY, NULL, 0},
+    {"--alpha", SLOWMO_FAMILY, NULL, 0},
+    /* Local SGD is SlowMo without slow momentum: its beta stays 0. */
+    {"--slow-beta", BIT(SUMO__METHOD_SLOWMO) | BIT(SUMO__METHOD_BMUF), "localsgd is SlowMo with beta 0",
+     BIT(SUMO__METHOD_LOCALSGD)},
+    {"--inner-period", SLOWMO_FAMILY, NULL, 0},
+    {"--buffers", SLOWMO_FAMILY, NULL, 0},
+    {"--memory-efficient", SLOWMO_FAMILY, NULL, 0},
+    {"--sync-every", DILOCO_FAMILY, NULL, 0},
+    {"--fragments", DILOCO_FAMILY, NULL, 0},
+    {"--strided-fragments", DILOCO_FAMILY, NULL, 0},
+    {"--fragment-ranges", DILOCO_FAMILY, NULL, 0},
+    {"--delay", DILOCO_FAMILY, NULL, 0},
+    {"--merge-alpha", DILOCO_FAMILY, NULL, 0},
+    {"--outer", DILOCO_FAMILY, NULL, 0},
+    {"--outer-lr", DILOCO_FAMILY, NULL, 0},
+    {"--outer-momentum", DILOCO_FAMILY, NULL, 0},
+    {"--outer-combine", DILOCO_FAMILY, NULL, 0},
+    {"--quantize", DILOCO_FAMILY, NULL, 0},
+    {"--quantize-block", DILOCO_FAMILY, NULL, 0},
+    {"--adasum-hierarchical", ADASUMS, ADASUM_NOTE, DILOCO_FAMILY},
+    {"--adasum-group-size", ADASUMS, ADASUM_NOTE, DILOCO_FAMILY},
+};
+_Static_assert(sizeof method_flags / sizeof method_flags[0] <= 64, "a set of given flags is a 64-bit mask");
+_Static_assert(SUMO__METHOD_COUNT <= 32, "a set of methods is an unsigned mask");
+
+const sumo__method_flag *sumo__method_flags(int *count)
+{
+    *count = (int)(sizeof method_flags / sizeof method_flags[0]);
+    return method_flags;
+}
+
+void sumo__method_set_text(unsigned methods, char *out, size_t len)
+{
+    int total = 0, seen = 0;
+    for (int m = 0; m < SUMO__METHOD_COUNT; m++) total += (methods & BIT(m)) != 0;
+    size_t used = 0;
+    if (len) out[0] = '\0';
+    for (int m = 0; m < SUMO__METHOD_COUNT && used < len; m++) {
+        if (!(methods & BIT(m))) continue;
+        const char *sep = seen == 0 ? "" : seen == total - 1 ? " and " : ", ";
+        int n = snprintf(out + used, len - used, "%s%s", sep, method_names[m]);
+        if (n < 0) break;
+        used += (size_t)n;
+        seen++;
+    }
+}
+#undef BIT
+
 void sumo__train_config_default(sumo__train_config *cfg)
 {
     *cfg = (sumo__train_config){

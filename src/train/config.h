@@ -53,6 +53,28 @@ const char *sumo__method_name(sumo__method m);
 /* Parses a --reduce value; false when unknown. */
 bool sumo__method_parse(const char *name, sumo__method *out);
 
+/* The bit of a method in a set of methods (sumo__method_flag.methods). */
+#define SUMO__METHOD_BIT(m) (1u << (unsigned)(m))
+
+/*
+ * A flag of `sumo train` that only some methods read (ACGA's, SlowMo's, DiLoCo's, Adasum's),
+ * and which: given for methods none of which reads it, it would change nothing, so the
+ * command line refuses it by name. The sets follow configure and build (what each method
+ * takes from the configuration), not the flags' families alone.
+ */
+typedef struct sumo__method_flag {
+    const char *name; /* "--tau" */
+    unsigned methods; /* SUMO__METHOD_BIT of each method that reads it */
+    const char *note; /* NULL, or why the methods of note_for, which one might expect to read
+                         it, do not */
+    unsigned note_for;
+} sumo__method_flag;
+
+/* The table of such flags (*count entries, in --help's order). */
+const sumo__method_flag *sumo__method_flags(int *count);
+/* A set of methods as "a, b and c" into out (cut at len). */
+void sumo__method_set_text(unsigned methods, char *out, size_t len);
+
 #define SUMO__MAX_TRAIN_EVENTS 8
 
 typedef enum sumo__train_event { SUMO__EVENT_LEAVE, SUMO__EVENT_DIE, SUMO__EVENT_JOIN } sumo__train_event;
@@ -112,7 +134,7 @@ typedef struct sumo__train_config {
      * the order given. */
     struct { int rank; long step; sumo__train_event kind; } events[SUMO__MAX_TRAIN_EVENTS];
     int nevents;
-    /* Threads joining an elastic run meet the workers here (trainer.c; NULL: none). */
+    /* Threads joining an elastic run meet the workers here (join.h; NULL: none). */
     struct sumo__train_room *room;
 } sumo__train_config;
 

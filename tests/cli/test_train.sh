@@ -2,8 +2,10 @@
 # End-to-end checks of `sumo train` on the real data: a short run learns, an interrupted and
 # resumed run (also one killed in the middle of writing a checkpoint) ends bit-identical to an
 # uninterrupted one, damaged checkpoints and data are refused with a message naming the file,
-# bad flag values and unwritable files are refused before training with a message naming the
-# flag or file, and the MPI transport gives the same parameters as the threads transport.
+# bad flag values, a method's flags given to methods that do not read them, an outer method's
+# run too short to ever synchronise, and unwritable files are refused before training with a
+# message naming the flag or file, and the MPI transport gives the same parameters as the
+# threads transport.
 #
 # The crash-during-save check needs the test build of the command (sumo-crashtest, built by
 # `make test-cli`): the shipped one has no fault hook.
@@ -117,6 +119,25 @@ refused "--quantize needs --outer-combine average" --reduce streaming-diloco --o
 refused "--merge-alpha" --reduce streaming-diloco --merge-alpha 1.5
 refused "--outer-momentum" --reduce diloco --outer-momentum 1
 refused "--outer" --reduce diloco --outer adam
+# Each method's own flags are refused, by name, where none of the --reduce methods reads them,
+# even at their default value (which would change nothing either way).
+refused "^sumo train: --inner-period applies to slowmo, localsgd and bmuf, not to --reduce diloco$" --workers 2 --reduce diloco --inner-period 4
+refused "^sumo train: --tau applies to slowmo, localsgd and bmuf, not to --reduce streaming-diloco$" --reduce streaming-diloco --tau 12
+refused "^sumo train: --memory-efficient applies to slowmo, localsgd and bmuf, not to --reduce diloco$" --reduce diloco --memory-efficient
+refused "^sumo train: --sync-every applies to diloco and streaming-diloco, not to --reduce slowmo$" --reduce slowmo --sync-every 500
+refused "^sumo train: --outer-combine applies to diloco and streaming-diloco, not to any of --reduce localsgd,bmuf@2$" --reduce localsgd,bmuf@2 --outer-combine average
+refused "^sumo train: --fragment-ranges applies to diloco and streaming-diloco, not to --reduce bmuf$" --reduce bmuf --fragment-ranges
+refused "^sumo train: --slow-beta applies to slowmo and bmuf, not to --reduce localsgd \(localsgd is SlowMo with beta 0\)$" --reduce localsgd --slow-beta 0.5
+refused "^sumo train: --acga-beta applies to acga, not to --reduce diloco \(--outer-combine acga of diloco" --reduce diloco --outer-combine acga --acga-beta 0.9
+refused "^sumo train: --acga-no-guard applies to acga, not to any of --reduce avg,adasum$" --reduce avg,adasum --acga-no-guard
+refused "^sumo train: --adasum-group-size applies to adasum and adasum-delta, not to --reduce diloco \(--outer-combine adasum of diloco" --reduce diloco --outer-combine adasum --adasum-group-size 0
+refused "^sumo train: --adasum-hierarchical applies to adasum and adasum-delta, not to --reduce acga$" --reduce acga --adasum-hierarchical
+# A DiLoCo run shorter than its first synchronisation is refused as SlowMo's is (quick: 8 steps
+# with one worker, 4 with two; Streaming's last fragment is applied --delay steps after H).
+refused "^sumo train: --reduce diloco: the run has 8 step.*fewer than --sync-every 500: .*would never run\. Give --sync-every 8 or less" --reduce diloco
+refused "^sumo train: --reduce streaming-diloco: the run has 4 step.*fewer than --sync-every 4 \+ --delay 1 = 5: .*fragment 2 of 2\) would never run and the workers would end unsynchronised" \
+  --workers 2 --reduce streaming-diloco --sync-every 4 --fragments 2
+refused "^sumo train: --reduce diloco@2: the run has 8 step.*fewer than --sync-every 9: " --reduce avg,diloco@2 --sync-every 9
 grep -q "(null)" "$tmp/r.out" && fail "a message says (null)" || true
 long=$(printf 'x%.0s' $(seq 1100))
 refused "--log .*too long" --log "$tmp/$long.csv"
@@ -184,6 +205,22 @@ code=$? took=$(( $(date +%s) - start ))
   || fail "threads that cannot start: exit $code after ${took}s: $(tail -1 "$tmp/k.out")"
 fi
 
+# A malformed deadline is refused once, by name, before any worker starts: the workers'
+# communicators and the room where joining threads wait read SUMO_TIMEOUT through the one
+# settings table (not a bare number, not above 0, past its bound).
+for v in soon 0 1e9; do
+  for how in plain elastic; do
+    extra=()
+    [ $how = elastic ] && extra=(--workers 2 --elastic --join 2)
+    SUMO_TIMEOUT=$v "$sumo" train "${quick[@]}" "${extra[@]}" > "$tmp/to.out" 2>&1
+    code=$?
+    [ $code -ne 0 ] && [ "$(grep -c "SUMO_TIMEOUT" "$tmp/to.out")" -eq 1 ] \
+      && grep -q "^sumo train: avg: SUMO_TIMEOUT='$v' is not a deadline: expected seconds, a number > 0" "$tmp/to.out" \
+      && ! grep -q fnv1a "$tmp/to.out" \
+      && ok "SUMO_TIMEOUT=$v refused by name ($how)" || fail "SUMO_TIMEOUT=$v ($how): exit $code: $(head -3 "$tmp/to.out")"
+  done
+done
+
 # ---- what a newcomer reads ----
 "$sumo" train "${quick[@]}" --epochs 2 --reduce avg@linear > "$tmp/n.out" 2> "$tmp/n.err"
 grep -q "to target  epochs until" "$tmp/n.out" && grep -q "^target: 85.00% test accuracy" "$tmp/n.out" \
@@ -201,6 +238,29 @@ rm -f "$tmp/one.csv"
   && [ "$(awk -F, 'NR > 1 { print $12, $13 }' "$tmp/one.csv" | sort -u)" = "0 0" ] \
   && ok "one worker: no communication figures (table: -, summary: 0)" \
   || fail "one worker's communication figures: $(grep -E '^(avg|adasum) ' "$tmp/one.out"); $(tail -1 "$tmp/one.csv")"
+# With several methods a flag goes to those that read it: each entry of a mixed list has the
+# bits of the same method run alone with its own flags, and the flags took effect.
+mixed=(--workers 2 --epochs 1 --batch 32 --train-limit 1000 --test-limit 100 --no-progress)
+hash_of() { sed -n "s/^$2: .*fnv1a \([0-9a-f]*\).*/\1/p" "$1"; }
+"$sumo" train "${mixed[@]}" --reduce avg,slowmo,diloco --tau 5 --sync-every 3 > "$tmp/mx.out" 2>&1
+"$sumo" train "${mixed[@]}" --reduce avg > "$tmp/mx1.out" 2>&1
+"$sumo" train "${mixed[@]}" --reduce slowmo --tau 5 > "$tmp/mx2.out" 2>&1
+"$sumo" train "${mixed[@]}" --reduce diloco --sync-every 3 > "$tmp/mx3.out" 2>&1
+"$sumo" train "${mixed[@]}" --reduce slowmo,diloco --tau 3 --sync-every 5 > "$tmp/mx4.out" 2>&1
+if [ -n "$(hash_of "$tmp/mx.out" avg)" ] && [ "$(hash_of "$tmp/mx.out" avg)" = "$(hash_of "$tmp/mx1.out" avg)" ] \
+   && [ "$(hash_of "$tmp/mx.out" slowmo)" = "$(hash_of "$tmp/mx2.out" slowmo)" ] \
+   && [ "$(hash_of "$tmp/mx.out" diloco)" = "$(hash_of "$tmp/mx3.out" diloco)" ] \
+   && [ -n "$(hash_of "$tmp/mx4.out" slowmo)" ] && [ "$(hash_of "$tmp/mx4.out" slowmo)" != "$(hash_of "$tmp/mx2.out" slowmo)" ] \
+   && [ "$(hash_of "$tmp/mx4.out" diloco)" != "$(hash_of "$tmp/mx3.out" diloco)" ]; then
+  ok "--reduce avg,slowmo,diloco --tau 5 --sync-every 3: each method as alone with its own flags"
+else fail "mixed list: $(grep fnv1a "$tmp/mx.out" "$tmp/mx1.out" "$tmp/mx2.out" "$tmp/mx3.out" "$tmp/mx4.out"; head -2 "$tmp/mx.out")"; fi
+# At the bound a DiLoCo run is taken, and syncs (15 steps, H 15: one exchange); a run that
+# stops before it (--stop-after) is not refused, since its resumption reaches it.
+"$sumo" train "${mixed[@]}" --reduce diloco --sync-every 15 > "$tmp/b15.out" 2>&1
+[ "$(awk '$1 == "diloco" { print $6, $8 }' "$tmp/b15.out")" = "15 1" ] && ok "diloco with --sync-every = its 15 steps runs, one exchange" \
+  || fail "diloco at the bound: $(head -3 "$tmp/b15.out")"
+"$sumo" train "${mixed[@]}" --reduce diloco --sync-every 15 --checkpoint-dir "$tmp/b15ck" --stop-after 3 > "$tmp/b15s.out" 2>&1 \
+  && ok "diloco stopped before its first sync (--stop-after 3 of 15) is not refused" || fail "diloco --stop-after: $(head -3 "$tmp/b15s.out")"
 # A SlowMo run whose last steps are local says that its workers end apart (62 steps, tau 12:
 # 2 after the last exchange), and says nothing when the steps end on an exchange (tau 31).
 short=(--workers 2 --epochs 1 --batch 32 --train-limit 4000 --test-limit 200 --no-progress)
@@ -257,7 +317,7 @@ fi
 # threads transport's bits and leave no folder behind; a step across nodes, and shm outside a
 # step, are refused by name.
 step_env() { env SLURM_JOB_ID=$$ SLURM_STEP_ID=0 SLURM_NTASKS=2 SLURM_STEP_NUM_NODES=1 SLURM_SRUN_COMM_PORT=1 \
-  TMPDIR="$tmp" "$@"; }
+  SLURM_STEP_NODELIST=localhost SLURM_LOCALID=0 TMPDIR="$tmp" "$@"; }
 no_workers=("${common[@]:2}")
 step_env SLURM_PROCID=0 "$sumo" train "${no_workers[@]}" > "$tmp/srun0.out" 2>&1 &
 p0=$!
@@ -274,6 +334,19 @@ step_env SLURM_PROCID=zero "$sumo" train "${quick[@]:2}" > "$tmp/srun3.out" 2>&1
 [ $? -eq 2 ] && grep -q "SLURM_PROCID=zero is not a number" "$tmp/srun3.out" && ok "a malformed SLURM_PROCID refused, naming it" \
   || fail "malformed SLURM_PROCID: $(head -2 "$tmp/srun3.out")"
 refused "--transport shm joins the tasks of an srun step" --transport shm
+# Launchers whose processes the command does not join are refused rather than each process
+# training alone, unless --transport threads says that is meant.
+env TORCHELASTIC_RUN_ID=t RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 "$sumo" train "${quick[@]}" \
+  > "$tmp/tr.out" 2>&1
+[ $? -eq 2 ] && grep -q "started by torchrun, whose processes .sumo train. does not join" "$tmp/tr.out" \
+  && ok "sumo train under torchrun refused, naming it" || fail "under torchrun: $(head -2 "$tmp/tr.out")"
+env SLURM_NTASKS=4 SLURM_JOB_ID=1 "$sumo" train "${quick[@]}" > "$tmp/sb.out" 2>&1
+[ $? -eq 2 ] && grep -q "batch script.*SLURM_NTASKS=4.*--transport threads" "$tmp/sb.out" \
+  && ok "sumo train in a batch script outside srun refused, naming --transport threads" \
+  || fail "batch script: $(head -2 "$tmp/sb.out")"
+env SLURM_NTASKS=4 SLURM_JOB_ID=1 "$sumo" train "${quick[@]}" --transport threads > "$tmp/sb2.out" 2>&1
+[ $? -eq 0 ] && grep -q fnv1a "$tmp/sb2.out" && ok "... and run with --transport threads" \
+  || fail "batch script, --transport threads: $(tail -2 "$tmp/sb2.out")"
 
 # Streaming DiLoCo stopped while an exchange is in flight (fragment 0 starts at step 12 and is
 # applied at 14) and resumed: the same parameters and log as the run that never stopped.
@@ -298,11 +371,11 @@ else fail "streaming-diloco resume ($(checksum "$tmp/s2.out") vs $S)"; tail -3 "
 # weight, 100352 elements = 784 blocks = 53312 bytes, synced at 4, 12, ..., 60 (8 times);
 # fragment 1 is the other 1418 elements = 12 blocks = 816 bytes, at 8, ..., 56 (7 times):
 # (8 x 53312 + 7 x 816) / 62 = 6971.1 a step, 53312 at most in flight.
-bytes=(--workers 2 --epochs 1 --batch 32 --train-limit 4000 --test-limit 200 --no-progress --sync-every 8)
+bytes=(--workers 2 --epochs 1 --batch 32 --train-limit 4000 --test-limit 200 --no-progress)
 rm -f "$tmp/bytes.csv"
 "$sumo" train "${bytes[@]}" --reduce avg --summary "$tmp/bytes.csv" > /dev/null 2>&1
-"$sumo" train "${bytes[@]}" --reduce diloco --summary "$tmp/bytes.csv" > /dev/null 2>&1
-"$sumo" train "${bytes[@]}" --reduce streaming-diloco --fragments 2 --delay 1 --quantize e3m0 \
+"$sumo" train "${bytes[@]}" --reduce diloco --sync-every 8 --summary "$tmp/bytes.csv" > /dev/null 2>&1
+"$sumo" train "${bytes[@]}" --reduce streaming-diloco --sync-every 8 --fragments 2 --delay 1 --quantize e3m0 \
   --quantize-block 128 --summary "$tmp/bytes.csv" > "$tmp/bytes.out" 2>&1
 got=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
   { printf "%s %s %s %s;", $c["method"], $c["steps"], $c["bytes_per_step"], $c["peak_bytes_in_flight"] }' "$tmp/bytes.csv")
@@ -312,7 +385,8 @@ got=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
   || fail "bytes per step and peak in flight: $got; $(grep '^streaming-diloco:' "$tmp/bytes.out")"
 
 for m in adasum adasum-delta acga slowmo localsgd bmuf diloco streaming-diloco; do
-  "$sumo" train "${common[@]}" --workers 3 --epochs 1 --reduce $m --sync-every 8 --verify-ranks > "$tmp/$m.out" 2>&1 \
+  h=(); case $m in *diloco) h=(--sync-every 8) ;; esac
+  "$sumo" train "${common[@]}" --workers 3 --epochs 1 --reduce $m "${h[@]}" --verify-ranks > "$tmp/$m.out" 2>&1 \
     && grep -q "^$m " "$tmp/$m.out" && ok "--reduce $m runs, ranks agree after every synchronised step" \
     || { fail "--reduce $m"; tail -3 "$tmp/$m.out"; }
 done

@@ -1,21 +1,24 @@
 /*
- * libFuzzer harness for the command-line parser of `sumo train` (tools/sumo/train.c, whose
- * static parse() it includes) and the shared flag parsers of tools/sumo/args.c.
+ * libFuzzer harness for the command-line parser of `sumo train` (tools/sumo/train_options.c)
+ * and the shared flag parsers of tools/sumo/args.c.
  *
  * Input: NUL-separated arguments. The first byte picks the target: even, `sumo train ARGS`
- * through parse(), which must accept or refuse without reading out of bounds, overflowing or
- * leaving an accepted value outside its documented range; odd, each argument through every
- * sumo_args_* function.
+ * through train_parse_options(), which must accept or refuse without reading out of bounds,
+ * overflowing or leaving an accepted value outside its documented range; odd, each argument
+ * through every sumo_args_* function.
  */
-#include "../../tools/sumo/train.c"
+#include "../../tools/sumo/args.h"
+#include "../../tools/sumo/train_options.h"
 
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define MAX_ARGS 64
 
-static void check_accepted(const options *o)
+static void check_accepted(const train_options *o)
 {
     const sumo__train_config *c = &o->cfg;
     if (c->workers < 1 || c->workers > SUMO_THREADS_MAX_RANKS) __builtin_trap();
@@ -23,10 +26,20 @@ static void check_accepted(const options *o)
     if (!(c->lr > 0 && c->lr <= MAX_LR)) __builtin_trap();
     if (o->nmethods < 1 || o->nmethods > MAX_METHODS) __builtin_trap();
     if ((c->resume || c->keep != 2 || o->overwrite) && c->checkpoint_dir == NULL) __builtin_trap();
+    /* A method's own flag is accepted only where a chosen method reads it. */
+    int nflags;
+    const sumo__method_flag *t = sumo__method_flags(&nflags);
+    unsigned chosen = 0;
+    for (int k = 0; k < o->nmethods; k++) chosen |= SUMO__METHOD_BIT(o->methods[k]);
+    for (int f = 0; f < nflags; f++)
+        if ((o->specific_given >> f & 1) && !(t[f].methods & chosen)) __builtin_trap();
     for (int k = 0; k < o->nmethods; k++) {
         sumo__train_config mc;
-        if (configure_method((options *)o, o->methods[k], o->scalings[k], &mc) != 0) __builtin_trap();
-        if (!(mc.lr_scale > 0)) __builtin_trap();
+        /* A combination of values one method cannot take (--fragments above --sync-every, ...)
+         * is refused here, naming the flags: a refusal like the parse's. */
+        int rc = train_configure_method(o, o->methods[k], o->scalings[k], &mc);
+        if (rc == 2) continue;
+        if (rc != 0 || !(mc.lr_scale > 0)) __builtin_trap();
     }
 }
 
@@ -43,9 +56,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (char *p = buf; p < buf + size - 1 && argc <= MAX_ARGS; p += strlen(p) + 1) argv[argc++] = p;
     argv[argc] = NULL;
     if (data[0] % 2 == 0) {
-        options o;
+        train_options o;
         memset(&o, 0, sizeof o);
-        if (parse(argc, argv, &o) == 0) check_accepted(&o);
+        if (train_parse_options(argc, argv, &o) == 0) check_accepted(&o);
     } else {
         sumo_args_error e;
         for (int i = 1; i < argc; i++) {

@@ -124,9 +124,9 @@ def check_dead_rank():
     st.barrier()
     if dist.get_rank() == st.size() - 1:
         os._exit(0)
-    # Through hier_allreduce, the runtime's entry (the DDP hooks' is hier_run under it; the
-    # public allreduce's join announcement on the flat communicator would see the loss first):
-    # the error must be PeerLost, what elastic.run recovers from, and the job marked broken.
+    # Through hier_allreduce, the runtime's entry (the public allreduce's; the DDP hooks' is
+    # hier_run under it): the error must be PeerLost, what elastic.run recovers from, and the
+    # job marked broken.
     rt.state.hier = h
     t = inputs(torch.float32)
     t0 = time.monotonic()

@@ -56,8 +56,8 @@ def header_structs():
 
 # Headers whose structs the binding mirrors every one of: a struct added to one of them must be
 # added to sumo/_abi.py too (the others are mirrored where the binding calls them).
-MIRRORED_WHOLE = ("sumo_aggregation.h", "sumo_diloco.h", "sumo_elastic.h", "sumo_shm.h",
-                  "sumo_tcp.h")
+MIRRORED_WHOLE = ("sumo_aggregation.h", "sumo_bootstrap.h", "sumo_diloco.h", "sumo_elastic.h",
+                  "sumo_shm.h", "sumo_tcp.h")
 
 
 def test_mirror_agrees_with_headers():

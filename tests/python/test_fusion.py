@@ -10,7 +10,7 @@ import torch
 
 import sumo
 import sumo.torch as hvd
-from sumo.torch import collectives
+from sumo.torch import _fused
 
 from test_torch import assert_identical_across_ranks, loss_of, make_model, params_of
 
@@ -19,12 +19,12 @@ from test_torch import assert_identical_across_ranks, loss_of, make_model, param
 @contextlib.contextmanager
 def threshold(nbytes):
     """The fusion threshold for one test (read once per process from the environment)."""
-    was = collectives._fusion_threshold()
-    collectives._fusion.threshold = nbytes
+    was = _fused._fusion_threshold()
+    _fused._fusion.threshold = nbytes
     try:
         yield
     finally:
-        collectives._fusion.threshold = was
+        _fused._fusion.threshold = was
 
 
 def mine(rank, k, n, dtype):
@@ -150,9 +150,9 @@ def test_thresholds_read_from_the_environment(monkeypatch):
             monkeypatch.delenv(var, raising=False)
         for var, value in env.items():
             monkeypatch.setenv(var, value)
-        collectives._fusion.threshold = None  # read again
-        return collectives._fusion_threshold()
-    was = collectives._fusion_threshold()
+        _fused._fusion.threshold = None  # read again
+        return _fused._fusion_threshold()
+    was = _fused._fusion_threshold()
     try:
         assert read() == 64 << 20
         assert read(HOROVOD_FUSION_THRESHOLD="100") == 100      # Horovod's name alone
@@ -169,7 +169,7 @@ def test_thresholds_read_from_the_environment(monkeypatch):
                    for h in hs)
         assert hvd.fusion_stats()["buffers"] - before == 5
     finally:
-        collectives._fusion.threshold = was
+        _fused._fusion.threshold = was
 
 
 # ---- DistributedOptimizer: Average and Sum overlapped with the backward pass ------------------

@@ -518,37 +518,47 @@ def test_join_takes_part_with_zeros_until_every_rank_joined():
     assert_close_params(model, ref, rtol=1e-5, atol=1e-6)
 
 
-def test_join_refuses_broadcast_and_explains_a_collective_it_cannot_join():
+def test_join_refuses_a_broadcast_on_every_rank_and_answers_any_average():
     if hvd.size() == 1:
         pytest.skip("needs two ranks")
     last = hvd.size() - 1
     # The last rank joins at once; the others try a broadcast, which a joined rank cannot
-    # take part in, then join together (the highest of them is the last to join).
-    if hvd.rank() != last:
-        with pytest.raises(RuntimeError, match="1 of %d ranks have called join" % hvd.size()):
-            hvd.broadcast(torch.ones(2), 0)
-    assert hvd.join() == last - 1
-    # A collective without an announcement (SlowMo's, the hooks') meets a joined rank's
-    # announcement: every rank gets SUMO_ERR_MISMATCH, and join() says why.
-    if hvd.rank() == last:
-        with pytest.raises(sumo.SumoError, match="cannot take part in") as e:
+    # take part in: it raises on every rank, the joined one too, as in Horovod.
+    with pytest.raises(sumo.SumoError, match="rank %d called sumo_join" % last) as e:
+        if hvd.rank() == last:
             hvd.join()
-        assert e.value.name == "SUMO_ERR_MISMATCH"
+        else:
+            hvd.broadcast(torch.ones(2), 0)
+    assert e.value.name == "SUMO_ERR_INVALID_USAGE"
+    # Still usable; now every rank joins in the same round: the highest is the last.
+    assert hvd.join() == last
+    # An allreduce made outside the Horovod surface (the DDP hooks', SlowMo's) is answered
+    # too: the joined rank adds zeros.
+    if hvd.rank() == last:
+        assert hvd.join() == last - 1
     else:
-        with pytest.raises(sumo.SumoError, match="SUMO_ERR_MISMATCH"):
-            _calls.allreduce_tensor(torch.ones(5), sumo.Average, "raw")
+        got = torch.ones(5)
+        _calls.allreduce_tensor(got, sumo.Average, "raw")
+        assert torch.equal(got, torch.full((5,), float(hvd.size() - 1) / hvd.size()))
+        assert hvd.join() == last - 1
     assert_identical_across_ranks([torch.ones(2)])  # every rank out of join, still usable
 
 
-def test_every_collective_is_announced_once():
-    # The announcement is counted: every rank takes part in the same number.
+def test_a_collective_costs_its_own_c_call_and_nothing_else():
+    # Nothing is sent before a collective for join's sake: sumo's communicator counts one C
+    # collective per allreduce, barrier or broadcast of the surface, at every size.
     from sumo.torch import collectives
-    before = collectives._join.rounds
-    hvd.allreduce(torch.ones(3))
-    hvd.barrier()
-    grown = torch.tensor([float(collectives._join.rounds - before)], dtype=torch.float64)
-    expect = 0 if hvd.size() == 1 else 2
-    assert grown.item() == expect
+
+    def cost(call):
+        before = collectives.comm_stats()["rounds"]
+        call()
+        return collectives.comm_stats()["rounds"] - before
+    assert cost(lambda: hvd.allreduce(torch.ones(3))) == 1
+    assert cost(lambda: hvd.allreduce_(torch.ones(3), op=sumo.Sum)) == 1
+    assert cost(hvd.barrier) == 1
+    assert cost(lambda: hvd.broadcast_(torch.ones(3), 0)) == 1
+    assert cost(lambda: hvd.synchronize(hvd.allreduce_async(torch.ones(3)))) == 1
+    grown = torch.tensor([float(collectives.comm_stats()["rounds"])], dtype=torch.float64)
     assert_identical_across_ranks([grown])
 
 

@@ -1,6 +1,8 @@
-"""sumo under srun without Slurm: the hostlist syntax, the step's variables (sumo/_slurm.py),
-the launcher sumo.torch.init() sees, and a two-task step on this host made of the variables
-srun would set, which must meet and reduce (shared memory, the group made from them)."""
+"""sumo under srun without Slurm: the hostlist syntax and the step's variables as libsumo reads
+them for the binding (sumo_bootstrap_detect through sumo._lib.bootstrap), the launcher
+sumo.torch.init() sees, and a two-task step on this host made of the variables srun would set,
+which must meet and reduce (shared memory, the group made from them). The expected hosts and
+ports are written out by hand (tests/unit/test_bootstrap.c checks the C side alone)."""
 import os
 import random
 import re
@@ -10,12 +12,15 @@ import sys
 import pytest
 
 import sumo.torch as st
-from sumo import _slurm
+from sumo import _lib
+from sumo._abi import (SUMO_SUCCESS, SUMO_ERR_INVALID_ARGUMENT, SUMO_ERR_INVALID_USAGE,
+                       SUMO_LAUNCHER_SRUN)
 from sumo.torch import _init
 
 
 @pytest.mark.parametrize("text, hosts", [
     ("node01", ["node01"]),
+    ("node[01-03,07],gpu5", ["node01", "node02", "node03", "node07", "gpu5"]),
     ("node[01-04,07]", ["node01", "node02", "node03", "node04", "node07"]),
     ("node[8-11]", ["node8", "node9", "node10", "node11"]),
     ("node[098-101]", ["node098", "node099", "node100", "node101"]),
@@ -25,7 +30,7 @@ from sumo.torch import _init
     ("host.example.org", ["host.example.org"]),
 ])
 def test_hostlist(text, hosts):
-    assert _slurm.expand_hostlist(text) == hosts
+    assert _lib.expand_hostlist(text) == hosts
 
 
 @pytest.mark.parametrize("text, why", [
@@ -35,7 +40,7 @@ def test_hostlist(text, hosts):
 ])
 def test_hostlist_refused(text, why):
     with pytest.raises(ValueError, match=re.escape(why)):
-        _slurm.expand_hostlist(text)
+        _lib.expand_hostlist(text)
 
 
 def step_env(**over):
@@ -46,37 +51,42 @@ def step_env(**over):
 
 
 def test_step():
-    s = _slurm.step(step_env())
-    assert (s["rank"], s["size"], s["local_rank"], s["host"]) == (1, 4, 1, "node03")
-    assert _slurm.PORT_BASE <= s["port"] < _slurm.PORT_BASE + _slurm.PORT_SPAN
-    # Every task of a step agrees; another step or job gets another port.
-    assert _slurm.step(step_env(SLURM_PROCID="3", SLURM_LOCALID="1"))["port"] == s["port"]
-    assert _slurm.step(step_env(SLURM_STEP_ID="3"))["port"] != s["port"]
-    assert _slurm.step(step_env(SLURM_JOB_ID="4243"))["port"] != s["port"]
-    s = _slurm.step(step_env(MASTER_ADDR="head", MASTER_PORT="29400"))
-    assert (s["host"], s["port"]) == ("head", 29400)
+    s = _lib.bootstrap(step_env())
+    assert s.code == SUMO_SUCCESS and s.launcher == SUMO_LAUNCHER_SRUN, s
+    assert (s.rank, s.size, s.local_rank, s.host) == (1, 4, 1, "node03")
+    # 12000 + (4242 * 64 + 2) mod 20000: the port every task of the step computes.
+    assert s.port == 23490
+    assert _lib.bootstrap(step_env(SLURM_PROCID="3", SLURM_LOCALID="1")).port == 23490
+    assert _lib.bootstrap(step_env(SLURM_STEP_ID="3")).port == 23491
+    assert _lib.bootstrap(step_env(SLURM_JOB_ID="4243")).port == 23554
+    s = _lib.bootstrap(step_env(MASTER_ADDR="head", MASTER_PORT="29400"))
+    assert (s.host, s.port) == ("head", 29400)
 
 
-@pytest.mark.parametrize("var", _slurm.REQUIRED)
+@pytest.mark.parametrize("var", ["SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+                                 "SLURM_STEP_NODELIST", "SLURM_JOB_ID", "SLURM_STEP_ID"])
 def test_step_incomplete(var):
-    with pytest.raises(RuntimeError, match=var + " is not set"):
-        _slurm.step(step_env(**{var: None}))
+    s = _lib.bootstrap(step_env(**{var: None}))
+    assert s.code == SUMO_ERR_INVALID_ARGUMENT
+    assert var + " is not set" in s.message
 
 
 @pytest.mark.parametrize("over, why", [
-    ({"SLURM_PROCID": "x"}, "SLURM_PROCID='x' is not a number"),
-    ({"SLURM_PROCID": "4"}, "not a rank of SLURM_NTASKS=4"),
-    ({"SLURM_STEP_NODELIST": "n[1-"}, "SLURM_STEP_NODELIST"),
+    ({"SLURM_PROCID": "x"}, "SLURM_PROCID=x is not a number"),
+    ({"SLURM_PROCID": "4"}, "SLURM_PROCID=4 is not a rank of SLURM_NTASKS=4"),
+    ({"SLURM_STEP_NODELIST": "n[1-"}, "SLURM_STEP_NODELIST: hostlist 'n[1-'"),
+    ({"MASTER_PORT": "29400x"}, "MASTER_PORT=29400x is not a number"),
 ])
 def test_step_malformed(over, why):
-    with pytest.raises(RuntimeError, match=re.escape(why)):
-        _slurm.step(step_env(**over))
+    s = _lib.bootstrap(step_env(**over))
+    assert s.code == SUMO_ERR_INVALID_ARGUMENT
+    assert why in s.message
 
 
 def test_launcher(monkeypatch):
     for k in list(os.environ):
-        if k.startswith(("SLURM_", "OMPI_", "PMI", "TORCHELASTIC_")) or k in (
-                "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "MPI_LOCALNRANKS"):
+        if k.startswith(("SLURM_", "OMPI_", "PMI", "TORCHELASTIC_", "MPI_LOCAL")) or k in (
+                "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PBS_NP", "LSB_DJOB_NUMPROC"):
             monkeypatch.delenv(k)
     assert _init._launcher() is None
     for k, v in step_env().items():
@@ -89,6 +99,13 @@ def test_launcher(monkeypatch):
     monkeypatch.delenv("SLURM_STEP_ID")
     monkeypatch.delenv("SLURM_STEP_NODELIST")
     assert "batch script" in _init._launcher()
+    assert _lib.bootstrap().code == SUMO_ERR_INVALID_USAGE
+    # Hydra's MPI_LOCALNRANKS alone is no MPI launch (PMI_SIZE is).
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    monkeypatch.setenv("MPI_LOCALNRANKS", "2")
+    assert _init._launcher() is None
+    monkeypatch.setenv("PMI_SIZE", "2")
+    assert _init._launcher() == "mpi"
 
 
 TASK = r"""
@@ -105,7 +122,7 @@ def clean_env():
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SLURM_", "OMPI_", "PMI", "TORCHELASTIC_", "SUMO_TEST_"))
            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                         "MASTER_PORT", "GROUP_RANK", "MPI_LOCALNRANKS")}
+                         "MASTER_PORT", "GROUP_RANK", "MPI_LOCALNRANKS", "MPI_LOCALRANKID")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     return env
 

@@ -501,7 +501,7 @@ def test_device_ddp_hook_matches_the_cpu_model(hook):
     cpu_hook = hook
     if rt.state.hier is not None and hook == "adasum_hook":
         # Across hosts the CUDA path's Adasum combines the hosts' averages, the CPU path's the
-        # ranks (docs/torch.md): on one host the CUDA one is the average.
+        # ranks (docs/torch/cuda.md): on one host the CUDA one is the average.
         if _hosts() > 1:
             pytest.skip("Adasum over hosts' averages has no CPU counterpart to compare with")
         cpu_hook = "average_hook"

@@ -7,7 +7,7 @@
 #   - srun --mpi=pmix -n 2 of `sumo train` (Open MPI through PMIx), the same bits again;
 #   - srun -n 2 and -n 3 of the binding's check (tests/slurm/binding_check.py: init() joins the
 #     step as srun numbered it, closed forms for sum, average, Adasum and a DDP step);
-#   - examples/slurm.sbatch through sbatch, as the README shows it;
+#   - examples/slurm.sbatch through sbatch, as docs/cli.md shows it;
 # and the daemons are stopped and the folder removed on every way out. Skipped, with one line,
 # where Slurm cannot start here: not root (slurmd starts tasks as their user), or its programs
 # missing (scripts/deps.sh --slurm installs them), or SUMO_SKIP_SLURM=1. SUMO_SKIP_TORCH=1 (or

@@ -614,6 +614,71 @@ static void test_remote_refused(void **state)
     }
 }
 
+/* sumo_join: the joined rank's zeros are the announced memory's, made and filled by its table
+ * (a host write would fault on these addresses; host zeros would be another memory, which the
+ * agreement refuses); a joined rank without that table fails the call on every rank. */
+typedef struct join_case {
+    bool joined_has_table;
+    void *buf[3];
+    sumo_result res[3], join[3];
+    char msg[3][256];
+} join_case;
+
+#define JOIN_N 777
+
+static void join_rank(sumo_comm *comm, int rank, int size, void *arg)
+{
+    (void)size;
+    join_case *j = arg;
+    if (rank != 2 || j->joined_has_table) sumo_comm_add_kernels(comm, &R.table);
+    int last;
+    if (rank == 2) {
+        j->res[rank] = sumo_join(comm, &last);
+    } else {
+        r_alloc(NULL, JOIN_N * sizeof(float), &j->buf[rank]);
+        for (size_t i = 0; i < JOIN_N; i++)
+            harness_set(SUMO_FLOAT32, view(j->buf[rank]), i,
+                        harness_collective_value(rank, i, true));
+        j->res[rank] = sumo_allreduce(j->buf[rank], j->buf[rank], JOIN_N, SUMO_FLOAT32,
+                                      SUMO_OP_AVERAGE, comm);
+    }
+    const char *m = "";
+    sumo_comm_error_message(comm, &m);
+    snprintf(j->msg[rank], sizeof j->msg[rank], "%s", m);
+    /* The joined rank's sumo_join returned with the others' unless the allreduce failed. */
+    j->join[rank] = rank == 2 && j->res[rank] == SUMO_SUCCESS ? SUMO_SUCCESS
+                                                               : sumo_join(comm, &last);
+}
+
+static void test_remote_join(void **state)
+{
+    (void)state;
+    for (int has = 1; has >= 0; has--) {
+        remote_reset();
+        join_case j = {.joined_has_table = has};
+        long allocs = atomic_load(&R.calls[K_ALLOC]), fills = atomic_load(&R.calls[K_FILL]);
+        assert_int_equal(harness_run_threads(3, join_rank, &j), 0);
+        for (int r = 0; r < 3; r++) {
+            assert_int_equal(j.res[r], has ? SUMO_SUCCESS : SUMO_ERR_INVALID_USAGE);
+            assert_int_equal(j.join[r], SUMO_SUCCESS);
+        }
+        if (!has) {
+            assert_non_null(strstr(j.msg[2], "no kernel table"));
+            assert_non_null(strstr(j.msg[0], "rank 2"));
+            continue;
+        }
+        /* The test's two buffers, then the joined rank's zeros, through the table. */
+        assert_int_equal(atomic_load(&R.calls[K_ALLOC]) - allocs, 3);
+        assert_true(atomic_load(&R.calls[K_FILL]) > fills);
+        for (int r = 0; r < 2; r++)
+            for (size_t i = 0; i < JOIN_N; i++) {
+                float want = (float)((harness_collective_value(0, i, true) +
+                                      harness_collective_value(1, i, true)) / 3.0);
+                assert_true(harness_get(SUMO_FLOAT32, view(j.buf[r]), i) == (double)want);
+            }
+    }
+}
+
 /* A table that lacks an entry, or comes from another version, is refused with its name. */
 static void test_table_checked(void **state)
 {
@@ -639,6 +704,7 @@ int main(void)
         cmocka_unit_test(test_remote_collectives),
         cmocka_unit_test(test_remote_layers),
         cmocka_unit_test(test_remote_refused),
+        cmocka_unit_test(test_remote_join),
         cmocka_unit_test(test_table_checked),
     };
     return cmocka_run_group_tests(tests, remote_setup, remote_teardown);

@@ -38,6 +38,7 @@ static int clear_all(void **state)
 {
     (void)state;
     for (size_t i = 0; i < NNAMES; i++) unsetenv(names[i]);
+    unsetenv("HOROVOD_FUSION_THRESHOLD"); /* an alias (test_alias_read_in_place_of_the_name) */
     return 0;
 }
 
@@ -264,6 +265,58 @@ static void test_refusal_names_the_range(void **state)
     assert_int_equal(sumo_setting("SUMO_DEBUG", NULL), SUMO_ERR_INVALID_ARGUMENT);
 }
 
+/* HOROVOD_FUSION_THRESHOLD is read where SUMO_FUSION_THRESHOLD is unset or empty, through
+ * the same parser, and refused by its own name. */
+static void test_alias_read_in_place_of_the_name(void **state)
+{
+    (void)state;
+    const char *horovod = "HOROVOD_FUSION_THRESHOLD";
+    const struct {
+        const char *sumo, *hvd; /* NULL: unset */
+        bool ok;
+        double value;
+    } cases[] = {
+        {NULL, "1000", true, 1000},
+        {"", "1000", true, 1000},
+        {"2000", "1000", true, 2000},
+        {"2000", "64MB", true, 2000}, /* not read where the name is set */
+        {NULL, "", true, 64 * 1024 * 1024},
+        {NULL, "64MB", false, 0},
+        {"", "-1", false, 0},
+        {NULL, "1099511627777", false, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (cases[i].sumo) setenv("SUMO_FUSION_THRESHOLD", cases[i].sumo, 1);
+        setenv(horovod, cases[i].hvd, 1);
+        sumo__setting_value v;
+        char why[256] = "", msg[256] = "";
+        sumo_result r = sumo__setting_read(SUMO__SETTING_FUSION_THRESHOLD, &v, why, sizeof why);
+        const char *text = "x";
+        sumo_result pub = sumo_setting("SUMO_FUSION_THRESHOLD", &text);
+        sumo_result all = sumo_env_check(msg, sizeof msg);
+        unsetenv("SUMO_FUSION_THRESHOLD");
+        unsetenv(horovod);
+        if (cases[i].ok) {
+            assert_int_equal(r, SUMO_SUCCESS);
+            assert_int_equal(pub, SUMO_SUCCESS);
+            assert_int_equal(all, SUMO_SUCCESS);
+            assert_true((double)v.integer == cases[i].value);
+            continue;
+        }
+        assert_int_equal(r, SUMO_ERR_INVALID_ARGUMENT);
+        assert_int_equal(pub, SUMO_ERR_INVALID_ARGUMENT);
+        assert_null(text);
+        assert_int_equal(all, SUMO_ERR_INVALID_ARGUMENT);
+        assert_string_equal(msg, why);
+        char quoted[128];
+        snprintf(quoted, sizeof quoted, "HOROVOD_FUSION_THRESHOLD='%s' is not a byte count",
+                 cases[i].hvd);
+        if (strstr(why, quoted) == NULL) print_message("%s\n", why);
+        assert_non_null(strstr(why, quoted));
+        assert_non_null(strstr(why, "where SUMO_FUSION_THRESHOLD is unset"));
+    }
+}
+
 static void test_optimizer_refuses_malformed_debug(void **state)
 {
     (void)state;
@@ -411,6 +464,7 @@ int main(void)
         cmocka_unit_test_setup(test_defaults_when_unset_or_empty, clear_all),
         cmocka_unit_test_setup(test_ranges_and_refusals, clear_all),
         cmocka_unit_test_setup(test_refusal_names_the_range, clear_all),
+        cmocka_unit_test_setup(test_alias_read_in_place_of_the_name, clear_all),
         cmocka_unit_test_setup(test_optimizer_refuses_malformed_debug, clear_all),
         cmocka_unit_test_setup(test_shm_refuses_its_settings, clear_all),
         cmocka_unit_test_setup(test_shm_refusal_reaches_the_peers, clear_all),

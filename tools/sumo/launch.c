@@ -1,89 +1,81 @@
 #include "launch.h"
 
-#include <errno.h>
-#include <limits.h>
+#include "sumo_bootstrap.h"
+
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-/* The same test as the binding's (python/sumo/_slurm.py): a batch script or salloc's shell
- * has the job's variables but no step, and a step of one task has nobody to meet. */
-static bool in_srun_step(void)
-{
-    if (!getenv("SLURM_STEP_ID") && !getenv("SLURM_STEP_NODELIST")) return false;
-    const char *n = getenv("SLURM_NTASKS");
-    return !n || !*n || strcmp(n, "1") != 0;
-}
-
-static int env_int(const char *name, long lo, long hi, long *v, char *err, size_t errlen)
-{
-    const char *s = getenv(name);
-    if (!s || !*s) {
-        snprintf(err, errlen, "started by srun, but %s is not set: cannot join the job step", name);
-        return 2;
-    }
-    char *end;
-    errno = 0;
-    long x = strtol(s, &end, 10);
-    if (errno || *end || x < lo || x > hi) {
-        snprintf(err, errlen, "%s=%.40s is not a number from %ld to %ld", name, s, lo, hi);
-        return 2;
-    }
-    *v = x;
-    return 0;
-}
-
 int launch_detect(const char *transport, launch *l, char *err, size_t errlen)
 {
     memset(l, 0, sizeof *l);
-    bool under_mpi = getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
-    if (transport ? strcmp(transport, "mpi") == 0 : under_mpi) {
+    /* The launcher as the library reads it (include/sumo_bootstrap.h), the binding's too. */
+    sumo_bootstrap_options o;
+    sumo_bootstrap_options_default(&o);
+    o.error = err;
+    o.error_bytes = errlen;
+    sumo_bootstrap b;
+    sumo_result r = sumo_bootstrap_detect(&o, &b);
+    bool mpi = b.launcher == SUMO_LAUNCHER_OPEN_MPI || b.launcher == SUMO_LAUNCHER_PMI ||
+               b.launcher == SUMO_LAUNCHER_PMIX;
+    l->launcher = b.slurm_step ? "srun" : "mpirun";
+    /* A --transport asked for is taken as given: MPI_Init reads its own variables, and
+     * threads need none. */
+    if (transport ? strcmp(transport, "mpi") == 0 : mpi && r == SUMO_SUCCESS) {
         l->kind = LAUNCH_MPI;
-        l->launcher = getenv("SLURM_STEP_ID") ? "srun" : "mpirun";
         return 0;
     }
-    if (transport ? strcmp(transport, "threads") == 0 : !in_srun_step()) {
+    if (transport && strcmp(transport, "threads") == 0) {
         l->kind = LAUNCH_THREADS;
         return 0;
     }
-    /* transport "shm", or a plain srun step */
-    if (!in_srun_step()) {
+    if (r == SUMO_ERR_INVALID_USAGE && !transport) {
+        size_t used = strlen(err);
+        snprintf(err + used, errlen - used, " (or give --transport threads to train with threads in this one "
+                                            "process)");
+        return 2;
+    }
+    if (b.launcher == SUMO_LAUNCHER_SRUN && r != SUMO_SUCCESS) return 2;
+    if (transport && b.launcher != SUMO_LAUNCHER_SRUN) {
         snprintf(err, errlen, "--transport shm joins the tasks of an srun step of more than one "
                               "task, and this process is not one (start it with srun -n N)");
         return 2;
     }
-    long rank, size, nodes, job, step;
-    int rc = 0;
-    if (!rc) rc = env_int("SLURM_PROCID", 0, INT_MAX, &rank, err, errlen);
-    if (!rc) rc = env_int("SLURM_NTASKS", 1, SUMO_SHM_MAX_RANKS, &size, err, errlen);
-    if (!rc) rc = env_int("SLURM_JOB_ID", 0, LONG_MAX, &job, err, errlen);
-    if (!rc) rc = env_int("SLURM_STEP_ID", 0, LONG_MAX, &step, err, errlen);
-    if (!rc) rc = env_int(getenv("SLURM_STEP_NUM_NODES") ? "SLURM_STEP_NUM_NODES" : "SLURM_NNODES", 1,
-                          INT_MAX, &nodes, err, errlen);
-    if (rc) return rc;
-    if (rank >= size) {
-        snprintf(err, errlen, "SLURM_PROCID=%ld is not a task of SLURM_NTASKS=%ld", rank, size);
+    if (r != SUMO_SUCCESS) return 2;
+    if (b.launcher == SUMO_LAUNCHER_NONE) {
+        l->kind = LAUNCH_THREADS;
+        return 0;
+    }
+    if (b.launcher != SUMO_LAUNCHER_SRUN) {
+        snprintf(err, errlen, "started by %s, whose processes `sumo train` does not join (it meets its peers "
+                              "through srun or mpirun): start it with one of those, or give --transport threads "
+                              "to train with threads in each process alone",
+                 sumo_launcher_name(b.launcher));
         return 2;
     }
-    if (nodes > 1) {
+    if (b.size > SUMO_SHM_MAX_RANKS) {
+        snprintf(err, errlen, "SLURM_NTASKS=%d: the tasks of a step meet over shared memory, which holds at most %d",
+                 b.size, SUMO_SHM_MAX_RANKS);
+        return 2;
+    }
+    if (b.nodes > 1) {
         snprintf(err, errlen,
-                 "this srun step spans %ld nodes, and its tasks meet through shared memory, which "
+                 "this srun step spans %d nodes, and its tasks meet through shared memory, which "
                  "only reaches one: across nodes run the tasks as MPI ranks, "
-                 "srun --mpi=pmix (an Open MPI built with PMIx, as Debian's is)", nodes);
+                 "srun --mpi=pmix (an Open MPI built with PMIx, as Debian's is)", b.nodes);
         return 2;
     }
     l->kind = LAUNCH_SRUN;
-    l->launcher = "srun";
-    l->rank = (int)rank;
-    l->size = (int)size;
-    /* Tasks of one step share the node's TMPDIR; the step's ids keep two steps apart and
-     * srun's port (a fresh one per srun) keeps a step apart from a crashed one of the same ids
-     * (ids start over when slurmctld's state is wiped). */
-    const char *base = getenv("TMPDIR"), *port = getenv("SLURM_SRUN_COMM_PORT");
-    int n = snprintf(l->store_dir, sizeof l->store_dir, "%s/sumo-%ld-%ld.%ld-%s",
-                     base && *base ? base : "/tmp", (long)geteuid(), job, step, port && *port ? port : "0");
+    l->rank = b.rank;
+    l->size = b.size;
+    /* Tasks of one step share the node's TMPDIR; the run id (the step's ids and srun's port,
+     * a fresh one per srun) keeps two steps apart, and a step apart from a crashed one of the
+     * same ids (ids start over when slurmctld's state is wiped). */
+    const char *base = getenv("TMPDIR");
+    int n = snprintf(l->store_dir, sizeof l->store_dir, "%s/sumo-%ld-%s", base && *base ? base : "/tmp",
+                     (long)geteuid(), b.run_id);
     if (n < 0 || (size_t)n >= sizeof l->store_dir) {
         snprintf(err, errlen, "TMPDIR is too long for the meeting folder");
         return 2;

@@ -2,7 +2,10 @@
  * How a `sumo` command's process learns who its peers are: alone with worker threads, a rank of
  * mpirun (or of srun --mpi=pmix, where the MPI speaks PMIx), or a task of a plain srun step on
  * one node, which meets its peers through a store in a directory and then runs on shared
- * memory. srun's tasks that did not say so would otherwise each train alone.
+ * memory. srun's tasks that did not say so would otherwise each train alone. The launcher is
+ * the library's reading of the environment (sumo_bootstrap_detect, as the Python binding's):
+ * one it does not join (torchrun, a batch script outside a step) is refused unless --transport
+ * names one.
  */
 #ifndef SUMO_TOOL_LAUNCH_H
 #define SUMO_TOOL_LAUNCH_H
@@ -22,7 +25,8 @@ typedef struct launch {
 } launch;
 
 /* transport: the --transport flag (NULL: decide from the environment). Returns 0, or 2 with
- * the reason in err (a step of several nodes, a malformed or incomplete set of variables). */
+ * the reason in err (a step of several nodes, a malformed or incomplete set of variables, a
+ * launcher the command does not join). */
 int launch_detect(const char *transport, launch *l, char *err, size_t errlen);
 
 /* LAUNCH_SRUN: the shared-memory communicator of the step's tasks. The store's directory is

@@ -5,7 +5,7 @@
  *     product's terms in its own order (the training driver's forward and backward passes).
  *   - sumo's kernels pick AVX-512, AVX2 or portable code at run time, and the order of their
  *     dot products and Gram sums follows the vector width (Adasum, ACGA).
- * Header-only, so that every file of the tool (and the fuzzer that compiles train.c alone)
+ * Header-only, so that every file of the tool (and a fuzzer that compiles some of them alone)
  * can name them without another object to link.
  */
 #ifndef SUMO_TOOL_MACHINE_H

@@ -19,13 +19,13 @@ from . import _runtime as _rt
 from ._init import init
 from ._runtime import set_timeout, take_timeline, union_seconds
 from ._shutdown import shutdown
-from .collectives import (allreduce, allreduce_, allreduce_async, allreduce_async_,
-                          grouped_allreduce, grouped_allreduce_, poll, synchronize, allgather,
-                          allgather_object, broadcast, broadcast_, broadcast_object,
+from .collectives import (allreduce, allreduce_, grouped_allreduce, grouped_allreduce_,
+                          allgather, allgather_object, broadcast, broadcast_, broadcast_object,
                           broadcast_parameters, broadcast_optimizer_state, barrier, join,
-                          broadcast_async_, reducescatter, reducescatter_async, fusion_stats,
+                          broadcast_async_, reducescatter, reducescatter_async,
                           is_initialized, mpi_built, mpi_enabled, gloo_built, gloo_enabled,
                           nccl_built, cuda_built, rocm_built, ddl_built, ccl_built)
+from ._fused import allreduce_async, allreduce_async_, poll, synchronize, fusion_stats
 from .compression import Compression
 from .hooks import HookState, average_hook, sum_hook, adasum_hook, acga_hook
 from .optimizer import DistributedOptimizer

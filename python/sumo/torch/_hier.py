@@ -3,8 +3,8 @@ torch.distributed calls between the hosts' leaders (local rank 0) per collective
 own C kernels for the arithmetic, so no message re-enters the interpreter. The bits are the
 flat process-group path's (sumo's C collectives over the group's own calls) on every rank.
 
-Sum and average, when every host's ranks are consecutive (docs/torch.md, "Across hosts"): a
-chain in host order. The flat path sums every element left to right over the ranks,
+Sum and average, when every host's ranks are consecutive (docs/torch/launching.md, "Across
+hosts"): a chain in host order. The flat path sums every element left to right over the ranks,
 ((g0 + g1) + g2) + g3, in the accumulation type (fp32 for fp16 and bf16), and divides once at
 the end for an average. So host h's leader gathers its host's inputs over shared memory,
 receives the running partial of hosts 0..h-1 (in the accumulation type, exactly the value the

@@ -8,8 +8,8 @@ Where the communicator comes from:
     TCP connections of its own, met through the group's store ("tcp"; transport="group":
     over the group's own point-to-point calls, _pg_transport.py), with sum and average on
     the hierarchical path (_hier.py);
-  - srun (a Slurm job step): the process group made from the step's variables (_slurm.py:
-    rank 0 on the step's first host, a port from the job and step ids), then as torchrun's;
+  - srun (a Slurm job step): the process group made from the step's variables (rank 0 on
+    the step's first host, a port from the job and step ids), then as torchrun's;
   - init(store=..., rank=..., size=...): processes started each on its own (no launcher that
     ends them all when one fails) meet through a store that lives in none of them: those of
     one host over sumo's shared memory, those of several hosts over sumo's TCP connections
@@ -17,7 +17,9 @@ Where the communicator comes from:
     communicator per membership: the communicator sumo.torch.elastic shrinks and grows;
   - no launcher: one rank (threads transport).
 A launcher sumo cannot join (PBS, LSF, a WORLD_SIZE without a rendezvous, a Slurm step that
-lacks a variable) is refused with a message, never turned into a world of one.
+lacks a variable) is refused with a message, never turned into a world of one. The launcher
+and its variables are libsumo's reading of the environment (sumo_bootstrap_detect, the one
+`sumo train` makes): this module keeps no list of variables of its own.
 
 A module because telling the launchers apart, and making the first communicator each one
 gives, is one concern: what it makes, the others use and replace.
@@ -31,8 +33,11 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .. import _lib, _slurm
-from .._abi import SUMO_SUCCESS, SUMO_OP_SUM, SUMO_OP_AVERAGE, SUMO_OP_ADASUM
+from .. import _lib
+from .._abi import (SUMO_SUCCESS, SUMO_ERR_INVALID_ARGUMENT, SUMO_OP_SUM, SUMO_OP_AVERAGE,
+                    SUMO_OP_ADASUM, SUMO_LAUNCHER_OPEN_MPI, SUMO_LAUNCHER_PMI,
+                    SUMO_LAUNCHER_PMIX, SUMO_LAUNCHER_SRUN, SUMO_LAUNCHER_TORCHRUN,
+                    SUMO_LAUNCHER_ENV, SUMO_LAUNCHER_UNSUPPORTED)
 from .._lib import lib, check
 from . import _cuda, _stores
 from ._calls import broadcast_tensor
@@ -42,33 +47,21 @@ from ._runtime import state, Worker, _adopt, _deadline_s, _local_size, set_timeo
 from ._shutdown import shutdown, _teardown, _watch_exceptions
 
 
-# Launchers that start one process per rank set one of these.
-_MPI_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
-# torchrun (torch.distributed.run) and torch's env:// rendezvous.
-_TORCHRUN_VARS = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
-_ENV_RENDEZVOUS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-# Launchers that start several processes that sumo does not join by itself.
-_OTHER_LAUNCHERS = (("SLURM_NTASKS", "a Slurm batch script outside an srun step"),
-                    ("PBS_NP", "PBS"), ("LSB_DJOB_NUMPROC", "LSF"))
+# What init makes of each launcher libsumo finds (include/sumo_bootstrap.h lists the
+# variables it reads).
+_LAUNCHERS = {SUMO_LAUNCHER_OPEN_MPI: "mpi", SUMO_LAUNCHER_PMI: "mpi", SUMO_LAUNCHER_PMIX: "mpi",
+              SUMO_LAUNCHER_TORCHRUN: "torchrun", SUMO_LAUNCHER_ENV: "torchrun",
+              SUMO_LAUNCHER_SRUN: "srun"}
 
 
-def _launcher():
-    """Who started this process: "mpi", "torchrun", None (nobody), or the name of a launcher
-    sumo does not join."""
-    if any(v in os.environ for v in _MPI_VARS):
-        return "mpi"
-    if any(v in os.environ for v in _TORCHRUN_VARS) \
-            or all(v in os.environ for v in _ENV_RENDEZVOUS):
-        return "torchrun"
-    if _slurm.in_step(os.environ):
-        return "srun"
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
-        return "a launcher that set WORLD_SIZE=%s without MASTER_ADDR and MASTER_PORT" \
-            % os.environ["WORLD_SIZE"]
-    for var, name in _OTHER_LAUNCHERS:
-        if int(os.environ.get(var, "1") or 1) > 1:
-            return name
-    return None
+def _launcher(launch=None):
+    """Who started this process, as libsumo reads the environment (launch: _lib.bootstrap()'s
+    answer, asked for when None): "mpi", "torchrun", "srun", None (nobody), or for a launcher
+    sumo does not join the sentence that says which."""
+    launch = launch or _lib.bootstrap()
+    if launch.launcher == SUMO_LAUNCHER_UNSUPPORTED:
+        return launch.message
+    return _LAUNCHERS.get(launch.launcher)
 
 
 def _check_environment():
@@ -89,7 +82,7 @@ def init(timeout=None, process_group=True, transport=None, group=None, store=Non
 
     store, rank, size: processes started each on its own meet through `store` as rank `rank`
     of `size`, with no launcher and no process group: what sumo.torch.elastic needs
-    (docs/torch.md, "Elastic training"). Those of one host go over sumo's shared memory
+    (docs/torch/elastic.md). Those of one host go over sumo's shared memory
     (transport "shm", the default); transport="tcp" puts them on sumo's TCP connections met
     through the store, one communicator per membership, which is what spans hosts ("group":
     a gloo group made from the store instead, every message through the interpreter). The
@@ -106,9 +99,12 @@ def init(timeout=None, process_group=True, transport=None, group=None, store=Non
         _check_store_args(store, rank, size, transport, group, join)
         over, transport = transport or "shm", "store"
     _check_environment()
-    launcher = _launcher()
-    if launcher == "srun" and not dist.is_initialized():
-        _slurm.step(os.environ)  # refused here, naming the variable, when incomplete
+    launch = _lib.bootstrap()
+    launcher = _launcher(launch)
+    if launch.code == SUMO_ERR_INVALID_ARGUMENT and not dist.is_initialized():
+        # A launcher's variable missing or malformed (an srun step without
+        # SLURM_STEP_NODELIST), named.
+        raise RuntimeError("sumo.torch.init: " + launch.message)
     if transport is None:
         if group is not None or (dist.is_initialized() and launcher != "mpi"):
             transport = "pg"
@@ -118,10 +114,9 @@ def init(timeout=None, process_group=True, transport=None, group=None, store=Non
             transport = "pg"
         elif launcher is not None:
             raise RuntimeError(
-                "sumo.torch.init: this process was started by %s, which sumo does not join: "
-                "start the job with torchrun or mpirun, or call "
+                "sumo.torch.init: this process was %s; or call "
                 "torch.distributed.init_process_group yourself first (sumo then joins its "
-                "group), rather than train as independent worlds of one" % launcher)
+                "group)" % launcher)
         else:
             transport = "threads"
     if transport not in ("mpi", "threads", "shm", "tcp", "group", "hierarchical", "pg", "nccl",
@@ -191,13 +186,15 @@ def _init_group(group, transport):
     memory (rendezvous through the group's store), else through the group itself."""
     from . import _pg_transport as pgt
     if not dist.is_initialized():
-        if _launcher() == "srun":
+        launch = _lib.bootstrap()
+        if launch.launcher == SUMO_LAUNCHER_SRUN:
             # The step's rank 0 listens on the first host of the step, at a port both the
             # job and the step name.
-            step = _slurm.step(os.environ)
+            if launch.code != SUMO_SUCCESS:
+                raise RuntimeError("sumo.torch.init: " + launch.message)
             dist.init_process_group("gloo",
-                                    init_method="tcp://%s:%d" % (step["host"], step["port"]),
-                                    rank=step["rank"], world_size=step["size"],
+                                    init_method="tcp://%s:%d" % (launch.host, launch.port),
+                                    rank=launch.rank, world_size=launch.size,
                                     timeout=timedelta(seconds=_deadline_s()))
         else:
             # torchrun's rendezvous: env:// (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE).
@@ -220,9 +217,10 @@ def _init_group(group, transport):
     state.group = base
     hierarchical = transport == "hierarchical"
     # Which allreduces take it: every one it offers when asked for by name; by default, across
-    # hosts, sum and average only (the chain: faster than the flat path on both of
-    # docs/results.md's models), while Adasum's gather design is slower than the flat path on
-    # the larger one and stays opt-in. Everything else, and transport="group": the flat path.
+    # hosts, sum and average only (the chain: faster than the flat path over the group on both
+    # models of docs/performance.md, "Across hosts, simulated"), while Adasum's gather design is
+    # slower than the flat path on the larger one and stays opt-in. Everything else, and
+    # transport="group": the flat path.
     hier_ops = (SUMO_OP_SUM, SUMO_OP_AVERAGE, SUMO_OP_ADASUM)
     # The flat path across hosts (every collective the hierarchical path does not take): sumo's
     # TCP transport, met through the group's store, whose messages never enter the

@@ -3,10 +3,9 @@ store, init(store=..., rank=..., size=...)): the first communicator, the store's
 every member made its own (_committed), the heartbeats of processes on several hosts, and the
 communicator replaced when a lost process makes the others shrink (shrink) or joiners make
 it grow (_joiners.py), with the objects made on it told (bind). A module because this is
-what sumo.torch.elastic stands on, and nothing else does.
+what sumo.torch.elastic stands on; the rest of the package only binds its objects here.
 """
 import ctypes
-import os
 import time
 import weakref
 
@@ -137,13 +136,15 @@ def _committed(make, prefix, rank, size, where, alive, drop):
 
 def _adopt_member(comm, over, rank, size):
     """Makes a store job's first communicator this process's. A tcp or group job's processes
-    may span hosts: their place on this one is the launcher's LOCAL_RANK and LOCAL_WORLD_SIZE
-    where it sets them, and each beats in the store from now on."""
+    may span hosts: their place on this one is the launcher's where it says (torchrun's
+    LOCAL_RANK and LOCAL_WORLD_SIZE, as libsumo reads them), and each beats in the store from
+    now on."""
     if over not in _ACROSS:
         _adopt(comm, "shm", rank, size)
         return
-    _adopt(comm, over, int(os.environ.get("LOCAL_RANK", 0)),
-           int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    launch = _lib.bootstrap()
+    known = launch.local_rank >= 0 and launch.local_size > 0
+    _adopt(comm, over, launch.local_rank if known else 0, launch.local_size if known else 1)
     _start_heart()
 
 

@@ -241,7 +241,7 @@ def _adopt(comm, transport, local_rank, local_size):
     state.local_rank, state.local_size = local_rank, local_size
 
 
-# Set by collectives.py: starts the asynchronous allreduces still waiting in fused buffers,
+# Set by _fused.py: starts the asynchronous allreduces still waiting in fused buffers,
 # so that they keep their place before the collective about to be issued.
 before_collective = None
 

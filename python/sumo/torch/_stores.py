@@ -81,9 +81,8 @@ _communicators_made = [0]
 
 
 def _key_prefix(group):
-    """Unique per communicator in the store: the run, its restart (a torchrun restart meets
-    a fresh store key space), and a count of the communicators this process made."""
+    """Unique per communicator in the store: the launch's run id (torchrun's run and restart:
+    a torchrun restart meets a fresh store key space), and a count of the communicators this
+    process made."""
     _communicators_made[0] += 1
-    return "sumo/%s/%s/%d/" % (os.environ.get("TORCHELASTIC_RUN_ID", "run"),
-                               os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"),
-                               _communicators_made[0])
+    return "sumo/%s/%d/" % (_lib.bootstrap().run_id or "run", _communicators_made[0])

@@ -48,7 +48,7 @@ across hosts (init(..., transport="tcp")) over sumo's TCP connections met throug
 (transport="group": a gloo group made from it), one communicator per membership, the
 survivors agreeing through the store with heartbeats (sumo_store_agree). The
 MPI transport and torch.distributed groups made by a launcher cannot shrink, and a failure
-there ends the job as before (docs/torch.md).
+there ends the job as before (docs/torch/elastic.md).
 """
 import copy
 import functools

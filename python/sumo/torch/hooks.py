@@ -16,9 +16,9 @@ bucket and writes that buffer, which sumo then uses as the staging area itself (
 streamed once, not twice, and nothing is copied out), ACGA's apply does the same
 (sumo_aggregator_apply_into), and the hook hands the buffer to DDP as the result (DDP copies a
 hook's result into the gradients either way). HookState(mapped_buffers=None), the default,
-maps for Adasum and ACGA, not for the average, whose staged form is as fast (docs/torch.md,
-"Mapped bucket buffers"); True or False decides for every hook. Elsewhere (threads, several
-nodes) every hook works in place, zero copy.
+maps for Adasum and ACGA, not for the average, whose staged form is as fast
+(docs/torch/hooks.md, "Mapped bucket buffers"); True or False decides for every hook.
+Elsewhere (threads, several nodes) every hook works in place, zero copy.
 
 DDP does not pre-divide the bucket when a hook is registered: the average hook divides
 (SUMO_OP_AVERAGE), Adasum and ACGA take the raw gradients, as their definitions want.

@@ -45,7 +45,6 @@ import torch
 from .. import Sum, Average, Adasum
 from .._lib import lib
 from . import _calls, _cuda, _membership, _runtime as rt, _tensors
-from .collectives import announce, reap_announcements, ALLREDUCE
 from .compression import Compression, check as check_compression
 from ._wrapped import WrappedOptimizer
 
@@ -87,7 +86,7 @@ class _Bucket:
 
 class DistributedOptimizer(WrappedOptimizer):
     """Horovod's DistributedOptimizer: the same arguments with the same meaning
-    (docs/torch.md lists what differs), plus sumo's overlap and bucket_cap_mb for op=Adasum.
+    (docs/torch/horovod.md lists what differs), plus sumo's overlap and bucket_cap_mb for op=Adasum.
 
     compression: how gradients (Average, Sum) or deltas (Adasum) travel: Compression.none,
     .fp16 or .bf16 (accumulated in fp32), or any Horovod-style compressor for Average and
@@ -394,7 +393,6 @@ class DistributedOptimizer(WrappedOptimizer):
             if self.op != Adasum:
                 flat = b.grad
                 ptr, n, dt = _tensors.tensor_args(flat, b.what)
-                announce(ALLREDUCE, b.what, n, dt, b.op, flat.is_cuda, wait=False)  # collectives.py
             else:
                 flat = self._params[b.slots[0]].detach() if b.delta is None else b.delta
                 ptr, n, dt = _tensors.tensor_args(flat, b.what)
@@ -492,10 +490,6 @@ class DistributedOptimizer(WrappedOptimizer):
                         p.grad.copy_(got)
             except Exception as e:
                 err = e
-        try:
-            reap_announcements()
-        except Exception as e:
-            err = err or e
         self._reset()
         if err is not None:
             raise err
@@ -605,7 +599,6 @@ class DistributedOptimizer(WrappedOptimizer):
                 batches.append((flat, entries, what))
         for flat, entries, what in batches:
             ptr, n, dt = _tensors.tensor_args(flat, what)
-            announce(ALLREDUCE, what, n, dt, self.op, flat.is_cuda)
             if prescale != 1.0:
                 flat.mul_(prescale)
             rt.sync()
