@@ -127,6 +127,80 @@ SUMO_API sumo_result sumo_agree_options_default(sumo_agree_options *options);
  */
 SUMO_API sumo_result sumo_store_agree(const sumo_agree_options *options, sumo_shrink_info *info);
 
+/*
+ * A process's heartbeat in a store, the one sumo_agree_options.alive_prefix and
+ * sumo_tcp_options.alive_prefix read: a thread of its own writes a new value (a count, in
+ * decimal) under key_prefix and the decimal rank once at start and then every period_s, so
+ * that the others, on other hosts, can tell this process lost from one that is slow.
+ * Thread-safe: every call may come from any thread (stop once, and last).
+ */
+typedef struct sumo_heart sumo_heart;
+
+typedef struct sumo_heart_options {
+    size_t struct_size;      /* sizeof(sumo_heart_options) */
+    const sumo_store *store; /* set is called from the heart's thread and must replace a
+                                value already there (the directory store's and torch's do):
+                                the store must take calls from any thread, and outlive the
+                                heart */
+    const char *key_prefix;  /* at most 230 bytes; copied */
+    int rank;                /* >= 0: the beat goes under key_prefix and this, in decimal */
+    double period_s;         /* between beats; 0: a tenth of SUMO_LIVENESS_TIMEOUT */
+    char *error;             /* optional: why sumo_heart_start failed */
+    size_t error_bytes;
+} sumo_heart_options;
+
+/* struct_size set, everything else 0 or NULL. */
+SUMO_API sumo_result sumo_heart_options_default(sumo_heart_options *options);
+
+/*
+ * Starts the heart: its first beat is on its thread, at once. SUMO_ERR_INVALID_ARGUMENT for
+ * bad options (a store without set, a prefix too long, a rank below 0, a period that is not a
+ * number of seconds), SUMO_ERR_SYSTEM when the thread cannot be made; why in options->error.
+ * A store that fails later does not stop the process: the thread stops beating (the job is
+ * ending, or this process is lost to the others, who will take it for dead), and
+ * sumo_heart_error says why.
+ */
+SUMO_API sumo_result sumo_heart_start(const sumo_heart_options *options, sumo_heart **out);
+
+/* One beat now, on the caller's thread (a new membership's first, without waiting a period).
+ * SUMO_ERR_SYSTEM when the store fails (not remembered by sumo_heart_error: the caller has
+ * it); the thread beats on regardless. */
+SUMO_API sumo_result sumo_heart_beat(sumo_heart *heart);
+
+/* From now on the beats go under key_prefix (copied, at most 230 bytes) and rank: a new
+ * membership's. The count goes on, so the value under a key moves only ever forward. */
+SUMO_API sumo_result sumo_heart_move(sumo_heart *heart, const char *key_prefix, int rank);
+
+/* SUMO_SUCCESS while the thread beats; otherwise the store's failure that stopped it
+ * (SUMO_ERR_SYSTEM), with why in error (optional, NULL: not wanted). */
+SUMO_API sumo_result sumo_heart_error(sumo_heart *heart, char *error, size_t error_bytes);
+
+/* Stops the thread (waits for a beat under way: for as long as the store's set takes) and
+ * frees the heart (NULL: nothing). */
+SUMO_API sumo_result sumo_heart_stop(sumo_heart *heart);
+
+/*
+ * Watching the others' heartbeats by the rule sumo_store_agree and the TCP meeting use: a
+ * rank is dead once the value under key_prefix and its decimal number has stood still (or
+ * been absent) for alive_s since this watch first read it so. For a caller's own protocol
+ * through the store (sumo.torch's commit of a new membership).
+ */
+typedef struct sumo_heart_watch sumo_heart_watch;
+
+/* Watches count ranks, ranks[i] for slot i (copied; a negative entry: not watched), under
+ * key_prefix (copied, at most 230 bytes); alive_s 0: SUMO_LIVENESS_TIMEOUT. The store needs
+ * get and must outlive the watch. SUMO_ERR_INVALID_ARGUMENT for bad arguments. */
+SUMO_API sumo_result sumo_heart_watch_create(const sumo_store *store, const char *key_prefix,
+                                             int count, const int *ranks, double alive_s,
+                                             sumo_heart_watch **out);
+
+/* Reads each watched rank's beat once, now, without waiting (a store that fails reads as no
+ * beat); *dead becomes the first slot whose rank is dead by its heartbeat, -1 for none. */
+SUMO_API sumo_result sumo_heart_watch_look(sumo_heart_watch *watch, int *dead);
+
+/* NULL: nothing. */
+SUMO_API sumo_result sumo_heart_watch_destroy(sumo_heart_watch *watch);
+
 #ifdef __cplusplus
 }
 #endif

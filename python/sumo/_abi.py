@@ -303,6 +303,16 @@ class sumo_agree_options(ctypes.Structure):
                 ("error_bytes", ctypes.c_size_t)]
 
 
+class sumo_heart_options(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t),
+                ("store", ctypes.POINTER(sumo_store)),
+                ("key_prefix", ctypes.c_char_p),
+                ("rank", ctypes.c_int),
+                ("period_s", ctypes.c_double),
+                ("error", ctypes.c_char_p),
+                ("error_bytes", ctypes.c_size_t)]
+
+
 # -- sumo_bootstrap.h ----------------------------------------------------------------------------
 SUMO_LAUNCHER_NONE = 0
 SUMO_LAUNCHER_OPEN_MPI = 1

@@ -12,7 +12,8 @@ import os
 from . import _abi
 from ._abi import (SUMO_SUCCESS, sumo_adasum_options, sumo_aggregator_options,
                    sumo_agree_options, sumo_bootstrap, sumo_bootstrap_options, sumo_collective,
-                   sumo_comm_stats, sumo_diloco_options, sumo_shrink_info, sumo_shrink_options)
+                   sumo_comm_stats, sumo_diloco_options, sumo_heart_options,
+                   sumo_shrink_info, sumo_shrink_options)
 
 _c_comm_p = ctypes.c_void_p
 _c_req_p = ctypes.c_void_p
@@ -167,6 +168,18 @@ _SIGS = {
     "sumo_agree_options_default": (_R, [ctypes.POINTER(sumo_agree_options)]),
     "sumo_store_agree": (_R, [ctypes.POINTER(sumo_agree_options),
                               ctypes.POINTER(sumo_shrink_info)]),
+    "sumo_heart_options_default": (_R, [ctypes.POINTER(sumo_heart_options)]),
+    "sumo_heart_start": (_R, [ctypes.POINTER(sumo_heart_options),
+                              ctypes.POINTER(ctypes.c_void_p)]),
+    "sumo_heart_beat": (_R, [ctypes.c_void_p]),
+    "sumo_heart_move": (_R, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]),
+    "sumo_heart_error": (_R, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]),
+    "sumo_heart_stop": (_R, [ctypes.c_void_p]),
+    "sumo_heart_watch_create": (_R, [ctypes.POINTER(_abi.sumo_store), ctypes.c_char_p,
+                                     ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.c_double,
+                                     ctypes.POINTER(ctypes.c_void_p)]),
+    "sumo_heart_watch_look": (_R, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]),
+    "sumo_heart_watch_destroy": (_R, [ctypes.c_void_p]),
     "sumo_comm_set_param": (_R, [_c_comm_p, ctypes.c_int, ctypes.c_int]),
     "sumo_host_kernels": (_R, [ctypes.POINTER(ctypes.c_void_p)]),
     "sumo_threads_run": (_R, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,

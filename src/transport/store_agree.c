@@ -11,6 +11,7 @@
  */
 #include "common/common.h"
 #include "common/settings.h"
+#include "transport/heartbeat.h"
 
 #include "sumo_elastic.h"
 
@@ -29,7 +30,6 @@
 /* Ranks look at the others at this pace: an agreement follows a failure, so milliseconds do
  * not count, and a store has no way to wake a waiter on any of several keys. */
 #define POLL_NS (5 * 1000 * 1000)
-#define BEAT_BYTES 32
 /* A decider that died is taken over by the next rank that came, this share of the timeout
  * after the one before it should have decided. */
 #define TAKEOVER_SHARE 16
@@ -40,9 +40,7 @@ typedef struct agreement {
     int64_t timeout_ns, alive_ns;
     bool came[MAX_RANKS];
     uint64_t values[MAX_RANKS];
-    /* Each rank's heartbeat as last read, and since when it has read so (0: never read). */
-    char beat[MAX_RANKS][BEAT_BYTES];
-    int64_t beat_since[MAX_RANKS];
+    sumo__heartbeats beats; /* with alive_prefix: each rank's, as last read */
 } agreement;
 
 typedef struct verdict {
@@ -102,26 +100,19 @@ static sumo_result look_for(agreement *a, int r)
     return SUMO_SUCCESS;
 }
 
-/* Whether rank r is dead by its heartbeat: the same value (or none) for alive_ns since this
- * rank first read it. Never without heartbeats, and never this rank. */
+/* Whether rank r is dead by its heartbeat (heartbeat.h's rule). Never without heartbeats,
+ * and never this rank. */
 static sumo_result watch(agreement *a, int r, int64_t now, bool *dead)
 {
     *dead = false;
     if (a->o->alive_prefix == NULL || r == a->o->rank) return SUMO_SUCCESS;
-    char key[300], text[BEAT_BYTES];
-    size_t n = sizeof text - 1;
-    snprintf(key, sizeof key, "%s%d", a->o->alive_prefix, r);
-    sumo_result res = a->st->get(a->st->ctx, key, text, &n, now);
-    if (res == SUMO_ERR_TIMEOUT) n = 0;
-    else if (res != SUMO_SUCCESS)
+    sumo_result res = sumo__heartbeats_look(&a->beats, r, r, now, dead);
+    if (res != SUMO_SUCCESS) {
+        char key[SUMO__BEAT_KEY_BYTES];
+        sumo__heartbeats_key(&a->beats, r, key, sizeof key);
         return say(a->o, SUMO_ERR_SYSTEM, "the store failed reading %s (%s)", key,
                    sumo_result_name(res));
-    text[SUMO__MIN(n, sizeof text - 1)] = '\0'; /* a longer value compares by its head */
-    if (a->beat_since[r] == 0 || strcmp(text, a->beat[r]) != 0) {
-        memcpy(a->beat[r], text, sizeof text);
-        a->beat_since[r] = now;
     }
-    *dead = now - a->beat_since[r] >= a->alive_ns;
     return SUMO_SUCCESS;
 }
 
@@ -285,6 +276,12 @@ sumo_result sumo_store_agree(const sumo_agree_options *o, sumo_shrink_info *info
     a->st = o->store;
     sumo_result res = check(o, info, &a->timeout_ns, &a->alive_ns);
     if (res != SUMO_SUCCESS) goto out;
+    if (o->alive_prefix != NULL &&
+        sumo__heartbeats_init(&a->beats, a->st, o->alive_prefix, a->alive_ns, o->size) !=
+            SUMO_SUCCESS) {
+        res = say(o, SUMO_ERR_SYSTEM, "out of memory");
+        goto out;
+    }
 
     char key[300], text[32];
     entry_key(a, key, sizeof key, o->rank);
@@ -336,6 +333,7 @@ sumo_result sumo_store_agree(const sumo_agree_options *o, sumo_shrink_info *info
         }
     }
 out:
+    sumo__heartbeats_free(&a->beats);
     free(a);
     return res;
 }

@@ -5,6 +5,7 @@
  */
 #include "transport/tcp_meeting.h"
 #include "common/settings.h"
+#include "transport/heartbeat.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -34,7 +35,6 @@
  * meeting follows an agreement, so a tenth of a second does not count. */
 #define LOOK_MS 100
 #define LOOK_NS ((int64_t)LOOK_MS * 1000000)
-#define BEAT_BYTES 32
 
 /* Rank 0 -> every rank: the job's nonce and size. */
 typedef struct nonce_record {
@@ -63,10 +63,8 @@ typedef struct hello {
 
 /* The heartbeats an elastic job's meeting watches (sumo_tcp_options.alive_prefix). */
 typedef struct watch {
-    int64_t alive_ns;
-    int64_t next_look;           /* the store is read at most once per LOOK_NS */
-    char (*beat)[BEAT_BYTES];    /* each rank's beat as last read */
-    int64_t *since;              /* since when it has read so (0: never read) */
+    int64_t next_look;      /* the store is read at most once per LOOK_NS */
+    sumo__heartbeats beats; /* slot r: rank r's, under alive_prefix and alive_ranks[r] */
 } watch;
 
 typedef struct meeting {
@@ -191,19 +189,16 @@ static sumo_result keep_waiting(const meeting *m, const int *conn, int lo, int h
         if (r == m->o->rank || (conn && conn[r] >= 0)) continue;
         int who = m->o->alive_ranks ? m->o->alive_ranks[r] : r;
         if (who < 0) continue;
-        int len = snprintf(key, sizeof key, "%s%d", m->o->alive_prefix, who);
-        if (len < 0 || len >= (int)sizeof key) continue;
-        n = BEAT_BYTES - 1;
-        if (s->get(s->ctx, key, text, &n, now) != SUMO_SUCCESS) n = 0; /* none: no beat */
-        text[SUMO__MIN(n, (size_t)BEAT_BYTES - 1)] = '\0'; /* a longer beat compares by its head */
-        if (w->since[r] == 0 || strcmp(text, w->beat[r]) != 0) {
-            memcpy(w->beat[r], text, BEAT_BYTES);
-            w->since[r] = now;
-        }
-        if (now - w->since[r] >= w->alive_ns)
+        bool dead;
+        sumo__heartbeats_look(&w->beats, r, who, now, &dead); /* a store failing: no beat */
+        if (dead) {
+            char beat_key[SUMO__BEAT_KEY_BYTES];
+            sumo__heartbeats_key(&w->beats, who, beat_key, sizeof beat_key);
             return meet_fail(m, SUMO_ERR_PEER_FAILURE, "rank %d's heartbeat (%s) has not moved "
                              "for %.1f s while this rank waited for it: it died after the "
-                             "membership was agreed", r, key, (double)w->alive_ns * 1e-9);
+                             "membership was agreed", r, beat_key,
+                             (double)w->beats.alive_ns * 1e-9);
+        }
     }
     return SUMO_SUCCESS;
 }
@@ -673,10 +668,9 @@ sumo_result sumo__tcp_meet(const sumo__tcp_meeting *in, int *conn)
             snprintf(err, errlen, "options.alive_s %g is not a number of seconds", seconds);
             r = SUMO_ERR_INVALID_ARGUMENT;
         }
-        w.alive_ns = (int64_t)(seconds * 1e9);
-        w.beat = calloc((size_t)o->size, sizeof *w.beat);
-        w.since = calloc((size_t)o->size, sizeof *w.since);
-        if (r == SUMO_SUCCESS && (w.beat == NULL || w.since == NULL)) {
+        if (r == SUMO_SUCCESS &&
+            sumo__heartbeats_init(&w.beats, o->store, o->alive_prefix, (int64_t)(seconds * 1e9),
+                                  o->size) != SUMO_SUCCESS) {
             snprintf(err, errlen, "out of memory for a group of %d", o->size);
             r = SUMO_ERR_SYSTEM;
         }
@@ -698,8 +692,7 @@ sumo_result sumo__tcp_meet(const sumo__tcp_meeting *in, int *conn)
                 st->set(st->ctx, key, mark, len);
         }
     }
-    free(w.beat);
-    free(w.since);
+    sumo__heartbeats_free(&w.beats);
     if (r != SUMO_SUCCESS)
         for (int p = 0; p < o->size; p++)
             if (conn[p] >= 0) {

@@ -6,7 +6,6 @@ it grow (_joiners.py), with the objects made on it told (bind). A module because
 what sumo.torch.elastic stands on; the rest of the package only binds its objects here.
 """
 import ctypes
-import threading
 import time
 import weakref
 
@@ -14,7 +13,7 @@ import torch.distributed as dist
 
 from .. import _lib
 from .._abi import (SUMO_SUCCESS, SUMO_ERR_TIMEOUT, SUMO_ERR_PEER_FAILURE, sumo_agree_options,
-                    sumo_shrink_info, sumo_shrink_options)
+                    sumo_heart_options, sumo_shrink_info, sumo_shrink_options)
 from .._lib import lib, SumoError
 from . import _stores
 from ._runtime import (state, PeerLost, lost_or, raise_for, require_init, _adopt, _deadline_s,
@@ -104,30 +103,28 @@ def _committed(make, prefix, rank, size, where, alive, drop):
         decide(b"fail")
         raise
     store.add(counted, 1)
-    beats = {}
-    if alive is not None:
-        beats = {n: None for n in alive[1] if n >= 0}
     liveness, end = _liveness_s(), time.monotonic() + _deadline_s()
+    watch = _Watch(alive[0], alive[1], liveness) if alive is not None else None
     looked = None  # when the beats were last read: as often as they change, not every poll
-    while True:
-        verdict = bytes(store.compare_set(decided, _ABSENT, _ABSENT))
-        if verdict != _ABSENT:
-            break
-        if int(store.add(counted, 0)) >= size:
-            verdict = decide(b"ok")
-            break
-        now, stalled = time.monotonic(), False
-        if looked is None or now - looked >= liveness / 10:
-            looked = now
-            for n, last in beats.items():
-                value = bytes(store.compare_set("%s%d" % (alive[0], n), _ABSENT, _ABSENT))
-                if last is None or last[0] != value:
-                    beats[n] = (value, now)
-                stalled = stalled or now - beats[n][1] > liveness
-        if stalled or now > end:
-            verdict = decide(b"fail")
-            break
-        time.sleep(0.01)
+    try:
+        while True:
+            verdict = bytes(store.compare_set(decided, _ABSENT, _ABSENT))
+            if verdict != _ABSENT:
+                break
+            if int(store.add(counted, 0)) >= size:
+                verdict = decide(b"ok")
+                break
+            now, stalled = time.monotonic(), False
+            if watch is not None and (looked is None or now - looked >= liveness / 10):
+                looked = now
+                stalled = watch.stalled()
+            if stalled or now > end:
+                verdict = decide(b"fail")
+                break
+            time.sleep(0.01)
+    finally:
+        if watch is not None:
+            watch.close()
     if verdict != b"ok":
         drop(comm)
         raise PeerLost(SUMO_ERR_PEER_FAILURE, _lib.result_name(SUMO_ERR_PEER_FAILURE),
@@ -175,9 +172,10 @@ def make_group(prefix, rank, size, where):
 # -- heartbeats (store jobs across hosts) -------------------------------------------------------
 #
 # Across hosts no process sees another's end, so each one beats in the store: a counter under
-# the current membership's alive/<rank>, rewritten ten times per SUMO_LIVENESS_TIMEOUT. The
-# survivors' agreement (sumo_store_agree) takes a rank whose beat stood still that long for
-# dead, so a lost process costs that, not the collectives' deadline.
+# the current membership's alive/<rank>, rewritten ten times per SUMO_LIVENESS_TIMEOUT by
+# libsumo's heart (sumo_heart, sumo_elastic.h), a thread of its own. The survivors' agreement
+# (sumo_store_agree) takes a rank whose beat stood still that long for dead, so a lost process
+# costs that, not the collectives' deadline.
 
 
 def alive_prefix():
@@ -185,35 +183,71 @@ def alive_prefix():
 
 
 class _Heart:
-    def __init__(self, store, period_s):
-        self.store, self.period_s = store, period_s
-        self.beats = 0
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="sumo-heartbeat", daemon=True)
-        self.thread.start()
+    """This process's sumo_heart over the job's store. Its thread calls the store adapter's
+    callbacks, which take the interpreter's lock: every call here goes through ctypes, which
+    lets go of that lock, so halt() can wait for a beat under way. A store that fails stops
+    the thread for good (the job is ending, or this process is lost to the others)."""
+
+    def __init__(self, adapter, period_s):
+        # The adapter holds the sumo_store and its callbacks: kept until the thread is joined.
+        self.adapter = adapter
+        opts = sumo_heart_options()
+        raise_for(lib.sumo_heart_options_default(ctypes.byref(opts)))
+        err = ctypes.create_string_buffer(256)
+        opts.store = adapter.pointer()
+        opts.key_prefix = alive_prefix().encode()
+        opts.rank = state.rank
+        opts.period_s = period_s
+        opts.error = ctypes.cast(err, ctypes.c_char_p)
+        opts.error_bytes = len(err)
+        handle = ctypes.c_void_p()
+        code = lib.sumo_heart_start(ctypes.byref(opts), ctypes.byref(handle))
+        if code != SUMO_SUCCESS:
+            raise _lib.error(code, None, err.value.decode(errors="replace"))
+        self.handle = handle
 
     def beat(self):
-        with self.lock:
-            self.beats += 1
-            beats = self.beats
-        self.store.set("%s%d" % (alive_prefix(), state.rank), str(beats))
-
-    def _run(self):
-        while not self.stop.is_set():
-            try:
-                self.beat()
-            except Exception:  # the store gone: the job is ending, or this process is lost
-                return
-            self.stop.wait(self.period_s)
+        """One beat now, under the current membership's key (a new membership's first);
+        SumoError when the store fails."""
+        raise_for(lib.sumo_heart_move(self.handle, alive_prefix().encode(), state.rank),
+                  "sumo_heart_move")
+        raise_for(lib.sumo_heart_beat(self.handle), "sumo_heart_beat")
 
     def halt(self):
-        self.stop.set()
-        self.thread.join()
+        handle, self.handle = self.handle, None
+        if handle:
+            lib.sumo_heart_stop(handle)
+
+
+class _Watch:
+    """The members' heartbeats under prefix, read by libsumo's rule (sumo_heart_watch, the
+    one the store agreement and the TCP meeting use): numbers holds each member's beat
+    number, -1 for a member that does not beat."""
+
+    def __init__(self, prefix, numbers, alive_s):
+        self.adapter = state.store  # its callbacks are called while the watch looks
+        ranks = (ctypes.c_int * max(len(numbers), 1))(*numbers)
+        handle = ctypes.c_void_p()
+        raise_for(lib.sumo_heart_watch_create(self.adapter.pointer(), prefix.encode(),
+                                              len(numbers), ranks, alive_s,
+                                              ctypes.byref(handle)), "sumo_heart_watch_create")
+        self.handle = handle
+
+    def stalled(self):
+        """Whether a member's beat has stood still for alive_s (read now)."""
+        dead = ctypes.c_int(-1)
+        raise_for(lib.sumo_heart_watch_look(self.handle, ctypes.byref(dead)),
+                  "sumo_heart_watch_look")
+        return dead.value >= 0
+
+    def close(self):
+        handle, self.handle = self.handle, None
+        if handle:
+            lib.sumo_heart_watch_destroy(handle)
 
 
 def _start_heart():
-    state.heart = _Heart(state.store.store, _liveness_s() / 10)
+    state.heart = _Heart(state.store, _liveness_s() / 10)
 
 
 def _stop_heart():
