@@ -82,7 +82,7 @@ SUMO_API sumo_result sumo_shrink_options_default(sumo_shrink_options *options);
  * setting; ops made with sumo_op_create_adasum must be made again) and info says who is who.
  * The old handle is left broken: destroy it. SUMO_ERR_PEER_FAILURE for a rank that came too
  * late and was left out; SUMO_ERR_TIMEOUT when no verdict came within twice the timeout;
- * SUMO_ERR_INVALID_USAGE for a transport that cannot shrink (MPI, a caller's); the detail in
+ * SUMO_ERR_INVALID_USAGE for a transport that cannot shrink (MPI, TCP, a caller's); the detail in
  * sumo_comm_error_message(comm) or options->error.
  */
 SUMO_API sumo_result sumo_comm_shrink(sumo_comm *comm, const sumo_shrink_options *options,
