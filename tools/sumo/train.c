@@ -143,9 +143,9 @@ static int check_outer_steps(const sumo__train_config *c, const char *label, con
         snprintf(step, sizeof step, "the outer optimizer's step on the combined change, for fragment %d of %d",
                  d->fragments, d->fragments);
     else snprintf(step, sizeof step, "the outer optimizer's step on the combined change");
-    /* A shorter H must still hold the delay (delay <= H / F). */
+    /* A shorter H must still hold every fragment and the delay (F <= H, delay <= H / F). */
     long h = steps - d->delay;
-    if (h >= 1 && h >= (long)d->delay * d->fragments) snprintf(out, sizeof out, "%s %ld or less", flag, h);
+    if (h >= (long)(d->delay > 0 ? d->delay : 1) * d->fragments) snprintf(out, sizeof out, "%s %ld or less", flag, h);
     else snprintf(out, sizeof out, "a smaller --sync-every and --delay");
     fprintf(stderr, "sumo train: --reduce %s: the run has %ld step(s) (%d epoch(s) of %ld), fewer than %s: its "
                     "outer step (%s) would never run%s. Give %s, more --epochs or a smaller --batch\n",
