@@ -1,6 +1,7 @@
 #include "bench_options.h"
 
 #include "args.h"
+#include "launch.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -239,11 +240,6 @@ static bool parse_switch(bench_opts *o, const char *flag)
     return true;
 }
 
-static bool launched_by_mpirun(void)
-{
-    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
-}
-
 static void set_defaults(bench_opts *o)
 {
     *o = (bench_opts){.ranks = {2, 4}, .nranks = 2, .min_bytes = 4 << 10,
@@ -251,7 +247,7 @@ static void set_defaults(bench_opts *o)
                       .ops = {SUMO_OP_SUM, SUMO_OP_AVERAGE, SUMO_OP_ADASUM}, .nops = 3,
                       .iters = 20, .warmup = 5, .pin = true, .mem_bytes = 256 * BENCH_MIB,
                       .mem_reps = 10, .algo = SUMO_ALGORITHM_AUTO, .tensors = 1};
-    o->transport = launched_by_mpirun() ? BENCH_TRANSPORT_MPI : BENCH_TRANSPORT_THREADS;
+    o->transport = launch_under_mpi() ? BENCH_TRANSPORT_MPI : BENCH_TRANSPORT_THREADS;
 }
 
 /* --quick only changes what was not given explicitly. */

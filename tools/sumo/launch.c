@@ -8,6 +8,22 @@
 #include <string.h>
 #include <unistd.h>
 
+static bool is_mpi(sumo_launcher k)
+{
+    return k == SUMO_LAUNCHER_OPEN_MPI || k == SUMO_LAUNCHER_PMI || k == SUMO_LAUNCHER_PMIX;
+}
+
+bool launch_under_mpi(void)
+{
+    sumo_bootstrap_options o;
+    sumo_bootstrap_options_default(&o);
+    sumo_bootstrap b;
+    /* The launcher is read before any of its values is checked: a malformed one is left to
+     * MPI_Init, which reads its own. */
+    sumo_bootstrap_detect(&o, &b);
+    return is_mpi(b.launcher);
+}
+
 int launch_detect(const char *transport, launch *l, char *err, size_t errlen)
 {
     memset(l, 0, sizeof *l);
@@ -18,8 +34,7 @@ int launch_detect(const char *transport, launch *l, char *err, size_t errlen)
     o.error_bytes = errlen;
     sumo_bootstrap b;
     sumo_result r = sumo_bootstrap_detect(&o, &b);
-    bool mpi = b.launcher == SUMO_LAUNCHER_OPEN_MPI || b.launcher == SUMO_LAUNCHER_PMI ||
-               b.launcher == SUMO_LAUNCHER_PMIX;
+    bool mpi = is_mpi(b.launcher);
     l->launcher = b.slurm_step ? "srun" : "mpirun";
     /* A --transport asked for is taken as given: MPI_Init reads its own variables, and
      * threads need none. */
@@ -37,7 +52,6 @@ int launch_detect(const char *transport, launch *l, char *err, size_t errlen)
                                             "process)");
         return 2;
     }
-    if (b.launcher == SUMO_LAUNCHER_SRUN && r != SUMO_SUCCESS) return 2;
     if (transport && b.launcher != SUMO_LAUNCHER_SRUN) {
         snprintf(err, errlen, "--transport shm joins the tasks of an srun step of more than one "
                               "task, and this process is not one (start it with srun -n N)");

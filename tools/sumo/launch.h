@@ -12,6 +12,7 @@
 
 #include "sumo_shm.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 
 enum launch_kind { LAUNCH_THREADS, LAUNCH_MPI, LAUNCH_SRUN };
@@ -28,6 +29,10 @@ typedef struct launch {
  * the reason in err (a step of several nodes, a malformed or incomplete set of variables, a
  * launcher the command does not join). */
 int launch_detect(const char *transport, launch *l, char *err, size_t errlen);
+
+/* Whether an MPI launcher started this process (mpirun, or srun --mpi=pmix), as
+ * launch_detect reads it: the default transport of `sumo bench`. */
+bool launch_under_mpi(void);
 
 /* LAUNCH_SRUN: the shared-memory communicator of the step's tasks. The store's directory is
  * removed once every task has joined, unless keep (an elastic run's survivors meet there
