@@ -123,6 +123,7 @@ static int parse_methods(const char *value, train_options *o)
     if (strlen(value) >= sizeof list) return bad("--reduce", value);
     snprintf(list, sizeof list, "%s", value);
     o->nmethods = 0;
+    o->reduce = value;
     for (char *p = list, *next; p; p = next) {
         next = strchr(p, ',');
         if (next) *next++ = '\0';
@@ -183,18 +184,11 @@ static int check_specific(const train_options *o)
     for (int k = 0; k < o->nmethods; k++) chosen |= SUMO__METHOD_BIT(o->methods[k]);
     for (int f = 0; f < n; f++) {
         if (!(o->specific_given >> f & 1) || (t[f].methods & chosen)) continue;
-        char takers[256], given[1024];
+        char takers[256];
         sumo__method_set_text(t[f].methods, takers, sizeof takers);
-        size_t used = 0;
-        given[0] = '\0';
-        for (int k = 0; k < o->nmethods && used < sizeof given; k++) {
-            int w = snprintf(given + used, sizeof given - used, "%s%s", k ? "," : "", o->labels[k]);
-            if (w < 0) break;
-            used += (size_t)w;
-        }
         bool noted = t[f].note && (t[f].note_for & chosen);
         fprintf(stderr, "sumo train: %s applies to %s, not to %s--reduce %s%s%s%s\n", t[f].name, takers,
-                o->nmethods > 1 ? "any of " : "", given, noted ? " (" : "", noted ? t[f].note : "",
+                o->nmethods > 1 ? "any of " : "", o->reduce, noted ? " (" : "", noted ? t[f].note : "",
                 noted ? ")" : "");
         return 2;
     }

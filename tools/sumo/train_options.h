@@ -27,6 +27,7 @@ typedef struct train_options {
     sumo__method methods[MAX_METHODS];
     const char *scalings[MAX_METHODS];
     char labels[MAX_METHODS][64];
+    const char *reduce; /* --reduce as given (argv, or the default's literal) */
     const char *transport;
     const char *data_dir;
     const char *log_path;
