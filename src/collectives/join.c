@@ -86,14 +86,9 @@ static sumo_result answer_allreduce(sumo_comm *c, const sumo__call_desc *call, z
 {
     void *buf;
     sumo_result r = zeros_for(c, call, z, &buf);
-    if (r != SUMO_SUCCESS) {
-        sumo__call fail = {.kind = SUMO__CALL_FAIL, .fail = r};
-        sumo_result shared = sumo__execute(c, &fail);
-        return shared == SUMO_ERR_TIMEOUT || shared == SUMO_ERR_PEER_FAILURE ? shared : r;
-    }
-    sumo__call mine = sumo__allreduce_call(buf, buf, (size_t)call->count,
-                                           (sumo_dtype)call->dtype, (sumo_op)call->op);
-    return sumo__execute(c, &mine);
+    if (r != SUMO_SUCCESS) return sumo__fail_held(c, r);
+    return sumo__allreduce_held(c, buf, buf, (size_t)call->count, (sumo_dtype)call->dtype,
+                                (sumo_op)call->op);
 }
 
 /* The rank that joined last: the highest join round, of equal rounds the highest rank. */
