@@ -31,6 +31,9 @@ typedef struct alloc_args {
 static sumo_result alloc_run(sumo_comm *comm, void *p)
 {
     const alloc_args *a = p;
+    /* A composite agrees itself, out of sumo__execute's count: counted here, as it is on a
+     * joined rank that answers it. */
+    atomic_fetch_add_explicit(&comm->rounds, 1, memory_order_relaxed);
     sumo__mem_block *block = malloc(sizeof *block);
     sumo__call_desc d = {.kind = SUMO__CALL_MEM_ALLOC};
     if (a->bytes == 0)
@@ -73,6 +76,7 @@ sumo_result sumo_mem_alloc(sumo_comm *comm, size_t bytes, void **ptr)
 static sumo_result free_run(sumo_comm *comm, void *p)
 {
     void *ptr = *(void **)p;
+    atomic_fetch_add_explicit(&comm->rounds, 1, memory_order_relaxed);
     sumo__mem_block **at = &comm->mem_blocks;
     while (*at && (*at)->ptr != ptr) at = &(*at)->next;
     sumo__call_desc d = {.kind = SUMO__CALL_MEM_FREE};
