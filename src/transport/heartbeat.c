@@ -37,10 +37,16 @@ void sumo__heartbeats_free(sumo__heartbeats *h)
     h->since = NULL;
 }
 
+/* The key of rank who's beat: the writer's and every reader's, so the two never part. */
+static bool beat_key(const char *prefix, int who, char *key, size_t bytes)
+{
+    int n = snprintf(key, bytes, "%s%d", prefix, who);
+    return n >= 0 && (size_t)n < bytes;
+}
+
 bool sumo__heartbeats_key(const sumo__heartbeats *h, int who, char *key, size_t bytes)
 {
-    int n = snprintf(key, bytes, "%s%d", h->prefix, who);
-    return n >= 0 && (size_t)n < bytes;
+    return beat_key(h->prefix, who, key, bytes);
 }
 
 bool sumo__heartbeats_judge(sumo__heartbeats *h, int slot, const char *text, int64_t now)
@@ -109,7 +115,7 @@ static sumo_result beat_once(sumo_heart *h, char *why, size_t why_bytes)
     char key[SUMO__BEAT_KEY_BYTES], value[32];
     pthread_mutex_lock(&h->lock);
     uint64_t n = ++h->beats;
-    snprintf(key, sizeof key, "%s%d", h->prefix, h->rank); /* fits: prefix <= 230 bytes */
+    beat_key(h->prefix, h->rank, key, sizeof key); /* fits: prefix <= 230 bytes */
     pthread_mutex_unlock(&h->lock);
     int len = snprintf(value, sizeof value, "%" PRIu64, n);
     sumo_result r = h->store->set(h->store->ctx, key, value, (size_t)len);
