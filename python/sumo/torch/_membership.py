@@ -104,7 +104,12 @@ def _committed(make, prefix, rank, size, where, alive, drop):
         raise
     store.add(counted, 1)
     liveness, end = _liveness_s(), time.monotonic() + _deadline_s()
-    watch = _Watch(alive[0], alive[1], liveness) if alive is not None else None
+    try:
+        watch = _Watch(alive[0], alive[1], liveness) if alive is not None else None
+    except Exception:
+        decide(b"fail")
+        drop(comm)
+        raise
     looked = None  # when the beats were last read: as often as they change, not every poll
     try:
         while True:
@@ -188,7 +193,7 @@ class _Heart:
     lets go of that lock, so halt() can wait for a beat under way. A store that fails stops
     the thread for good (the job is ending, or this process is lost to the others)."""
 
-    def __init__(self, adapter, period_s):
+    def __init__(self, adapter):
         # The adapter holds the sumo_store and its callbacks: kept until the thread is joined.
         self.adapter = adapter
         opts = sumo_heart_options()
@@ -196,8 +201,7 @@ class _Heart:
         err = ctypes.create_string_buffer(256)
         opts.store = adapter.pointer()
         opts.key_prefix = alive_prefix().encode()
-        opts.rank = state.rank
-        opts.period_s = period_s
+        opts.rank = state.rank  # period_s 0: a tenth of SUMO_LIVENESS_TIMEOUT, as the watches read it
         opts.error = ctypes.cast(err, ctypes.c_char_p)
         opts.error_bytes = len(err)
         handle = ctypes.c_void_p()
@@ -247,7 +251,7 @@ class _Watch:
 
 
 def _start_heart():
-    state.heart = _Heart(state.store, _liveness_s() / 10)
+    state.heart = _Heart(state.store)
 
 
 def _stop_heart():

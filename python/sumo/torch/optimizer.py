@@ -392,10 +392,9 @@ class DistributedOptimizer(WrappedOptimizer):
             b = self._buckets[self._next]
             if self.op != Adasum:
                 flat = b.grad
-                ptr, n, dt = _tensors.tensor_args(flat, b.what)
             else:
                 flat = self._params[b.slots[0]].detach() if b.delta is None else b.delta
-                ptr, n, dt = _tensors.tensor_args(flat, b.what)
+            ptr, n, dt = _tensors.tensor_args(flat, b.what)
             req = ctypes.c_void_p()
             b.t0 = time.perf_counter()
             rt.raise_for(_calls.allreduce_call(flat, ptr, n, dt, b.op, req), b.what)
