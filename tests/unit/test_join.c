@@ -390,6 +390,28 @@ static void test_stats_count_each_collective_once(void **state)
     }
 }
 
+/* sumo_mem_alloc and sumo_mem_free agree outside the collectives' own path: each is still one
+ * round on every rank. */
+static void mem_stats_body(sumo_comm *comm, int rank, int size, void *arg)
+{
+    (void)size;
+    uint64_t *rounds = arg;
+    sumo_comm_stats a, b;
+    void *p = NULL;
+    sumo_comm_get_stats(comm, &a);
+    if (sumo_mem_alloc(comm, 64, &p) != SUMO_SUCCESS || sumo_mem_free(comm, p) != SUMO_SUCCESS) return;
+    sumo_comm_get_stats(comm, &b);
+    rounds[rank] = b.rounds - a.rounds;
+}
+
+static void test_stats_count_memory_calls(void **state)
+{
+    (void)state;
+    uint64_t rounds[3] = {0};
+    assert_int_equal(harness_run_threads(3, mem_stats_body, rounds), 0);
+    for (int r = 0; r < 3; r++) assert_int_equal(rounds[r], 2);
+}
+
 static void test_bad_arguments(void **state)
 {
     (void)state;
@@ -420,6 +442,7 @@ int main(void)
         cmocka_unit_test(test_mismatch_among_active_ranks_fails_everywhere),
         cmocka_unit_test(test_last_joined_rank),
         cmocka_unit_test(test_stats_count_each_collective_once),
+        cmocka_unit_test(test_stats_count_memory_calls),
         cmocka_unit_test(test_bad_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
