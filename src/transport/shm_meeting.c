@@ -64,6 +64,21 @@ typedef struct verdict_record {
     char note[NOTE_BYTES];
 } verdict_record;
 
+/* A failure a peer's record reports, as this rank returns it: the store is anyone's to write
+ * (docs/security.md), so a code outside the failures is a record this library did not write. */
+static sumo_result peer_code(int32_t code)
+{
+    bool failure = code > SUMO_SUCCESS && code < SUMO_RESULT_COUNT && code != SUMO_IN_PROGRESS;
+    return failure ? (sumo_result)code : SUMO_ERR_MISMATCH;
+}
+
+/* A peer's note for this rank's message: never empty, whatever the record held. */
+static const char *peer_note(char *note, size_t bytes, const char *what)
+{
+    note[bytes - 1] = '\0';
+    return note[0] != '\0' ? note : what;
+}
+
 /* ---- the store ------------------------------------------------------------------------------ */
 
 static sumo_result make_key(const sumo__shm_meeting *m, char *key, const char *fmt, ...)
@@ -275,9 +290,10 @@ static sumo_result lead(const sumo__shm_meeting *m, sumo__shm_met *met)
             } else if (a.code != SUMO_SUCCESS && a.retry && mech == SUMO__SHM_MEMFD) {
                 retry = true;
             } else if (a.code != SUMO_SUCCESS) {
-                v.code = a.code;
-                a.note[sizeof a.note - 1] = '\0';
-                snprintf(v.note, sizeof v.note, "rank %d: %.180s", k, a.note);
+                v.code = peer_code(a.code);
+                snprintf(v.note, sizeof v.note, "rank %d: %.180s", k,
+                         peer_note(a.note, sizeof a.note, "could not attach (its record gives "
+                                   "no reason)"));
             }
         }
         if (v.code == SUMO_SUCCESS) forget(m, attempt, size);
@@ -364,8 +380,9 @@ static sumo_result follow(const sumo__shm_meeting *m, sumo__shm_met *met)
         rec.note[sizeof rec.note - 1] = '\0';
         rec.boot[sizeof rec.boot - 1] = '\0';
         if (rec.code != SUMO_SUCCESS) {
-            snprintf(m->err, m->errlen, "%s", rec.note);
-            return (sumo_result)rec.code;
+            snprintf(m->err, m->errlen, "%s", peer_note(rec.note, sizeof rec.note, "rank 0 "
+                     "could not make the segment (its record gives no reason)"));
+            return peer_code(rec.code);
         }
         /* Ranks on two machines (a launcher or a store across hosts): nothing here can be
          * mapped, and rank 0's process is not this machine's to watch; said as such, to rank 0
@@ -412,9 +429,9 @@ static sumo_result follow(const sumo__shm_meeting *m, sumo__shm_met *met)
             return r;
         }
         if (!v.retry || v.code != SUMO_SUCCESS) {
-            v.note[sizeof v.note - 1] = '\0';
-            snprintf(m->err, m->errlen, "%s", v.note);
-            return v.code != SUMO_SUCCESS ? (sumo_result)v.code : SUMO_ERR_INTERNAL;
+            snprintf(m->err, m->errlen, "%s", peer_note(v.note, sizeof v.note, "rank 0's "
+                     "verdict on the meeting gives no reason"));
+            return v.code != SUMO_SUCCESS ? peer_code(v.code) : SUMO_ERR_INTERNAL;
         }
     }
 }
