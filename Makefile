@@ -298,7 +298,7 @@ FUZZ_BUILD   := build-fuzz
 FUZZ_SECONDS ?= 60
 FUZZ_FLAGS   := $(CPPFLAGS) -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 FUZZ_BINS    := $(FUZZ_BUILD)/fuzz_idx $(FUZZ_BUILD)/fuzz_checkpoint $(FUZZ_BUILD)/fuzz_cli \
-                $(FUZZ_BUILD)/fuzz_store
+                $(FUZZ_BUILD)/fuzz_store $(FUZZ_BUILD)/fuzz_tcp
 $(FUZZ_BUILD)/fuzz_idx: tests/fuzz/fuzz_idx.c src/train/idx.c $(LIBSUMO)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) $(LIBSUMO) -lz -lm -pthread -o $@
@@ -310,6 +310,10 @@ $(FUZZ_BUILD)/fuzz_cli: tests/fuzz/fuzz_cli.c tools/sumo/train_options.c tools/s
 	$(FUZZ_CC) $(FUZZ_FLAGS) tests/fuzz/fuzz_cli.c tools/sumo/train_options.c tools/sumo/args.c $(LIBSUMO_TRAIN) $(LIBSUMO) $(TRAIN_LIBS) -lm -pthread -o $@
 FUZZ_STORE_SRCS := src/transport/store_agree.c src/transport/heartbeat.c src/transport/shm_meeting.c
 $(FUZZ_BUILD)/fuzz_store: tests/fuzz/fuzz_store.c $(FUZZ_STORE_SRCS) $(LIBSUMO)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) $(LIBSUMO) -lm -pthread -o $@
+FUZZ_TCP_SRCS := src/transport/tcp_meeting.c src/transport/transport_tcp.c
+$(FUZZ_BUILD)/fuzz_tcp: tests/fuzz/fuzz_tcp.c $(FUZZ_TCP_SRCS) $(LIBSUMO)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) $(LIBSUMO) -lm -pthread -o $@
 .PHONY: fuzz fuzz-build
