@@ -289,14 +289,16 @@ test-faults:
 	@echo "test-faults: skipped (no mpicc)"
 endif
 
-# Fuzzing with libFuzzer (clang): the IDX reader, the checkpoint and manifest reader and the
-# command-line parser, each for FUZZ_SECONDS from the corpus in tests/fuzz/corpus/. Skipped,
+# Fuzzing with libFuzzer (clang): the IDX reader, the checkpoint and manifest reader, the
+# command-line parser, the store's records (agreement, heartbeat, shared-memory meeting) and
+# the TCP meeting's hello, each for FUZZ_SECONDS from the corpus in tests/fuzz/corpus/. Skipped,
 # saying so, when clang is not installed.
 FUZZ_CC      ?= clang
 FUZZ_BUILD   := build-fuzz
 FUZZ_SECONDS ?= 60
 FUZZ_FLAGS   := $(CPPFLAGS) -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
-FUZZ_BINS    := $(FUZZ_BUILD)/fuzz_idx $(FUZZ_BUILD)/fuzz_checkpoint $(FUZZ_BUILD)/fuzz_cli
+FUZZ_BINS    := $(FUZZ_BUILD)/fuzz_idx $(FUZZ_BUILD)/fuzz_checkpoint $(FUZZ_BUILD)/fuzz_cli \
+                $(FUZZ_BUILD)/fuzz_store $(FUZZ_BUILD)/fuzz_tcp
 $(FUZZ_BUILD)/fuzz_idx: tests/fuzz/fuzz_idx.c src/train/idx.c $(LIBSUMO)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) $(LIBSUMO) -lz -lm -pthread -o $@
@@ -306,6 +308,14 @@ $(FUZZ_BUILD)/fuzz_checkpoint: tests/fuzz/fuzz_checkpoint.c src/train/checkpoint
 $(FUZZ_BUILD)/fuzz_cli: tests/fuzz/fuzz_cli.c tools/sumo/train_options.c tools/sumo/args.c $(TOOL_HDRS) $(LIBSUMO_TRAIN) $(LIBSUMO)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) tests/fuzz/fuzz_cli.c tools/sumo/train_options.c tools/sumo/args.c $(LIBSUMO_TRAIN) $(LIBSUMO) $(TRAIN_LIBS) -lm -pthread -o $@
+FUZZ_STORE_SRCS := src/transport/store_agree.c src/transport/heartbeat.c src/transport/shm_meeting.c
+$(FUZZ_BUILD)/fuzz_store: tests/fuzz/fuzz_store.c $(FUZZ_STORE_SRCS) $(LIBSUMO)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) $(LIBSUMO) -lm -pthread -o $@
+FUZZ_TCP_SRCS := src/transport/tcp_meeting.c src/transport/transport_tcp.c
+$(FUZZ_BUILD)/fuzz_tcp: tests/fuzz/fuzz_tcp.c $(FUZZ_TCP_SRCS) $(LIBSUMO)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) $(LIBSUMO) -lm -pthread -o $@
 .PHONY: fuzz fuzz-build
 fuzz-build: $(FUZZ_BINS)
 fuzz:

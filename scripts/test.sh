@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: dependencies, a warnings-as-errors build, the unit,
-# MPI and command tests, the MPI fault suite, the fuzzers for 15 s each, then the unit
+# MPI and command tests, the MPI fault suite, the fuzzers for 8 s each, then the unit
 # tests under ASan+UBSan and the threaded ones under TSan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,9 +40,9 @@ step tests/python/wheel.sh
 step tests/slurm/run.sh
 # A rank stopped, killed or leaving early under mpirun ends the job within the deadline.
 step make test-faults
-# Each fuzzer (IDX, checkpoint, command line) for 8 s from the kept corpus (a smoke run in
-# CI time: longer runs are `make fuzz FUZZ_SECONDS=N`); skipped,
-# saying so, without clang.
+# Each fuzzer (IDX, checkpoint, command line, store records, the TCP meeting and frames) for
+# 8 s from the kept corpus (a smoke run in CI time: longer runs are
+# `make fuzz FUZZ_SECONDS=N`); skipped, saying so, without clang.
 step make fuzz FUZZ_SECONDS=${FUZZ_SECONDS:-8}
 step make -j"$jobs" SAN=asan test-unit
 step make -j"$jobs" SAN=tsan test-threads

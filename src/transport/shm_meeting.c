@@ -61,8 +61,26 @@ typedef struct attach_record {
 typedef struct verdict_record {
     int32_t code;
     int32_t retry;
+    int32_t pid;    /* rank 0's, and its start time: whether the group it made still lives */
+    int32_t reserved;
+    uint64_t start;
     char note[NOTE_BYTES];
 } verdict_record;
+
+/* A failure a peer's record reports, as this rank returns it: the store is anyone's to write
+ * (docs/security.md), so a code outside the failures is a record this library did not write. */
+static sumo_result peer_code(int32_t code)
+{
+    bool failure = code > SUMO_SUCCESS && code < SUMO_RESULT_COUNT && code != SUMO_IN_PROGRESS;
+    return failure ? (sumo_result)code : SUMO_ERR_MISMATCH;
+}
+
+/* A peer's note for this rank's message: never empty, whatever the record held. */
+static const char *peer_note(char *note, size_t bytes, const char *what)
+{
+    note[bytes - 1] = '\0';
+    return note[0] != '\0' ? note : what;
+}
 
 /* ---- the store ------------------------------------------------------------------------------ */
 
@@ -261,7 +279,8 @@ static sumo_result lead(const sumo__shm_meeting *m, sumo__shm_met *met)
         rec.nonce = s.nonce;
         snprintf(rec.name, sizeof rec.name, "%s", s.name);
         boot_id(rec.boot, sizeof rec.boot);
-        verdict_record v = {.code = meet_set(m, key, &rec, sizeof rec)};
+        verdict_record v = {.code = meet_set(m, key, &rec, sizeof rec),
+                            .pid = (int32_t)getpid(), .start = sumo__shm_own_start()};
         if (v.code != SUMO_SUCCESS) snprintf(v.note, sizeof v.note, "%s", m->err);
         bool retry = false;
         for (int k = 1; k < size && v.code == SUMO_SUCCESS; k++) {
@@ -275,9 +294,10 @@ static sumo_result lead(const sumo__shm_meeting *m, sumo__shm_met *met)
             } else if (a.code != SUMO_SUCCESS && a.retry && mech == SUMO__SHM_MEMFD) {
                 retry = true;
             } else if (a.code != SUMO_SUCCESS) {
-                v.code = a.code;
-                a.note[sizeof a.note - 1] = '\0';
-                snprintf(v.note, sizeof v.note, "rank %d: %.180s", k, a.note);
+                v.code = peer_code(a.code);
+                snprintf(v.note, sizeof v.note, "rank %d: %.180s", k,
+                         peer_note(a.note, sizeof a.note, "could not attach (its record gives "
+                                   "no reason)"));
             }
         }
         if (v.code == SUMO_SUCCESS) forget(m, attempt, size);
@@ -352,6 +372,37 @@ static attach_record attach(const sumo__shm_meeting *m, sumo__shm_met *met,
     return a;
 }
 
+/* Rank 0's segment record, waited for in slices. A verdict that already stands for this
+ * attempt, from a rank 0 that still runs (not this process: it may make a second group under
+ * the same prefix), means the group met without this process: rank 0 removes the record once
+ * every peer has attached, and keeps the verdict. Waiting out the deadline for the record
+ * would only end in a timeout naming the wrong thing. */
+static sumo_result wait_segment(const sumo__shm_meeting *m, int attempt, const char *key,
+                                seg_record *rec)
+{
+    const sumo_store *s = m->o->store;
+    char closed[KEY_BYTES];
+    SUMO__CHECK(make_key(m, closed, "verdict/%d", attempt));
+    for (;;) {
+        int64_t now = sumo__now_ns(), until = SUMO__MIN(m->deadline, now + (int64_t)50000000);
+        size_t got = sizeof *rec;
+        sumo_result r = s->get(s->ctx, key, rec, &got, until);
+        if (r == SUMO_SUCCESS && got == sizeof *rec) return SUMO_SUCCESS;
+        if (r != SUMO_ERR_TIMEOUT || until >= m->deadline)
+            return meet_get(m, key, rec, sizeof *rec, "rank 0 making the segment", 0, 0);
+        verdict_record v;
+        got = sizeof v;
+        if (s->get(s->ctx, closed, &v, &got, sumo__now_ns()) == SUMO_SUCCESS && got == sizeof v &&
+            v.code == SUMO_SUCCESS && !v.retry && v.pid > 0 && v.pid != (int32_t)getpid() &&
+            v.start != 0 && sumo__shm_still_running((pid_t)v.pid, v.start)) {
+            snprintf(m->err, m->errlen, "rank %d: the group under \"%s\" has already met without "
+                     "this process (its verdict stands): rank %d was started twice, or came "
+                     "after the others had met", m->o->rank, m->o->key_prefix, m->o->rank);
+            return SUMO_ERR_INVALID_USAGE;
+        }
+    }
+}
+
 /* Rank r > 0: attaches to what rank 0 published and tells it how that went, until it says go. */
 static sumo_result follow(const sumo__shm_meeting *m, sumo__shm_met *met)
 {
@@ -359,13 +410,14 @@ static sumo_result follow(const sumo__shm_meeting *m, sumo__shm_met *met)
         char key[KEY_BYTES];
         seg_record rec;
         SUMO__CHECK(make_key(m, key, "seg/%d", attempt));
-        SUMO__CHECK(meet_get(m, key, &rec, sizeof rec, "rank 0 making the segment", 0, 0));
+        SUMO__CHECK(wait_segment(m, attempt, key, &rec));
         rec.name[sizeof rec.name - 1] = '\0';
         rec.note[sizeof rec.note - 1] = '\0';
         rec.boot[sizeof rec.boot - 1] = '\0';
         if (rec.code != SUMO_SUCCESS) {
-            snprintf(m->err, m->errlen, "%s", rec.note);
-            return (sumo_result)rec.code;
+            snprintf(m->err, m->errlen, "%s", peer_note(rec.note, sizeof rec.note, "rank 0 "
+                     "could not make the segment (its record gives no reason)"));
+            return peer_code(rec.code);
         }
         /* Ranks on two machines (a launcher or a store across hosts): nothing here can be
          * mapped, and rank 0's process is not this machine's to watch; said as such, to rank 0
@@ -412,9 +464,9 @@ static sumo_result follow(const sumo__shm_meeting *m, sumo__shm_met *met)
             return r;
         }
         if (!v.retry || v.code != SUMO_SUCCESS) {
-            v.note[sizeof v.note - 1] = '\0';
-            snprintf(m->err, m->errlen, "%s", v.note);
-            return v.code != SUMO_SUCCESS ? (sumo_result)v.code : SUMO_ERR_INTERNAL;
+            snprintf(m->err, m->errlen, "%s", peer_note(v.note, sizeof v.note, "rank 0's "
+                     "verdict on the meeting gives no reason"));
+            return v.code != SUMO_SUCCESS ? peer_code(v.code) : SUMO_ERR_INTERNAL;
         }
     }
 }

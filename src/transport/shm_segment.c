@@ -159,6 +159,17 @@ int sumo__shm_segment_open(int mech, pid_t pid, int fd, const char *name, uint64
         sumo__shm_segment_drop(s);
         return EINVAL;
     }
+    /* Inode, size and nonce all come from the store record, which anyone who reaches the
+     * store can write: only the kernel's word on the object's owner and mode tells a peer's
+     * segment from one another user planted there for this rank to write into. */
+    if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077) != 0) {
+        snprintf(err, errlen, "%s%s belongs to uid %u with mode %03o, not to this user (uid %u) "
+                 "alone: refused, since a segment another user can reach is not a peer's",
+                 mech == SUMO__SHM_MEMFD ? "" : "/dev/shm", path, (unsigned)st.st_uid,
+                 (unsigned)(st.st_mode & 0777), (unsigned)geteuid());
+        sumo__shm_segment_drop(s);
+        return EACCES;
+    }
     s->base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);
     if (s->base == MAP_FAILED) {
         int e = errno;

@@ -39,6 +39,9 @@ typedef struct agreement {
     const sumo_store *st;
     int64_t timeout_ns, alive_ns;
     bool came[MAX_RANKS];
+    /* Its entry is not a value (bytes someone else wrote over it): the rank is out, for every
+     * reader alike, rather than a failure of this reader alone while another rank decides. */
+    bool spoiled[MAX_RANKS];
     uint64_t values[MAX_RANKS];
     sumo__heartbeats beats; /* with alive_prefix: each rank's, as last read */
 } agreement;
@@ -77,7 +80,7 @@ static void verdict_key(const agreement *a, char *key, size_t len)
 /* Reads rank r's entry once, without waiting: a->came[r] says whether it is there. */
 static sumo_result look_for(agreement *a, int r)
 {
-    if (a->came[r]) return SUMO_SUCCESS;
+    if (a->came[r] || a->spoiled[r]) return SUMO_SUCCESS;
     char key[300], text[32];
     size_t n = sizeof text - 1;
     entry_key(a, key, sizeof key, r);
@@ -86,15 +89,13 @@ static sumo_result look_for(agreement *a, int r)
     if (res != SUMO_SUCCESS)
         return say(a->o, SUMO_ERR_SYSTEM, "the store failed reading %s (%s)", key,
                    sumo_result_name(res));
-    if (n >= sizeof text)
-        return say(a->o, SUMO_ERR_INVALID_ARGUMENT, "%s holds %zu bytes, not a rank's value",
-                   key, n);
-    text[n] = '\0';
+    text[n < sizeof text ? n : sizeof text - 1] = '\0';
     char *end = NULL;
     unsigned long long v = strtoull(text, &end, 10);
-    if (n == 0 || end != text + n)
-        return say(a->o, SUMO_ERR_INVALID_ARGUMENT, "%s holds \"%s\", not a rank's value", key,
-                   text);
+    if (n == 0 || n >= sizeof text || end != text + n || text[0] < '0' || text[0] > '9') {
+        a->spoiled[r] = true;
+        return SUMO_SUCCESS;
+    }
     a->values[r] = (uint64_t)v;
     a->came[r] = true;
     return SUMO_SUCCESS;
@@ -122,7 +123,7 @@ static sumo_result is_out(agreement *a, int r, int64_t now, bool late, bool *out
     bool dead;
     SUMO__CHECK(look_for(a, r));
     SUMO__CHECK(watch(a, r, now, &dead));
-    *out = dead || (late && !a->came[r]);
+    *out = dead || a->spoiled[r] || (late && !a->came[r]);
     return SUMO_SUCCESS;
 }
 
@@ -194,8 +195,9 @@ static sumo_result adopt(agreement *a, const verdict *v, sumo_shrink_info *info)
     const sumo_agree_options *o = a->o;
     if (!member(v, o->rank))
         return say(o, SUMO_ERR_PEER_FAILURE,
-                   "rank %d was left out of the survivors under %s (it came after the deadline, "
-                   "or after the verdict)",
+                   "rank %d was left out of the survivors under %s (it came after the deadline "
+                   "or the verdict, or its entry there was written over with what is not a "
+                   "value)",
                    o->rank, o->key_prefix);
     int n = 0, mine = 0;
     for (int r = 0; r < o->size; r++) {

@@ -26,7 +26,9 @@
 #include <unistd.h>
 
 #define HELLO_MAGIC 0x7063745f6f6d7573ull /* "sumo_tcp" */
-#define TCP_VERSION 1u
+#define READY_MAGIC 0x7964725f6f6d7573ull /* "sumo_rdy" */
+/* 2: a lower rank says it is ready after the hellos, and a refused hello says why. */
+#define TCP_VERSION 2u
 #define KEY_BYTES 256
 #define HOST_BYTES 64
 /* Connections accepted but not yet introduced, at most (a stray beyond it is dropped). */
@@ -485,6 +487,11 @@ static sumo_result connect_to(const meeting *m, int peer, const addr_record *rec
     hello back;
     sumo_result r = io_all(m, fd, &mine, sizeof mine, true, peer, "hello");
     if (r == SUMO_SUCCESS) r = io_all(m, fd, &back, sizeof back, false, peer, "hello's answer");
+    if (r == SUMO_SUCCESS && back.magic == HELLO_MAGIC && back.nonce == m->nonce &&
+        back.from == peer && back.size == -1)
+        r = meet_fail(m, SUMO_ERR_MISMATCH, "rank %d refused this rank's hello: another "
+                      "connection already claims rank %d (a process that read the job's nonce "
+                      "from the store, or this rank started twice)", peer, m->o->rank);
     if (r == SUMO_SUCCESS && (back.magic != HELLO_MAGIC || back.nonce != m->nonce ||
                               back.from != peer || back.to != m->o->rank ||
                               back.size != m->o->size || back.version != TCP_VERSION))
@@ -504,33 +511,102 @@ typedef struct pending {
     hello h;
 } pending;
 
+/* A lower rank's word over its connection that it has met every rank it meets itself: until
+ * then the listener stays open, so a second process claiming that rank is still seen. */
+typedef struct ready {
+    size_t got;
+    hello h;
+    bool in;
+} ready;
+
+/* What a hello for this rank says of its sender: one of this job's lower ranks, or a stranger. */
+static bool ours(const meeting *m, const hello *h)
+{
+    int me = m->o->rank;
+    return h->magic == HELLO_MAGIC && h->nonce == m->nonce && h->to == me &&
+           h->size == m->o->size && h->version == TCP_VERSION && h->from >= 0 && h->from < me;
+}
+
+/* A hello whose rank is already connected: two processes claim one rank, so one of them is
+ * not this job's rank (an impostor that read the job's nonce from the store) or the rank was
+ * started twice. Either way no group can be made: the claimant is told (a refusal with size
+ * -1) and the meeting fails here, which ends every connected peer's meeting too. */
+static sumo_result two_claims(const meeting *m, int fd, int rank)
+{
+    hello no = {.magic = HELLO_MAGIC, .nonce = m->nonce, .from = m->o->rank, .to = rank,
+                .size = -1, .version = TCP_VERSION};
+    (void)!send(fd, &no, sizeof no, MSG_NOSIGNAL | MSG_DONTWAIT);
+    return meet_fail(m, SUMO_ERR_MISMATCH, "rank %d was claimed by two connections: one of them "
+                     "is not this job's rank %d (a process that read the job's nonce from the "
+                     "store) or rank %d was started twice", rank, rank, rank);
+}
+
+/* Reads lower rank j's ready; false once its connection fails or says something else. */
+static bool read_ready(const meeting *m, int fd, ready *rd, int j)
+{
+    ssize_t n = recv(fd, (char *)&rd->h + rd->got, sizeof rd->h - rd->got, 0);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
+    if (n <= 0) return false;
+    rd->got += (size_t)n;
+    if (rd->got < sizeof rd->h) return true;
+    rd->in = rd->h.magic == READY_MAGIC && rd->h.nonce == m->nonce && rd->h.from == j &&
+             rd->h.to == m->o->rank;
+    return rd->in;
+}
+
 /* Accepts every lower rank on the listener, refusing (closing) any connection whose hello is
- * not one of this job's lower ranks for this rank. */
+ * not one of this job's lower ranks for this rank, and failing on a second claim of a rank;
+ * returns once every lower rank is connected and ready (it has met all its own ranks). */
 static sumo_result accept_lower(const meeting *m, int lfd, int *conn)
 {
-    int me = m->o->rank, missing = me;
+    int me = m->o->rank, missing = me, waiting = me;
     pending pend[MAX_PENDING];
     int np = 0;
+    ready *rd = calloc((size_t)me, sizeof *rd);
+    int *at = malloc(((size_t)me + MAX_PENDING + 1) * sizeof *at);
+    struct pollfd *fds = malloc(((size_t)me + MAX_PENDING + 1) * sizeof *fds);
+    if (rd == NULL || at == NULL || fds == NULL) {
+        free(rd), free(at), free(fds);
+        return meet_fail(m, SUMO_ERR_SYSTEM, "out of memory");
+    }
     sumo_result r = SUMO_SUCCESS;
-    while (missing > 0) {
-        struct pollfd fds[MAX_PENDING + 1];
-        fds[0] = (struct pollfd){.fd = lfd, .events = POLLIN};
-        for (int i = 0; i < np; i++) fds[i + 1] = (struct pollfd){.fd = pend[i].fd, .events = POLLIN};
+    while (waiting > 0 && r == SUMO_SUCCESS) {
+        nfds_t nf = 0;
+        fds[nf++] = (struct pollfd){.fd = lfd, .events = POLLIN};
+        for (int i = 0; i < np; i++) fds[nf++] = (struct pollfd){.fd = pend[i].fd, .events = POLLIN};
+        for (int j = 0; j < me; j++)
+            if (conn[j] >= 0 && !rd[j].in) {
+                at[nf] = j;
+                fds[nf++] = (struct pollfd){.fd = conn[j], .events = POLLIN};
+            }
         int ms = slice_ms(m);
         if (ms == 0) {
             char list[120] = "";
             size_t used = 0;
             for (int j = 0; j < me && used + 8 < sizeof list; j++)
                 if (conn[j] < 0) used += (size_t)snprintf(list + used, sizeof list - used, " %d", j);
-            r = meet_fail(m, SUMO_ERR_TIMEOUT, "waited %.3f s for ranks%s to connect: deadline "
-                          "reached (raise it with SUMO_TIMEOUT)", m->seconds, list);
+            r = missing > 0 ? meet_fail(m, SUMO_ERR_TIMEOUT, "waited %.3f s for ranks%s to "
+                                        "connect: deadline reached (raise it with SUMO_TIMEOUT)",
+                                        m->seconds, list)
+                            : meet_fail(m, SUMO_ERR_TIMEOUT, "waited %.3f s for the lower ranks "
+                                        "to meet their peers: deadline reached (raise it with "
+                                        "SUMO_TIMEOUT)", m->seconds);
             break;
         }
-        if (poll(fds, (nfds_t)np + 1, ms) < 0 && errno != EINTR) {
+        if (poll(fds, nf, ms) < 0 && errno != EINTR) {
             r = meet_fail(m, SUMO_ERR_SYSTEM, "poll failed (%s)", strerror(errno));
             break;
         }
-        for (int i = np - 1; i >= 0; i--) {
+        for (nfds_t f = 1 + (nfds_t)np; f < nf && r == SUMO_SUCCESS; f++) {
+            int j = at[f];
+            if (!(fds[f].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+            if (!read_ready(m, conn[j], &rd[j], j))
+                r = meet_fail(m, SUMO_ERR_PEER_FAILURE, "rank %d's connection ended or sent "
+                              "something else before it was ready", j);
+            else if (rd[j].in)
+                waiting--;
+        }
+        for (int i = np - 1; i >= 0 && r == SUMO_SUCCESS; i--) {
             if (!(fds[i + 1].revents & (POLLIN | POLLHUP | POLLERR))) continue;
             pending *p = &pend[i];
             ssize_t n = recv(p->fd, (char *)&p->h + p->got, sizeof p->h - p->got, 0);
@@ -539,13 +615,12 @@ static sumo_result accept_lower(const meeting *m, int lfd, int *conn)
             if (n > 0) p->got += (size_t)n;
             if (!drop && p->got == sizeof p->h) {
                 const hello *h = &p->h;
-                bool ours = h->magic == HELLO_MAGIC && h->nonce == m->nonce && h->to == me &&
-                            h->size == m->o->size && h->version == TCP_VERSION && h->from >= 0 &&
-                            h->from < me && conn[h->from] < 0;
                 hello ack = {.magic = HELLO_MAGIC, .nonce = m->nonce, .from = me, .to = h->from,
                              .size = m->o->size, .version = TCP_VERSION};
-                if (ours && io_all(m, p->fd, &ack, sizeof ack, true, h->from, "hello's answer") ==
-                                SUMO_SUCCESS) {
+                if (ours(m, h) && conn[h->from] >= 0) {
+                    r = two_claims(m, p->fd, h->from);
+                } else if (ours(m, h) && io_all(m, p->fd, &ack, sizeof ack, true, h->from,
+                                                "hello's answer") == SUMO_SUCCESS) {
                     conn[h->from] = p->fd;
                     missing--;
                     p->fd = -1;
@@ -562,7 +637,7 @@ static sumo_result accept_lower(const meeting *m, int lfd, int *conn)
                 pend[i] = pend[--np];
             }
         }
-        if (fds[0].revents & POLLIN) {
+        if (r == SUMO_SUCCESS && (fds[0].revents & POLLIN)) {
             int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
             if (fd >= 0) {
                 if (np == MAX_PENDING) { /* the oldest stranger goes */
@@ -573,10 +648,23 @@ static sumo_result accept_lower(const meeting *m, int lfd, int *conn)
                 pend[np++] = (pending){.fd = fd};
             }
         }
-        if (missing > 0 && (r = keep_waiting(m, conn, 0, me)) != SUMO_SUCCESS) break;
+        if (r == SUMO_SUCCESS && waiting > 0) r = keep_waiting(m, conn, 0, me);
     }
     for (int i = 0; i < np; i++) close(pend[i].fd);
+    free(rd), free(at), free(fds);
     return r;
+}
+
+/* Tells every higher rank that this one has met all its peers (see struct ready). */
+static sumo_result send_ready(const meeting *m, const int *conn)
+{
+    int me = m->o->rank;
+    for (int j = me + 1; j < m->o->size; j++) {
+        hello h = {.magic = READY_MAGIC, .nonce = m->nonce, .from = me, .to = j,
+                   .size = m->o->size, .version = TCP_VERSION};
+        SUMO__CHECK(io_all(m, conn[j], &h, sizeof h, true, j, "ready"));
+    }
+    return SUMO_SUCCESS;
 }
 
 static uint64_t fresh_nonce(void)
@@ -638,6 +726,8 @@ static sumo_result meet(const meeting *mc, int *conn)
         r = accept_lower(m, lfd, conn);
         if (r != SUMO_SUCCESS) goto out;
     }
+    r = send_ready(m, conn);
+    if (r != SUMO_SUCCESS) goto out;
     /* Every lower rank has read this rank's address (and every rank the nonce: rank 0 has
      * heard each one answer): the keys have served. */
     if (make_key(m, key, me == 0 ? "nonce" : "addr", me == 0 ? -1 : me) == SUMO_SUCCESS)

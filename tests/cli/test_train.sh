@@ -69,6 +69,20 @@ sed -i 's/step [0-9]*/step '"$(basename "$f" | sed 's/step-\([0-9]*\).*/\1/')"'/
 [ $? -ne 0 ] && grep -q "rank-1.ckpt" "$tmp/d.out" && grep -qi "truncated" "$tmp/d.out" \
   && ok "truncated checkpoint refused, naming the file" || { fail "truncated checkpoint"; cat "$tmp/d.out"; }
 
+# A FIFO in a rank file's place would block the open (no deadline bounds it): refused at once.
+rm -f "$f" && mkfifo "$f"
+timeout 60 "$sumo" train "${common[@]}" --checkpoint-dir "$tmp/ck" --resume > "$tmp/d2.out" 2>&1
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "not a regular file" "$tmp/d2.out" \
+  && ok "a FIFO as a rank's checkpoint file refused at once, naming it" || { fail "FIFO checkpoint (rc $rc)"; tail -3 "$tmp/d2.out"; }
+rm -f "$f"
+# A checkpoint folder others may write is refused before anything in it is read.
+chmod 0777 "$tmp/ck"
+"$sumo" train "${common[@]}" --checkpoint-dir "$tmp/ck" --resume > "$tmp/d3.out" 2>&1
+[ $? -ne 0 ] && grep -q "writable by nobody else" "$tmp/d3.out" \
+  && ok "a checkpoint folder others may write refused" || { fail "open checkpoint folder"; tail -3 "$tmp/d3.out"; }
+chmod 0700 "$tmp/ck"
+
 "$sumo" train "${common[@]}" --checkpoint-dir "$tmp/none" --resume > "$tmp/e.out" 2>&1
 [ $? -ne 0 ] && grep -q "no checkpoint" "$tmp/e.out" && ok "resume without a checkpoint refused" || fail "resume without checkpoint"
 

@@ -11,7 +11,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 status=0
-for name in idx checkpoint cli; do
+for name in idx checkpoint cli store tcp; do
   bin=$dir/fuzz_$name
   mkdir -p "$scratch/$name"
   # -close_fd_mask=3: the parser's own messages would drown libFuzzer's report.

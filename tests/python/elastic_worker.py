@@ -74,6 +74,7 @@ def main():
     p.add_argument("--transport", default="shm")
     p.add_argument("--diloco", action="store_true")
     p.add_argument("--fail-shrink-rank", type=int, default=-1)
+    p.add_argument("--bad-model", action="store_true", help="a model of another shape")
     a = p.parse_args()
     if a.rank is not None and a.rank == a.fail_shrink_rank:
         real, failed = _stores.make_tcp, []
@@ -99,6 +100,8 @@ def main():
     events = []
 
     model = make_model()
+    if a.bad_model:
+        model = torch.nn.Sequential(torch.nn.Linear(16, 9), torch.nn.Tanh(), torch.nn.Linear(9, 4))
     if a.diloco:
         opt = hvd.DiLoCo(make_optimizer(model.parameters()), **DILOCO)
     else:
@@ -144,7 +147,13 @@ def main():
                                    state.step))
                     raise
 
-    train(state)
+    try:
+        train(state)
+    except RuntimeError as e:
+        if not a.bad_model:
+            raise
+        print("refused: %s" % e, flush=True)
+        sys.exit(3)
     torch.save({"first": first, "rank": hvd.rank(), "size": hvd.size(), "step": state.step,
                 "commits": state._commits, "events": events,
                 "params": {k: v.clone() for k, v in model.state_dict().items()}},

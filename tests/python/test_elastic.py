@@ -77,7 +77,7 @@ def _env():
                 SUMO_LIVENESS_TIMEOUT="1")
 
 
-def _run_job(tmp_path, store, members, kill, joiners=0, extra=()):
+def _run_job(tmp_path, store, members, kill, joiners=0, extra=(), joiner_extra=()):
     """Starts `members` processes (and `joiners` that join at the first commit) of
     elastic_worker.py with the arguments `extra`, each on its own, and waits for them: their
     exit codes, and what each survivor wrote."""
@@ -87,7 +87,7 @@ def _run_job(tmp_path, store, members, kill, joiners=0, extra=()):
     common = [sys.executable, script, str(store), str(out)]
     kill_args = ["--kill-rank", str(kill[0]), "--kill-step", str(kill[1]), "--kill-where",
                  kill[2]] + list(extra)
-    procs = [subprocess.Popen(common + ["--join"] + kill_args, env=_env(),
+    procs = [subprocess.Popen(common + ["--join"] + kill_args + list(joiner_extra), env=_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for _ in range(joiners)]
     procs += [subprocess.Popen(common + ["--rank", str(r), "--size", str(members),
@@ -255,6 +255,24 @@ def test_joined_then_killed_inside_a_collective_survivors_equal_reference(tmp_pa
 
 
 @pytest.mark.skipif(LAUNCHED, reason="starts processes of its own; runs without a launcher")
+def test_a_joiner_whose_model_differs_is_refused_and_the_members_go_on(tmp_path):
+    # 2 processes; one joins at the first commit (step 2) with a model of another shape. Its
+    # first collective on the grown communicator disagrees with the members' state sync: the
+    # joiner leaves (exit 3 where the sync's own collective fails, saying its state does not
+    # match; under torch 2.x its optimizer's shared buckets are a collective before that), and
+    # the members drop it as a lost process and train on at 2 from the commit of step 2.
+    codes, results, logs = _run_job(tmp_path, tmp_path / "store", 2, (-1, -1, "between"),
+                                    joiners=1, joiner_extra=["--bad-model"])
+    assert codes[0] != 0, logs
+    assert codes[0] != 3 or "does not match the job's" in logs, logs
+    assert codes[1:] == [0, 0], logs
+    _check_survivors(codes[1:], results, logs, 0, reference([(0, 2)]))
+    for res in results:
+        resets = [(e[3], e[4]) for e in res["events"] if e[0] == "reset"]
+        assert resets == [(3, 2), (2, 2)], res["events"]
+
+
+@pytest.mark.skipif(LAUNCHED, reason="starts processes of its own; runs without a launcher")
 def test_a_shrink_met_by_some_ranks_only_is_made_again_by_all(tmp_path):
     # 3 processes over TCP; process 2 dies between steps at step 5, and process 1's first
     # shrink meeting fails after processes 0 and 1 have met (as when a member dies at the end
@@ -386,3 +404,16 @@ def test_elastic_sampler_cuts_what_is_left_for_the_new_membership(monkeypatch):
         shuffled.set_epoch(2)
         parts.append(list(shuffled))
     assert sorted(parts[0] + parts[1]) == list(range(10)) and parts[0] != [0, 2, 4, 6, 8]
+
+
+def test_a_joiners_place_is_bounded_before_use():
+    # What rank 0 writes, as _joiners.grow does: rank, size, memberships, tickets, prefix,
+    # transport, members. Anything else in the store is refused, not used.
+    from sumo.torch import _joiners
+    good = b"2 3 1 1 sumo/elastic/grow1/ tcp 2"
+    assert _joiners._place(good, "k") == (2, 3, 1, 1, "sumo/elastic/grow1/", "tcp", 2)
+    for bad in (b"", b"garbage", b"2 1000000000 1 1 p/ tcp 2", b"5 3 1 1 p/ tcp 2",
+                b"2 3 1 1 p/ mpi 2", b"2 3 1 1 p/ tcp 2 extra", b"\xff\xfe", b"2 3 1 1 p/ tcp 0",
+                b"-1 3 1 1 p/ tcp 2"):
+        with pytest.raises(RuntimeError, match="not a joiner's place"):
+            _joiners._place(bad, "k")

@@ -313,6 +313,55 @@ static void test_rank_on_another_machine(void **state)
     remove_dir(dir);
 }
 
+/* A second process for rank 1 after the group has met, while its rank 0 still runs: named as a
+ * duplicate at once, not a timeout on the segment record that rank 0 has long removed. */
+static void test_late_duplicate_named(void **state)
+{
+    (void)state;
+    char dir[160];
+    make_store_dir(dir, sizeof dir);
+    setenv("SUMO_TIMEOUT", "20", 1);
+    sumo_store *store = NULL;
+    assert_int_equal(sumo_store_create_dir(dir, &store), SUMO_SUCCESS);
+    int done[2];
+    assert_int_equal(pipe(done), 0);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) { /* rank 0, in a process of its own */
+        char err[256];
+        sumo_comm *comm = NULL;
+        if (create_alone(store, "dup/", 0, 2, err, sizeof err, &comm) != SUMO_SUCCESS) _exit(3);
+        close(done[1]); /* the parent's end alone: its exit, however it ends, ends the read */
+        char c;
+        (void)!read(done[0], &c, 1);
+        sumo_comm_destroy(comm);
+        _exit(0);
+    }
+    char err[256] = "";
+    sumo_comm *comm = NULL;
+    assert_int_equal(create_alone(store, "dup/", 1, 2, err, sizeof err, &comm), SUMO_SUCCESS);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    sumo_comm *again = NULL;
+    sumo_result r = create_alone(store, "dup/", 1, 2, err, sizeof err, &again);
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    print_message("after %.2f s: %s: %s\n", took, sumo_result_name(r), err);
+    assert_int_equal(r, SUMO_ERR_INVALID_USAGE);
+    assert_null(again);
+    assert_non_null(strstr(err, "started twice"));
+    assert_true(took < 5);
+    assert_int_equal(write(done[1], "x", 1), 1);
+    sumo_comm_destroy(comm);
+    int status = 0;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    unsetenv("SUMO_TIMEOUT");
+    assert_int_equal(sumo_store_destroy_dir(store, 1), SUMO_SUCCESS);
+    remove_dir(dir);
+}
+
 static void test_options_refused(void **state)
 {
     (void)state;
@@ -359,6 +408,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_options_refused),
+        cmocka_unit_test(test_late_duplicate_named),
         cmocka_unit_test(test_store_never_delivers),
         cmocka_unit_test(test_rank_on_another_machine),
         cmocka_unit_test(test_killed_rank_staged),

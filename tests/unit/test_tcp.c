@@ -14,7 +14,10 @@
  *   - a rank that never comes gives SUMO_ERR_TIMEOUT at a short SUMO_TIMEOUT, naming it;
  *   - a stray connection with the wrong nonce is closed during the meeting, which still
  *     succeeds; once the group has met nothing listens on the port the meeting used;
- *   - a message of another length than the receiver expects fails with a message.
+ *   - a message of another length than the receiver expects fails with a message;
+ *   - a process that read the job's nonce from the store and claims rank 0 before rank 0
+ *     does is not taken for it: the second claim fails the meeting for both rank 1 and the
+ *     real rank 0, each naming the two claims.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -509,6 +512,81 @@ static void test_stray_and_listener(void **state)
     drop_store(store);
 }
 
+/* ---- an impostor with the job's nonce ---------------------------------------------------- */
+
+/* The real rank 0's view of the store: its read of rank 1's address waits until the impostor
+ * has been answered, so the impostor's claim comes first, as it did when this was found. */
+typedef struct held_store {
+    sumo_store store;
+    const sumo_store *inner;
+    _Atomic int released;
+} held_store;
+
+static sumo_result held_set(void *ctx, const char *k, const void *v, size_t n)
+{
+    const held_store *h = ctx;
+    return h->inner->set(h->inner->ctx, k, v, n);
+}
+
+static sumo_result held_get(void *ctx, const char *k, void *v, size_t *n, int64_t deadline)
+{
+    held_store *h = ctx;
+    if (strstr(k, "addr/1") != NULL)
+        while (!h->released) usleep(1000);
+    return h->inner->get(h->inner->ctx, k, v, n, deadline);
+}
+
+static sumo_result held_remove(void *ctx, const char *k)
+{
+    const held_store *h = ctx;
+    return h->inner->remove(h->inner->ctx, k);
+}
+
+static void test_impostor_with_the_nonce(void **state)
+{
+    (void)state;
+    setenv("SUMO_TIMEOUT", "20", 1);
+    sumo_store *store = fresh_store();
+    held_store held = {.store = {.struct_size = sizeof held.store, .set = held_set,
+                                 .get = held_get, .remove = held_remove},
+                       .inner = store};
+    held.store.ctx = &held;
+    rank_ctx cs[2];
+    cs[0] = (rank_ctx){.rank = 0, .size = 2, .store = &held.store, .prefix = "imp/", .fn = say_hi};
+    cs[1] = (rank_ctx){.rank = 1, .size = 2, .store = store, .prefix = "imp/", .fn = say_hi};
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(pthread_create(&cs[r].thread, NULL, rank_main, &cs[r]), 0);
+    /* The impostor: the job's nonce and rank 1's address, both from the store. */
+    struct { uint64_t magic, nonce; int32_t size; uint32_t version; } job;
+    size_t bytes = sizeof job;
+    assert_int_equal(store->get(store->ctx, "imp/tcp/nonce", &job, &bytes,
+                                (int64_t)((now_s() + 30) * 1e9)), SUMO_SUCCESS);
+    addr_seen a;
+    bytes = sizeof a;
+    assert_int_equal(store->get(store->ctx, "imp/tcp/addr/1", &a, &bytes,
+                                (int64_t)((now_s() + 30) * 1e9)), SUMO_SUCCESS);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((uint16_t)a.port)};
+    inet_pton(AF_INET, "127.0.0.1", &sin.sin_addr);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sin, sizeof sin), 0);
+    struct { uint64_t magic, nonce; int32_t from, to, size; uint32_t version; } hello =
+        {job.magic, job.nonce, 0, 1, 2, job.version}, back;
+    assert_int_equal(send(fd, &hello, sizeof hello, MSG_NOSIGNAL), (ssize_t)sizeof hello);
+    assert_int_equal(recv(fd, &back, sizeof back, MSG_WAITALL), (ssize_t)sizeof back);
+    assert_int_equal(back.from, 1); /* answered as rank 0: the claim was taken */
+    held.released = 1;              /* now the real rank 0 comes */
+    for (int r = 0; r < 2; r++) pthread_join(cs[r].thread, NULL);
+    close(fd);
+    for (int r = 0; r < 2; r++) {
+        print_message("rank %d: %s: %s\n", r, sumo_result_name(cs[r].made), cs[r].err);
+        assert_int_equal(cs[r].made, SUMO_ERR_MISMATCH);
+    }
+    assert_non_null(strstr(cs[1].err, "rank 0 was claimed by two connections"));
+    assert_non_null(strstr(cs[0].err, "another connection already claims rank 0"));
+    unsetenv("SUMO_TIMEOUT");
+    drop_store(store);
+}
+
 /* SUMO_SOCKET_IFNAME picks the address: the loopback interface by its name and by a prefix
  * of it, the address its peers read in the store being that interface's; a name no
  * interface has is refused, naming it and the interfaces here. */
@@ -627,6 +705,7 @@ int main(void)
         cmocka_unit_test(test_missing_peer),
         cmocka_unit_test(test_dead_member_by_heartbeat),
         cmocka_unit_test(test_stray_and_listener),
+        cmocka_unit_test(test_impostor_with_the_nonce),
         cmocka_unit_test(test_length_mismatch),
         cmocka_unit_test(test_socket_ifname),
     };

@@ -290,7 +290,7 @@ static void test_checkpoint_housekeeping(void **state)
     char name[128];
     snprintf(name, sizeof name, "latest.tmp.%ld", (long)child);
     touch(dir, name);
-    snprintf(name, sizeof name, "step-60.rank-0.ckpt.tmp.%ld", (long)getpid());
+    snprintf(name, sizeof name, "step-60.rank-0.ckpt.tmp.%ld.0badf00d", (long)getpid());
     touch(dir, name);
     assert_int_equal(sumo__checkpoint_prepare(dir, true, false, true, err, sizeof err), SUMO_SUCCESS);
     assert_int_equal(count_files(dir, ".tmp."), 1);

@@ -326,7 +326,7 @@ int sumo_cmd_train(int argc, char **argv)
                 rc = 2;
                 break;
             }
-            if (several && mkdir(o.cfg.checkpoint_dir, 0755) != 0 && errno != EEXIST) {
+            if (several && mkdir(o.cfg.checkpoint_dir, 0700) != 0 && errno != EEXIST) {
                 fprintf(stderr, "sumo train: %s: cannot create the checkpoint folder: %s\n",
                         o.cfg.checkpoint_dir, strerror(errno));
                 rc = 1;

@@ -6,8 +6,9 @@ protocol of its own in the store.
 from datetime import timedelta
 
 from .._lib import SumoError
-from ._membership import (_STORE_ROOT, _ACROSS, store_across, _make_member, _adopt_member,
-                          alive_prefix, replace_comm, membership_prefix, _forget)
+from ._membership import (_STORE_ROOT, _ACROSS, _STORE_TRANSPORTS, store_across,
+                          _make_member, _adopt_member, alive_prefix, replace_comm,
+                          membership_prefix, _forget)
 from ._runtime import state, error_for
 from ._stores import store_adapter
 
@@ -75,6 +76,30 @@ def grow(tickets):
         _forget(beats, old_size, [])
 
 
+# The most ranks a communicator holds (sumo_elastic.h's agreement: 1024).
+_MAX_RANKS = 1024
+
+
+def _place(record, key):
+    """A joiner's place as rank 0 wrote it, every field bounded before use: the store is
+    anyone's who reaches it (docs/security.md), so a record of another shape is refused."""
+    try:
+        fields = record.decode("ascii").split()
+        rank, size, memberships, admitted, members = (int(f) for f in
+                                                       (fields[0], fields[1], fields[2],
+                                                        fields[3], fields[6]))
+        prefix, over = fields[4], fields[5]
+        ok = (len(fields) == 7 and 0 < size <= _MAX_RANKS and 0 < members <= rank < size
+              and memberships > 0 and admitted > 0 and over in _STORE_TRANSPORTS
+              and len(prefix) <= 200)
+    except (UnicodeDecodeError, ValueError, IndexError):
+        ok = False
+    if not ok:
+        raise RuntimeError("sumo.torch.init: store key %s holds %r, not a joiner's place as "
+                           "rank 0 writes it" % (key, record[:120]))
+    return rank, size, memberships, admitted, prefix, over, members
+
+
 def _init_join(store):
     """A process joining the job on `store`: a ticket, then its place once the members are at
     a commit, then the larger communicator with them."""
@@ -98,7 +123,7 @@ def _init_join(store):
                 raise RuntimeError("sumo.torch.init: the job on this store ended before "
                                    "taking in join ticket %d" % ticket) from None
     rank, size, memberships, admitted, prefix, over, members = \
-        bytes(torch_store.get(key)).decode().split()
+        _place(bytes(torch_store.get(key)), key)
     state.store = adapter
     state.key_root = _STORE_ROOT
     # The members beat under the membership before the one made now, each at its rank.

@@ -58,6 +58,8 @@ import random
 import torch
 import torch.utils.data
 
+from .._abi import SUMO_ERR_MISMATCH
+from .._lib import SumoError
 from . import _joiners, _membership, _runtime as rt
 from . import collectives
 from ._init import init
@@ -437,13 +439,37 @@ def _sync(state):
         state.save()
 
 
+class _Refused(Exception):
+    """A joiner's state did not match the members': they drop it like a lost process."""
+
+
+def _sync_or_refuse(state, grew, synced):
+    """_sync(state), where a mismatch after processes joined refuses the joiners: a mismatch
+    there is a joiner's state of another shape (the members' states matched before), and the
+    agreement fails it on every process alike, the communicator still usable. Every joiner of
+    that grow leaves (none can tell which one differs), and the members shrink back."""
+    try:
+        _sync(state)
+    except SumoError as e:
+        joiner = not synced and rt.state.joined
+        if e.code != SUMO_ERR_MISMATCH or not (grew or joiner):
+            raise
+        if joiner:
+            raise RuntimeError("sumo.torch.elastic: this process's state does not match the "
+                               "job's, so the job goes on without it: %s" % e) from None
+        raise _Refused(e) from None
+
+
 def run(func):
     """Horovod's decorator: runs func(state, ...) until it returns. On a lost process
     (HorovodInternalError) the survivors shrink the communicator, restore the commit they all
     have, run the reset callbacks, sync the state from rank 0 and call func again; when
     processes asked to join (HostsUpdatedInterrupt, at a commit) the communicator grows with
     them and the state is synced to them. A process the others went on without (it came
-    after the deadline) ends with a SumoError."""
+    after the deadline) ends with a SumoError. A joiner whose state does not match the job's
+    (its model of another shape: the state sync fails with SUMO_ERR_MISMATCH on every process)
+    is refused: it ends with a RuntimeError naming the mismatch, and the members drop it as
+    they drop a lost process and go on."""
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
         rt.require_init()
@@ -451,17 +477,20 @@ def run(func):
         lost = joined = None
         while True:
             try:
+                grew = joined is not None
                 if lost is not None:
                     _recover(state, lost, synced)
                     state.on_reset()
-                elif joined is not None:
+                elif grew:
                     _joiners.grow(joined.tickets)
                     state.on_reset()
                 lost = joined = None
                 if not skip_sync:
-                    _sync(state)
+                    _sync_or_refuse(state, grew, synced)
                     synced = True
                 return func(state, *args, **kwargs)
+            except _Refused as e:
+                lost, joined, skip_sync = e, None, False
             except HorovodInternalError as e:
                 lost, joined, skip_sync = e, None, False
             except HostsUpdatedInterrupt as e:
