@@ -13,6 +13,7 @@
 #include "common/settings.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 /* ---- portable path ------------------------------------------------------------------------ */
 
@@ -359,8 +360,10 @@ sumo__isa sumo__kernel_isa_chosen(void)
 {
     /* A refused value (a set this CPU lacks) was reported where the communicator was made;
      * here it falls back to the widest set, so no instruction the CPU lacks ever runs. */
+    const char *text = getenv("SUMO_KERNEL_ISA"); /* unset: no parse on the common path */
     sumo__setting_value v;
-    if (sumo__setting_read(SUMO__SETTING_KERNEL_ISA, &v, NULL, 0) == SUMO_SUCCESS && v.set)
+    if (text && *text &&
+        sumo__setting_read(SUMO__SETTING_KERNEL_ISA, &v, NULL, 0) == SUMO_SUCCESS)
         return (sumo__isa)v.integer;
     return sumo__kernel_isa_best();
 }
