@@ -76,9 +76,12 @@ typedef enum sumo_dtype {
  * describe: compare with SUMO_VERSION_MAJOR and SUMO_VERSION_MINOR). Any pointer may be NULL. */
 SUMO_API sumo_result sumo_version(int *major, int *minor, int *patch);
 
-/* The instruction set sumo's host kernels dispatch to on this machine: "avx512", "avx2" or
- * "portable" (picked at run time; Adasum's and ACGA's sums follow the vector width, so runs
- * are bit-identical between machines that agree on it). For build reports (`python -m sumo`). */
+/* The instruction set sumo's host kernels dispatch to: "avx512", "avx2" or "portable", picked
+ * at run time, the widest this CPU runs unless SUMO_KERNEL_ISA names another (Adasum's and
+ * ACGA's sums follow the vector width, so runs are bit-identical between machines that agree
+ * on it). SUMO_ERR_INVALID_ARGUMENT when SUMO_KERNEL_ISA is refused (a set this CPU lacks, or
+ * no set: sumo_env_check gives the sentence); *name is then the set the kernels run. For
+ * build reports (`python -m sumo`, `sumo train --summary`). */
 SUMO_API sumo_result sumo_kernel_isa(const char **name);
 
 /*

@@ -96,11 +96,15 @@ def _torch():
 def report():
     """The report's lines, as `python -m sumo` prints them."""
     isa = ctypes.c_char_p()
-    if getattr(_lib.lib, "sumo_kernel_isa", None) is not None \
-            and _lib.lib.sumo_kernel_isa(ctypes.byref(isa)) == 0:
-        kernels = isa.value.decode()
-    else:
+    if getattr(_lib.lib, "sumo_kernel_isa", None) is None:
         kernels = "unknown (the library predates sumo_kernel_isa)"
+    elif _lib.lib.sumo_kernel_isa(ctypes.byref(isa)) == 0:
+        kernels = isa.value.decode()
+    else:  # SUMO_KERNEL_ISA refused: the kernels run the widest set, and the report says why
+        why = ctypes.create_string_buffer(256)
+        _lib.lib.sumo_env_check(why, ctypes.sizeof(why))
+        kernels = "%s (%s)" % (isa.value.decode() if isa.value else "unknown",
+                               why.value.decode())
     package = _package_version()
     # torch before NCCL: a libnccl.so.2 loaded first (CUDA's) would stand in for torch's own.
     torch = _torch()

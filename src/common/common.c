@@ -99,6 +99,8 @@ sumo_result sumo__env_read(sumo__env *env, char *why, size_t why_bytes)
     env->log_level = (int)v.integer;
     SUMO__CHECK(sumo__setting_read(SUMO__SETTING_TIMEOUT, &v, why, why_bytes));
     env->timeout_s = v.number;
+    /* Read by each kernel call; refused here, where a constructor can still say why. */
+    SUMO__CHECK(sumo__setting_read(SUMO__SETTING_KERNEL_ISA, &v, why, why_bytes));
     return SUMO_SUCCESS;
 }
 

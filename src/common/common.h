@@ -54,8 +54,9 @@ typedef struct sumo__env {
     int log_level;    /* SUMO_DEBUG: a sumo__log_level */
 } sumo__env;
 
-/* Reads both; a malformed or out-of-range value is SUMO_ERR_INVALID_ARGUMENT with a sentence
- * in why naming the variable, its value and what is accepted (why may be NULL). */
+/* Reads both, and checks SUMO_KERNEL_ISA (which the kernels read on each call); a malformed or
+ * out-of-range value is SUMO_ERR_INVALID_ARGUMENT with a sentence in why naming the variable,
+ * its value and what is accepted (why may be NULL). */
 sumo_result sumo__env_read(sumo__env *env, char *why, size_t why_bytes);
 
 /* sumo__env_read for constructors that have no handle to carry the message yet: prints the

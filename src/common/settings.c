@@ -6,6 +6,8 @@
 #include <string.h>
 
 static const char *const log_levels[] = {"NONE", "WARN", "INFO", NULL};
+/* In the order of the kernels' sumo__isa (kernels_isa.h): a choice's index is its path. */
+static const char *const kernel_isas[] = {"PORTABLE", "AVX2", "AVX512", NULL};
 
 static const sumo__setting table[SUMO__SETTING_COUNT] = {
     [SUMO__SETTING_TIMEOUT] = {
@@ -85,7 +87,34 @@ static const sumo__setting table[SUMO__SETTING_COUNT] = {
                "sumo_comm_create_tcp where sumo_tcp_options.address is NULL; unset: the "
                "address through which the host reaches the store's (route_host), else the "
                "host name's first one that is not a loopback one."},
+    [SUMO__SETTING_KERNEL_ISA] = {
+        .name = "SUMO_KERNEL_ISA", .type = SUMO__SETTING_CHOICE, .noun = "an instruction set",
+        .choices = kernel_isas,
+        .doc = "The instruction set of sumo's host kernels, in place of the widest this CPU "
+               "runs (unset): one the CPU lacks is refused by name. The order of the dot "
+               "products and Gram sums of Adasum and ACGA follows the vector width, so a run "
+               "forced to the set a result was recorded with gives that result's bits on "
+               "another CPU (scripts/check-recorded); the other kernels give the same bits on "
+               "every set. Read by every communicator constructor and by each kernel call."},
 };
+
+int sumo__cpu_isa_level(void)
+{
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    /* Idempotent and cheap; needed only when called before libgcc's own constructor ran. The
+     * avx512f bit is set only when the OS saves zmm state, so this is also the XCR0 check. */
+    __builtin_cpu_init();
+#ifdef __clang__ /* knows no "f16c" here; every AVX2 CPU has F16C anyway */
+    const int f16c = 1;
+#else
+    const int f16c = __builtin_cpu_supports("f16c");
+#endif
+    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
+    if (avx2 && __builtin_cpu_supports("avx512f")) return 2;
+    if (avx2) return 1;
+#endif
+    return 0;
+}
 
 const sumo__setting *sumo__setting_info(sumo__setting_id id)
 {
@@ -194,7 +223,16 @@ sumo_result sumo__setting_read(sumo__setting_id id, sumo__setting_value *value, 
     if (!value->set) text = s->fallback;
     if (text == NULL) return SUMO_SUCCESS;
     value->text = text;
-    if (parse(s, text, value)) return SUMO_SUCCESS;
+    if (parse(s, text, value)) {
+        if (id != SUMO__SETTING_KERNEL_ISA || value->integer <= sumo__cpu_isa_level())
+            return SUMO_SUCCESS;
+        if (why)
+            snprintf(why, why_bytes, "%s='%.64s' is an instruction set this CPU lacks: it runs "
+                     "%s (unset or empty: the widest of them)", name, text,
+                     sumo__cpu_isa_level() == 2 ? "PORTABLE, AVX2 or AVX512"
+                     : sumo__cpu_isa_level() == 1 ? "PORTABLE or AVX2" : "PORTABLE alone");
+        return SUMO_ERR_INVALID_ARGUMENT;
+    }
     if (why) {
         char accepts[160], unset[120];
         sumo__setting_accepts(s, accepts, sizeof accepts);

@@ -4,13 +4,16 @@
  *
  * The vector paths (kernels_avx2.c, kernels_avx512.c) share one body, kernels_simd.h, so the
  * AVX-512 path runs the same logic the AVX2 path's tests exercise; only the primitives differ.
- * The path is asked of libgcc's CPU model on every call: a few loads, no syscall, and no
- * state of ours to initialise or race on.
+ * The path is asked on every call: SUMO_KERNEL_ISA where it is set (a getenv), else the widest
+ * set libgcc's CPU model names (a few loads); no syscall, and no state of ours to initialise
+ * or race on.
  */
 #include "kernels/kernels.h"
 #include "kernels/kernels_isa.h"
+#include "common/settings.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 /* ---- portable path ------------------------------------------------------------------------ */
 
@@ -351,22 +354,18 @@ void sumo__weighted_sum_portable(sumo_dtype dtype, void *const *outs, int nout,
 
 /* ---- dispatch ---------------------------------------------------------------------------- */
 
-sumo__isa sumo__kernel_isa_best(void)
+sumo__isa sumo__kernel_isa_best(void) { return (sumo__isa)sumo__cpu_isa_level(); }
+
+sumo__isa sumo__kernel_isa_chosen(void)
 {
-#if SUMO__KERNELS_X86
-    /* Idempotent and cheap; needed only when called before libgcc's own constructor ran. The
-     * avx512f bit is set only when the OS saves zmm state, so this is also the XCR0 check. */
-    __builtin_cpu_init();
-#ifdef __clang__ /* knows no "f16c" here; every AVX2 CPU has F16C anyway */
-    const int f16c = 1;
-#else
-    const int f16c = __builtin_cpu_supports("f16c");
-#endif
-    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
-    if (avx2 && __builtin_cpu_supports("avx512f")) return SUMO__ISA_AVX512;
-    if (avx2) return SUMO__ISA_AVX2;
-#endif
-    return SUMO__ISA_PORTABLE;
+    /* A refused value (a set this CPU lacks) was reported where the communicator was made;
+     * here it falls back to the widest set, so no instruction the CPU lacks ever runs. */
+    const char *text = getenv("SUMO_KERNEL_ISA"); /* unset: no parse on the common path */
+    sumo__setting_value v;
+    if (text && *text &&
+        sumo__setting_read(SUMO__SETTING_KERNEL_ISA, &v, NULL, 0) == SUMO_SUCCESS)
+        return (sumo__isa)v.integer;
+    return sumo__kernel_isa_best();
 }
 
 const char *sumo__kernel_isa_name(sumo__isa isa)
@@ -378,13 +377,14 @@ const char *sumo__kernel_isa_name(sumo__isa isa)
     }
 }
 
-const char *sumo__kernel_isa(void) { return sumo__kernel_isa_name(sumo__kernel_isa_best()); }
+const char *sumo__kernel_isa(void) { return sumo__kernel_isa_name(sumo__kernel_isa_chosen()); }
 
 sumo_result sumo_kernel_isa(const char **name)
 {
     if (!name) return SUMO_ERR_INVALID_ARGUMENT;
     *name = sumo__kernel_isa();
-    return SUMO_SUCCESS;
+    sumo__setting_value v;
+    return sumo__setting_read(SUMO__SETTING_KERNEL_ISA, &v, NULL, 0);
 }
 
 /* A path the CPU lacks (or an unknown value) becomes the best one it has. */
@@ -529,7 +529,7 @@ void sumo__kernel_gram_partials_layout(sumo_dtype dtype, const void *const *ins,
                                        size_t hi, double *gram)
 {
     if (nin < 1 || nin > SUMO__GRAM_MAX_IN || hi <= lo || !sumo__dtype_valid((int)dtype)) return;
-    switch (usable(sumo__kernel_isa_best())) {
+    switch (usable(sumo__kernel_isa_chosen())) {
 #if SUMO__KERNELS_X86
     case SUMO__ISA_AVX512:
         sumo__gram_partials_layout_avx512(dtype, ins, nin, offsets, ntensors, lo, hi, gram);
@@ -549,7 +549,7 @@ void sumo__kernel_weighted_sum_layout(sumo_dtype dtype, void *const *outs, int n
     if (nin < 1 || nin > SUMO__GRAM_MAX_IN || nout < 1 || nout > SUMO__GRAM_MAX_IN || hi <= lo ||
         !sumo__dtype_valid((int)dtype))
         return;
-    switch (usable(sumo__kernel_isa_best())) {
+    switch (usable(sumo__kernel_isa_chosen())) {
 #if SUMO__KERNELS_X86
     case SUMO__ISA_AVX512:
         sumo__weighted_sum_layout_avx512(dtype, outs, nout, ins, nin, offsets, ntensors, lo, hi, w);
@@ -567,7 +567,7 @@ void sumo__kernel_weighted_sum_layout(sumo_dtype dtype, void *const *outs, int n
 void sumo__reduce_multi(sumo_dtype dtype, void *const *outs, int nout, const void *const *ins,
                         int nin, size_t n, int divisor)
 {
-    sumo__reduce_multi_isa(sumo__kernel_isa_best(), dtype, outs, nout, ins, nin, n, divisor);
+    sumo__reduce_multi_isa(sumo__kernel_isa_chosen(), dtype, outs, nout, ins, nin, n, divisor);
 }
 
 void sumo__kernel_add(sumo_dtype dtype, void *dst, const void *a, const void *b, size_t n)
@@ -591,29 +591,29 @@ void sumo__kernel_divide(sumo_dtype dtype, void *dst, const void *src, size_t n,
 void sumo__kernel_convert(sumo_dtype dst_dtype, void *dst, sumo_dtype src_dtype, const void *src,
                           size_t n)
 {
-    sumo__kernel_convert_isa(sumo__kernel_isa_best(), dst_dtype, dst, src_dtype, src, n);
+    sumo__kernel_convert_isa(sumo__kernel_isa_chosen(), dst_dtype, dst, src_dtype, src, n);
 }
 
 void sumo__kernel_dot_norms(sumo_dtype dtype, const void *a, const void *b, size_t n,
                             double out[3])
 {
-    sumo__kernel_dot_norms_isa(sumo__kernel_isa_best(), dtype, a, b, n, out);
+    sumo__kernel_dot_norms_isa(sumo__kernel_isa_chosen(), dtype, a, b, n, out);
 }
 
 void sumo__kernel_scaled_add(sumo_dtype dtype, void *a, double ca, const void *b, double cb,
                              size_t n)
 {
-    sumo__kernel_scaled_add_isa(sumo__kernel_isa_best(), dtype, a, ca, b, cb, n);
+    sumo__kernel_scaled_add_isa(sumo__kernel_isa_chosen(), dtype, a, ca, b, cb, n);
 }
 
 void sumo__kernel_gram_partials(sumo_dtype dtype, const void *const *ins, int nin, size_t n,
                                 double *out)
 {
-    sumo__kernel_gram_partials_isa(sumo__kernel_isa_best(), dtype, ins, nin, n, out);
+    sumo__kernel_gram_partials_isa(sumo__kernel_isa_chosen(), dtype, ins, nin, n, out);
 }
 
 void sumo__kernel_weighted_sum(sumo_dtype dtype, void *const *outs, int nout,
                                const void *const *ins, const double *w, int nin, size_t n)
 {
-    sumo__kernel_weighted_sum_isa(sumo__kernel_isa_best(), dtype, outs, nout, ins, w, nin, n);
+    sumo__kernel_weighted_sum_isa(sumo__kernel_isa_chosen(), dtype, outs, nout, ins, w, nin, n);
 }

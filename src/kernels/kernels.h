@@ -85,8 +85,8 @@ void sumo__kernel_weighted_sum_layout(sumo_dtype dtype, void *const *outs, int n
                                       const void *const *ins, int nin, const size_t *offsets,
                                       size_t ntensors, size_t lo, size_t hi, const double *w);
 
-/* The instruction set the dispatched kernels use on this machine: "avx512", "avx2" or
- * "portable". */
+/* The instruction set the dispatched kernels use: "avx512", "avx2" or "portable", the one
+ * SUMO_KERNEL_ISA names where it is set and this CPU runs it, else the widest it runs. */
 const char *sumo__kernel_isa(void);
 
 #endif

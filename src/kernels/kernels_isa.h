@@ -30,6 +30,9 @@ typedef enum sumo__isa {
 
 /* The best path this CPU (and OS) supports; cheap enough to ask on every call. */
 sumo__isa sumo__kernel_isa_best(void);
+/* The path the kernels of kernels.h run: SUMO_KERNEL_ISA's where it is set and this CPU runs
+ * it, else the best one. */
+sumo__isa sumo__kernel_isa_chosen(void);
 const char *sumo__kernel_isa_name(sumo__isa isa);
 
 void sumo__reduce_multi_isa(sumo__isa isa, sumo_dtype dtype, void *const *outs, int nout,

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Checks of the project's scripts that do not fit a unit test: scripts/deps.sh's switch that
 # leaves out the Python packages, scripts/check-recorded (a recorded hash that no longer comes
-# out fails it, one from another machine is skipped, a command of another shape is refused),
+# out fails it, a row recorded with other kernels and another OpenBLAS core is run with them
+# and compared, one whose kernels or core cannot run here is skipped saying why, a command of
+# another shape is refused),
 # scripts/experiment's refusals, and scripts/check-layers refusing a violation made in a copy
 # of the tree. Run from anywhere; needs build/sumo (make).
 set -uo pipefail
@@ -45,11 +47,29 @@ scripts/check-recorded "$tmp/moved.csv" > "$tmp/c2.out" 2>&1
 code=$?
 [ $code -eq 1 ] && grep -q "fnv1a $right, recorded 0123456789abcdef" "$tmp/c2.out" && grep -q "regenerate the results" "$tmp/c2.out" \
   && ok "check-recorded: a hash that no longer comes out fails, naming both" || fail "check-recorded, moved bits: exit $code: $(tail -3 "$tmp/c2.out")"
-recorded "$tmp/other.csv" 0123456789abcdef OtherCore avx512-elsewhere
-scripts/check-recorded "$tmp/other.csv" > "$tmp/c3.out" 2>&1
+# A row as another CPU records it: portable kernels and OpenBLAS's Sandybridge core (AVX), run
+# here with both forced. check-recorded, from a plain environment, forces the same and compares.
+if grep -qw avx /proc/cpuinfo; then
+  OPENBLAS_CORETYPE=Sandybridge SUMO_KERNEL_ISA=portable $cmd --summary "$tmp/other_row.csv" > /dev/null 2>&1
+  other_hash=$(tail -1 "$tmp/other_row.csv" | awk -F, '{ print $(NF - 2) }')
+  other_ran=$(tail -1 "$tmp/other_row.csv" | awk -F, '{ print $(NF - 1) "," $NF }')
+  recorded "$tmp/other.csv" "$other_hash" Sandybridge portable
+  scripts/check-recorded "$tmp/other.csv" > "$tmp/c3.out" 2>&1
+  code=$?
+  [ "$other_ran" = Sandybridge,portable ] && [ $code -eq 0 ] \
+    && grep -q "^ok .* under portable kernels, OpenBLAS Sandybridge: fnv1a $other_hash as recorded" "$tmp/c3.out" \
+    && ok "check-recorded: a row recorded with other kernels and another OpenBLAS core runs with them and compares" \
+    || fail "check-recorded, another CPU's row: recorded with $other_ran, exit $code: $(tail -3 "$tmp/c3.out")"
+else ok "check-recorded: another CPU's row (# SKIP: this CPU has no AVX for OpenBLAS's Sandybridge core)"; fi
+recorded "$tmp/lacks.csv" 0123456789abcdef "$here_blas" avx1024
+recorded "$tmp/core.csv" 0123456789abcdef OtherCore "$here_isa"
+scripts/check-recorded "$tmp/lacks.csv" "$tmp/core.csv" > "$tmp/c5.out" 2>&1
 code=$?
-[ $code -eq 0 ] && grep -q "^skip .*OtherCore,avx512-elsewhere.*not comparable" "$tmp/c3.out" \
-  && ok "check-recorded: a row from another machine is skipped, saying so" || fail "check-recorded, other machine: exit $code: $(tail -3 "$tmp/c3.out")"
+[ $code -eq 0 ] && grep -q "^skip .*recorded with avx1024 kernels: SUMO_KERNEL_ISA='avx1024' is not an instruction set" "$tmp/c5.out" \
+  && grep -q "^skip .*recorded with OpenBLAS core OtherCore: .*OtherCore kernels" "$tmp/c5.out" \
+  && grep -q "0 row run(s) compared.* 2 skipped" "$tmp/c5.out" \
+  && ok "check-recorded: rows whose kernels or OpenBLAS core cannot run here are skipped, saying why" \
+  || fail "check-recorded, kernels or core not here: exit $code: $(cat "$tmp/c5.out")"
 recorded "$tmp/shape.csv" "$right" "$here_blas" "$here_isa" "./build/sumo train --seed 1; touch $tmp/ran"
 scripts/check-recorded "$tmp/shape.csv" > "$tmp/c4.out" 2>&1
 code=$?

@@ -29,7 +29,7 @@
 static const char *const names[] = {
     "SUMO_TIMEOUT",   "SUMO_DEBUG",        "SUMO_SHM_STAGE_BYTES",       "SUMO_SHM_NAMED",
     "SUMO_MPI_SHM",   "SUMO_NCCL_LIBRARY", "SUMO_FUSION_THRESHOLD",      "SUMO_TEST_EXIT_DURING_SAVE",
-    "SUMO_LOCAL_SIZE", "SUMO_LIVENESS_TIMEOUT", "SUMO_SOCKET_IFNAME",
+    "SUMO_LOCAL_SIZE", "SUMO_LIVENESS_TIMEOUT", "SUMO_SOCKET_IFNAME", "SUMO_KERNEL_ISA",
 };
 #define NNAMES (sizeof names / sizeof names[0])
 
@@ -81,6 +81,7 @@ static void test_defaults_when_unset_or_empty(void **state)
         {SUMO__SETTING_LOCAL_SIZE, NULL, 0},
         {SUMO__SETTING_LIVENESS_TIMEOUT, "5", 5.0},
         {SUMO__SETTING_SOCKET_IFNAME, NULL, 0},
+        {SUMO__SETTING_KERNEL_ISA, NULL, 0},
     };
     for (int empty = 0; empty < 2; empty++) {
         for (size_t i = 0; i < NNAMES; i++) {
@@ -174,6 +175,11 @@ static const edge edges[] = {
     {SUMO__SETTING_TEST_EXIT_DURING_SAVE, "1000000001", false, 0},
     {SUMO__SETTING_TEST_EXIT_DURING_SAVE, "-1", false, 0},
     {SUMO__SETTING_TEST_EXIT_DURING_SAVE, "sixty", false, 0},
+    /* Every CPU runs the portable kernels; the sets a CPU lacks are test_kernels_forced's. */
+    {SUMO__SETTING_KERNEL_ISA, "PORTABLE", true, 0},
+    {SUMO__SETTING_KERNEL_ISA, "sse4", false, 0},
+    {SUMO__SETTING_KERNEL_ISA, "avx-512", false, 0},
+    {SUMO__SETTING_KERNEL_ISA, "avx2 ", false, 0},
     {SUMO__SETTING_LIVENESS_TIMEOUT, "1", true, 1},
     {SUMO__SETTING_LIVENESS_TIMEOUT, "0.25", true, 0.25},
     {SUMO__SETTING_LIVENESS_TIMEOUT, "1000000", true, 1e6},
@@ -245,6 +251,7 @@ static void test_refusal_names_the_range(void **state)
     } cases[] = {
         {"SUMO_TIMEOUT", "0", "> 0 and <= 100000000"},
         {"SUMO_DEBUG", "LOUD", "NONE, WARN or INFO"},
+        {"SUMO_KERNEL_ISA", "sse4", "expected PORTABLE, AVX2 or AVX512, in any case (unset or empty: none)"},
         {"SUMO_SHM_STAGE_BYTES", "1", "8192 .. 1073741824, rounded down to a multiple of 4096"},
         {"SUMO_SHM_NAMED", "yes", "expected 0 or 1 (unset or empty: 0)"},
         {"SUMO_MPI_SHM", "no", "expected 0 or 1 (unset or empty: 1)"},

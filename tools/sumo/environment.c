@@ -1,7 +1,9 @@
 /*
  * `sumo environment`: the environment variables the library reads, from its own table
  * (sumo_setting_describe), as a list or, with --markdown, as the table docs/settings.md holds
- * (tests/unit/test_tool.c checks that the two agree). `sumo --help` prints the short form.
+ * (tests/unit/test_tool.c checks that the two agree), or, with --check, whether this machine
+ * accepts the values set (scripts/check-recorded asks it which kernel sets run here).
+ * `sumo --help` prints the short form.
  */
 #include "commands.h"
 
@@ -44,14 +46,22 @@ void sumo_print_settings_short(FILE *out)
 int sumo_cmd_environment(int argc, char **argv)
 {
     bool markdown = argc == 2 && strcmp(argv[1], "--markdown") == 0;
+    if (argc == 2 && strcmp(argv[1], "--check") == 0) {
+        char why[256] = "";
+        if (sumo_env_check(why, sizeof why) == SUMO_SUCCESS) return 0;
+        fprintf(stderr, "sumo: %s\n", why);
+        return 1;
+    }
     if (argc > 2 || (argc == 2 && !markdown)) {
         bool help = argc == 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0);
         fprintf(help ? stdout : stderr,
-                "usage: sumo environment [--markdown]\n\n"
+                "usage: sumo environment [--markdown | --check]\n\n"
                 "Lists the environment variables sumo reads: what each accepts, its default and\n"
                 "what it does. A malformed value is refused by name where it is read\n"
                 "(sumo_env_check checks them all). --markdown prints the table of\n"
-                "docs/settings.md.\n");
+                "docs/settings.md. --check prints nothing and exits 0 when every variable set\n"
+                "is accepted here (SUMO_KERNEL_ISA=avx512 only where the CPU runs AVX-512),\n"
+                "else prints the first refusal and exits 1.\n");
         return help ? 0 : 2;
     }
     const char *name, *fallback, *doc;

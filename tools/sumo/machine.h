@@ -5,6 +5,9 @@
  *     product's terms in its own order (the training driver's forward and backward passes).
  *   - sumo's kernels pick AVX-512, AVX2 or portable code at run time, and the order of their
  *     dot products and Gram sums follows the vector width (Adasum, ACGA).
+ * Both can be forced (OPENBLAS_CORETYPE, SUMO_KERNEL_ISA) to a CPU kind's that this one has
+ * the instructions for, and these report what ran, forced or not: scripts/check-recorded
+ * reproduces a row of another CPU that way.
  * Header-only, so that every file of the tool (and a fuzzer that compiles some of them alone)
  * can name them without another object to link.
  */
@@ -22,7 +25,8 @@ static inline const char *sumo_tool_blas_core(void)
     return name && *name ? name : "unknown";
 }
 
-/* The instruction set sumo's kernels dispatch to here (sumo_kernel_isa). */
+/* The instruction set sumo's kernels dispatch to here, SUMO_KERNEL_ISA's where it is set
+ * (sumo_kernel_isa). */
 static inline const char *sumo_tool_kernel_isa(void)
 {
     const char *name = "unknown";
