@@ -128,6 +128,48 @@ SUMO_API sumo_result sumo_agree_options_default(sumo_agree_options *options);
 SUMO_API sumo_result sumo_store_agree(const sumo_agree_options *options, sumo_shrink_info *info);
 
 /*
+ * Keeping a new membership. Across hosts a meeting can end differently on two ranks (a member
+ * that dies once some peers have met it fails the meeting on the others only); those that
+ * kept the new communicator and those that agree again would never meet again. So every
+ * member of the new membership calls sumo_store_commit once it has tried to make its
+ * communicator (made 1: it holds one; made 0: its making failed), and one outcome, written
+ * once in the store, stands for all: "ok" once every member has said it made its own; "fail"
+ * from a member whose making failed, one that sees a member's heartbeat stand still for
+ * alive_s, or the deadline. Keys under key_prefix: made/<rank> (each member removes its own
+ * once the outcome stands, where the store has remove) and outcome (stays, for a member that
+ * comes late).
+ */
+typedef struct sumo_commit_options {
+    size_t struct_size;      /* sizeof(sumo_commit_options) */
+    int rank, size;          /* this process's rank in the new membership, and its size (at
+                                most 1024) */
+    const sumo_store *store; /* the same store on every rank; it must offer set_once */
+    const char *key_prefix;  /* unique per making within the store, at most 230 bytes */
+    int made;                /* 1 (the default): this rank holds its new communicator; 0: its
+                                making failed */
+    double timeout_s;        /* how long the others are waited for; 0: SUMO_TIMEOUT */
+    /* Optional (NULL: no liveness), as sumo_tcp_options's: member r's beat is under
+     * alive_prefix and the decimal alive_ranks[r] (r where alive_ranks is NULL; a negative
+     * entry: r has none, a joiner), stale after alive_s (0: SUMO_LIVENESS_TIMEOUT). */
+    const char *alive_prefix;
+    const int *alive_ranks;
+    double alive_s;
+    char *error;             /* optional: why it failed */
+    size_t error_bytes;
+} sumo_commit_options;
+
+/* struct_size set, made 1, everything else 0 or NULL. */
+SUMO_API sumo_result sumo_commit_options_default(sumo_commit_options *options);
+
+/*
+ * SUMO_SUCCESS when the outcome is "ok" (every member keeps its communicator);
+ * SUMO_ERR_PEER_FAILURE when it is "fail" (every member drops what it made; the reason in
+ * options->error); SUMO_ERR_INVALID_ARGUMENT for bad options, a store without set_once, or an
+ * outcome key holding something else; SUMO_ERR_SYSTEM when the store fails.
+ */
+SUMO_API sumo_result sumo_store_commit(const sumo_commit_options *options);
+
+/*
  * A process's heartbeat in a store, the one sumo_agree_options.alive_prefix and
  * sumo_tcp_options.alive_prefix read: a thread of its own writes a new value (a count, in
  * decimal) under key_prefix and the decimal rank once at start and then every period_s, so
