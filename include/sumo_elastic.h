@@ -243,6 +243,127 @@ SUMO_API sumo_result sumo_heart_watch_look(sumo_heart_watch *watch, int *dead);
 /* NULL: nothing. */
 SUMO_API sumo_result sumo_heart_watch_destroy(sumo_heart_watch *watch);
 
+/*
+ * An elastic job's membership, one object per process: the process's heartbeat, the
+ * communicator of the current membership, and the store protocols that replace it. Ranks
+ * meet through a store shared by every process (the directory store on a shared folder will
+ * do), under a key prefix of the job's (keys: a<n>/ per making n, join/ for the tickets).
+ *
+ * The cycle, for a training loop: make the object (sumo_elastic_create on the first members,
+ * sumo_elastic_join on a process that comes later), run collectives on sumo_elastic_comm's
+ * communicator, and at each commit point (a step, an outer round) call sumo_elastic_commit:
+ * SUMO_ERR_PEER_FAILURE or SUMO_ERR_TIMEOUT (a collective failed, or a member's heartbeat stood
+ * still) -> sumo_elastic_shrink; joiners waiting -> sumo_elastic_grow. After either, the
+ * communicator is a new one (the old handle is destroyed: fetch it again), and the caller
+ * brings its state back (the smallest value the survivors brought; the joiners from a
+ * member). Each new membership is made by every member, kept only by sumo_store_commit's
+ * single outcome, and otherwise dropped by all (a shrink then agrees again). A ticket whose
+ * holder never comes fails the grow, and the members go on as they were.
+ *
+ * Not thread-safe: one thread of the process calls (the heart has its own).
+ */
+typedef struct sumo_elastic sumo_elastic;
+
+typedef enum sumo_elastic_transport {
+    SUMO_ELASTIC_TCP = 0, /* sumo_comm_create_tcp: processes on any hosts */
+    SUMO_ELASTIC_SHM = 1  /* sumo_comm_create_shm: processes of one host */
+} sumo_elastic_transport;
+
+/* One membership's making, for a caller's own transport (sumo_elastic_options.make). */
+typedef struct sumo_elastic_making {
+    size_t struct_size;       /* sizeof(sumo_elastic_making) */
+    const sumo_store *store;  /* the job's */
+    const char *key_prefix;   /* unique to this making */
+    int rank, size;           /* this process's place in the membership made */
+    const char *alive_prefix; /* the members' heartbeats, as sumo_tcp_options's */
+    const int *alive_ranks;
+    double alive_s;
+} sumo_elastic_making;
+
+/* Makes the communicator of a membership (collective over its members; a failure must fail
+ * on this process, not hang past SUMO_TIMEOUT); why into error. */
+typedef sumo_result (*sumo_elastic_make_fn)(void *ctx, const sumo_elastic_making *making,
+                                            sumo_comm **out, char *error, size_t error_bytes);
+
+typedef struct sumo_elastic_options {
+    size_t struct_size;      /* sizeof(sumo_elastic_options) */
+    const sumo_store *store; /* set (replacing), get and set_once; remove optional; calls come
+                                from the heart's thread too; must outlive the object */
+    const char *key_prefix;  /* the job's, the same on every process, at most 160 bytes */
+    int rank, size;          /* create: this process's place in the first membership (size at
+                                most 1024); join: unused */
+    sumo_elastic_transport transport; /* how memberships are made (default TCP) */
+    const char *address;     /* TCP: as sumo_tcp_options.address (NULL: found) */
+    sumo_elastic_make_fn make; /* optional: the caller's making instead of transport's */
+    void *make_ctx;
+    double liveness_s;       /* a heartbeat stood still this long is dead; the heart beats ten
+                                times as often; 0: SUMO_LIVENESS_TIMEOUT */
+    double timeout_s;        /* the agreement's, the commit's and a joiner's wait; 0:
+                                SUMO_TIMEOUT */
+    char *error;             /* optional: why create or join failed */
+    size_t error_bytes;
+} sumo_elastic_options;
+
+/* struct_size set, everything else 0 or NULL. */
+SUMO_API sumo_result sumo_elastic_options_default(sumo_elastic_options *options);
+
+/* Collective over the first members: starts this process's heart and makes and commits the
+ * first membership's communicator. SUMO_ERR_INVALID_ARGUMENT for bad options, named in
+ * options->error; SUMO_ERR_PEER_FAILURE when the membership was not made (this member's
+ * making or another's failed: why in options->error). */
+SUMO_API sumo_result sumo_elastic_create(const sumo_elastic_options *options,
+                                         sumo_elastic **out);
+
+/* A process joining a running job: takes a ticket, waits (options->timeout_s) until the
+ * members at a commit point give it its place, and makes the larger membership with them, at
+ * a rank after theirs. SUMO_ERR_PEER_FAILURE when the job ended first or the making failed;
+ * SUMO_ERR_TIMEOUT when no commit took it in. options->rank and size are not read. */
+SUMO_API sumo_result sumo_elastic_join(const sumo_elastic_options *options, sumo_elastic **out);
+
+/* The current membership's communicator (owned by the object; replaced by shrink and grow). */
+SUMO_API sumo_result sumo_elastic_comm(sumo_elastic *elastic, sumo_comm **comm);
+
+/* The number of memberships made in the job so far (every member counts alike), for the
+ * caller's own keys. */
+SUMO_API sumo_result sumo_elastic_generation(const sumo_elastic *elastic, int *generation);
+
+/*
+ * Collective over the members: the commit point. SUMO_SUCCESS with *joiners the number of
+ * tickets taken since the last grow (0: none; then sumo_elastic_grow); SUMO_ERR_PEER_FAILURE
+ * when a member's heartbeat stood still for the liveness time (seen by any member: all get it)
+ * or the collective failed as the communicator says (then sumo_elastic_shrink).
+ */
+SUMO_API sumo_result sumo_elastic_commit(sumo_elastic *elastic, int *joiners);
+
+/*
+ * Collective over the members still alive, after a failure: they agree (sumo_store_agree,
+ * bringing value), make the survivors' communicator and commit it, again from the same
+ * membership while a making fails. info (old_ranks optional, of the old size) as
+ * sumo_comm_shrink's. SUMO_ERR_PEER_FAILURE for a process left out (it must end).
+ */
+SUMO_API sumo_result sumo_elastic_shrink(sumo_elastic *elastic, uint64_t value,
+                                         sumo_shrink_info *info);
+
+/*
+ * Collective over the members, after a commit that said joiners > 0: makes the membership of
+ * the members (ranks kept) and the next `joiners` ticket holders (ranks after them, in ticket
+ * order). *joined: joiners, or 0 when the making failed (a holder that never came, a member
+ * lost): the members then keep their communicator, and those tickets are spent.
+ */
+SUMO_API sumo_result sumo_elastic_grow(sumo_elastic *elastic, int joiners, int *joined);
+
+/* The job ends: processes still waiting to join stop waiting (any member may call it). */
+SUMO_API sumo_result sumo_elastic_close(sumo_elastic *elastic);
+
+/* Why the last call on the object failed, or why a grow took nobody in ("" after a
+ * success). */
+SUMO_API sumo_result sumo_elastic_error_message(const sumo_elastic *elastic,
+                                                const char **message);
+
+/* Stops the heart, destroys the communicator and removes this process's own keys (its
+ * heartbeat); NULL: nothing. */
+SUMO_API sumo_result sumo_elastic_destroy(sumo_elastic *elastic);
+
 #ifdef __cplusplus
 }
 #endif
