@@ -398,6 +398,9 @@ sumo_result sumo_elastic_shrink(sumo_elastic *e, uint64_t value, sumo_shrink_inf
     if (old == NULL) return fail(e, SUMO_ERR_SYSTEM, "out of memory");
     char alive[KEY_BYTES], agree_key[KEY_BYTES], why[400] = "";
     key_of(e, alive, e->kept, "alive/");
+    /* Members still inside a collective on the old communicator fail at once and come to
+     * the agreement, rather than wait for this one until their deadline. */
+    sumo_comm_abort(e->comm, "sumo_elastic_shrink: this member left to agree on a new membership");
     sumo_result res = SUMO_ERR_PEER_FAILURE;
     /* Each failed making costs a member at most (one that died meanwhile), or the store's
      * verdict of fail for all: bounded by the membership's size. */

@@ -189,7 +189,8 @@ static void test_absent_dead_by_heartbeat(void **state)
     double took = run_case(&c);
     expect_all(&c, SUMO_ERR_PEER_FAILURE);
     assert_true(took < 2); /* alive_s, not the 5 s deadline */
-    assert_non_null(strstr(c.error[0], "member 1's heartbeat"));
+    /* Whoever decided first names the lost one (the others adopt its outcome). */
+    assert_true(strstr(c.error[0], "member 1's heartbeat") || strstr(c.error[2], "member 1's heartbeat"));
     remove_case(&c);
 }
 
