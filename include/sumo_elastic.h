@@ -16,7 +16,8 @@
  * same heartbeats so that a member that dies meanwhile fails it within that deadline too, or
  * their own transport over a new process group. sumo.torch's elastic jobs across hosts do so:
  * a new TCP communicator per membership, or with transport="group" a new gloo group made from
- * the same store.
+ * the same store. sumo_elastic, at the end of this header, holds all of it for one process
+ * (heart, agreement, making, keeping, joining); `sumo train --elastic --store` runs on it.
  *
  * What a failure costs. A collective in flight when a peer died fails on every survivor. By
  * default its output is then undefined (in-place buffers included): the caller redoes the step
