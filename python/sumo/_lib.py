@@ -168,6 +168,8 @@ _SIGS = {
     "sumo_agree_options_default": (_R, [ctypes.POINTER(sumo_agree_options)]),
     "sumo_store_agree": (_R, [ctypes.POINTER(sumo_agree_options),
                               ctypes.POINTER(sumo_shrink_info)]),
+    "sumo_commit_options_default": (_R, [ctypes.POINTER(_abi.sumo_commit_options)]),
+    "sumo_store_commit": (_R, [ctypes.POINTER(_abi.sumo_commit_options)]),
     "sumo_heart_options_default": (_R, [ctypes.POINTER(sumo_heart_options)]),
     "sumo_heart_start": (_R, [ctypes.POINTER(sumo_heart_options),
                               ctypes.POINTER(ctypes.c_void_p)]),
