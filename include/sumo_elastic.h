@@ -245,6 +245,33 @@ SUMO_API sumo_result sumo_heart_watch_look(sumo_heart_watch *watch, int *dead);
 SUMO_API sumo_result sumo_heart_watch_destroy(sumo_heart_watch *watch);
 
 /*
+ * Join tickets, the store protocol sumo_elastic's join and grow use, for a caller's own
+ * elastic layer (sumo.torch): keys under key_prefix + "join/", with set, get and set_once
+ * only. A joiner takes the lowest free ticket (set_once on ticket/<k>, k = 1, 2, ... upward,
+ * a random value of its own); the tickets taken are always 1..n. The members count them at a
+ * commit point from the last count on, write each new holder's place (the caller's text), and
+ * the holder waits for it; close tells holders still waiting that the job ended. key_prefix at
+ * most 160 bytes; why a call failed goes to error (optional, NULL: not wanted).
+ */
+SUMO_API sumo_result sumo_ticket_take(const sumo_store *store, const char *key_prefix,
+                                      int *ticket, char *error, size_t error_bytes);
+/* *count: the tickets taken so far, known to be at least from. */
+SUMO_API sumo_result sumo_tickets_count(const sumo_store *store, const char *key_prefix,
+                                        int from, int *count, char *error, size_t error_bytes);
+/* text: at most 240 bytes. */
+SUMO_API sumo_result sumo_ticket_place(const sumo_store *store, const char *key_prefix,
+                                       int ticket, const char *text, char *error,
+                                       size_t error_bytes);
+/* Waits up to timeout_s for ticket's place and copies it into text (NUL-terminated; the key
+ * is removed where the store has remove). SUMO_ERR_PEER_FAILURE once the job closed,
+ * SUMO_ERR_TIMEOUT when timeout_s passed. */
+SUMO_API sumo_result sumo_ticket_wait(const sumo_store *store, const char *key_prefix,
+                                      int ticket, double timeout_s, char *text, size_t bytes,
+                                      char *error, size_t error_bytes);
+SUMO_API sumo_result sumo_tickets_close(const sumo_store *store, const char *key_prefix,
+                                        char *error, size_t error_bytes);
+
+/*
  * An elastic job's membership, one object per process: the process's heartbeat, the
  * communicator of the current membership, and the store protocols that replace it. Ranks
  * meet through a store shared by every process (the directory store on a shared folder will

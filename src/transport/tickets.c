@@ -4,6 +4,8 @@
  */
 #include "transport/tickets.h"
 
+#include "sumo_elastic.h"
+
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -138,4 +140,74 @@ sumo_result sumo__tickets_close(const sumo_store *st, const char *root, char *wh
     snprintf(key, sizeof key, "%sjoin/closed", root);
     sumo_result res = st->set(st->ctx, key, "1", 1);
     return res == SUMO_SUCCESS ? res : tell(SUMO_ERR_SYSTEM, why, why_bytes, "writing", key, res);
+}
+
+/* ---- the public face (sumo_elastic.h): the same protocol, with its arguments checked ----- */
+
+static sumo_result refused(const sumo_store *st, const char *root, char *why, size_t why_bytes,
+                           bool once)
+{
+    if (st == NULL || st->struct_size != sizeof *st || st->get == NULL || st->set == NULL ||
+        (once && st->set_once == NULL)) {
+        if (why && why_bytes)
+            snprintf(why, why_bytes, "the store must be a sumo_store of this library's size "
+                                     "with set, get%s", once ? " and set_once" : "");
+        return SUMO_ERR_INVALID_ARGUMENT;
+    }
+    if (root == NULL || strlen(root) > 160) {
+        if (why && why_bytes) snprintf(why, why_bytes, "key_prefix must be given, at most 160 bytes");
+        return SUMO_ERR_INVALID_ARGUMENT;
+    }
+    return SUMO_SUCCESS;
+}
+
+sumo_result sumo_ticket_take(const sumo_store *store, const char *key_prefix, int *ticket,
+                             char *error, size_t error_bytes)
+{
+    if (ticket == NULL) return SUMO_ERR_INVALID_ARGUMENT;
+    SUMO__CHECK(refused(store, key_prefix, error, error_bytes, true));
+    return sumo__ticket_take(store, key_prefix, ticket, error, error_bytes);
+}
+
+sumo_result sumo_tickets_count(const sumo_store *store, const char *key_prefix, int from,
+                               int *count, char *error, size_t error_bytes)
+{
+    if (count == NULL || from < 0) return SUMO_ERR_INVALID_ARGUMENT;
+    SUMO__CHECK(refused(store, key_prefix, error, error_bytes, false));
+    return sumo__tickets_count(store, key_prefix, from, count, error, error_bytes);
+}
+
+sumo_result sumo_ticket_place(const sumo_store *store, const char *key_prefix, int ticket,
+                              const char *text, char *error, size_t error_bytes)
+{
+    if (ticket < 1 || text == NULL || strlen(text) > 240) {
+        if (error && error_bytes)
+            snprintf(error, error_bytes, "ticket %d (from 1) and a place of at most 240 bytes",
+                     ticket);
+        return SUMO_ERR_INVALID_ARGUMENT;
+    }
+    SUMO__CHECK(refused(store, key_prefix, error, error_bytes, false));
+    return sumo__ticket_place(store, key_prefix, ticket, text, error, error_bytes);
+}
+
+sumo_result sumo_ticket_wait(const sumo_store *store, const char *key_prefix, int ticket,
+                             double timeout_s, char *text, size_t bytes, char *error,
+                             size_t error_bytes)
+{
+    if (ticket < 1 || text == NULL || bytes == 0 || !(timeout_s >= 0 && timeout_s < 1e7)) {
+        if (error && error_bytes)
+            snprintf(error, error_bytes, "ticket %d (from 1), a text buffer and a timeout_s of "
+                                         "seconds (%g)", ticket, timeout_s);
+        return SUMO_ERR_INVALID_ARGUMENT;
+    }
+    SUMO__CHECK(refused(store, key_prefix, error, error_bytes, false));
+    return sumo__ticket_wait(store, key_prefix, ticket, sumo__now_ns() + (int64_t)(timeout_s * 1e9),
+                             text, bytes, error, error_bytes);
+}
+
+sumo_result sumo_tickets_close(const sumo_store *store, const char *key_prefix, char *error,
+                               size_t error_bytes)
+{
+    SUMO__CHECK(refused(store, key_prefix, error, error_bytes, false));
+    return sumo__tickets_close(store, key_prefix, error, error_bytes);
 }

@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "transport/tickets.h"
+#include "sumo_elastic.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -125,12 +126,48 @@ static void test_place_close_deadline(void **state)
     sumo_store_destroy_dir(st, 0);
 }
 
+/* The public face: the same keys (a ticket taken through it is counted by the internal
+ * count), and bad arguments refused by name. */
+static void test_public_calls(void **state)
+{
+    (void)state;
+    sumo_store *st = open_store();
+    char why[256], text[64];
+    int k = 0, count = 0;
+    assert_int_equal(sumo_ticket_take(st, "pub/", &k, why, sizeof why), SUMO_SUCCESS);
+    assert_int_equal(k, 1);
+    assert_int_equal(sumo__tickets_count(st, "pub/", 0, &count, NULL, 0), SUMO_SUCCESS);
+    assert_int_equal(count, 1);
+    assert_int_equal(sumo_tickets_count(st, "pub/", 0, &count, why, sizeof why), SUMO_SUCCESS);
+    assert_int_equal(count, 1);
+    assert_int_equal(sumo_ticket_place(st, "pub/", 1, "here", why, sizeof why), SUMO_SUCCESS);
+    assert_int_equal(sumo_ticket_wait(st, "pub/", 1, 1.0, text, sizeof text, why, sizeof why),
+                     SUMO_SUCCESS);
+    assert_string_equal(text, "here");
+    sumo_store no_once = *st;
+    no_once.set_once = NULL;
+    assert_int_equal(sumo_ticket_take(&no_once, "pub/", &k, why, sizeof why),
+                     SUMO_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(why, "set_once"));
+    assert_int_equal(sumo_ticket_place(st, "pub/", 0, "x", why, sizeof why),
+                     SUMO_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(why, "ticket 0"));
+    assert_int_equal(sumo_ticket_wait(st, NULL, 1, 1.0, text, sizeof text, why, sizeof why),
+                     SUMO_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(why, "key_prefix"));
+    assert_int_equal(sumo_tickets_close(st, "pub/", why, sizeof why), SUMO_SUCCESS);
+    assert_int_equal(sumo_ticket_wait(st, "pub/", 2, 1.0, text, sizeof text, why, sizeof why),
+                     SUMO_ERR_PEER_FAILURE);
+    sumo_store_destroy_dir(st, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_concurrent_takers_hold_one_each),
         cmocka_unit_test(test_held_ticket_stays_its_holders),
         cmocka_unit_test(test_place_close_deadline),
+        cmocka_unit_test(test_public_calls),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
