@@ -16,7 +16,8 @@
  * same heartbeats so that a member that dies meanwhile fails it within that deadline too, or
  * their own transport over a new process group. sumo.torch's elastic jobs across hosts do so:
  * a new TCP communicator per membership, or with transport="group" a new gloo group made from
- * the same store.
+ * the same store. sumo_elastic, at the end of this header, holds all of it for one process
+ * (heart, agreement, making, keeping, joining); `sumo train --elastic --store` runs on it.
  *
  * What a failure costs. A collective in flight when a peer died fails on every survivor. By
  * default its output is then undefined (in-place buffers included): the caller redoes the step
@@ -128,6 +129,48 @@ SUMO_API sumo_result sumo_agree_options_default(sumo_agree_options *options);
 SUMO_API sumo_result sumo_store_agree(const sumo_agree_options *options, sumo_shrink_info *info);
 
 /*
+ * Keeping a new membership. Across hosts a meeting can end differently on two ranks (a member
+ * that dies once some peers have met it fails the meeting on the others only); those that
+ * kept the new communicator and those that agree again would never meet again. So every
+ * member of the new membership calls sumo_store_commit once it has tried to make its
+ * communicator (made 1: it holds one; made 0: its making failed), and one outcome, written
+ * once in the store, stands for all: "ok" once every member has said it made its own; "fail"
+ * from a member whose making failed, one that sees a member's heartbeat stand still for
+ * alive_s, or the deadline. Keys under key_prefix: made/<rank> (each member removes its own
+ * once the outcome stands, where the store has remove) and outcome (stays, for a member that
+ * comes late).
+ */
+typedef struct sumo_commit_options {
+    size_t struct_size;      /* sizeof(sumo_commit_options) */
+    int rank, size;          /* this process's rank in the new membership, and its size (at
+                                most 1024) */
+    const sumo_store *store; /* the same store on every rank; it must offer set_once */
+    const char *key_prefix;  /* unique per making within the store, at most 230 bytes */
+    int made;                /* 1 (the default): this rank holds its new communicator; 0: its
+                                making failed */
+    double timeout_s;        /* how long the others are waited for; 0: SUMO_TIMEOUT */
+    /* Optional (NULL: no liveness), as sumo_tcp_options's: member r's beat is under
+     * alive_prefix and the decimal alive_ranks[r] (r where alive_ranks is NULL; a negative
+     * entry: r has none, a joiner), stale after alive_s (0: SUMO_LIVENESS_TIMEOUT). */
+    const char *alive_prefix;
+    const int *alive_ranks;
+    double alive_s;
+    char *error;             /* optional: why it failed */
+    size_t error_bytes;
+} sumo_commit_options;
+
+/* struct_size set, made 1, everything else 0 or NULL. */
+SUMO_API sumo_result sumo_commit_options_default(sumo_commit_options *options);
+
+/*
+ * SUMO_SUCCESS when the outcome is "ok" (every member keeps its communicator);
+ * SUMO_ERR_PEER_FAILURE when it is "fail" (every member drops what it made; the reason in
+ * options->error); SUMO_ERR_INVALID_ARGUMENT for bad options, a store without set_once, or an
+ * outcome key holding something else; SUMO_ERR_SYSTEM when the store fails.
+ */
+SUMO_API sumo_result sumo_store_commit(const sumo_commit_options *options);
+
+/*
  * A process's heartbeat in a store, the one sumo_agree_options.alive_prefix and
  * sumo_tcp_options.alive_prefix read: a thread of its own writes a new value (a count, in
  * decimal) under key_prefix and the decimal rank once at start and then every period_s, so
@@ -200,6 +243,154 @@ SUMO_API sumo_result sumo_heart_watch_look(sumo_heart_watch *watch, int *dead);
 
 /* NULL: nothing. */
 SUMO_API sumo_result sumo_heart_watch_destroy(sumo_heart_watch *watch);
+
+/*
+ * Join tickets, the store protocol sumo_elastic's join and grow use, for a caller's own
+ * elastic layer (sumo.torch): keys under key_prefix + "join/", with set, get and set_once
+ * only. A joiner takes the lowest free ticket (set_once on ticket/<k>, k = 1, 2, ... upward,
+ * a random value of its own); the tickets taken are always 1..n. The members count them at a
+ * commit point from the last count on, write each new holder's place (the caller's text), and
+ * the holder waits for it; close tells holders still waiting that the job ended. key_prefix at
+ * most 160 bytes; why a call failed goes to error (optional, NULL: not wanted).
+ */
+SUMO_API sumo_result sumo_ticket_take(const sumo_store *store, const char *key_prefix,
+                                      int *ticket, char *error, size_t error_bytes);
+/* *count: the tickets taken so far, known to be at least from. */
+SUMO_API sumo_result sumo_tickets_count(const sumo_store *store, const char *key_prefix,
+                                        int from, int *count, char *error, size_t error_bytes);
+/* text: at most 240 bytes. */
+SUMO_API sumo_result sumo_ticket_place(const sumo_store *store, const char *key_prefix,
+                                       int ticket, const char *text, char *error,
+                                       size_t error_bytes);
+/* Waits up to timeout_s for ticket's place and copies it into text (NUL-terminated; the key
+ * is removed where the store has remove). SUMO_ERR_PEER_FAILURE once the job closed,
+ * SUMO_ERR_TIMEOUT when timeout_s passed. */
+SUMO_API sumo_result sumo_ticket_wait(const sumo_store *store, const char *key_prefix,
+                                      int ticket, double timeout_s, char *text, size_t bytes,
+                                      char *error, size_t error_bytes);
+SUMO_API sumo_result sumo_tickets_close(const sumo_store *store, const char *key_prefix,
+                                        char *error, size_t error_bytes);
+
+/*
+ * An elastic job's membership, one object per process: the process's heartbeat, the
+ * communicator of the current membership, and the store protocols that replace it. Ranks
+ * meet through a store shared by every process (the directory store on a shared folder will
+ * do), under a key prefix of the job's (keys: a<n>/ per making n, join/ for the tickets).
+ *
+ * The cycle, for a training loop: make the object (sumo_elastic_create on the first members,
+ * sumo_elastic_join on a process that comes later), run collectives on sumo_elastic_comm's
+ * communicator, and at each commit point (a step, an outer round) call sumo_elastic_commit:
+ * SUMO_ERR_PEER_FAILURE or SUMO_ERR_TIMEOUT (a collective failed, or a member's heartbeat stood
+ * still) -> sumo_elastic_shrink; joiners waiting -> sumo_elastic_grow. After either, the
+ * communicator is a new one (the old handle is destroyed: fetch it again), and the caller
+ * brings its state back (the smallest value the survivors brought; the joiners from a
+ * member). Each new membership is made by every member, kept only by sumo_store_commit's
+ * single outcome, and otherwise dropped by all (a shrink then agrees again). A ticket whose
+ * holder never comes fails the grow, and the members go on as they were.
+ *
+ * Not thread-safe: one thread of the process calls (the heart has its own).
+ */
+typedef struct sumo_elastic sumo_elastic;
+
+typedef enum sumo_elastic_transport {
+    SUMO_ELASTIC_TCP = 0, /* sumo_comm_create_tcp: processes on any hosts */
+    SUMO_ELASTIC_SHM = 1  /* sumo_comm_create_shm: processes of one host */
+} sumo_elastic_transport;
+
+/* One membership's making, for a caller's own transport (sumo_elastic_options.make). */
+typedef struct sumo_elastic_making {
+    size_t struct_size;       /* sizeof(sumo_elastic_making) */
+    const sumo_store *store;  /* the job's */
+    const char *key_prefix;   /* unique to this making */
+    int rank, size;           /* this process's place in the membership made */
+    const char *alive_prefix; /* the members' heartbeats, as sumo_tcp_options's */
+    const int *alive_ranks;
+    double alive_s;
+} sumo_elastic_making;
+
+/* Makes the communicator of a membership (collective over its members; a failure must fail
+ * on this process, not hang past SUMO_TIMEOUT); why into error. */
+typedef sumo_result (*sumo_elastic_make_fn)(void *ctx, const sumo_elastic_making *making,
+                                            sumo_comm **out, char *error, size_t error_bytes);
+
+typedef struct sumo_elastic_options {
+    size_t struct_size;      /* sizeof(sumo_elastic_options) */
+    const sumo_store *store; /* set (replacing), get and set_once; remove optional; calls come
+                                from the heart's thread too; must outlive the object */
+    const char *key_prefix;  /* the job's, the same on every process, at most 160 bytes */
+    int rank, size;          /* create: this process's place in the first membership (size at
+                                most 1024); join: unused */
+    sumo_elastic_transport transport; /* how memberships are made (default TCP) */
+    const char *address;     /* TCP: as sumo_tcp_options.address (NULL: found) */
+    sumo_elastic_make_fn make; /* optional: the caller's making instead of transport's */
+    void *make_ctx;
+    double liveness_s;       /* a heartbeat stood still this long is dead; the heart beats ten
+                                times as often; 0: SUMO_LIVENESS_TIMEOUT */
+    double timeout_s;        /* the agreement's, the commit's and a joiner's wait; 0:
+                                SUMO_TIMEOUT */
+    char *error;             /* optional: why create or join failed */
+    size_t error_bytes;
+} sumo_elastic_options;
+
+/* struct_size set, everything else 0 or NULL. */
+SUMO_API sumo_result sumo_elastic_options_default(sumo_elastic_options *options);
+
+/* Collective over the first members: starts this process's heart and makes and commits the
+ * first membership's communicator. SUMO_ERR_INVALID_ARGUMENT for bad options, named in
+ * options->error; SUMO_ERR_PEER_FAILURE when the membership was not made (this member's
+ * making or another's failed: why in options->error). */
+SUMO_API sumo_result sumo_elastic_create(const sumo_elastic_options *options,
+                                         sumo_elastic **out);
+
+/* A process joining a running job: takes a ticket, waits (options->timeout_s) until the
+ * members at a commit point give it its place, and makes the larger membership with them, at
+ * a rank after theirs. SUMO_ERR_PEER_FAILURE when the job ended first or the making failed;
+ * SUMO_ERR_TIMEOUT when no commit took it in. options->rank and size are not read. */
+SUMO_API sumo_result sumo_elastic_join(const sumo_elastic_options *options, sumo_elastic **out);
+
+/* The current membership's communicator (owned by the object; replaced by shrink and grow). */
+SUMO_API sumo_result sumo_elastic_comm(sumo_elastic *elastic, sumo_comm **comm);
+
+/* The number of memberships made in the job so far (every member counts alike), for the
+ * caller's own keys. */
+SUMO_API sumo_result sumo_elastic_generation(const sumo_elastic *elastic, int *generation);
+
+/*
+ * Collective over the members: the commit point. SUMO_SUCCESS with *joiners the number of
+ * tickets taken since the last grow (0: none; then sumo_elastic_grow); SUMO_ERR_PEER_FAILURE
+ * when a member's heartbeat stood still for the liveness time (seen by any member: all get it)
+ * or the collective failed as the communicator says (then sumo_elastic_shrink).
+ */
+SUMO_API sumo_result sumo_elastic_commit(sumo_elastic *elastic, int *joiners);
+
+/*
+ * Collective over the members still alive, after a failure: they agree (sumo_store_agree,
+ * bringing value), make the survivors' communicator and commit it, again from the same
+ * membership while a making fails. info (old_ranks optional, of the old size) as
+ * sumo_comm_shrink's. SUMO_ERR_PEER_FAILURE for a process left out (it must end).
+ */
+SUMO_API sumo_result sumo_elastic_shrink(sumo_elastic *elastic, uint64_t value,
+                                         sumo_shrink_info *info);
+
+/*
+ * Collective over the members, after a commit that said joiners > 0: makes the membership of
+ * the members (ranks kept) and the next `joiners` ticket holders (ranks after them, in ticket
+ * order). *joined: joiners, or 0 when the making failed (a holder that never came, a member
+ * lost): the members then keep their communicator, and those tickets are spent.
+ */
+SUMO_API sumo_result sumo_elastic_grow(sumo_elastic *elastic, int joiners, int *joined);
+
+/* The job ends: processes still waiting to join stop waiting (any member may call it). */
+SUMO_API sumo_result sumo_elastic_close(sumo_elastic *elastic);
+
+/* Why the last call on the object failed, or why a grow took nobody in ("" after a
+ * success). */
+SUMO_API sumo_result sumo_elastic_error_message(const sumo_elastic *elastic,
+                                                const char **message);
+
+/* Stops the heart, destroys the communicator and removes this process's own keys (its
+ * heartbeat); NULL: nothing. */
+SUMO_API sumo_result sumo_elastic_destroy(sumo_elastic *elastic);
 
 #ifdef __cplusplus
 }

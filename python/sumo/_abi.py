@@ -303,6 +303,21 @@ class sumo_agree_options(ctypes.Structure):
                 ("error_bytes", ctypes.c_size_t)]
 
 
+class sumo_commit_options(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t),
+                ("rank", ctypes.c_int),
+                ("size", ctypes.c_int),
+                ("store", ctypes.POINTER(sumo_store)),
+                ("key_prefix", ctypes.c_char_p),
+                ("made", ctypes.c_int),
+                ("timeout_s", ctypes.c_double),
+                ("alive_prefix", ctypes.c_char_p),
+                ("alive_ranks", ctypes.POINTER(ctypes.c_int)),
+                ("alive_s", ctypes.c_double),
+                ("error", ctypes.c_char_p),
+                ("error_bytes", ctypes.c_size_t)]
+
+
 class sumo_heart_options(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t),
                 ("store", ctypes.POINTER(sumo_store)),

@@ -127,6 +127,9 @@ typedef struct sumo__train_config {
      * dealt over the ranks left. */
     bool elastic;
     const sumo_store *store;     /* processes (shm): where survivors meet again; threads: NULL */
+    /* Processes that meet through a store (sumo train --store): this process's membership,
+     * which makes every communicator (shrink, grow by join tickets); NULL elsewhere. */
+    sumo_elastic *membership;
     /* Changes staged for demonstration and tests, before step `step`: the worker that started
      * as `rank` leaves cleanly (destroys its handle) or dies (threads: aborts without a word;
      * processes: SIGKILL on itself) before its part of the step's exchange; or a new worker

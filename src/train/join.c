@@ -126,6 +126,8 @@ sumo_result sumo__share_state(sumo__rank_state *s, sumo__commits *ec, bool joini
         memcpy(blob, ec->blob[ec->latest], head.h.bytes);
         int k = 0;
         for (; k < ec->norigins; k++) origins[k] = ec->origins[k];
+        /* Processes that joined through the store: numbered after every worker before them. */
+        for (; s->cfg->membership != NULL && k < s->size; k++) origins[k] = s->cfg->workers + ec->grows++;
         for (int i = 0, order = 0; i < s->cfg->nevents; i++) {
             if (s->cfg->events[i].kind != SUMO__EVENT_JOIN) continue;
             if (s->cfg->events[i].step == head.h.step && k < s->size) origins[k++] = s->cfg->workers + order;

@@ -134,6 +134,22 @@ sumo_result sumo__rank_move_to(sumo__rank_state *s, sumo_comm **comm, sumo_comm 
     return build_exchange(s);
 }
 
+void sumo__rank_drop_exchange(sumo__rank_state *s)
+{
+    sumo_distributed_destroy(s->dist);
+    sumo_aggregator_destroy(s->agg);
+    s->dist = NULL;
+    s->agg = NULL;
+}
+
+sumo_result sumo__rank_build_on(sumo__rank_state *s, sumo_comm *comm)
+{
+    s->comm = comm;
+    sumo_comm_rank(comm, &s->rank);
+    sumo_comm_size(comm, &s->size);
+    return build_exchange(s);
+}
+
 void sumo__rank_share_buffers(sumo__rank_state *s)
 {
     const char *transport = "";

@@ -77,6 +77,11 @@ sumo_result sumo__rank_build(sumo__rank_state *s);
 /* Moves the rank to fresh, a communicator of a new membership: the exchange holds the old
  * handle, so it goes first (with *comm), and is made again on fresh. */
 sumo_result sumo__rank_move_to(sumo__rank_state *s, sumo_comm **comm, sumo_comm *fresh);
+/* sumo__rank_move_to in two halves, for communicators someone else owns (an elastic
+ * membership's, which destroys the old one itself): drop the exchange while the old
+ * communicator still exists, then build it on the new one. */
+void sumo__rank_drop_exchange(sumo__rank_state *s);
+sumo_result sumo__rank_build_on(sumo__rank_state *s, sumo_comm *comm);
 
 /*
  * Over MPI, the parameters and gradients move into memory from sumo_mem_alloc, so that the

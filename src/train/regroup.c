@@ -52,7 +52,20 @@ static sumo_result regroup(sumo__rank_state *s, sumo__commits *ec, sumo_comm **c
     if (old == NULL) return SUMO_ERR_SYSTEM;
     sumo_shrink_info info = {.struct_size = sizeof info, .old_ranks = old};
     sumo_comm *fresh = NULL;
-    sumo_result r = sumo_comm_shrink(*comm, &o, &fresh, &info);
+    sumo_elastic *m = s->cfg->membership;
+    sumo_result r;
+    if (m != NULL) {
+        /* The membership destroys the old communicator: the exchange on it goes first. */
+        sumo__rank_drop_exchange(s);
+        r = sumo_elastic_shrink(m, value, &info);
+        const char *msg = "";
+        sumo_elastic_error_message(m, &msg);
+        snprintf(why, sizeof why, "%s", msg);
+        sumo_elastic_comm(m, &fresh);
+        *comm = fresh;
+    } else {
+        r = sumo_comm_shrink(*comm, &o, &fresh, &info);
+    }
     if (r != SUMO_SUCCESS) {
         snprintf(s->err, s->errlen, "rank %d: a peer was lost %s and the survivors could not regroup: %s",
                  s->rank, when, why[0] ? why : sumo_strerror(r));
@@ -72,7 +85,7 @@ static sumo_result regroup(sumo__rank_state *s, sumo__commits *ec, sumo_comm **c
     ec->norigins = info.size;
     free(old);
     *agreed = info.value;
-    return sumo__rank_move_to(s, comm, fresh);
+    return m != NULL ? sumo__rank_build_on(s, fresh) : sumo__rank_move_to(s, comm, fresh);
 }
 
 sumo_result sumo__recover(sumo__rank_state *s, sumo__commits *ec, sumo_comm **comm, sumo_result cause)
@@ -138,7 +151,8 @@ bool sumo__staged_loss(sumo__rank_state *s, sumo_comm **comm)
             if (strcmp(transport, "threads") != 0) raise(SIGKILL);
             sumo_comm_abort(*comm, "sumo train: a staged death (--kill)");
         }
-        sumo_comm_destroy(*comm);
+        /* A membership's communicator is its own: the caller destroys the membership. */
+        if (c->membership == NULL) sumo_comm_destroy(*comm);
         *comm = s->comm = NULL;
         s->summary->lost = true;
         return true;

@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 #include "train/evaluation.h"
 #include "train/join.h"
+#include "train/members.h"
 #include "train/rank.h"
 #include "train/regroup.h"
 #include "train/snapshot.h"
@@ -83,14 +84,16 @@ sumo_result sumo__train_rank(sumo_comm **commp, int join, const sumo__train_conf
                              const sumo__dataset *train, const sumo__dataset *test,
                              sumo__train_summary *summary, char *err, size_t errlen)
 {
-    if (commp == NULL || (*commp == NULL) != (join >= 0) || cfg == NULL || train == NULL || test == NULL ||
-        summary == NULL || (join >= 0 && cfg->room == NULL))
+    /* A process that joined through the store comes with its communicator already. */
+    bool process_join = cfg != NULL && cfg->membership != NULL && join >= 0;
+    if (commp == NULL || (*commp == NULL) != (join >= 0 && !process_join) || cfg == NULL || train == NULL ||
+        test == NULL || summary == NULL || (join >= 0 && !process_join && cfg->room == NULL))
         return SUMO_ERR_INVALID_ARGUMENT;
     if (err && errlen) err[0] = '\0';
     sumo__train_summary local = {.steps_to_target = -1};
     *summary = local;
     sumo__join_plan plan = {0};
-    if (join >= 0) {
+    if (join >= 0 && !process_join) {
         /* A joiner waits for its group; one whose step never comes goes home. */
         plan = sumo__plan_join(cfg, 0, join);
         sumo_result jr =
@@ -109,7 +112,7 @@ sumo_result sumo__train_rank(sumo_comm **commp, int join, const sumo__train_conf
                           .err = err, .errlen = errlen};
     sumo_comm_rank(comm, &s.rank);
     sumo_comm_size(comm, &s.size);
-    s.origin = join >= 0 ? plan.origin : s.rank;
+    s.origin = join >= 0 && !process_join ? plan.origin : s.rank;
     if (join < 0 && cfg->workers != s.size) {
         snprintf(err, errlen, "--workers %d but the communicator has %d ranks", cfg->workers, s.size);
         return SUMO_ERR_INVALID_ARGUMENT;
@@ -223,6 +226,14 @@ sumo_result sumo__train_rank(sumo_comm **commp, int join, const sumo__train_conf
             r = sumo__rank_save_checkpoint(&s);
         if (stop) break;
         if (cfg->elastic && r == SUMO_SUCCESS) r = sumo__commit(&s, &ec);
+        if (cfg->membership && r == SUMO_SUCCESS) {
+            r = sumo__members_commit(&s, &ec, commp);
+            comm = *commp;
+            if (sumo__recoverable(&s, r)) {
+                r = sumo__recover(&s, &ec, commp, r);
+                comm = *commp;
+            }
+        }
     }
     sumo__commits_free(&ec);
     if (summary->lost) {

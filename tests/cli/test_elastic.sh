@@ -109,6 +109,49 @@ for trial in 1 2 3; do
     && ok "trial $trial: kill -9 of task $victim, survivors went back to step $back = it leaves there" \
     || { fail "trial $trial: task $victim killed, back to $back: bits differ"; head -3 "$tmp"/ext*; }
 done
+# Processes started on their own that meet through a directory store (--store): TCP between
+# them, heartbeats and each membership's commit in the store. With no loss they hold the
+# threads' bits; one that SIGKILLs itself at step 33 leaves survivors that each hold the bits
+# of threads where it leaves there; a process that joins (--joiner) is taken in at the
+# members' next step, and all four hold the bits of threads where one joins at that step.
+storejob=(--reduce adasum --workers 3 --elastic)
+members() {  # members NAME EXTRA...: three member processes on the store $tmp/st-NAME
+  local name=$1; shift
+  for r in 0 1 2; do "$sumo" train "${common[@]}" "${storejob[@]}" --store "$tmp/st-$name" --rank $r "$@" \
+    > "$tmp/$name$r" 2>&1 & done
+}
+same_in() {  # same_in HASH FILE...: every file's result line has HASH
+  local want=$1 f; shift
+  [ -n "$want" ] || return 1
+  for f in "$@"; do [ "$(checksum "$f")" = "$want" ] || return 1; done
+}
+export SUMO_LIVENESS_TIMEOUT=1
+run tref "${storejob[@]}"
+members sp; wait
+same_in "$(checksum "$tmp/tref")" "$tmp"/sp0 "$tmp"/sp1 "$tmp"/sp2 \
+  && ok "--store, 3 processes: every one holds the threads' bits" || { fail "--store, no loss"; tail -n 2 "$tmp"/sp*; }
+members sk --kill 2@33; wait 2>/dev/null
+run tref --leave 2@33 "${storejob[@]}"
+same_in "$(checksum "$tmp/tref")" "$tmp"/sk0 "$tmp"/sk1 && [ -z "$(checksum "$tmp/sk2")" ] \
+  && grep -q "ended with 2 workers (started with 3)" "$tmp/sk0" \
+  && ok "--store: one of 3 SIGKILLs itself at step 33, both survivors = threads where it leaves there" \
+  || { fail "--store, a process killed"; tail -n 3 "$tmp"/sk*; }
+members sj
+for _ in $(seq 200); do [ -s "$tmp/st-sj/k.sumo-train_2Fa0_2Foutcome" ] && break; sleep 0.02; done
+"$sumo" train "${common[@]}" "${storejob[@]}" --store "$tmp/st-sj" --joiner > "$tmp/sj3" 2>&1 &
+wait
+at=$(sed -n 's/.*joined after step \([0-9]*\);.*/\1/p' "$tmp/sj0")
+run tref "${storejob[@]}" --join "${at:-0}"
+[ -n "$at" ] && same_in "$(checksum "$tmp/tref")" "$tmp"/sj0 "$tmp"/sj1 "$tmp"/sj2 "$tmp"/sj3 \
+  && grep -q "ended with 4 workers (started with 3)" "$tmp/sj0" \
+  && ok "--store: a process joins after step $at; all four = threads where one joins there" \
+  || { fail "--store, a joiner"; tail -n 3 "$tmp"/sj*; }
+"$sumo" train "${common[@]}" --workers 2 --store "$tmp/st-x" --rank 0 > "$tmp/bad" 2>&1
+[ $? = 2 ] && grep -q -- "--store DIR runs the processes of an --elastic job" "$tmp/bad" \
+  && ok "--store without --elastic is refused by name" || { fail "--store without --elastic"; cat "$tmp/bad"; }
+rm -rf "$tmp"/st-*
+unset SUMO_LIVENESS_TIMEOUT
+
 left=$(ls /dev/shm | grep -c "^sumo\.") ; stores=$(ls "$tmp" | grep -c "^sumo-")
 [ "$left" = 0 ] && [ "$stores" = 0 ] && ok "nothing left in /dev/shm or the meeting folder" \
   || fail "left behind: $left in /dev/shm, $stores meeting folders"

@@ -32,7 +32,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import sumo.torch as hvd  # noqa: E402
-from sumo.torch import _runtime, _stores  # noqa: E402
+from sumo.torch import _joiners, _runtime, _stores  # noqa: E402
 
 STEPS = 8
 COMMIT_EVERY = 2
@@ -138,7 +138,7 @@ def main():
             state.step += 1
             if state.step % COMMIT_EVERY == 0:
                 if a.wait_joiners and hvd.rank() == 0 and _runtime.state.memberships == 0:
-                    while store.add("sumo/elastic/join/tickets", 0) < a.wait_joiners:
+                    while _joiners.join_tickets() < a.wait_joiners:
                         time.sleep(0.05)
                 try:
                     state.commit()

@@ -220,10 +220,10 @@ def test_joined_then_killed_inside_a_collective_survivors_equal_reference(tmp_pa
     # 2 processes and one that joins at the first commit (step 2): 3 from step 2. Process 1
     # dies at step 5 inside the step's allreduce (its peers come into it later); the last
     # commit was at step 4, so steps 4 and 5 are redone by the two left (old ranks 0 and 2).
-    # The store: a FileStore (the joiner's ticket needs its atomic add). Over shared memory,
-    # and over sumo's TCP connections or gloo groups met through the store (what processes on
-    # several hosts use: the survivors agree through the store, the lost one found by its
-    # heartbeat).
+    # The store: a FileStore (sumo.torch takes joiners on a torch.distributed.Store). Over
+    # shared memory, and over sumo's TCP connections or gloo groups met through the store (what
+    # processes on several hosts use: the survivors agree through the store, the lost one found
+    # by its heartbeat).
     before = _shm_entries()
     codes, results, logs = _run_job(tmp_path, tmp_path / "store", 2, (1, 5, "collective"),
                                     joiners=1, extra=["--transport", transport])

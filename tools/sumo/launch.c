@@ -131,3 +131,31 @@ int launch_join_srun(const launch *l, sumo_comm **comm, sumo_store **keep, char 
     }
     return 0;
 }
+
+int launch_join_store(const char *dir, int rank, int size, bool joiner, sumo_store **store,
+                      sumo_elastic **membership, char *err, size_t errlen)
+{
+    *store = NULL;
+    *membership = NULL;
+    if (sumo_store_create_dir(dir, store) != SUMO_SUCCESS) {
+        snprintf(err, errlen, "--store %s: not a folder this user alone can use (made 0700 when missing)", dir);
+        return 1;
+    }
+    char why[512] = "";
+    sumo_elastic_options o;
+    sumo_elastic_options_default(&o);
+    o.store = *store;
+    o.key_prefix = "sumo-train/";
+    o.rank = rank;
+    o.size = size;
+    o.error = why;
+    o.error_bytes = sizeof why;
+    sumo_result r = joiner ? sumo_elastic_join(&o, membership) : sumo_elastic_create(&o, membership);
+    if (r != SUMO_SUCCESS) {
+        snprintf(err, errlen, "--store %s: %s (%s)", dir, why[0] ? why : sumo_strerror(r), sumo_result_name(r));
+        sumo_store_destroy_dir(*store, 0);
+        *store = NULL;
+        return 1;
+    }
+    return 0;
+}

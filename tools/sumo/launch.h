@@ -10,6 +10,8 @@
 #ifndef SUMO_TOOL_LAUNCH_H
 #define SUMO_TOOL_LAUNCH_H
 
+#include "sumo_elastic.h"
+
 #include "sumo_shm.h"
 
 #include <stdbool.h>
@@ -39,5 +41,13 @@ bool launch_under_mpi(void);
  * again): *keep is then the store, for the caller to destroy. Returns 0, or 1 with the reason
  * in err. */
 int launch_join_srun(const launch *l, sumo_comm **comm, sumo_store **keep, char *err, size_t errlen);
+
+/* sumo train --store DIR: this process's membership in an elastic job of processes that meet
+ * through the directory store in dir (a shared folder for hosts that share it), as worker
+ * rank of size, or (joiner) one that joins the running job. *store: the store, which must
+ * outlive *membership (the caller destroys both, the membership first). Returns 0, or 1 with
+ * the reason in err. */
+int launch_join_store(const char *dir, int rank, int size, bool joiner, sumo_store **store,
+                      sumo_elastic **membership, char *err, size_t errlen);
 
 #endif

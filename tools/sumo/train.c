@@ -277,6 +277,29 @@ int sumo_cmd_train(int argc, char **argv)
         fprintf(stderr, "sumo train: this build has no MPI (install libopenmpi-dev and rebuild)\n");
         return 2;
 #endif
+    }
+    sumo_elastic *membership = NULL; /* --store: this process's place in the job */
+    sumo_store *dir_store = NULL;
+    if (o.store_dir) {
+        if (how.kind != LAUNCH_THREADS) {
+            fprintf(stderr, "sumo train: --store DIR runs processes started on their own, not under %s\n",
+                    how.launcher);
+            return 2;
+        }
+        if (!o.joiner && o.store_rank >= o.cfg.workers) {
+            fprintf(stderr, "sumo train: --rank %d of --workers %d (0 to %d)\n", o.store_rank, o.cfg.workers,
+                    o.cfg.workers - 1);
+            return 2;
+        }
+        if (launch_join_store(o.store_dir, o.store_rank, o.cfg.workers, o.joiner, &dir_store, &membership, err,
+                              sizeof err) != 0) {
+            fprintf(stderr, "sumo train: %s\n", err);
+            return 1;
+        }
+        sumo_elastic_comm(membership, &comm);
+        sumo_comm_rank(comm, &rank);
+        sumo_comm_size(comm, &size);
+        o.cfg.membership = membership;
     } else if (how.kind == LAUNCH_SRUN) {
         rank = how.rank;
         size = how.size;
@@ -295,7 +318,7 @@ int sumo_cmd_train(int argc, char **argv)
     sumo__dataset train = {0}, test = {0};
     sumo__train_summary summaries[MAX_METHODS];
     sumo__train_config configs[MAX_METHODS];
-    if (comm && o.workers_given && asked != size) {
+    if (comm && o.workers_given && asked != size && !o.joiner) {
         /* Every rank sees the same flags and size, so all leave here together. */
         if (rank == 0)
             fprintf(stderr, "sumo train: --workers %d, but under %s the processes are the workers "
@@ -340,7 +363,8 @@ int sumo_cmd_train(int argc, char **argv)
         }
     }
     if (rc == 0 && rank == 0 && o.summary_path && (summary = open_summary(o.summary_path)) == NULL) rc = 1;
-    if ((rc = agree(comm, size, rc)) != 0) goto out;
+    /* A process joining a --store job comes into a group whose members agreed already. */
+    if (o.joiner ? rc != 0 : (rc = agree(comm, size, rc)) != 0) goto out;
 
     sumo_result r = sumo__dataset_load(o.data_dir, true, &train, err, sizeof err);
     if (r == SUMO_SUCCESS) r = sumo__dataset_load(o.data_dir, false, &test, err, sizeof err);
@@ -355,7 +379,7 @@ int sumo_cmd_train(int argc, char **argv)
         sumo__train_config *c = &configs[k];
         c->store = store;
         err[0] = '\0';
-        r = comm ? sumo__train_rank(&comm, -1, c, &train, &test, &summaries[k], err, sizeof err)
+        r = comm ? sumo__train_rank(&comm, o.joiner ? 0 : -1, c, &train, &test, &summaries[k], err, sizeof err)
                      : sumo__train_threads(c, &train, &test, &summaries[k], err, sizeof err);
         if (r == SUMO_SUCCESS && summaries[k].lost) {
             /* This task left or died on purpose (--leave, --kill): the others go on. */
@@ -398,6 +422,10 @@ int sumo_cmd_train(int argc, char **argv)
             if (write_summaries(f, o.summary_path, o.labels, configs, summaries, o.nmethods) != 0) rc = 1;
         }
     }
+    if (rank != 0 && membership) /* each process of a --store job says what it holds */
+        for (int k = 0; k < o.nmethods; k++)
+            printf("%s: %zu parameters, fnv1a %016llx (worker %d of %d)\n", o.labels[k], summaries[k].nparams,
+                   (unsigned long long)summaries[k].param_checksum, rank, summaries[k].workers);
 out:
     if (summary) fclose(summary);
     sumo__dataset_free(&train);
@@ -422,6 +450,15 @@ out:
         comm = NULL;
     }
 #endif
+    if (membership) {
+        /* The others may still be inside the last step's collectives: meet once more before
+         * leaving; processes still waiting to join have nothing left to join. */
+        if (rc == 0 && comm) sumo_barrier(comm);
+        if (rank == 0) sumo_elastic_close(membership);
+        sumo_elastic_destroy(membership);
+        sumo_store_destroy_dir(dir_store, 0);
+        comm = NULL;
+    }
     /* The store's files go once every survivor is past its last regrouping: after a
      * barrier on the final communicator (a failed one leaves them for the folder's owner). */
     if (store) {

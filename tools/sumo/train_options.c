@@ -74,6 +74,10 @@ static void usage(FILE *out)
         "                         SIGKILL on itself), at step S; may be repeated\n"
         "  --join S               (with --elastic, threads) a new worker joins at step S and gets\n"
         "                         the state from worker 0; may be repeated\n"
+        "  --store DIR            (with --elastic) this process is a worker of a job whose\n"
+        "                         processes, on any hosts that share DIR, meet through it\n"
+        "  --rank R               (with --store) this process's worker number of --workers N\n"
+        "  --joiner               (with --store) join the running job at its next step\n"
         "The results table ends with a line per column saying what it shows; \"to target\"\n"
         "counts epochs until the test accuracy first reached --target.\n");
 }
@@ -342,6 +346,9 @@ int train_parse_options(int argc, char **argv, train_options *o)
         else if (FLAG("--no-progress")) c->progress = false;
         else if (FLAG("--verify-ranks")) c->verify_ranks = true;
         else if (FLAG("--elastic")) c->elastic = true;
+        else if (FLAG("--store")) { NEED(); o->store_dir = v; }
+        else if (FLAG("--rank")) { INT(o->store_rank, 0, 1023); o->rank_given = true; }
+        else if (FLAG("--joiner")) o->joiner = true;
         else if (FLAG("--join")) {
             long st;
             I64(st, 0, LONG_MAX);
@@ -390,6 +397,21 @@ int train_parse_options(int argc, char **argv, train_options *o)
     } else if (c->checkpoint_dir[0] == '\0') {
         return bad("--checkpoint-dir", c->checkpoint_dir);
     }
+    if ((o->joiner || o->rank_given) && o->store_dir == NULL) {
+        fprintf(stderr, "sumo train: --rank and --joiner place a process in a job that meets through "
+                        "--store DIR\n");
+        return 2;
+    }
+    if (o->store_dir && !c->elastic) {
+        fprintf(stderr, "sumo train: --store DIR runs the processes of an --elastic job\n");
+        return 2;
+    }
+    for (int i = 0; o->store_dir && i < c->nevents; i++)
+        if (c->events[i].kind == SUMO__EVENT_JOIN) {
+            fprintf(stderr, "sumo train: --join S adds worker threads; a process joins a --store job "
+                            "with --joiner\n");
+            return 2;
+        }
     if (c->nevents && !c->elastic) {
         fprintf(stderr, "sumo train: --leave, --kill and --join stage changes for an --elastic run\n");
         return 2;

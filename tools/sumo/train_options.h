@@ -46,6 +46,11 @@ typedef struct train_options {
      * value: one given at its default is still refused for methods that do not read it. */
     uint64_t specific_given;
     bool overwrite, have_checkpoint_every, have_keep;
+    /* --store DIR: an elastic run of processes that meet through a directory store, this one
+     * --rank R of --workers N, or (--joiner) one that joins the running job */
+    const char *store_dir;
+    int store_rank;
+    bool joiner, rank_given;
 } train_options;
 
 /* 0: run; 1: --help was printed; 2: a usage error, said on stderr. */

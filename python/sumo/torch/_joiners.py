@@ -3,9 +3,11 @@ the members' count of them at each commit, and the larger communicator the membe
 them (grow). A module because joining is the one way into a job besides its start, with a
 protocol of its own in the store.
 """
-from datetime import timedelta
+import ctypes
 
-from .._lib import SumoError
+from .. import _lib
+from .._abi import SUMO_SUCCESS, SUMO_ERR_PEER_FAILURE, SUMO_ERR_TIMEOUT
+from .._lib import lib, SumoError
 from ._membership import (_STORE_ROOT, _ACROSS, _STORE_TRANSPORTS, store_across,
                           _make_member, _adopt_member, alive_prefix, replace_comm,
                           membership_prefix, _forget)
@@ -13,36 +15,45 @@ from ._runtime import state, error_for
 from ._stores import store_adapter
 
 
-# Through the store's keys under key_root: a joiner takes a ticket (the store's atomic add on
-# join/tickets) and waits for join/<ticket>; at each commit() rank 0 reads how many tickets
-# were handed out and every member learns it (elastic.State.check_host_updates); when some are
-# new, every member raises HostsUpdatedInterrupt, rank 0 writes each new ticket's place (its
-# rank, the new size, the memberships so far, the tickets taken in, the key prefix, the
+# Through libsumo's join tickets (sumo_ticket_take and its kin, sumo_elastic.h) under
+# key_root: a joiner takes a ticket and waits for its place; at each commit() rank 0 counts
+# the tickets taken and every member learns it (elastic.State.check_host_updates); when some
+# are new, every member raises HostsUpdatedInterrupt, rank 0 writes each new ticket's place
+# (its rank, the new size, the memberships so far, the tickets taken in, the key prefix, the
 # transport, the members' number: across hosts the joiners watch the members' heartbeats
 # while they meet), and the members and the joiners make the larger communicator together,
-# the members keeping their ranks. A ticket is taken in once, whether its holder comes or not: one
-# that does not come makes the making time out on the members, who then shrink back to
-# themselves. Only a torch.distributed.Store has the atomic add; sumo's directory store has not.
+# the members keeping their ranks. A ticket is taken in once, whether its holder comes or not:
+# one that does not come makes the making time out on the members, who then shrink back to
+# themselves.
 
-_TICKETS = "join/tickets"
-_CLOSED = "join/closed"
+# A joiner waits for its place in slices of this many seconds (the members take joiners in
+# at their next commit, which may be a while).
+_WAIT_SLICE_S = 1.0
 
 
-def _join_store():
-    """The torch.distributed.Store joiners meet the members in, or None (no store job, or a
-    store without add)."""
-    if state.key_root != _STORE_ROOT or state.store is None:
-        return None
-    return state.store.store
+def _tickets(adapter, call, what, *args):
+    """One of libsumo's ticket calls on the job's store; SumoError naming what failed."""
+    err = ctypes.create_string_buffer(256)
+    code = call(adapter.pointer(), _STORE_ROOT.encode(), *args, err, len(err))
+    if code != SUMO_SUCCESS:
+        raise _lib.error(code, None, "%s: %s" % (what, err.value.decode(errors="replace")))
+
+
+def _joinable():
+    """Whether processes can join this job: a store job's with a torch.distributed.Store."""
+    return (state.key_root == _STORE_ROOT and state.store is not None
+            and state.store.store is not None)
 
 
 def join_tickets():
-    """Rank 0: the join tickets handed out so far (state.admitted where no one can join);
-    the others' answer is not read."""
-    store = _join_store()
-    if state.rank != 0 or store is None:
+    """Rank 0: the join tickets taken so far (state.admitted where no one can join); the
+    others' answer is not read."""
+    if state.rank != 0 or not _joinable():
         return state.admitted
-    return int(store.add(_STORE_ROOT + _TICKETS, 0))
+    count = ctypes.c_int()
+    _tickets(state.store, lib.sumo_tickets_count, "counting the join tickets", state.admitted,
+             ctypes.byref(count))
+    return count.value
 
 
 def grow(tickets):
@@ -50,18 +61,18 @@ def grow(tickets):
     of the tickets after state.admitted up to `tickets`, ranked after the members in ticket
     order. A PeerLost when the making fails (a joiner or a member did not come): the members'
     old communicator is still theirs to shrink."""
-    store = _join_store()
     new = tickets - state.admitted
-    if store is None or new <= 0:
+    if not _joinable() or new <= 0:
         return
     first, size = state.admitted + 1, state.size + new
     prefix = membership_prefix("grow")
     state.admitted = tickets
     if state.rank == 0:
         for k in range(new):
-            store.set(_STORE_ROOT + "join/%d" % (first + k), "%d %d %d %d %s %s %d" % (
-                state.size + k, size, state.memberships + 1, tickets, prefix, state.transport,
-                state.size))
+            _tickets(state.store, lib.sumo_ticket_place, "writing join ticket %d's place" % (first + k),
+                     first + k, ("%d %d %d %d %s %s %d" % (
+                         state.size + k, size, state.memberships + 1, tickets, prefix,
+                         state.transport, state.size)).encode())
     # The members keep their ranks and beat; the joiners do not yet.
     alive = (alive_prefix(), list(range(state.size)) + [-1] * new) if store_across() else None
     try:
@@ -95,7 +106,7 @@ def _place(record, key):
     except (UnicodeDecodeError, ValueError, IndexError):
         ok = False
     if not ok:
-        raise RuntimeError("sumo.torch.init: store key %s holds %r, not a joiner's place as "
+        raise RuntimeError("sumo.torch.init: %s holds %r, not a joiner's place as "
                            "rank 0 writes it" % (key, record[:120]))
     return rank, size, memberships, admitted, prefix, over, members
 
@@ -106,25 +117,34 @@ def _init_join(store):
     adapter = store_adapter(store)
     if adapter.store is None:
         adapter.close()
-        raise ValueError("sumo.torch.init: join=True needs a torch.distributed.Store (its atomic "
-                         "add hands out the tickets); sumo's directory store has set and get only")
-    torch_store = adapter.store
-    ticket = int(torch_store.add(_STORE_ROOT + _TICKETS, 1))
-    key = _STORE_ROOT + "join/%d" % ticket
-    # The members take joiners in at their next commit, which may be a while: wait in slices,
-    # and give up once the job has ended (rank 0's shutdown says so).
-    while True:
-        try:
-            torch_store.wait([key], timedelta(seconds=1))
-            break
-        except RuntimeError:  # the slice passed (torch 2.x: DistStoreError, a RuntimeError)
-            if torch_store.add(_STORE_ROOT + _CLOSED, 0):
-                adapter.close()
-                raise RuntimeError("sumo.torch.init: the job on this store ended before "
-                                   "taking in join ticket %d" % ticket) from None
-    rank, size, memberships, admitted, prefix, over, members = \
-        _place(bytes(torch_store.get(key)), key)
+        raise ValueError("sumo.torch.init: join=True needs a torch.distributed.Store (the "
+                         "jobs that take joiners); a job on sumo's directory store takes none")
+    ticket = ctypes.c_int()
+    place = ctypes.create_string_buffer(256)
+    try:
+        _tickets(adapter, lib.sumo_ticket_take, "sumo.torch.init: taking a join ticket",
+                 ctypes.byref(ticket))
+        # The members take joiners in at their next commit, which may be a while: wait in
+        # slices (an interrupt is seen between them) until the place comes or the job has
+        # ended (rank 0's shutdown closes it).
+        while True:
+            try:
+                _tickets(adapter, lib.sumo_ticket_wait, "join ticket %d" % ticket.value,
+                         ticket.value, _WAIT_SLICE_S, place, len(place))
+                break
+            except SumoError as e:
+                if e.code == SUMO_ERR_TIMEOUT:
+                    continue
+                if e.code == SUMO_ERR_PEER_FAILURE:
+                    raise RuntimeError("sumo.torch.init: the job on this store ended before "
+                                       "taking in join ticket %d" % ticket.value) from None
+                raise
+    except BaseException:
+        adapter.close()
+        raise
     state.store = adapter
+    rank, size, memberships, admitted, prefix, over, members = \
+        _place(place.value, "the place of join ticket %d" % ticket.value)
     state.key_root = _STORE_ROOT
     # The members beat under the membership before the one made now, each at its rank.
     alive = None
@@ -139,9 +159,8 @@ def _init_join(store):
 
 def _close_job():
     """Rank 0 of a store job, leaving: processes still waiting to join stop waiting."""
-    store = _join_store()
-    if store is not None and state.rank == 0:
+    if _joinable() and state.rank == 0:
         try:
-            store.add(_STORE_ROOT + _CLOSED, 1)
+            _tickets(state.store, lib.sumo_tickets_close, "closing the job to joiners")
         except Exception:  # leaving anyway: a store already gone has no one waiting on it
             pass

@@ -6,14 +6,14 @@ it grow (_joiners.py), with the objects made on it told (bind). A module because
 what sumo.torch.elastic stands on; the rest of the package only binds its objects here.
 """
 import ctypes
-import time
 import weakref
 
 import torch.distributed as dist
 
 from .. import _lib
 from .._abi import (SUMO_SUCCESS, SUMO_ERR_TIMEOUT, SUMO_ERR_PEER_FAILURE, sumo_agree_options,
-                    sumo_heart_options, sumo_shrink_info, sumo_shrink_options)
+                    sumo_commit_options, sumo_heart_options, sumo_shrink_info,
+                    sumo_shrink_options)
 from .._lib import lib, SumoError
 from . import _stores
 from ._runtime import (state, PeerLost, lost_or, raise_for, require_init, _adopt, _deadline_s,
@@ -72,10 +72,6 @@ def _make_member(over, prefix, rank, size, where, alive=None):
     return _committed(make, prefix, rank, size, where, alive, drop)
 
 
-# What compare_set returns for a key the store does not hold (its expected value).
-_ABSENT = b"\0absent\0"
-
-
 def _committed(make, prefix, rank, size, where, alive, drop):
     """make()'s communicator once every member has made its own, or PeerLost on every member
     (drop(comm) then undoes the making).
@@ -83,60 +79,52 @@ def _committed(make, prefix, rank, size, where, alive, drop):
     Across hosts a meeting can end differently on two ranks: a member that dies once some of
     its peers have met it fails the meeting on the others only. Those that kept the new
     communicator would count one membership more than those that agree again, and the two
-    sides would never meet again. So each member counts itself in the store once it has made
-    its communicator (prefix/made, the store's atomic add), and the first decision set under
-    prefix/outcome stands, the same for every member (the store's compare-and-set): "ok" once
-    all have counted themselves; "fail" from a member whose making failed, or that sees a
-    member stop beating for SUMO_LIVENESS_TIMEOUT (alive: make_tcp's heartbeats), or the
-    deadline pass. On "fail" every member drops what it made and raises PeerLost, so all agree
-    again from the same membership."""
-    store = state.store.store
-    decided, counted = prefix + "outcome", prefix + "made"
-
-    def decide(value):
-        got = store.compare_set(decided, b"", value)
-        return bytes(got) if got else value
-
+    sides would never meet again. So one outcome in the store under prefix stands for every
+    member (libsumo's sumo_store_commit, sumo_elastic.h): "ok" once every member said it made
+    its own; "fail" from a member whose making failed, one that sees a member's beat stand
+    still for SUMO_LIVENESS_TIMEOUT (alive: make_tcp's heartbeats), or the deadline. On "fail"
+    every member drops what it made and raises PeerLost, so all agree again from the same
+    membership."""
     try:
         comm = make()
     except Exception:
-        decide(b"fail")
+        _commit(prefix, rank, size, where, alive, False)  # the others drop theirs: fail stands
         raise
-    store.add(counted, 1)
-    liveness, end = _liveness_s(), time.monotonic() + _deadline_s()
     try:
-        watch = _Watch(alive[0], alive[1], liveness) if alive is not None else None
+        _commit(prefix, rank, size, where, alive, True)
     except Exception:
-        decide(b"fail")
         drop(comm)
         raise
-    looked = None  # when the beats were last read: as often as they change, not every poll
-    try:
-        while True:
-            verdict = bytes(store.compare_set(decided, _ABSENT, _ABSENT))
-            if verdict != _ABSENT:
-                break
-            if int(store.add(counted, 0)) >= size:
-                verdict = decide(b"ok")
-                break
-            now, stalled = time.monotonic(), False
-            if watch is not None and (looked is None or now - looked >= liveness / 10):
-                looked = now
-                stalled = watch.stalled()
-            if stalled or now > end:
-                verdict = decide(b"fail")
-                break
-            time.sleep(0.01)
-    finally:
-        if watch is not None:
-            watch.close()
-    if verdict != b"ok":
-        drop(comm)
-        raise PeerLost(SUMO_ERR_PEER_FAILURE, _lib.result_name(SUMO_ERR_PEER_FAILURE),
-                       "making the communicator of %d over %s: a member failed to make its own "
-                       "or was lost while they met (the store's verdict under %s)"
-                       % (size, where, decided))
     return comm
+
+
+def _commit(prefix, rank, size, where, alive, made):
+    """This member's part of sumo_store_commit: PeerLost when the outcome is fail (not raised
+    for a member whose own making failed: its error is the one to raise)."""
+    opts = sumo_commit_options()
+    raise_for(lib.sumo_commit_options_default(ctypes.byref(opts)))
+    err = ctypes.create_string_buffer(512)
+    opts.rank, opts.size, opts.made = rank, size, int(made)
+    opts.store = state.store.pointer()
+    opts.key_prefix = prefix.encode()
+    opts.timeout_s = _deadline_s()
+    ranks = None
+    if alive is not None:
+        ranks = (ctypes.c_int * max(len(alive[1]), 1))(*alive[1])
+        opts.alive_prefix = alive[0].encode()
+        opts.alive_ranks = ranks
+        opts.alive_s = _liveness_s()
+    opts.error = ctypes.cast(err, ctypes.c_char_p)
+    opts.error_bytes = len(err)
+    code = lib.sumo_store_commit(ctypes.byref(opts))
+    if code == SUMO_SUCCESS or not made:
+        return
+    detail = err.value.decode(errors="replace")
+    if code == SUMO_ERR_PEER_FAILURE:
+        raise PeerLost(code, _lib.result_name(code),
+                       "making the communicator of %d over %s: a member failed to make its own "
+                       "or was lost while they met (%s)" % (size, where, detail))
+    raise _lib.error(code, None, detail)
 
 
 def _adopt_member(comm, over, rank, size):
@@ -221,33 +209,6 @@ class _Heart:
         handle, self.handle = self.handle, None
         if handle:
             lib.sumo_heart_stop(handle)
-
-
-class _Watch:
-    """The members' heartbeats under prefix, read by libsumo's rule (sumo_heart_watch, the
-    one the store agreement and the TCP meeting use): numbers holds each member's beat
-    number, -1 for a member that does not beat."""
-
-    def __init__(self, prefix, numbers, alive_s):
-        self.adapter = state.store  # its callbacks are called while the watch looks
-        ranks = (ctypes.c_int * max(len(numbers), 1))(*numbers)
-        handle = ctypes.c_void_p()
-        raise_for(lib.sumo_heart_watch_create(self.adapter.pointer(), prefix.encode(),
-                                              len(numbers), ranks, alive_s,
-                                              ctypes.byref(handle)), "sumo_heart_watch_create")
-        self.handle = handle
-
-    def stalled(self):
-        """Whether a member's beat has stood still for alive_s (read now)."""
-        dead = ctypes.c_int(-1)
-        raise_for(lib.sumo_heart_watch_look(self.handle, ctypes.byref(dead)),
-                  "sumo_heart_watch_look")
-        return dead.value >= 0
-
-    def close(self):
-        handle, self.handle = self.handle, None
-        if handle:
-            lib.sumo_heart_watch_destroy(handle)
 
 
 def _start_heart():

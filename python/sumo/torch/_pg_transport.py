@@ -267,8 +267,8 @@ class StoreAdapter:
 
 class DirStore:
     """sumo's store in a directory of this machine (sumo_store_create_dir), for processes
-    started on their own: it lives in files, not in one of them. It has set and get only
-    (no atomic add), so processes cannot join through it (sumo.torch.elastic says so)."""
+    started on their own: it lives in files, not in one of them. No torch.distributed.Store
+    is behind it, and sumo.torch takes joiners only on one (sumo.torch.elastic says so)."""
 
     store = None  # no torch.distributed.Store behind it
 
