@@ -290,7 +290,8 @@ test-faults:
 endif
 
 # Fuzzing with libFuzzer (clang): the IDX reader, the checkpoint and manifest reader, the
-# command-line parser, the store's records (agreement, heartbeat, shared-memory meeting) and
+# command-line parser, the store's records (agreement, heartbeat, shared-memory meeting, join
+# tickets) and
 # the TCP meeting's hello, each for FUZZ_SECONDS from the corpus in tests/fuzz/corpus/. Skipped,
 # saying so, when clang is not installed.
 FUZZ_CC      ?= clang
@@ -308,7 +309,8 @@ $(FUZZ_BUILD)/fuzz_checkpoint: tests/fuzz/fuzz_checkpoint.c src/train/checkpoint
 $(FUZZ_BUILD)/fuzz_cli: tests/fuzz/fuzz_cli.c tools/sumo/train_options.c tools/sumo/args.c $(TOOL_HDRS) $(LIBSUMO_TRAIN) $(LIBSUMO)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) tests/fuzz/fuzz_cli.c tools/sumo/train_options.c tools/sumo/args.c $(LIBSUMO_TRAIN) $(LIBSUMO) $(TRAIN_LIBS) -lm -pthread -o $@
-FUZZ_STORE_SRCS := src/transport/store_agree.c src/transport/heartbeat.c src/transport/shm_meeting.c
+FUZZ_STORE_SRCS := src/transport/store_agree.c src/transport/heartbeat.c src/transport/shm_meeting.c \
+                   src/transport/tickets.c
 $(FUZZ_BUILD)/fuzz_store: tests/fuzz/fuzz_store.c $(FUZZ_STORE_SRCS) $(LIBSUMO)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) $(LIBSUMO) -lm -pthread -o $@

@@ -2,12 +2,14 @@
  * libFuzzer harness for what sumo reads from a store, which anyone holding the store can write
  * (docs/security.md): the agreement's verdict and entries (store_agree.c), a heartbeat
  * (heartbeat.c), and the shared-memory meeting's records, rank 0's segment record as rank 1
- * reads it and rank 1's attach record as rank 0 reads it (shm_meeting.c). Each must be refused
- * with a message or taken, never read out of bounds, and never waited on past the deadline.
+ * reads it and rank 1's attach record as rank 0 reads it (shm_meeting.c), and the join
+ * tickets (tickets.c). Each must be refused with a message or taken, never read out of
+ * bounds, and never waited on past the deadline.
  *
  * Input: one selector byte, then the record's bytes. 0: the verdict, 1: rank 1's entry, read
  * by rank 0 of 2; 2: rank 1's heartbeat, read twice; 3: "seg/0", read by rank 1 of 2;
- * 4: "attach/0/1", read by rank 0 of 2.
+ * 4: "attach/0/1", read by rank 0 of 2; 5: another holder's ticket 1, then a ticket taken;
+ * 6: ticket 1's place, waited for.
  */
 #include "transport/heartbeat.h"
 
@@ -154,7 +156,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char err[512] = "";
     const uint8_t *rec = data + 1;
     size_t n = size - 1;
-    switch (data[0] % 5) {
+    switch (data[0] % 7) {
     case 0:
         mem_set(&m, "f/in/1", "9", 1);
         mem_set(&m, "f/verdict", rec, n);
@@ -180,10 +182,29 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         mem_set(&m, "f/seg/0", rec, n);
         shm_meet(&m, 1, err, sizeof err);
         break;
-    default:
+    case 4:
         mem_set(&m, "f/attach/0/1", rec, n);
         shm_meet(&m, 0, err, sizeof err);
         break;
+    case 5: {
+        mem_set(&m, "f/join/ticket/1", rec, n);
+        int ticket = 0, count = -1;
+        sumo_result r = sumo_ticket_take(&m.store, "f/", &ticket, err, sizeof err);
+        /* Whatever the other holder wrote, this one holds the next ticket. */
+        if (r != SUMO_SUCCESS || ticket != 2) __builtin_trap();
+        if (sumo_tickets_count(&m.store, "f/", 0, &count, err, sizeof err) != SUMO_SUCCESS ||
+            count != 2)
+            __builtin_trap();
+        break;
+    }
+    default: {
+        mem_set(&m, "f/join/place/1", rec, n);
+        char place[64];
+        sumo_result r = sumo_ticket_wait(&m.store, "f/", 1, 0.001, place, sizeof place, err,
+                                         sizeof err);
+        if (r != SUMO_SUCCESS || strlen(place) >= sizeof place) __builtin_trap();
+        break;
+    }
     }
     mem_free(&m);
     return 0;
