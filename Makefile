@@ -291,9 +291,8 @@ endif
 
 # Fuzzing with libFuzzer (clang): the IDX reader, the checkpoint and manifest reader, the
 # command-line parser, the store's records (agreement, heartbeat, shared-memory meeting, join
-# tickets) and
-# the TCP meeting's hello, each for FUZZ_SECONDS from the corpus in tests/fuzz/corpus/. Skipped,
-# saying so, when clang is not installed.
+# tickets) and the TCP meeting's hello and frames, each for FUZZ_SECONDS from the corpus in
+# tests/fuzz/corpus/. Skipped, saying so, when clang is not installed.
 FUZZ_CC      ?= clang
 FUZZ_BUILD   := build-fuzz
 FUZZ_SECONDS ?= 60
