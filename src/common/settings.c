@@ -85,6 +85,12 @@ static const sumo__setting table[SUMO__SETTING_COUNT] = {
                "sumo_comm_create_tcp where sumo_tcp_options.address is NULL; unset: the "
                "address through which the host reaches the store's (route_host), else the "
                "host name's first one that is not a loopback one."},
+    [SUMO__SETTING_HIER_CHUNK_BYTES] = {
+        .name = "SUMO_HIER_CHUNK_BYTES", .type = SUMO__SETTING_INTEGER, .noun = "a chunk size",
+        .unit = "bytes", .min = 4096, .max = 1 << 30, .step = 64, .fallback = "4194304",
+        .doc = "A two-level communicator's chain (SUMO_ALGORITHM_CHAIN): the bytes of the "
+               "partial sum, in the accumulation type, that one node passes to the next at a "
+               "time, while it adds the following chunk. Read by sumo_comm_create_hier."},
 };
 
 const sumo__setting *sumo__setting_info(sumo__setting_id id)

@@ -30,6 +30,7 @@ typedef enum sumo__setting_id {
     SUMO__SETTING_LOCAL_SIZE,
     SUMO__SETTING_LIVENESS_TIMEOUT,
     SUMO__SETTING_SOCKET_IFNAME,
+    SUMO__SETTING_HIER_CHUNK_BYTES,
     SUMO__SETTING_COUNT
 } sumo__setting_id;
 
