@@ -70,7 +70,8 @@ void sumo__adasum_hier_check(sumo_comm *c, sumo__call_desc *d, int g, int ngroup
                                              "only)", c->x.k->memory);
         return;
     }
-    if (lv->any) return;
+    /* One rank per node, or one node: every pair is on a level. */
+    if (lv->any || L == 1 || lv->H == 1) return;
     *gram = false;
     if (g == 1)
         d->local_error = SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_USAGE,

@@ -69,7 +69,7 @@ static sumo_result validate(sumo_comm *c, const sumo__call *call, sumo__call_des
     /* What has no two-level algorithm runs flat over options.any: a property of the
      * communicator, so every rank refuses alike, before the agreement. */
     if (c->levels && (call->kind == SUMO__CALL_GRAM || call->kind == SUMO__CALL_COMPRESSED) &&
-        c->levels->any == NULL)
+        c->levels->any == NULL && c->levels->L > 1 && c->levels->H > 1)
         return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_USAGE,
                                "%s on a two-level communicator needs options.any (a "
                                "communicator of all ranks, sumo_comm_create_hier)", what);

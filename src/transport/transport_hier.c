@@ -251,4 +251,10 @@ void sumo__hier_tp_drop_across(sumo__transport *tp)
     if (t->nacross > 1) t->nacross--;
 }
 
-void sumo__hier_tp_flat(sumo__transport *tp, bool flat) { as_hier(tp)->flat = flat; }
+void sumo__hier_tp_flat(sumo__transport *tp, bool flat)
+{
+    /* Without options.any the levels route every pair they can (all of them with one rank per
+     * node or one node); the callers refuse what they cannot. */
+    hier_tp *t = as_hier(tp);
+    t->flat = flat && t->any != NULL;
+}

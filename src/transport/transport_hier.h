@@ -33,7 +33,7 @@ sumo_result sumo__hier_tp_create(const sumo__hier_links *links, sumo__transport 
 sumo_result sumo__hier_tp_add_across(sumo__transport *tp, sumo__transport *across);
 /* Drops the last one added (an add_across that failed after). */
 void sumo__hier_tp_drop_across(sumo__transport *tp);
-/* Flat mode on or off: every sendrecv over `any` (which must exist). */
+/* Flat mode on or off: every sendrecv over `any` (without one, the levels route as ever). */
 void sumo__hier_tp_flat(sumo__transport *tp, bool flat);
 /* The transport that carries rank `peer`'s messages in level mode, with the peer's rank on it,
  * or NULL when no transport reaches it. */
