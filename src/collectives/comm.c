@@ -106,15 +106,6 @@ sumo_result sumo__comm_free(sumo_comm *comm)
         if (!comm->tp->ops->mem_free) free(block->ptr);
         free(block);
     }
-    /* Ops first: a two-level communicator's Adasum ops hold ops of its levels. */
-    for (size_t i = 0; i < comm->nops; i++) {
-        sumo__op_entry *e = comm->ops[i];
-        if (e && e->release) e->release(e->impl);
-        free(e);
-    }
-    free(comm->ops);
-    comm->ops = NULL;
-    comm->nops = 0;
     sumo_result r = comm->tp->ops->destroy(comm->tp);
     sumo__queue *q = comm->queue;
     /* Requests not yet waited on keep the queue; the last one out frees it. */
@@ -129,6 +120,14 @@ sumo_result sumo__comm_free(sumo_comm *comm)
     pthread_mutex_unlock(&q->lock);
     if (last) sumo__queue_free(q);
     pthread_mutex_destroy(&comm->exec);
+    /* A two-level communicator's Adasum ops hold ops of its levels, which requests.c destroys
+     * after this. */
+    for (size_t i = 0; i < comm->nops; i++) {
+        sumo__op_entry *e = comm->ops[i];
+        if (e && e->release) e->release(e->impl);
+        free(e);
+    }
+    free(comm->ops);
     if (comm->imports_release) comm->imports_release(comm->imports);
     for (int i = 0; i <= SUMO__MAX_KERNEL_TABLES; i++) {
         sumo__data_scratch *d = &comm->data_scratch[i];

@@ -292,8 +292,8 @@ static sumo_result level_run(sumo_comm *level, const sumo_collective *k)
 sumo_result sumo__execute(sumo_comm *c, const sumo__call *call)
 {
     SUMO__CHECK(sumo__usable(c));
-    if (c->levels) c->levels->run = level_run;
     if (call->kind == SUMO__CALL_COMPOSITE) return call->run(c, (void *)call->args);
+    if (c->levels) c->levels->run = level_run;
     atomic_fetch_add_explicit(&c->rounds, 1, memory_order_relaxed);
     sumo__call_desc d = {.kind = call->kind, .dtype = (uint32_t)call->dtype, .op = call->op,
                          .root = call->root, .count = call->count,

@@ -138,6 +138,10 @@ bool sumo__staged_loss(sumo__rank_state *s, sumo_comm **comm)
             if (strcmp(transport, "threads") != 0) raise(SIGKILL);
             sumo_comm_abort(*comm, "sumo train: a staged death (--kill)");
         }
+        /* The aggregator's op lives on the handle: it goes first (teardown would otherwise
+         * destroy it on a freed handle). */
+        sumo_aggregator_destroy(s->agg);
+        s->agg = NULL;
         sumo_comm_destroy(*comm);
         *comm = s->comm = NULL;
         s->summary->lost = true;
