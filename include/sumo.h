@@ -189,6 +189,55 @@ SUMO_API sumo_result sumo_comm_destroy(sumo_comm *comm);
 typedef sumo_result (*sumo_rank_fn)(sumo_comm *comm, int rank, void *arg);
 SUMO_API sumo_result sumo_threads_run(int nranks, sumo_rank_fn fn, void *arg, sumo_result *results);
 
+/*
+ * A two-level communicator: an ordinary sumo_comm over the ranks of `node` (the L ranks of
+ * one node: threads, shm, MPI on one node) and `across` (the H ranks of this local rank on
+ * every node: TCP, MPI, a caller's transport). Rank h * L + l of the new communicator is local
+ * rank l (its rank in node) of node h (its rank in across). Every rank of the job calls it with
+ * its own two communicators; every node has the same L (a rank whose node or across peers
+ * disagree on L, H, their node or their local rank fails with SUMO_ERR_MISMATCH; peers beyond
+ * its node then fail at their deadline).
+ *
+ * Its collectives run the two-level algorithms (docs/design/two-level.md): sum and average of
+ * host memory take SUMO_ALGORITHM_CHAIN (the bits of a flat communicator's
+ * SUMO_ALGORITHM_RANKED), of device memory SUMO_ALGORITHM_TWO_LEVEL (a reduce-scatter inside
+ * the node, an allreduce across, an allgather inside: each level rounds); Adasum ops created
+ * with hierarchical = 1 combine the nodes' averages (groups of L ranks); broadcast, allgather,
+ * reduce-scatter and barrier go level by level. What has no two-level algorithm (ACGA's Gram
+ * form, compressed allreduce, flat Adasum, sumo_mem_alloc) runs its flat algorithm over
+ * options.any, a communicator of all H * L ranks in the same order (the flat TCP one), and is
+ * refused with SUMO_ERR_INVALID_USAGE, on every rank alike, where there is none.
+ * Requests, agreement, join, restore-on-failure (where the node's transport can restore),
+ * stats and sumo_comm_abort are those of any communicator.
+ *
+ * Ownership: on SUCCESS the new communicator owns node, across and options.any (and every
+ * communicator added with sumo_comm_hier_add_across): the caller must not call or destroy them;
+ * sumo_comm_destroy of the new one destroys them. On failure they stay the caller's, untouched
+ * but for the collectives the checks ran on them. sumo_comm_add_kernels on it adds the table to
+ * every communicator it owns; sumo_comm_set_timeout passes down; SUMO_PARAM_ALGORITHM is its
+ * own (the children keep theirs). sumo_comm_shrink refuses it: make the levels again.
+ */
+typedef struct sumo_hier_options {
+    size_t struct_size; /* sizeof(sumo_hier_options) */
+    /* Optional: a communicator of all H * L ranks, rank h * L + l on every rank, over which
+     * what has no two-level algorithm runs. NULL: such calls are refused. */
+    sumo_comm *any;
+} sumo_hier_options;
+
+/* struct_size set, any NULL. */
+SUMO_API sumo_result sumo_hier_options_default(sumo_hier_options *options);
+/* options may be NULL (the defaults). */
+SUMO_API sumo_result sumo_comm_create_hier(sumo_comm *node, sumo_comm *across,
+                                           const sumo_hier_options *options, sumo_comm **out);
+/*
+ * Collective over the two-level communicator's ranks: adds a further across communicator (H
+ * ranks, this local rank's, in node order, like the first) whose transport carries a memory the
+ * first does not (NCCL for "cuda"); a call whose buffers are in that memory crosses the nodes
+ * over it. On SUCCESS comm owns it; on failure the caller keeps it and comm is unchanged. At
+ * most 3 are added.
+ */
+SUMO_API sumo_result sumo_comm_hier_add_across(sumo_comm *comm, sumo_comm *across);
+
 SUMO_API sumo_result sumo_comm_rank(const sumo_comm *comm, int *rank);
 SUMO_API sumo_result sumo_comm_size(const sumo_comm *comm, int *size);
 /* The transport's name: "threads", "mpi", "shm", or what a caller-supplied transport calls itself. */
@@ -278,6 +327,11 @@ typedef enum sumo_algorithm {
                                               input (an all-to-all), sums it in rank order,
                                               then a ring allgather: a ring's bytes, the
                                               shared-memory algorithms' bits */
+    SUMO_ALGORITHM_CHAIN = 6,              /* two-level communicators: the nodes' sums passed
+                                              from node to node in the accumulation type,
+                                              rounded once: SUMO_ALGORITHM_RANKED's bits */
+    SUMO_ALGORITHM_TWO_LEVEL = 7,          /* two-level communicators: reduce-scatter inside
+                                              the node, allreduce across, allgather inside */
     SUMO_ALGORITHM_COUNT
 } sumo_algorithm;
 

@@ -68,11 +68,14 @@
  * its buffers; the point-to-point path needs none (its last receives carry the result).
  */
 #include "collectives/adasum.h"
+#include "collectives/adasum_hier.h"
 #include "collectives/agree.h"
 #include "collectives/adasum_gram.h"
 #include "collectives/gram.h"
+#include "collectives/hier_levels.h"
 #include "collectives/p2p_algos.h"
 #include "collectives/slices.h"
+#include "transport/transport_hier.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -86,6 +89,12 @@ typedef struct adasum_op {
     size_t *offsets;  /* ntensors + 1 prefix sums (NULL when ntensors == 0) */
     int group_size;   /* 1 when flat */
     uint64_t hash;    /* of the layout and the options, compared across ranks */
+    /* A two-level communicator's device path: the layout's cut, and this rank's share's op on
+     * each across communicator, made at its first call there. */
+    sumo__adasum_hier *hier;
+    sumo_comm *across[SUMO__MAX_ACROSS];
+    sumo_op across_op[SUMO__MAX_ACROSS];
+    int nacross;
 } adasum_op;
 
 /* ---- ops ---------------------------------------------------------------------------------- */
@@ -105,6 +114,13 @@ static void op_free(void *p)
 {
     adasum_op *op = p;
     if (op == NULL) return;
+    sumo__adasum_hier_free(op->hier);
+    /* The levels are idle: their owner holds its handle, or is being freed. */
+    for (int i = 0; i < op->nacross; i++) {
+        pthread_mutex_lock(&op->across[i]->exec);
+        (void)sumo__op_remove(op->across[i], op->across_op[i]);
+        pthread_mutex_unlock(&op->across[i]->exec);
+    }
     free(op->offsets);
     free(op);
 }
@@ -137,6 +153,12 @@ static sumo_result options_check(sumo_comm *comm, const sumo_adasum_options *o, 
     if (g < 0)
         return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT, "adasum options: group_size %d < 0", g);
     if (g == 0) g = tp->node_local_size > 0 ? tp->node_local_size : tp->size;
+    /* A two-level communicator's groups are its nodes. */
+    if (comm->levels && g != comm->levels->L)
+        return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
+                          "adasum options: group_size %d on a two-level communicator, whose "
+                          "groups are its nodes of %d ranks (0 or %d)", g, comm->levels->L,
+                          comm->levels->L);
     if (g > tp->size || tp->size % g != 0)
         return SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
                           "adasum options: group_size %d does not divide the %d ranks", g,
@@ -590,8 +612,59 @@ static bool plan_scratch(const run *a, size_t n, scratch_plan *sp)
     return true;
 }
 
+/*
+ * On a two-level communicator (comm_hier.c), host memory runs this file's algorithm over the
+ * composed transport, point to point: the group average and the group allgather pair ranks of
+ * one node, the combine levels ranks of one local rank, so with L a power of two every message
+ * stays on a level; the Gram form (an all-to-all and a ring) and a flat op run over options.any
+ * (the transport's flat mode), as do the block sums that pair other ranks when L is not a power
+ * of two. Without options.any the Gram form is skipped (the tree alone), and what would need
+ * it is refused, alike on every rank. Device memory takes adasum_hier.c: here, this rank's
+ * share's op on the across level of the call's memory, made there at its first call.
+ */
+static sumo_result two_level_device(sumo_comm *c, sumo__call_desc *d, adasum_op *aop,
+                                    const void *sendbuf, void *recvbuf)
+{
+    const size_t *counts;
+    size_t first = 0, n = 0;
+    sumo_op op = 0;
+    bool has_op = false;
+    sumo_comm *across = sumo__level_across(c);
+    d->local_error = sumo__adasum_hier_cut(c, &aop->hier, aop->offsets, aop->ntensors, d->count,
+                                           &counts, &first, &n);
+    for (int i = 0; i < aop->nacross && d->local_error == SUMO_SUCCESS && !has_op; i++)
+        if (aop->across[i] == across) op = aop->across_op[i], has_op = true;
+    if (d->local_error == SUMO_SUCCESS && !has_op && n > 0 && c->levels->H > 1) {
+        sumo_adasum_options o = {.struct_size = sizeof o, .tensor_counts = counts + first,
+                                 .ntensors = n};
+        const char *m = "";
+        d->local_error = sumo_op_create_adasum(across, &o, &op);
+        sumo_comm_error_message(across, &m);
+        if (d->local_error != SUMO_SUCCESS)
+            SUMO__COMM_FAIL(c, d->local_error, "Adasum: this rank's share's op on the across "
+                            "communicator: %s", m);
+        else {
+            aop->across[aop->nacross] = across;
+            aop->across_op[aop->nacross++] = op;
+            has_op = true;
+        }
+    }
+    return sumo__adasum_hier_allreduce(c, d, aop->hier, has_op, op, sendbuf, recvbuf);
+}
+
+static sumo_result allreduce_adasum(sumo_comm *c, sumo__call_desc *d, const sumo__op_entry *op,
+                                    const void *sendbuf, void *recvbuf);
+
 sumo_result sumo__allreduce_adasum(sumo_comm *c, sumo__call_desc *d, const sumo__op_entry *op,
                                    const void *sendbuf, void *recvbuf)
+{
+    sumo_result r = allreduce_adasum(c, d, op, sendbuf, recvbuf);
+    if (c->levels) sumo__hier_tp_flat(c->tp, false);
+    return r;
+}
+
+static sumo_result allreduce_adasum(sumo_comm *c, sumo__call_desc *d, const sumo__op_entry *op,
+                                    const void *sendbuf, void *recvbuf)
 {
     sumo__transport *tp = c->tp;
     const adasum_op *aop = op->impl;
@@ -632,11 +705,14 @@ sumo_result sumo__allreduce_adasum(sumo_comm *c, sumo__call_desc *d, const sumo_
                                             .weigh_work_bytes = gram_work_bytes(tp->size, a.ntensors),
                                             .shape = sumo__gram_shape_for(c)};
         }
-        if (!plan_scratch(&a, count, &sp))
+        if (c->levels) sumo__adasum_hier_check(c, d, a.g, a.ngroups, &a.gram);
+        if (c->levels && c->x.k != sumo__host_kernels() && d->local_error == SUMO_SUCCESS)
+            return two_level_device(c, d, op->impl, sendbuf, recvbuf);
+        if (d->local_error == SUMO_SUCCESS && !plan_scratch(&a, count, &sp))
             d->local_error = SUMO__FAIL(tp, SUMO_ERR_INVALID_ARGUMENT,
                                         "allreduce: adasum scratch for count %zu overflows size_t",
                                         count);
-        else
+        else if (d->local_error == SUMO_SUCCESS)
             d->local_error = sumo__comm_scratch(c, sp.total, &s);
         if (d->local_error == SUMO_SUCCESS && sp.data_bytes)
             d->local_error = sumo__comm_data_scratch(c, &c->x, sp.data_bytes, &data);
@@ -675,10 +751,14 @@ sumo_result sumo__allreduce_adasum(sumo_comm *c, sumo__call_desc *d, const sumo_
             a.recv_of[k] = peer_recv;
         }
     }
+    /* A flat op on a two-level communicator: every message over options.any. */
+    if (c->levels && a.g == 1) sumo__hier_tp_flat(c->tp, true);
     if (a.gram) {
         bool applied;
+        if (c->levels) sumo__hier_tp_flat(c->tp, true);
         SUMO__CHECK(sumo__gram_run(c, all, sendbuf, recvbuf, &a.gram_call, base + sp.gram, data,
                                    &applied));
+        if (c->levels && a.g > 1) sumo__hier_tp_flat(c->tp, false);
         if (applied) return SUMO_SUCCESS;
         SUMO__LOG(tp->log_level, SUMO__LOG_INFO, "rank %d adasum: Gram form declined, tree",
                   tp->rank);

@@ -120,6 +120,8 @@ sumo_result sumo__comm_free(sumo_comm *comm)
     pthread_mutex_unlock(&q->lock);
     if (last) sumo__queue_free(q);
     pthread_mutex_destroy(&comm->exec);
+    /* A two-level communicator's Adasum ops hold ops of its levels, which requests.c destroys
+     * after this. */
     for (size_t i = 0; i < comm->nops; i++) {
         sumo__op_entry *e = comm->ops[i];
         if (e && e->release) e->release(e->impl);
@@ -204,8 +206,17 @@ sumo_result sumo_comm_set_timeout(sumo_comm *comm, double seconds)
     pthread_mutex_lock(&comm->exec);
     comm->tp->timeout_ns = (int64_t)(seconds * 1e9);
     if (comm->tp->timeout_ns < 1) comm->tp->timeout_ns = 1;
+    /* A two-level communicator's waits are its children's. */
+    sumo__levels *lv = comm->levels;
+    sumo_result r = SUMO_SUCCESS;
+    if (lv) {
+        r = sumo_comm_set_timeout(lv->node, seconds);
+        for (int i = 0; i < lv->nacross && r == SUMO_SUCCESS; i++)
+            r = sumo_comm_set_timeout(lv->across[i], seconds);
+        if (lv->any && r == SUMO_SUCCESS) r = sumo_comm_set_timeout(lv->any, seconds);
+    }
     pthread_mutex_unlock(&comm->exec);
-    return SUMO_SUCCESS;
+    return r;
 }
 
 sumo_result sumo_comm_get_timeout(const sumo_comm *comm, double *seconds)
@@ -239,6 +250,10 @@ sumo_result sumo_comm_set_param(sumo_comm *comm, sumo_comm_param param, int valu
         return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT, "sumo_comm_set_param: unknown parameter %d", (int)param);
     if (value < 0 || value >= SUMO_ALGORITHM_COUNT)
         return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT, "sumo_comm_set_param: unknown algorithm %d", value);
+    if ((value == SUMO_ALGORITHM_CHAIN || value == SUMO_ALGORITHM_TWO_LEVEL) && comm->levels == NULL)
+        return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_USAGE, "sumo_comm_set_param: algorithm %d runs on a two-level communicator only (sumo_comm_create_hier)", value);
+    if (value != SUMO_ALGORITHM_AUTO && value != SUMO_ALGORITHM_CHAIN && value != SUMO_ALGORITHM_TWO_LEVEL && comm->levels != NULL)
+        return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_USAGE, "sumo_comm_set_param: a two-level communicator runs SUMO_ALGORITHM_AUTO, CHAIN or TWO_LEVEL, not %d (set the others on its levels before sumo_comm_create_hier)", value);
     if (value == SUMO_ALGORITHM_SHARED_MEMORY && comm->tp->reach == SUMO__REACH_NONE)
         return SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_USAGE, "sumo_comm_set_param: the ranks of this communicator do not share memory");
     if (value == SUMO_ALGORITHM_PEER && comm->tp->offload == NULL)
@@ -337,6 +352,17 @@ sumo_result sumo_comm_add_kernels(sumo_comm *comm, const sumo_kernel_table *tabl
                             "sumo_comm_add_kernels: at most %d tables", SUMO__MAX_KERNEL_TABLES);
     else
         comm->tables[comm->ntables++] = table;
+    /* A two-level communicator's levels move the data: they need the table too. */
+    sumo__levels *lv = comm->levels;
+    if (lv && r == SUMO_SUCCESS) {
+        r = sumo_comm_add_kernels(lv->node, table);
+        for (int i = 0; i < lv->nacross && r == SUMO_SUCCESS; i++)
+            r = sumo_comm_add_kernels(lv->across[i], table);
+        if (lv->any && r == SUMO_SUCCESS) r = sumo_comm_add_kernels(lv->any, table);
+        if (r != SUMO_SUCCESS)
+            r = SUMO__COMM_FAIL(comm, r, "sumo_comm_add_kernels: a level refused the %s table",
+                                table->memory);
+    }
     pthread_mutex_unlock(&comm->exec);
     return r;
 }

@@ -68,8 +68,24 @@ typedef struct sumo__data_scratch {
     size_t bytes;
 } sumo__data_scratch;
 
+/* A two-level communicator's children (collectives/comm_hier.c), which it owns: the node's,
+ * the across ones (across[0] moves host memory; one added per further memory), and the one of
+ * all ranks, or NULL. Rank h * L + l is local rank l of node h. */
+#define SUMO__MAX_ACROSS 4
+typedef struct sumo__levels {
+    sumo_comm *node, *across[SUMO__MAX_ACROSS], *any;
+    int nacross;
+    int L, l, H, h;
+    size_t chunk_bytes; /* the chain's (SUMO_HIER_CHUNK_BYTES) */
+    /* Runs a collective on a level through the one path (execute.c sets it before it hands a
+     * call to a two-level algorithm: the algorithms sit below the path that picks them). */
+    sumo_result (*run)(sumo_comm *level, const sumo_collective *call);
+} sumo__levels;
+
 struct sumo_comm {
     sumo__transport *tp;
+    /* NULL on a flat communicator. */
+    sumo__levels *levels;
     sumo__status status;
     /* Tables added with sumo_comm_add_kernels; host memory is every buffer none claims. */
     const sumo_kernel_table *tables[SUMO__MAX_KERNEL_TABLES];

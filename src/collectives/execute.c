@@ -14,9 +14,11 @@
 #include "collectives/execute.h"
 #include "collectives/adasum.h"
 #include "collectives/compressed.h"
+#include "collectives/hier_algos.h"
 #include "collectives/p2p_algos.h"
 #include "collectives/shm_algos.h"
 #include "collectives/slices.h"
+#include "transport/transport_hier.h"
 
 #include <string.h>
 
@@ -64,6 +66,13 @@ static sumo_result validate(sumo_comm *c, const sumo__call *call, sumo__call_des
     if (call->kind == SUMO__CALL_BROADCAST && (call->root < 0 || call->root >= tp->size))
         return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_ARGUMENT, "%s: root %d out of range [0, %d)",
                                what, call->root, tp->size);
+    /* What has no two-level algorithm runs flat over options.any: a property of the
+     * communicator, so every rank refuses alike, before the agreement. */
+    if (c->levels && (call->kind == SUMO__CALL_GRAM || call->kind == SUMO__CALL_COMPRESSED) &&
+        c->levels->any == NULL && c->levels->L > 1 && c->levels->H > 1)
+        return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_USAGE,
+                               "%s on a two-level communicator needs options.any (a "
+                               "communicator of all ranks, sumo_comm_create_hier)", what);
     if (call->kind == SUMO__CALL_GRAM && tp->size > SUMO__GRAM_MAX_RANKS)
         return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_USAGE, "%s: %d ranks, at most %d", what,
                                tp->size, SUMO__GRAM_MAX_RANKS);
@@ -106,6 +115,11 @@ static sumo_result validate(sumo_comm *c, const sumo__call *call, sumo__call_des
                                "memory; pass buffers of one memory",
                                what, ks->memory, kr->memory);
     x->k = kr ? kr : ks ? ks : sumo__host_kernels();
+    if (c->levels && x->k != sumo__host_kernels() &&
+        (call->kind == SUMO__CALL_GRAM || call->kind == SUMO__CALL_COMPRESSED))
+        return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_USAGE,
+                               "%s of %s memory on a two-level communicator: it runs over "
+                               "options.any, which moves host memory only", what, x->k->memory);
     x->stream = call->stream;
     d->memory = sumo__memory_id(x->k);
     c->x = *x; /* the call's, for sumo__call_imports */
@@ -172,6 +186,7 @@ static sumo_result allreduce(sumo_comm *c, sumo__call_desc *d, const sumo__op_en
         return sumo__allreduce_adasum(c, d, op, call->sendbuf, call->recvbuf);
     /* The announced op is the kind: sum and average are the same whatever their number. */
     d->op = op->kind == SUMO__OP_AVERAGE ? SUMO_OP_AVERAGE : SUMO_OP_SUM;
+    if (c->levels) return sumo__hier_allreduce(c, d, call->sendbuf, call->recvbuf);
     size_t bytes = call->count * sumo__dtype_bytes(call->dtype);
     d->flags = sumo__shared_flag(c, call->sendbuf, bytes, call->recvbuf, bytes);
     sumo_algorithm algo = pick_allreduce(c, d);
@@ -255,10 +270,30 @@ static sumo_result run_restoring(sumo_comm *c, const sumo__call *call, sumo__cal
     return r;
 }
 
+/* A collective on a two-level communicator's level: held like a blocking call (the levels
+ * never have queued requests; order: the parent's exec, then the level's). */
+static sumo_result level_run(sumo_comm *level, const sumo_collective *k)
+{
+    sumo__call call = {.kind = 0, .sendbuf = k->sendbuf, .recvbuf = k->recvbuf, .count = k->count,
+                       .dtype = k->dtype, .op = k->op, .root = k->root, .stream = k->stream};
+    switch (k->kind) {
+    case SUMO_COLLECTIVE_ALLREDUCE: call.kind = SUMO__CALL_ALLREDUCE; break;
+    case SUMO_COLLECTIVE_ALLGATHER: call.kind = SUMO__CALL_ALLGATHER; break;
+    case SUMO_COLLECTIVE_BROADCAST: call.kind = SUMO__CALL_BROADCAST; break;
+    case SUMO_COLLECTIVE_REDUCE_SCATTER: call.kind = SUMO__CALL_REDUCE_SCATTER; break;
+    default: return SUMO__COMM_FAIL(level, SUMO_ERR_INTERNAL, "a level call of kind %d", (int)k->kind);
+    }
+    sumo__comm_enter(level);
+    sumo_result r = sumo__execute(level, &call);
+    sumo__comm_leave(level);
+    return r;
+}
+
 sumo_result sumo__execute(sumo_comm *c, const sumo__call *call)
 {
     SUMO__CHECK(sumo__usable(c));
     if (call->kind == SUMO__CALL_COMPOSITE) return call->run(c, (void *)call->args);
+    if (c->levels) c->levels->run = level_run;
     atomic_fetch_add_explicit(&c->rounds, 1, memory_order_relaxed);
     sumo__call_desc d = {.kind = call->kind, .dtype = (uint32_t)call->dtype, .op = call->op,
                          .root = call->root, .count = call->count,
@@ -288,8 +323,36 @@ sumo_result sumo__execute(sumo_comm *c, const sumo__call *call)
     return run_call(c, call, &d, op);
 }
 
+static sumo_result run_flat(sumo_comm *c, const sumo__call *call, sumo__call_desc *dp,
+                            const sumo__op_entry *op);
+
+/* A two-level communicator's broadcast, allgather and reduce-scatter go level by level; the
+ * Gram form and the compressed allreduce run their flat algorithm with every message over
+ * options.any (validate refused them without it). */
 static sumo_result run_call(sumo_comm *c, const sumo__call *call, sumo__call_desc *dp,
-                       const sumo__op_entry *op)
+                            const sumo__op_entry *op)
+{
+    if (c->levels == NULL) return run_flat(c, call, dp, op);
+    sumo__call_desc d = *dp;
+    switch (call->kind) {
+    case SUMO__CALL_BROADCAST: return sumo__hier_broadcast(c, &d, call->sendbuf, call->recvbuf);
+    case SUMO__CALL_ALLGATHER: return sumo__hier_allgather(c, &d, call->sendbuf, call->recvbuf);
+    case SUMO__CALL_REDUCE_SCATTER:
+        d.op = op->kind == SUMO__OP_AVERAGE ? SUMO_OP_AVERAGE : SUMO_OP_SUM;
+        return sumo__hier_reduce_scatter(c, &d, call->sendbuf, call->recvbuf);
+    case SUMO__CALL_GRAM:
+    case SUMO__CALL_COMPRESSED: {
+        sumo__hier_tp_flat(c->tp, true);
+        sumo_result r = run_flat(c, call, dp, op);
+        sumo__hier_tp_flat(c->tp, false);
+        return r;
+    }
+    default: return run_flat(c, call, dp, op);
+    }
+}
+
+static sumo_result run_flat(sumo_comm *c, const sumo__call *call, sumo__call_desc *dp,
+                            const sumo__op_entry *op)
 {
     sumo__call_desc d = *dp;
     size_t bytes = call->count * sumo__dtype_bytes(call->dtype);

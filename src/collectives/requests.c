@@ -36,7 +36,23 @@ sumo_result sumo_comm_destroy(sumo_comm *comm)
     /* Requests still queued run to completion (or fail on their peers) before we leave; those
      * not yet waited on stay waitable (complete, with their result). */
     stop_progress(comm->queue);
-    return sumo__comm_free(comm);
+    sumo__levels *lv = comm->levels;
+    sumo_result r = sumo__comm_free(comm);
+    /* A two-level communicator's levels, after the composed transport that borrowed them. */
+    if (lv) {
+        sumo_result rc = sumo_comm_destroy(lv->node);
+        for (int i = 0; i < lv->nacross; i++) {
+            sumo_result ra = sumo_comm_destroy(lv->across[i]);
+            if (rc == SUMO_SUCCESS) rc = ra;
+        }
+        if (lv->any) {
+            sumo_result ra = sumo_comm_destroy(lv->any);
+            if (rc == SUMO_SUCCESS) rc = ra;
+        }
+        if (r == SUMO_SUCCESS) r = rc;
+        free(lv);
+    }
+    return r;
 }
 
 /* Runs queued requests in order. The queue lock is held only to take a request and to settle

@@ -66,8 +66,8 @@ static const sumo__setting table[SUMO__SETTING_COUNT] = {
         .unit = "ranks per host", .min = 1, .max = 256,
         .doc = "sumo.torch over a process group: hosts of this many consecutive ranks (the "
                "last may hold fewer) instead of the hosts the ranks run on, so one machine "
-               "runs the hierarchical path across hosts (docs/torch/launching.md). Read by "
-               "sumo.torch.init on every rank; unset: the real hosts."},
+               "runs the two-level communicator across hosts (docs/torch/launching.md). Read "
+               "by sumo.torch.init on every rank; unset: the real hosts."},
     [SUMO__SETTING_LIVENESS_TIMEOUT] = {
         .name = "SUMO_LIVENESS_TIMEOUT", .type = SUMO__SETTING_NUMBER, .noun = "a deadline",
         .unit = "seconds", .min = 0, .max = 1e6, .fallback = "5",
@@ -96,6 +96,12 @@ static const sumo__setting table[SUMO__SETTING_COUNT] = {
                "forced to the set a result was recorded with gives that result's bits on "
                "another CPU (scripts/check-recorded); the other kernels give the same bits on "
                "every set. Read by every communicator constructor and by each kernel call."},
+    [SUMO__SETTING_HIER_CHUNK_BYTES] = {
+        .name = "SUMO_HIER_CHUNK_BYTES", .type = SUMO__SETTING_INTEGER, .noun = "a chunk size",
+        .unit = "bytes", .min = 4096, .max = 1 << 30, .step = 64, .fallback = "4194304",
+        .doc = "A two-level communicator's chain (SUMO_ALGORITHM_CHAIN): the bytes of the "
+               "partial sum, in the accumulation type, that one node passes to the next at a "
+               "time, while it adds the following chunk. Read by sumo_comm_create_hier."},
 };
 
 int sumo__cpu_isa_level(void)

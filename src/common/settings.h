@@ -31,6 +31,7 @@ typedef enum sumo__setting_id {
     SUMO__SETTING_LIVENESS_TIMEOUT,
     SUMO__SETTING_SOCKET_IFNAME,
     SUMO__SETTING_KERNEL_ISA,
+    SUMO__SETTING_HIER_CHUNK_BYTES,
     SUMO__SETTING_COUNT
 } sumo__setting_id;
 

@@ -151,7 +151,11 @@ bool sumo__staged_loss(sumo__rank_state *s, sumo_comm **comm)
             if (strcmp(transport, "threads") != 0) raise(SIGKILL);
             sumo_comm_abort(*comm, "sumo train: a staged death (--kill)");
         }
-        /* A membership's communicator is its own: the caller destroys the membership. */
+        /* The aggregator's op lives on the handle: it goes first (teardown would otherwise
+         * destroy it on a freed handle). A membership's communicator is its own: the caller
+         * destroys the membership. */
+        sumo_aggregator_destroy(s->agg);
+        s->agg = NULL;
         if (c->membership == NULL) sumo_comm_destroy(*comm);
         *comm = s->comm = NULL;
         s->summary->lost = true;

@@ -1,12 +1,13 @@
 /*
- * test_cuda: two levels (sumo_hier.h), CUDA IPC inside a node and NCCL between the nodes. On
- * the host, each node's ranks on a threads communicator over emulated device memory and the
- * fake NCCL (fake_nccl.h) between the nodes, against threads communicators between them; on a
- * device, one node and the real NCCL at one rank per communicator.
+ * test_cuda: the two-level communicator (sumo_comm_create_hier), CUDA IPC inside a node and
+ * NCCL between the nodes. On the host, each node's ranks on a threads communicator over
+ * emulated device memory and, between the nodes, a threads communicator (host memory) with the
+ * fake NCCL (fake_nccl.h) added for the device memory (sumo_comm_hier_add_across), against
+ * threads communicators alone between them; on a device, one node and the real NCCL at one
+ * rank per communicator.
  */
 #include "cuda_test.h"
 #include "fake_nccl.h"
-#include "sumo_hier.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -49,32 +50,46 @@ static void *hier_rank(void *p)
     hier_arg *a = p;
     hjob *x = a->x;
     int rank = a->h * HL + a->l;
-    sumo_comm *node = x->node[a->h][a->l], *across = x->across[a->l][a->h];
-    sumo_result r = hier_kernels(x, node);
+    sumo_comm *node = x->node[a->h][a->l], *across = x->across[a->l][a->h], *nccl = NULL;
+    sumo_result r = SUMO_SUCCESS;
     if (x->across_kind == ACROSS_FAKE) {
         fk_rank *me = &x->nets[a->l].ranks[a->h];
-        if (r == SUMO_SUCCESS) r = sumo_cuda__nccl_comm_create(&FAKE, me, me, &across);
+        r = sumo_cuda__nccl_comm_create(&FAKE, me, me, &nccl);
     }
-    if (r == SUMO_SUCCESS) r = hier_kernels(x, across);
-    sumo_hier *hier = NULL;
-    if (r == SUMO_SUCCESS) r = sumo_hier_create(node, across, &hier);
+    /* The two-level communicator owns its levels from here on (and the NCCL one once added). */
+    sumo_comm *hier = NULL;
+    if (r == SUMO_SUCCESS) r = sumo_comm_create_hier(node, across, NULL, &hier);
+    if (hier == NULL) {
+        sumo_comm_destroy(node);
+        sumo_comm_destroy(across);
+    }
+    if (r == SUMO_SUCCESS) r = hier_kernels(x, hier);
+    if (r == SUMO_SUCCESS && nccl) {
+        r = sumo_comm_hier_add_across(hier, nccl);
+        if (r == SUMO_SUCCESS) nccl = NULL;
+    }
+    sumo_op adasum = SUMO_OP_ADASUM;
+    static const size_t layout[] = {300, 1, 599, 0, 303};
+    if (r == SUMO_SUCCESS) {
+        sumo_adasum_options o = {.struct_size = sizeof o, .tensor_counts = layout, .ntensors = 5,
+                                 .hierarchical = 1};
+        r = sumo_op_create_adasum(hier, &o, &adasum);
+    }
     size_t bytes = HN * sizeof(float);
     float *h = malloc(bytes), *buf = m_alloc(x->mem, bytes);
-    static const size_t layout[] = {300, 1, 599, 0, 303};
-    const sumo_op ops[3] = {SUMO_OP_SUM, SUMO_OP_AVERAGE, SUMO_OP_ADASUM};
+    const sumo_op ops[3] = {SUMO_OP_SUM, SUMO_OP_AVERAGE, adasum};
     for (int k = 0; k < 3 && r == SUMO_SUCCESS; k++) {
         for (int i = 0; i < HN; i++) h[i] = (float)harness_uniform_at(11 + (uint64_t)k, (uint64_t)rank, (size_t)i);
         m_put(x->mem, buf, h, bytes);
-        r = sumo_hier_allreduce(buf, buf, HN, SUMO_FLOAT32, ops[k], k == 2 ? layout : NULL,
-                                k == 2 ? 5 : 0, NULL, hier);
+        r = sumo_allreduce(buf, buf, HN, SUMO_FLOAT32, ops[k], hier);
         m_get(x->mem, x->out[rank][k], buf, bytes);
     }
     const char *m = "";
-    if (hier) sumo_hier_error_message(hier, &m);
+    if (hier) sumo_comm_error_message(hier, &m);
     snprintf(x->msg[rank], sizeof x->msg[rank], "%s", m);
     x->res[rank] = r;
-    sumo_hier_destroy(hier);
-    if (x->across_kind == ACROSS_FAKE && across) sumo_comm_destroy(across);
+    sumo_comm_destroy(hier);
+    sumo_comm_destroy(nccl);
     m_free(x->mem, buf);
     free(h);
     return NULL;
@@ -84,9 +99,8 @@ static void hier_run(hjob *x)
 {
     for (int h = 0; h < x->H; h++) CHECK_OK(sumo_comm_create_threads(HL, x->node[h]));
     for (int l = 0; l < HL; l++) {
-        if (x->across_kind == ACROSS_FAKE) {
-            fk_net_init(&x->nets[l], x->H);
-        } else if (x->across_kind == ACROSS_THREADS) {
+        if (x->across_kind == ACROSS_FAKE) fk_net_init(&x->nets[l], x->H);
+        if (x->across_kind != ACROSS_NCCL) {
             CHECK_OK(sumo_comm_create_threads(x->H, x->across[l]));
         } else {
             unsigned char uid[128];
@@ -102,11 +116,6 @@ static void hier_run(hjob *x)
             pthread_create(&ids[h * HL + l], NULL, hier_rank, &args[h * HL + l]);
         }
     for (int i = 0; i < x->H * HL; i++) pthread_join(ids[i], NULL);
-    for (int h = 0; h < x->H; h++)
-        for (int l = 0; l < HL; l++) {
-            sumo_comm_destroy(x->node[h][l]);
-            if (x->across_kind != ACROSS_FAKE) sumo_comm_destroy(x->across[l][h]);
-        }
     for (int l = 0; l < HL && x->across_kind == ACROSS_FAKE; l++) fk_net_free(&x->nets[l]);
 }
 
@@ -142,6 +151,32 @@ void t_nccl_fake_hier(void)
                     break;
                 }
             }
+        }
+        /* Adasum: the documented tree over the nodes' averages, per tensor of the layout,
+         * within rounding (the library rounds to fp32 after the node's average and every
+         * combine; the reference stays in double). */
+        {
+            static const size_t off[] = {0, 300, 301, 900, 900, 1203};
+            double *u[MAXP];
+            for (int h = 0; h < H; h++) {
+                u[h] = calloc(HN, sizeof(double));
+                for (int i = 0; i < HN; i++) {
+                    for (int l = 0; l < HL; l++)
+                        u[h][i] += (float)harness_uniform_at(13, (uint64_t)(h * HL + l), (size_t)i);
+                    u[h][i] /= HL;
+                }
+            }
+            ref_adasum_tree(u, H, off, 5);
+            for (int t = 0; t < 5; t++) {
+                double dd = 0, ww = 0;
+                for (size_t i = off[t]; i < off[t + 1]; i++) {
+                    double diff = (double)b->out[0][2][i] - u[0][i];
+                    dd += diff * diff, ww += u[0][i] * u[0][i];
+                }
+                CHECK(dd <= 1e-10 * (ww + 1e-30), "H %d Adasum tensor %d: relative error %.3g", H, t,
+                      ww > 0 ? sqrt(dd / ww) : dd);
+            }
+            for (int h = 0; h < H; h++) free(u[h]);
         }
         /* The sum is two levels of in-order sums (fp32 accumulates in fp32). */
         for (int i = 0; i < HN; i++) {

@@ -30,6 +30,7 @@ static const char *const names[] = {
     "SUMO_TIMEOUT",   "SUMO_DEBUG",        "SUMO_SHM_STAGE_BYTES",       "SUMO_SHM_NAMED",
     "SUMO_MPI_SHM",   "SUMO_NCCL_LIBRARY", "SUMO_FUSION_THRESHOLD",      "SUMO_TEST_EXIT_DURING_SAVE",
     "SUMO_LOCAL_SIZE", "SUMO_LIVENESS_TIMEOUT", "SUMO_SOCKET_IFNAME", "SUMO_KERNEL_ISA",
+    "SUMO_HIER_CHUNK_BYTES",
 };
 #define NNAMES (sizeof names / sizeof names[0])
 
@@ -82,6 +83,7 @@ static void test_defaults_when_unset_or_empty(void **state)
         {SUMO__SETTING_LIVENESS_TIMEOUT, "5", 5.0},
         {SUMO__SETTING_SOCKET_IFNAME, NULL, 0},
         {SUMO__SETTING_KERNEL_ISA, NULL, 0},
+        {SUMO__SETTING_HIER_CHUNK_BYTES, "4194304", 4194304},
     };
     for (int empty = 0; empty < 2; empty++) {
         for (size_t i = 0; i < NNAMES; i++) {
@@ -186,6 +188,10 @@ static const edge edges[] = {
     {SUMO__SETTING_LIVENESS_TIMEOUT, "0", false, 0},
     {SUMO__SETTING_LIVENESS_TIMEOUT, "1000001", false, 0},
     {SUMO__SETTING_LIVENESS_TIMEOUT, "5s", false, 0},
+    {SUMO__SETTING_HIER_CHUNK_BYTES, "4096", true, 4096},
+    {SUMO__SETTING_HIER_CHUNK_BYTES, "16400", true, 16384},
+    {SUMO__SETTING_HIER_CHUNK_BYTES, "4095", false, 0},
+    {SUMO__SETTING_HIER_CHUNK_BYTES, "4MiB", false, 0},
 };
 
 /* Each value against its range, through the parser, sumo_setting and sumo_env_check; a

@@ -360,7 +360,7 @@ static void test_environment_listed_as_documented(void **state)
         assert_non_null(strstr(plain, name));
     }
     for (const char *p = docs; (p = strstr(p, "\n| `SUMO_")) != NULL; p++) rows++;
-    assert_int_equal(count, 12);
+    assert_int_equal(count, 13);
     assert_int_equal(rows, count);
     free(table);
     free(help);
