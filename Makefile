@@ -177,7 +177,7 @@ install: $(TARGETS)
 	install -d $(DESTDIR)$(INCDIR) $(DESTDIR)$(LIBDIR)/pkgconfig
 	install -m 644 include/sumo.h include/sumo_aggregation.h include/sumo_optim.h \
 	  include/sumo_distributed.h include/sumo_diloco.h include/sumo_delta.h include/sumo_ext.h \
-	  include/sumo_shm.h include/sumo_tcp.h include/sumo_hier.h include/sumo_elastic.h \
+	  include/sumo_shm.h include/sumo_tcp.h include/sumo_elastic.h \
 	  include/sumo_bootstrap.h \
 	  $(DESTDIR)$(INCDIR)/
 	install -m 644 $(LIBSUMO) $(DESTDIR)$(LIBDIR)/
@@ -195,7 +195,7 @@ ifneq ($(MPICC),)
 endif
 
 uninstall:
-	rm -f $(addprefix $(DESTDIR)$(INCDIR)/,sumo.h sumo_mpi.h sumo_aggregation.h sumo_optim.h sumo_distributed.h sumo_diloco.h sumo_delta.h sumo_ext.h sumo_shm.h sumo_tcp.h sumo_hier.h sumo_elastic.h sumo_bootstrap.h)
+	rm -f $(addprefix $(DESTDIR)$(INCDIR)/,sumo.h sumo_mpi.h sumo_aggregation.h sumo_optim.h sumo_distributed.h sumo_diloco.h sumo_delta.h sumo_ext.h sumo_shm.h sumo_tcp.h sumo_elastic.h sumo_bootstrap.h)
 	rm -f $(addprefix $(DESTDIR)$(LIBDIR)/,libsumo.a libsumo_mpi.a libsumo.so $(SONAME) $(notdir $(LIBSUMO_SO)) pkgconfig/sumo.pc)
 	rm -f $(addprefix $(DESTDIR)$(LIBDIR)/,libsumo_mpi.so $(MPI_SONAME) $(notdir $(LIBSUMO_MPI_SO)) pkgconfig/sumo-mpi.pc)
 
@@ -236,7 +236,7 @@ test-unit: $(UNIT_BINS) $(BUILD)/sumo
 
 # The subset that exercises threads against each other (what TSan is for); only these are
 # built, since a sanitizer build of every suite costs minutes of CI.
-THREAD_BINS := $(filter %collectives %async %faults %adasum_pair %adasum_tree %adasum_errors %acga_oracles %acga_options %acga_degenerate %acga_state %slowmo %slowmo_api %distributed %core %seams_memory %seams_transport %compress %diloco %diloco_api %elastic %store_agree %heartbeat %restore %tcp %hier %comm_hier %join,$(UNIT_BINS))
+THREAD_BINS := $(filter %collectives %async %faults %adasum_pair %adasum_tree %adasum_errors %acga_oracles %acga_options %acga_degenerate %acga_state %slowmo %slowmo_api %distributed %core %seams_memory %seams_transport %compress %diloco %diloco_api %elastic %store_agree %heartbeat %restore %tcp %comm_hier %join,$(UNIT_BINS))
 test-threads: $(THREAD_BINS)
 	@fail=0; for t in $(THREAD_BINS); do echo "== $$t"; $$t || fail=1; done; exit $$fail
 

@@ -204,8 +204,8 @@ SUMO_API sumo_result sumo_threads_run(int nranks, sumo_rank_fn fn, void *arg, su
  * form, compressed allreduce, flat Adasum, sumo_mem_alloc) runs its flat algorithm over
  * options.any, a communicator of all H * L ranks in the same order (the flat TCP one), and is
  * refused with SUMO_ERR_INVALID_USAGE, on every rank alike, where there is none.
- * Requests, agreement, join, restore-on-failure (when node and across restore), stats and
- * sumo_comm_abort are those of any communicator.
+ * Requests, agreement, join, restore-on-failure (where the node's transport can restore),
+ * stats and sumo_comm_abort are those of any communicator.
  *
  * Ownership: on SUCCESS the new communicator owns node, across and options.any (and every
  * communicator added with sumo_comm_hier_add_across): the caller must not call or destroy them;

@@ -132,7 +132,7 @@ for ipc_ranks in 2 4; do
     env SUMO_TEST_TRANSPORT=shm CUDA_VISIBLE_DEVICES=0 "$python" -m torch.distributed.run \
     --standalone --nproc_per_node "$ipc_ranks" "${pytest_args[@]}"
 done
-# The hierarchical path (sumo_hier.h: CUDA IPC inside a host, NCCL between hosts): one host of
+# The hierarchical path (sumo_comm_create_hier: CUDA IPC inside a host, NCCL between hosts): one host of
 # 2 processes on GPU 0 (an NCCL communicator of one rank per local rank); with 2 GPUs, 2 ranks
 # as 2 simulated hosts, NCCL between them.
 step "torch CUDA tests, hierarchical, one host of 2 processes on GPU 0" 120 \

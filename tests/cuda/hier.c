@@ -152,6 +152,32 @@ void t_nccl_fake_hier(void)
                 }
             }
         }
+        /* Adasum: the documented tree over the nodes' averages, per tensor of the layout,
+         * within rounding (the library rounds to fp32 after the node's average and every
+         * combine; the reference stays in double). */
+        {
+            static const size_t off[] = {0, 300, 301, 900, 900, 1203};
+            double *u[MAXP];
+            for (int h = 0; h < H; h++) {
+                u[h] = calloc(HN, sizeof(double));
+                for (int i = 0; i < HN; i++) {
+                    for (int l = 0; l < HL; l++)
+                        u[h][i] += (float)harness_uniform_at(13, (uint64_t)(h * HL + l), (size_t)i);
+                    u[h][i] /= HL;
+                }
+            }
+            ref_adasum_tree(u, H, off, 5);
+            for (int t = 0; t < 5; t++) {
+                double dd = 0, ww = 0;
+                for (size_t i = off[t]; i < off[t + 1]; i++) {
+                    double diff = (double)b->out[0][2][i] - u[0][i];
+                    dd += diff * diff, ww += u[0][i] * u[0][i];
+                }
+                CHECK(dd <= 1e-10 * (ww + 1e-30), "H %d Adasum tensor %d: relative error %.3g", H, t,
+                      ww > 0 ? sqrt(dd / ww) : dd);
+            }
+            for (int h = 0; h < H; h++) free(u[h]);
+        }
         /* The sum is two levels of in-order sums (fp32 accumulates in fp32). */
         for (int i = 0; i < HN; i++) {
             float want = 0;
