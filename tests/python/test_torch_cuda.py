@@ -67,6 +67,10 @@ def cuda_mocked(monkeypatch):
     host kernels are handed no stream), futures without devices."""
     calls = []
     real = _calls.collective
+    if rt.state.transport == "hierarchical":
+        # The calls reach the two-level communicator as they are, as the CPU path's do (its
+        # NCCL level and hierarchical Adasum for CUDA buffers: the test below).
+        monkeypatch.setattr(rt.state, "transport", "tcp")
 
     def spy(kind, send, recv, count, dtype, stream, op=0, root=0, request=None):
         calls.append((kind, getattr(send, "value", send), stream))
@@ -267,10 +271,14 @@ def test_cuda_on_the_two_level_communicator_adds_nccl_and_takes_hierarchical_ada
     hosts) a CUDA buffer's first collective adds the NCCL level (_cuda.across_ready, counted
     here), Adasum of one tensor runs as a hierarchical Adasum op made once, and an Adasum op
     of a layout made for CUDA buffers is hierarchical from the start; a CPU buffer's op stays
-    the flat one. On the session's communicator (one host: one group of every rank) the
-    hierarchical op gives the average."""
+    the flat one. On host memory the hierarchical op gives the tree over the means of the
+    session's hosts (local_size consecutive ranks; one host: the average)."""
     import ctypes
     from sumo._abi import SUMO_COLLECTIVE_ALLREDUCE, SUMO_FLOAT64, SUMO_OP_ADASUM
+    from reference import adasum_tree
+    x = data(7, 7, torch.float64)
+    rows, L = st.allgather(x.view(1, -1)), st.local_size()
+    want = adasum_tree([rows[h:h + L].mean(0) for h in range(0, len(rows), L)])
     made = []
     monkeypatch.setattr(rt.state, "transport", "hierarchical")
     monkeypatch.setattr(_cuda, "across_ready", lambda: made.append(1))
@@ -288,13 +296,11 @@ def test_cuda_on_the_two_level_communicator_adds_nccl_and_takes_hierarchical_ada
         ops.append(_tensors.adasum_op(rt.state.comm, [3, 4], "CUDA", torch.device("cuda", 0)))
         ops.append(_tensors.adasum_op(rt.state.comm, [3, 4], "CPU", torch.device("cpu")))
         assert created == [1, 0] and made == [1]
-        x = data(7, 7, torch.float64)
         px = ctypes.c_void_p(x.data_ptr())
-        want = st.allreduce(x.clone(), op=sumo.Average, name="x")  # groups of all P ranks
         assert _calls.collective(SUMO_COLLECTIVE_ALLREDUCE, px, px, 7, SUMO_FLOAT64, 0,
                                  op=SUMO_OP_ADASUM) == 0
         assert created == [1, 0, 1] and len(made) == 2
-        assert torch.allclose(x, want, rtol=1e-12, atol=0)
+        assert torch.allclose(x, want, rtol=1e-10, atol=1e-12), (x, want)
         assert _calls.collective(SUMO_COLLECTIVE_ALLREDUCE, px, px, 7, SUMO_FLOAT64, 0,
                                  op=SUMO_OP_ADASUM) == 0
         assert created == [1, 0, 1] and len(made) == 3  # the op made once
