@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """One allreduce across hosts, by size: sumo's C collectives over its TCP transport
-(sumo_tcp.h, init()'s flat path across hosts) against the same collectives over the process
-group's own calls (_pg_transport.py: a callback into Python per message) and gloo's own
-allreduce, in one run, alternating call by call.
+(sumo_tcp.h, the flat communicator of init(transport="tcp")) against the same collectives over
+the process group's own calls (_pg_transport.py: a callback into Python per message) and
+gloo's own allreduce, in one run, alternating call by call.
 
     SUMO_LOCAL_SIZE=2 torchrun --standalone --nproc_per_node 4 bench/tcp_allreduce.py \\
         [--sizes 4096,1048576] [--iters 200]
@@ -34,7 +34,7 @@ def main():
     ap.add_argument("--sizes", default="4096,1048576")
     ap.add_argument("--iters", type=int, default=200)
     args = ap.parse_args()
-    st.init()
+    st.init(transport="tcp")
     torch.set_num_threads(1)
     name = ctypes.c_char_p()
     lib.sumo_comm_transport(rt.state.comm, ctypes.byref(name))

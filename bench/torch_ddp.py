@@ -56,10 +56,10 @@ Per step: refill the buffers with the rank's gradients, barrier, time until ever
 reduced. Median over steps; "vs gloo" divides a method's median by gloo's, from the same run.
 
 Across hosts (ranks on several hosts, or SUMO_LOCAL_SIZE=2 under torchrun: 2 hosts of 2 on one
-machine) the hooks take sumo.torch's hierarchical path; a hook method with "/g" ("sumo avg/g")
-takes the flat path over the group's own calls (a callback into Python per message) and "/t"
-("sumo avg/t") the flat path over sumo's TCP transport (init()'s default flat path across
-hosts) in the same run, e.g.
+machine) the hooks run on sumo.torch's two-level communicator (init()'s default there); a hook
+method with "/g" ("sumo avg/g") runs on a flat communicator over the group's own calls (a
+callback into Python per message) and "/t" ("sumo avg/t") on a flat one over sumo's TCP
+transport (init(transport="tcp")'s), made for the run, e.g.
     SUMO_LOCAL_SIZE=2 torchrun --standalone --nproc_per_node 4 bench/torch_ddp.py --interleaved \
         --models mlp,conv --methods 'none,gloo,sumo avg,sumo avg/t,sumo avg/g,sumo adasum,sumo adasum/t,sumo adasum/g'
 
@@ -90,7 +90,6 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: E
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 import sumo  # noqa: E402
-from sumo import _abi as sumo_abi  # noqa: E402
 import sumo.torch as st  # noqa: E402
 from sumo.torch import _runtime as rt  # noqa: E402
 
@@ -167,12 +166,12 @@ def setup(method, model):
         ddp.register_comm_hook(None, no_comm_hook)
         return ddp, sgd, None
     hook, _, where = method.partition("/")  # "/m": mapped_buffers=True, "/p": False
-    if hook in HOOKS and where in ("", "m", "p", "g", "t"):  # "/g", "/t": flat (flat_path)
+    if hook in HOOKS and where in ("", "m", "p", "g", "t"):  # "/g", "/t": flat communicators
         ddp = DDP(model)
         state = st.HookState(mapped_buffers={"": None, "m": True, "p": False, "g": None,
                                              "t": None}[where])
-        if where == "g" and rt.state.transport == "tcp":
-            state.comm = group_comm()  # the flat path over the group's own calls
+        if where in ("g", "t") and rt.state.transport in ("tcp", "hierarchical"):
+            state.comm = flat_comm(where)
         ddp.register_comm_hook(state, HOOKS[hook])
         return ddp, sgd, state
     if method in ("opt avg/s", "opt avg/p", "opt avg/o"):
@@ -198,37 +197,25 @@ def setup(method, model):
     raise ValueError(method)
 
 
-_group_comm = []
+_flat_comms = {}
 
 
-def group_comm():
-    """Across hosts sumo.torch's flat path is its TCP transport; a "/g" method's hooks run on
-    this communicator instead: sumo's C collectives over the group's own calls (what
-    init(transport="group") makes), made once for the job."""
-    if not _group_comm:
-        from sumo.torch import _pg_transport as pgt
-        t = pgt.GroupTransport(dist.group.WORLD)
-        comm = t.comm(rt.state.hier.local_size if rt.state.hier is not None else 0,
-                      "sumo_comm_create_transport")
-        _group_comm.extend([t, comm])
-    return _group_comm[1]
-
-
-class flat_path:
-    """For a "/g" or "/t" method: the hooks take the flat path (sumo's C collectives over the
-    group's own calls, "/g", or over sumo's TCP transport, "/t") while the job runs the
-    hierarchical one across hosts (several hosts, or SUMO_LOCAL_SIZE); a no-op otherwise."""
-
-    def __init__(self, method):
-        self.on = method.endswith("/g") or method.endswith("/t")
-
-    def __enter__(self):
-        if self.on:
-            self.saved, rt.state.hier = rt.state.hier, None
-
-    def __exit__(self, *exc):
-        if self.on:
-            rt.state.hier = self.saved
+def flat_comm(where):
+    """Across hosts, a "/g" method's hooks run on sumo's C collectives over the group's own
+    calls (what init(transport="group") makes), a "/t" method's on sumo's flat TCP
+    communicator (init(transport="tcp")'s); each made once for the job."""
+    if where not in _flat_comms:
+        from sumo.torch import _pg_transport as pgt, _stores
+        if where == "g":
+            t = pgt.GroupTransport(dist.group.WORLD)
+            comm = t.comm(rt.state.local_size, "sumo_comm_create_transport")
+        else:
+            t = pgt.StoreAdapter(_stores._store_of(dist.group.WORLD))
+            comm = _stores.make_tcp(t, st.rank(), st.size(),
+                                    _stores._key_prefix(dist.group.WORLD), rt.state.local_size,
+                                    "the group's store")
+        _flat_comms[where] = (t, comm)
+    return _flat_comms[where][1]
 
 
 def comm_time():
@@ -414,12 +401,11 @@ def delta_interleaved(make, args):
         for m, module, opt in rotated(setups, i):
             st.barrier()
             comm_time()
-            with flat_path(m):
-                t0 = time.perf_counter()
-                opt.zero_grad()
-                F.cross_entropy(module(x), y).backward()
-                opt.step()
-                t = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            F.cross_entropy(module(x), y).backward()
+            opt.step()
+            t = time.perf_counter() - t0
             c = comm_time()
             if i >= args.warmup:
                 times[m].append(t)
@@ -448,12 +434,11 @@ def delta_interleaved_main(args):
           "%d steps after %d warm-up (medians)" % (st.size(), args.batch, "initialised" if hvd
                                                    is not None else "not initialised", args.steps,
                                                    args.warmup))
-    if rt.state.hier is not None:
-        print("sumo across %d hosts of %s ranks: the hooks' allreduce hierarchical (sum and "
-              "average: a chain in host order; Adasum: the gather design, which init() leaves "
-              "opt-in); /t: the flat path over sumo's TCP transport, /g: over the group's own "
-              "calls" % (
-                  rt.state.hier.nhosts, "+".join(str(len(m)) for m in rt.state.hier.members)))
+    if rt.state.transport == "hierarchical":
+        print("sumo across %d hosts of %d ranks: the hooks on the two-level communicator (sum "
+              "and average: the chain in host order; Adasum: flat, over its TCP communicator); "
+              "/t: a flat communicator over sumo's TCP transport, /g: over the group's own "
+              "calls" % (st.size() // st.local_size(), st.local_size()))
     for m, r in res.items():
         ref = "hvd adasum" if "hvd adasum" in r else next(iter(r))
         hook = r.get("gloo hook")
@@ -540,10 +525,6 @@ def main():
                          "HookState(mapped_buffers=True, False))")
     args = ap.parse_args()
     st.init()
-    if rt.state.hier is not None:
-        # Every kind through the hierarchical path, Adasum included (its default is the flat
-        # path): "/g" methods give the flat path beside it.
-        rt.state.hier.ops = frozenset(rt.state.hier.ops | {sumo_abi.SUMO_OP_ADASUM})
     torch.set_num_threads(1)  # one core per rank
     if args.check_only:
         if hvd is not None:

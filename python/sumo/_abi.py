@@ -43,6 +43,8 @@ SUMO_PARAM_ALGORITHM = 1
 SUMO_PARAM_RESTORE_ON_FAILURE = 2
 SUMO_ALGORITHM_AUTO = 0
 SUMO_ALGORITHM_RANKED = 5
+SUMO_ALGORITHM_CHAIN = 6
+SUMO_ALGORITHM_TWO_LEVEL = 7
 
 # sumo_compression_format
 SUMO_COMPRESS_NONE = 0
@@ -173,32 +175,6 @@ class sumo_transport_desc(ctypes.Structure):
                 ("node_local_size", ctypes.c_int),
                 ("ops", ctypes.POINTER(sumo_transport_ops)),
                 ("ctx", ctypes.c_void_p)]
-
-
-# sumo_ext.h's sumo_kernel_table. The hierarchical allreduce (torch/_hier.py) calls the host
-# table's reduce and convert on a leader (sumo_host_kernels): the flat path's own arithmetic.
-# The other entries are kept as addresses.
-_KFN = ctypes.c_void_p
-KERNEL_REDUCE = ctypes.CFUNCTYPE(sumo_result, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-                                 ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
-                                 ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_size_t,
-                                 ctypes.c_int)
-KERNEL_CONVERT = ctypes.CFUNCTYPE(sumo_result, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-                                  ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t)
-
-
-class sumo_kernel_table(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t),
-                ("memory", ctypes.c_char_p),
-                ("ctx", ctypes.c_void_p),
-                ("claims", _KFN), ("alloc", _KFN), ("release", _KFN), ("synchronize", _KFN),
-                ("copy", _KFN), ("fill", _KFN), ("first_nonfinite", _KFN),
-                ("reduce", KERNEL_REDUCE),
-                ("convert", KERNEL_CONVERT),
-                ("dot_norms", _KFN), ("scaled_add", _KFN), ("gram_partials", _KFN),
-                ("weighted_sum", _KFN), ("delta", _KFN), ("apply_delta", _KFN),
-                ("quantize", _KFN), ("dequantize", _KFN), ("outer_update", _KFN),
-                ("share", _KFN), ("open_shared", _KFN), ("close_shared", _KFN)]
 
 
 # -- sumo_ext.h: one collective as a struct, with the stream its kernels run on --------------

@@ -1,21 +1,30 @@
-"""The hierarchical allreduce across hosts (sumo.torch's _hier.py) against the flat
-process-group path, on one machine: SUMO_LOCAL_SIZE=2 makes hosts of two consecutive ranks.
+"""The two-level communicator across hosts (sumo_comm_create_hier, what sumo.torch.init() makes
+there) against the flat communicator over TCP, on one machine: SUMO_LOCAL_SIZE=2 makes hosts of
+two consecutive ranks.
 
     SUMO_LOCAL_SIZE=2 torchrun --standalone --nproc_per_node 3 tests/python/hier.py   # 2 + 1
-(any rank count works; tests/python/run.sh runs 3). On 3 ranks the job also builds hosts of
-1+1+1 (a chain with a middle host) and {0, 2}+{1} (ranks not consecutive: the gather design
-for sums too), and runs the chain in 16 KiB chunks, so one start-up covers every shape.
+    SUMO_LOCAL_SIZE=2 torchrun --standalone --nproc_per_node 4 tests/python/hier.py   # 2 + 2
+    SUMO_LOCAL_SIZE=2 SUMO_TEST_PORT=29400 mpirun -np 4 -x SUMO_LOCAL_SIZE -x SUMO_TEST_PORT \
+        python3 tests/python/hier.py                                    # torch 1.13 (Debian)
+(tests/python/run.sh runs both). On 4 ranks init() makes the two-level communicator of 2 hosts of
+2; on 3 the hosts are unequal (2 + 1), so init() makes the flat one over TCP, which is checked.
+Either way the job then makes two-level communicators of its own through the same function
+init() uses (_stores.make_hier): hosts of one rank each (the chain in 16 KiB chunks), and one
+host of every rank, so one start-up covers a chain with a middle host and a single node; and,
+through init()'s own path, hosts of the even and the odd ranks (not consecutive): the flat
+communicator.
 
-For Sum, Average and per-tensor Adasum in every dtype, each rank checks that the hierarchical
-result is bit for bit the flat path's (sumo's C collectives over the group's own calls, the
-same communicator sumo.torch runs the other collectives on), the same bits on every rank, and
-within a tolerance of a float64 reference computed here from the gathered inputs (sum in
-float64, tests/python/reference.py's Adasum tree). Then the DDP hooks: one step of a small
-model through average_hook and adasum_hook, hierarchical and flat, gives the same gradients.
-Last, the highest rank leaves before a hierarchical allreduce (deadline 5 s): the others must
-end the runtime's hierarchical allreduce (hier_allreduce, hier_run under it as under the DDP
-hooks) with PeerLost (SUMO_ERR_PEER_FAILURE or SUMO_ERR_TIMEOUT) and the job marked broken, not
-hang.
+On each two-level communicator, in every dtype: sum and average bit for bit the flat TCP
+communicator's (a communicator made here, sumo's ranked algorithm: every element summed left to
+right over the ranks); Adasum per tensor (a flat op) bit for bit the flat communicator's; the
+hierarchical Adasum op (the tree over the hosts' averages) within a tolerance of a float64
+reference computed here from the gathered inputs (tests/python/reference.py's tree over the
+hosts' float64 means); every result the same bits on every rank. Then, on the main two-level
+communicator (init()'s on 4 ranks, else the hosts of one rank): one step of a small model
+through average_hook and adasum_hook gives the flat communicator's gradients bit for bit;
+join() works (the last rank joins at once, the others' sum gets its zeros); and the highest
+rank leaves before an allreduce (deadline 5 s): the others must end it with PeerLost
+(SUMO_ERR_PEER_FAILURE or SUMO_ERR_TIMEOUT) and the job marked broken, not hang.
 Prints one line per check on rank 0; exits non-zero on any failure.
 """
 import os
@@ -26,6 +35,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 sys.path.insert(0, HERE)
 os.environ.setdefault("SUMO_TIMEOUT", "60")
 
+import contextlib  # noqa: E402
 import ctypes  # noqa: E402
 import time  # noqa: E402
 
@@ -35,28 +45,69 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 import sumo.torch as st  # noqa: E402
-from sumo._abi import (SUMO_ERR_PEER_FAILURE, SUMO_ERR_TIMEOUT, SUMO_OP_ADASUM,  # noqa: E402
-                       SUMO_OP_AVERAGE, SUMO_OP_SUM)
+from sumo._abi import (SUMO_ERR_PEER_FAILURE, SUMO_ERR_TIMEOUT, SUMO_OP_AVERAGE,  # noqa: E402
+                       SUMO_OP_SUM, sumo_adasum_options)
 from sumo._lib import lib, SumoError  # noqa: E402
-from sumo.torch import _calls, _hier, _runtime as rt, _stores, _tensors  # noqa: E402
+from sumo.torch import _hosts, _init, _runtime as rt, _stores, _tensors  # noqa: E402
+from sumo.torch import _pg_transport as pgt  # noqa: E402
 from across_hosts import (EPS, KINDS, LAYOUT, allreduce, bits, failures, inputs,  # noqa: E402
                           reference, report)
+from reference import adasum_per_tensor  # noqa: E402
+
+_kept = []  # the store adapters of the communicators made here, alive with them
+
 
 def gather(t):
-    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, t)
-    return out
+    """Every rank's t, gathered as its bytes (torch 1.13's gloo has no 16-bit types)."""
+    b = t.view(torch.uint8)
+    out = [torch.empty_like(b) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, b)
+    return [o.view(t.dtype) for o in out]
 
 
-def check_collectives(hier, label):
+def two_level(per_host):
+    """A two-level communicator of this job's ranks in hosts of per_host consecutive ranks,
+    made as init() makes its own (collective)."""
+    store = pgt.StoreAdapter(_stores._store_of(dist.group.WORLD))
+    _kept.append(store)
+    return _stores.make_hier(store, dist.get_rank(), dist.get_world_size(), per_host,
+                             _stores._key_prefix(dist.group.WORLD), "the test's store")
+
+
+def flat_tcp():
+    """The flat communicator over TCP of this job's ranks (init(transport="tcp")'s)."""
+    store = pgt.StoreAdapter(_stores._store_of(dist.group.WORLD))
+    _kept.append(store)
+    return _stores.make_tcp(store, dist.get_rank(), dist.get_world_size(),
+                            _stores._key_prefix(dist.group.WORLD), 0, "the test's store")
+
+
+def hierarchical_adasum(comm, t, what):
+    """Adasum per tensor of LAYOUT with the hierarchical op (group_size 0: the hosts)."""
+    ptr, n, dt = _tensors.tensor_args(t, what)
+    counts = (ctypes.c_size_t * len(LAYOUT))(*LAYOUT)
+    opts = sumo_adasum_options(ctypes.sizeof(sumo_adasum_options), counts, len(LAYOUT), 1, 0)
+    op = ctypes.c_uint32()
+    rt.raise_for(lib.sumo_op_create_adasum(comm, ctypes.byref(opts), ctypes.byref(op)), what)
+    code = lib.sumo_allreduce(ptr, ptr, n, dt, op.value, comm)
+    lib.sumo_op_destroy(comm, op.value)
+    rt.raise_for(code, what)
+
+
+def group_reference(all_inputs, per_host):
+    """The hierarchical Adasum's float64 result: the tree over the hosts' means."""
+    x = [a.to(torch.float64) for a in all_inputs]
+    means = [sum(x[h:h + per_host]) / per_host for h in range(0, len(x), per_host)]
+    return torch.cat(adasum_per_tensor([list(m.split(LAYOUT)) for m in means]))
+
+
+def check_collectives(comm, flat, per_host, label):
     for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
         for name, kind in KINDS.items():
             src = inputs(dtype)
-            h = src.clone()
-            hier.allreduce(h, _tensors.tensor_args(h, "hier")[2], kind,
-                           LAYOUT if kind == SUMO_OP_ADASUM else None, "hier")
-            f = src.clone()
-            allreduce(rt.state.comm, f, kind, "the flat allreduce")
+            h, f = src.clone(), src.clone()
+            allreduce(comm, h, kind, "two-level")
+            allreduce(flat, f, kind, "flat")
             same = torch.equal(bits(h), bits(f))
             everyone = all(torch.equal(bits(o), bits(h)) for o in gather(h))
             ref = reference(gather(src), kind)
@@ -64,83 +115,43 @@ def check_collectives(hier, label):
             # Rounding of the dtype over a few ranks (Adasum: Horovod's 100 epsilons).
             ok_ref = err < 100 * EPS[dtype]
             report(same and everyone and ok_ref,
-                   "%s: %-7s %-8s hierarchical == flat bit for bit: %s, same bits on every "
+                   "%s: %-7s %-8s two-level == flat bit for bit: %s, same bits on every "
                    "rank: %s, relative error vs float64 %.2g"
                    % (label, str(dtype).split(".")[1], name, same, everyone, err))
-    # A 0-dim tensor (a metric averaged, as examples/horovod_style.py's test() does): the
-    # chain slices what it sends; exact values, so the closed form holds bit for bit.
+        src = inputs(dtype)
+        h = src.clone()
+        hierarchical_adasum(comm, h, "two-level, hierarchical Adasum")
+        everyone = all(torch.equal(bits(o), bits(h)) for o in gather(h))
+        ref = group_reference(gather(src), per_host)
+        err = float((h.to(torch.float64) - ref).norm() / ref.norm())
+        report(everyone and err < 100 * EPS[dtype],
+               "%s: %-7s adasum, hierarchical op (the hosts' averages): same bits on every "
+               "rank: %s, relative error vs float64 %.2g" % (label, str(dtype).split(".")[1],
+                                                             everyone, err))
+    # A 0-dim tensor (a metric averaged, as examples/horovod_style.py's test() does): exact
+    # values, so the closed form holds bit for bit.
     P = dist.get_world_size()
     for name, kind, want in (("sum", SUMO_OP_SUM, P * (P + 1) / 2),
                              ("average", SUMO_OP_AVERAGE, (P + 1) / 2)):
         h = torch.tensor(float(dist.get_rank() + 1), dtype=torch.float64)
         try:
-            out = hier.allreduce(h, _tensors.tensor_args(h, "hier")[2], kind, None, "hier 0-dim")
-            ok, got = out is h and h.dim() == 0 and h.item() == want, h.item()
+            allreduce(comm, h, kind, "0-dim")
+            ok, got = h.dim() == 0 and h.item() == want, h.item()
         except SumoError as e:
             ok, got = False, e
         report(ok, "%s: a 0-dim tensor's %s: %s (closed form %s)" % (label, name, got, want))
 
 
-def other_layout(hosts, timeout_s=60):
-    """A second hierarchy over the same ranks with hosts of our choosing (collective)."""
-    from sumo.torch import _pg_transport as pgt
-    base = rt.state.group
-    store = pgt.StoreAdapter(_stores._store_of(base))
-    h = _hier.Hierarchy(base, hosts, store, _stores._key_prefix(base),
-                        lambda r: _stores.pgt_global(base, r), timeout_s)
-    h.store = store  # kept alive with the communicator
-    return h
-
-
-def check_layouts():
-    """Chunks smaller than the buffer (the chain's pipeline: 4 KiB, ~19 of them per fp32
-    vector, the last one short), then on 3 ranks hosts of one rank each (a chain with a middle
-    host) and a host of ranks 0 and 2 (not consecutive: the gather design for sums)."""
-    saved = _hier._CHUNK_BYTES
-    _hier._CHUNK_BYTES = 16 << 10
+@contextlib.contextmanager
+def running_on(comm):
+    """sumo.torch's collectives (the public surface, the hooks) on comm, a two-level
+    communicator, for the duration."""
+    saved = rt.state.comm, rt.state.transport
+    rt.state.comm, rt.state.transport = comm, "hierarchical"
     try:
-        check_collectives(rt.state.hier, "hosts %s, 16 KiB chunks" % hosts_text(rt.state.hier))
+        yield
     finally:
-        _hier._CHUNK_BYTES = saved
-    if st.size() != 3:
-        return
-    for hosts in ([0, 1, 2], [0, 1, 0]):
-        h = other_layout(hosts)
-        try:
-            check_collectives(h, "hosts %s (host of each rank %s)" % (hosts_text(h), hosts))
-        finally:
-            h.destroy()
-
-
-def hosts_text(h):
-    return "+".join(str(len(m)) for m in h.members)
-
-
-def check_dead_rank():
-    """The last rank leaves (os._exit) before a hierarchical allreduce; the others must fail
-    with an error, not hang (run.sh's timeout catches a hang). Ends the process."""
-    h = other_layout([0] * (st.size() - 1) + [1], timeout_s=5)
-    lib.sumo_comm_set_timeout(h.comm, ctypes.c_double(5.0))
-    st.barrier()
-    if dist.get_rank() == st.size() - 1:
-        os._exit(0)
-    # Through hier_allreduce, the runtime's entry (the public allreduce's; the DDP hooks' is
-    # hier_run under it): the error must be PeerLost, what elastic.run recovers from, and the
-    # job marked broken.
-    rt.state.hier = h
-    t = inputs(torch.float32)
-    t0 = time.monotonic()
-    try:
-        _calls.hier_allreduce(t, SUMO_OP_SUM, None, "dead")
-        report(False, "a hierarchical allreduce with a rank gone returned without an error")
-    except Exception as e:  # noqa: BLE001 - which error it is gets printed
-        report(isinstance(e, rt.PeerLost) and e.code in (SUMO_ERR_PEER_FAILURE, SUMO_ERR_TIMEOUT)
-               and rt.state.broken,
-               "a rank gone during a hierarchical allreduce: %s after %.1f s (deadline 5 s), "
-               "job broken %s: %s" % (type(e).__name__, time.monotonic() - t0, rt.state.broken,
-                                      str(e)[:120]))
-    sys.stdout.flush()
-    os._exit(1 if failures else 0)
+        rt.state.comm, rt.state.transport = saved
 
 
 def model():
@@ -148,63 +159,140 @@ def model():
     return torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5))
 
 
-def ddp_grads(hook, hierarchical):
-    """One backward pass of DDP with a sumo hook on this rank's batch: the gradients."""
-    saved = rt.state.hier
-    if not hierarchical:
-        rt.state.hier = None  # the hooks read it per call: the flat path
-    try:
-        ddp = DDP(model())
-        hs = st.HookState()
-        ddp.register_comm_hook(hs, hook)
-        g = torch.Generator().manual_seed(7 + dist.get_rank())
-        x, y = torch.randn(16, 20, generator=g), torch.randint(0, 5, (16,), generator=g)
-        F.cross_entropy(ddp(x), y).backward()
-        rt.sync()
-        out = torch.cat([p.grad.reshape(-1) for p in ddp.parameters()])
-        hs.close()
-        return out
-    finally:
-        rt.state.hier = saved
+def ddp_grads(hook, comm):
+    """One backward pass of DDP with a sumo hook on comm, on this rank's batch: the
+    gradients."""
+    ddp = DDP(model())
+    hs = st.HookState()
+    hs.comm = comm
+    ddp.register_comm_hook(hs, hook)
+    g = torch.Generator().manual_seed(7 + dist.get_rank())
+    x, y = torch.randn(16, 20, generator=g), torch.randint(0, 5, (16,), generator=g)
+    F.cross_entropy(ddp(x), y).backward()
+    rt.sync()
+    out = torch.cat([p.grad.reshape(-1) for p in ddp.parameters()])
+    hs.close()
+    return out
 
 
-def check_hooks():
-    hier = rt.state.hier
-    # sumo.torch.init() across hosts routes sum and average here, Adasum only when asked for
-    # (transport="hierarchical"): the Adasum hook is compared with every kind routed.
-    report(hier.ops == {SUMO_OP_SUM, SUMO_OP_AVERAGE},
-           "by default the hierarchical path takes sum and average, not Adasum")
-    saved, hier.ops = hier.ops, frozenset(KINDS.values())
+def check_hooks(comm, flat, label):
+    for name, hook in (("average_hook", st.average_hook), ("adasum_hook", st.adasum_hook)):
+        h = ddp_grads(hook, comm)
+        f = ddp_grads(hook, flat)
+        report(torch.equal(bits(h), bits(f)), "%s: DDP %s: two-level == flat bit for bit"
+               % (label, name))
+
+
+def check_join(comm, label):
+    """The last rank joins at once; the others' sum gets its zeros, then they join too (in
+    one round: the highest of them is the last to join)."""
+    P, last = dist.get_world_size(), dist.get_world_size() - 1
+    with running_on(comm):
+        try:
+            if dist.get_rank() == last:
+                got = st.join()
+                ok = got == last - 1
+                text = "join() returned %d" % got
+            else:
+                t = st.allreduce(torch.ones(5, dtype=torch.float64), op=st.Sum, name="joined")
+                got = st.join()
+                ok = torch.equal(t, torch.full((5,), float(P - 1), dtype=torch.float64)) \
+                    and got == last - 1
+                text = "the sum %s, join() returned %d" % (t[0].item(), got)
+        except Exception as e:  # noqa: BLE001 - which error it is gets printed
+            ok, text = False, "%s: %s" % (type(e).__name__, str(e)[:160])
+    report(ok, "%s: join() across hosts: the last rank joined at once: %s (the sum of the "
+           "others %d, the last to join %d)" % (label, text, P - 1, last - 1))
+
+
+def check_flat_fallback():
+    """init()'s own path with hosts of the even and the odd ranks ({0, 2} + {1} on 3 ranks,
+    {0, 2} + {1, 3} on 4): not blocks of consecutive ranks, so the flat communicator over
+    TCP."""
+    P = dist.get_world_size()
+    hosts = [r % 2 for r in range(P)]
+    report(_hosts.blocks(hosts) == 0 and _hosts.blocks([r // 2 for r in range(4)]) == 2
+           and _hosts.blocks([0, 0, 1]) == 0, "hosts %s are not blocks; 2 + 2 are" % hosts)
+    saved = (rt.state.comm, rt.state.transport, rt.state.rank, rt.state.size,
+             rt.state.local_rank, rt.state.local_size, rt.state.store, rt.state.key_root,
+             rt.state.made_group)
+    real = _hosts.hosts_of
+    _hosts.hosts_of = lambda where, local_size: hosts
     try:
-        for name, hook in (("average_hook", st.average_hook), ("adasum_hook", st.adasum_hook)):
-            h = ddp_grads(hook, True)
-            f = ddp_grads(hook, False)
-            report(torch.equal(bits(h), bits(f)), "DDP %s: hierarchical == flat bit for bit"
-                   % name)
+        _init._init_group(None, "pg")
+        name = ctypes.c_char_p()
+        lib.sumo_comm_transport(rt.state.comm, ctypes.byref(name))
+        report(rt.state.transport == "tcp" and name.value == b"tcp",
+               "hosts %s: init() made the flat communicator (state %s, communicator %s)"
+               % (hosts, rt.state.transport, name.value))
+        lib.sumo_comm_destroy(rt.state.comm)
+        _kept.append(rt.state.store)
     finally:
-        hier.ops = saved
+        _hosts.hosts_of = real
+        (rt.state.comm, rt.state.transport, rt.state.rank, rt.state.size,
+         rt.state.local_rank, rt.state.local_size, rt.state.store, rt.state.key_root,
+         rt.state.made_group) = saved
+
+
+def check_dead_rank(comm, label):
+    """The last rank leaves (os._exit) before an allreduce on comm; the others must fail with
+    PeerLost, not hang (run.sh's timeout catches a hang). Ends the process."""
+    rt.raise_for(lib.sumo_comm_set_timeout(comm, ctypes.c_double(5.0)), "set_timeout")
+    st.barrier()
+    if dist.get_rank() == st.size() - 1:
+        os._exit(0)
+    t = inputs(torch.float32)
+    t0 = time.monotonic()
+    with running_on(comm):
+        try:
+            st.allreduce_(t, op=st.Sum, name="dead")
+            report(False, "an allreduce with a rank gone returned without an error")
+        except Exception as e:  # noqa: BLE001 - which error it is gets printed
+            report(isinstance(e, rt.PeerLost)
+                   and e.code in (SUMO_ERR_PEER_FAILURE, SUMO_ERR_TIMEOUT) and rt.state.broken,
+                   "%s: a rank gone during an allreduce: %s after %.1f s (deadline 5 s), job "
+                   "broken %s: %s" % (label, type(e).__name__, time.monotonic() - t0,
+                                      rt.state.broken, str(e)[:160]))
+    sys.stdout.flush()
+    os._exit(1 if failures else 0)
 
 
 def main():
+    transport = None
     if "OMPI_COMM_WORLD_RANK" in os.environ:
-        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%s" % os.environ["SUMO_TEST_PORT"],
+        # Under mpirun (Debian's torch 1.13, whose torchrun cannot start): the group from MPI's
+        # environment, then init()'s default for a group (not sumo's MPI transport).
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%s"
+                                % os.environ["SUMO_TEST_PORT"],
                                 rank=int(os.environ["OMPI_COMM_WORLD_RANK"]),
                                 world_size=int(os.environ["OMPI_COMM_WORLD_SIZE"]))
-    st.init()
+        transport = "pg"
+    st.init(transport=transport)
     torch.set_num_threads(1)
-    hier = rt.state.hier
-    if hier is None:
-        print("FAIL - no hierarchical path: SUMO_LOCAL_SIZE=%s, %d ranks, transport %s"
-              % (os.environ.get("SUMO_LOCAL_SIZE"), st.size(), rt.state.transport))
-        sys.exit(1)
-    report(True, "%d ranks as hosts of %s: %d host(s), this rank is local %d of %d"
-           % (st.size(), [len(m) for m in hier.members], hier.nhosts, st.local_rank(),
-              st.local_size()))
-    check_collectives(hier, "hosts %s" % hosts_text(hier))
-    check_layouts()
-    check_hooks()
+    P = st.size()
+    L = int(os.environ.get("SUMO_LOCAL_SIZE", "0"))
+    name = ctypes.c_char_p()
+    lib.sumo_comm_transport(rt.state.comm, ctypes.byref(name))
+    equal = L and P % L == 0 and P > L
+    report(rt.state.transport == ("hierarchical" if equal else "tcp"),
+           "init() on %d ranks in hosts of %d: transport %s (communicator %s), local rank %d "
+           "of %d" % (P, L, rt.state.transport, name.value, st.local_rank(), st.local_size()))
+    flat = flat_tcp()
+    shapes = [(rt.state.comm, L, "init()'s, hosts of %d" % L)] if equal else []
+    # Hosts of one rank pass the partial in 16 KiB chunks (the chain's pipeline: about 19 of
+    # them per fp32 vector, the last one short); SUMO_HIER_CHUNK_BYTES is read at the making.
+    os.environ["SUMO_HIER_CHUNK_BYTES"] = str(16 << 10)
+    shapes.append((two_level(1), 1, "hosts of 1, 16 KiB chunks"))
+    del os.environ["SUMO_HIER_CHUNK_BYTES"]
+    shapes.append((two_level(P), P, "one host of %d" % P))
+    for comm, per_host, label in shapes:
+        check_collectives(comm, flat, per_host, label)
+    comm, per_host, label = shapes[0]
+    check_hooks(comm, flat, label)
+    check_join(comm, label)
+    check_flat_fallback()
     st.barrier()
-    check_dead_rank()
+    check_dead_rank(comm, label)
 
 
 if __name__ == "__main__":

@@ -73,13 +73,18 @@ suite() {
     timeout -k 10 600 "${torchrun[@]}" --nproc_per_node 3 "${pytest[@]}" || failed=1
     echo "== torchrun --nproc_per_node 2 pytest, SUMO_TEST_TRANSPORT=group (through the group's own calls)"
     SUMO_TEST_TRANSPORT=group timeout -k 10 600 "${torchrun[@]}" --nproc_per_node 2 "${pytest[@]}" || failed=1
-    # Across hosts, simulated: hosts of 2 ranks on 3 ranks (2+1: the chain over an uneven
-    # pair of hosts), and inside it hosts of 1+1+1 and {0,2}+{1}; the hierarchical allreduce
-    # against the flat process-group path bit for bit, then a rank that leaves (about 20 s).
-    echo "== torchrun --nproc_per_node 3, SUMO_LOCAL_SIZE=2: the hierarchical path across hosts"
-    SUMO_LOCAL_SIZE=2 timeout -k 10 300 "${torchrun[@]}" --nproc_per_node 3 tests/python/hier.py || failed=1
-    # The flat path across hosts over sumo's TCP transport (the default there) against the
-    # group's own calls bit for bit, 4 ranks as 2 hosts of 2; then a rank that leaves.
+    # Across hosts, simulated, hosts of 2 ranks: on 4 ranks init()'s two-level communicator
+    # (2+2), on 3 the flat one (2+1: unequal hosts); in each also two-level communicators of
+    # hosts of 1 and of one host, and init()'s choice for {0,2}+{1}; the two-level
+    # communicator against the flat one over TCP bit for bit, DDP hooks, join, then a rank
+    # that leaves.
+    for n in 4 3; do
+      echo "== torchrun --nproc_per_node $n, SUMO_LOCAL_SIZE=2: the two-level communicator across hosts"
+      SUMO_LOCAL_SIZE=2 timeout -k 10 300 "${torchrun[@]}" --nproc_per_node $n tests/python/hier.py || failed=1
+    done
+    # The flat communicator across hosts over sumo's TCP transport (init(transport="tcp"))
+    # against the group's own calls bit for bit, 4 ranks as 2 hosts of 2; then a rank that
+    # leaves.
     echo "== torchrun --nproc_per_node 4, SUMO_LOCAL_SIZE=2: the TCP transport across hosts"
     SUMO_LOCAL_SIZE=2 timeout -k 10 300 "${torchrun[@]}" --nproc_per_node 4 tests/python/tcp.py || failed=1
   elif [ $have_mpi = 1 ]; then

@@ -4,11 +4,12 @@ consecutive ranks, so sumo.torch.init() takes the path across hosts.
 
     SUMO_LOCAL_SIZE=2 torchrun --standalone --nproc_per_node 4 tests/python/tcp.py
 
-Checks that init() chose the TCP transport by default across hosts (and the hierarchical path
-for sum and average); then, for sum, average and per-tensor Adasum in every dtype, that the
-TCP communicator's result is bit for bit the group communicator's (the same C algorithms over
-the group's point-to-point calls, made here on the same ranks), the same bits on every rank,
-and within a tolerance of a float64 reference computed here from the gathered inputs. Last,
+Checks that init(transport="tcp") made one flat communicator over TCP across the hosts (the
+default there, the two-level communicator, is hier.py's); then, for sum, average and
+per-tensor Adasum in every dtype, that the TCP communicator's result is bit for bit the group
+communicator's (the same C algorithms over the group's point-to-point calls, made here on the
+same ranks), the same bits on every rank, and within a tolerance of a float64 reference
+computed here from the gathered inputs. Last,
 the highest rank leaves (its communicator destroyed): the others' next allreduce must fail
 with SUMO_ERR_PEER_FAILURE within a few seconds, not at the deadline. Prints one line per
 check on rank 0; exits non-zero on any failure.
@@ -38,19 +39,17 @@ def group_comm():
     """The flat path over the group's own calls, on the same ranks (what transport="group"
     makes)."""
     t = pgt.GroupTransport(dist.group.WORLD)
-    return t, t.comm(rt.state.hier.local_size if rt.state.hier else 0,
-                     "sumo_comm_create_transport")
+    return t, t.comm(rt.state.local_size, "sumo_comm_create_transport")
 
 
 def main():
-    st.init()
+    st.init(transport="tcp")
     torch.set_num_threads(1)
     name = ctypes.c_char_p()
     lib.sumo_comm_transport(rt.state.comm, ctypes.byref(name))
     report(rt.state.transport == "tcp" and name.value == b"tcp",
-           "init() across %d hosts chose the TCP transport (state %s, communicator %s)"
+           "init(transport=\"tcp\") across %d hosts: the TCP transport (state %s, communicator %s)"
            % (st.size() // max(1, st.local_size()), rt.state.transport, name.value))
-    report(rt.state.hier is not None, "and the hierarchical path for sum and average")
     keep, gcomm = group_comm()
     for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
         for kname, kind in KINDS.items():

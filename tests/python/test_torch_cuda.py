@@ -67,8 +67,10 @@ def cuda_mocked(monkeypatch):
     host kernels are handed no stream), futures without devices."""
     calls = []
     real = _calls.collective
-    # The flat communicator's plumbing (the hierarchical path's: the test above).
-    monkeypatch.setattr(rt.state, "hier", None)
+    if rt.state.transport == "hierarchical":
+        # The calls reach the two-level communicator as they are, as the CPU path's do (its
+        # NCCL level and hierarchical Adasum for CUDA buffers: the test below).
+        monkeypatch.setattr(rt.state, "transport", "tcp")
 
     def spy(kind, send, recv, count, dtype, stream, op=0, root=0, request=None):
         calls.append((kind, getattr(send, "value", send), stream))
@@ -101,7 +103,6 @@ def same_bits(a, b):
 
 def test_cuda_tensor_on_a_host_transport_refused_by_name(monkeypatch):
     monkeypatch.setattr(rt.state, "transport", "group")
-    monkeypatch.setattr(rt.state, "hier", None)  # no hierarchical path to take them
     t = mock(torch.ones(4))
     with pytest.raises(ValueError, match=r"tensor grads\.w is on cuda:0; the group transport "
                                          r"moves host memory only.*transport=\"nccl\""):
@@ -264,45 +265,50 @@ def test_nccl_transport_without_a_device_says_why():
 
 # ---- the CUDA path's plumbing, on host memory ------------------------------------------------
 
-def test_cuda_across_hosts_takes_the_allreduce_through_sumo_hier(monkeypatch):
-    """Across hosts (rt.state.hier) a CUDA buffer's allreduce goes to the C hierarchy
-    (sumo_hier.h), with an Adasum op's own layout; the other collectives are refused by name;
-    an asynchronous one runs at once and hands back a request that completes."""
+def test_cuda_on_the_two_level_communicator_adds_nccl_and_takes_hierarchical_adasum(
+        monkeypatch):
+    """On the two-level communicator (transport "hierarchical", init()'s default across
+    hosts) a CUDA buffer's first collective adds the NCCL level (_cuda.across_ready, counted
+    here), Adasum of one tensor runs as a hierarchical Adasum op made once, and an Adasum op
+    of a layout made for CUDA buffers is hierarchical from the start; a CPU buffer's op stays
+    the flat one. On host memory the hierarchical op gives the tree over the means of the
+    session's hosts (local_size consecutive ranks; one host: the average)."""
     import ctypes
-    from sumo._abi import (SUMO_COLLECTIVE_ALLREDUCE, SUMO_COLLECTIVE_BROADCAST, SUMO_FLOAT32,
-                           SUMO_OP_ADASUM, SUMO_OP_AVERAGE)
-    calls = []
+    from sumo._abi import SUMO_COLLECTIVE_ALLREDUCE, SUMO_FLOAT64, SUMO_OP_ADASUM
+    from reference import adasum_tree
+    x = data(7, 7, torch.float64)
+    rows, L = st.allgather(x.view(1, -1)), st.local_size()
+    want = adasum_tree([rows[h:h + L].mean(0) for h in range(0, len(rows), L)])
+    made = []
+    monkeypatch.setattr(rt.state, "transport", "hierarchical")
+    monkeypatch.setattr(_cuda, "across_ready", lambda: made.append(1))
+    monkeypatch.setattr(_cuda._Cuda, "adasum", None)
+    created = []
+    real_create = _lib.lib.sumo_op_create_adasum
 
-    class Hier:
-        cuda = object()  # made already
-        nhosts = 1
+    def create(comm, opts, out):
+        created.append(opts._obj.hierarchical)  # opts: ctypes.byref of the options
+        return real_create(comm, opts, out)
 
-        def cuda_allreduce(self, send, recv, n, dt, kind, layout, stream, what):
-            calls.append((send.value, recv.value, n, dt, kind, layout, stream))
-
-    monkeypatch.setattr(rt.state, "hier", Hier())
-    op = _tensors.adasum_op(rt.state.comm, [3, 4], "a test layout")
+    monkeypatch.setattr(_lib.lib, "sumo_op_create_adasum", create)
+    ops = []
     try:
-        x, y = torch.zeros(7), torch.zeros(7)
-        px, py = ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(y.data_ptr())
-        assert _calls.collective(SUMO_COLLECTIVE_ALLREDUCE, px, py, 7, SUMO_FLOAT32,
-                                 FAKE_STREAM, op=op) == 0
-        assert calls[-1] == (px.value, py.value, 7, SUMO_FLOAT32, SUMO_OP_ADASUM, (3, 4),
-                             FAKE_STREAM)
-        assert _calls.collective(SUMO_COLLECTIVE_ALLREDUCE, px, px, 7, SUMO_FLOAT32, 0,
-                                 op=SUMO_OP_AVERAGE) == 0
-        assert calls[-1][4:6] == (SUMO_OP_AVERAGE, None)
-        with pytest.raises(ValueError, match="take the allreduce alone"):
-            _calls.collective(SUMO_COLLECTIVE_BROADCAST, px, px, 7, SUMO_FLOAT32, 0, root=0)
-        with pytest.raises(ValueError, match="op 4096"):
-            _calls.collective(SUMO_COLLECTIVE_ALLREDUCE, px, px, 7, SUMO_FLOAT32, 0, op=4096)
-        req = ctypes.c_void_p()
-        assert _calls.collective(SUMO_COLLECTIVE_ALLREDUCE, px, px, 7, SUMO_FLOAT32, 0,
-                                 op=SUMO_OP_AVERAGE, request=req) == 0
-        assert len(calls) == 3 and req.value
-        assert _lib.lib.sumo_request_wait(req) == 0
+        ops.append(_tensors.adasum_op(rt.state.comm, [3, 4], "CUDA", torch.device("cuda", 0)))
+        ops.append(_tensors.adasum_op(rt.state.comm, [3, 4], "CPU", torch.device("cpu")))
+        assert created == [1, 0] and made == [1]
+        px = ctypes.c_void_p(x.data_ptr())
+        assert _calls.collective(SUMO_COLLECTIVE_ALLREDUCE, px, px, 7, SUMO_FLOAT64, 0,
+                                 op=SUMO_OP_ADASUM) == 0
+        assert created == [1, 0, 1] and len(made) == 2
+        assert torch.allclose(x, want, rtol=1e-10, atol=1e-12), (x, want)
+        assert _calls.collective(SUMO_COLLECTIVE_ALLREDUCE, px, px, 7, SUMO_FLOAT64, 0,
+                                 op=SUMO_OP_ADASUM) == 0
+        assert created == [1, 0, 1] and len(made) == 3  # the op made once
     finally:
-        _lib.lib.sumo_op_destroy(rt.state.comm, op)
+        for op in ops:
+            _lib.lib.sumo_op_destroy(rt.state.comm, op)
+        if _cuda._Cuda.adasum is not None:
+            _lib.lib.sumo_op_destroy(rt.state.comm, _cuda._Cuda.adasum[1])
 
 
 @pytest.mark.parametrize("op", [sumo.Sum, sumo.Average, sumo.Adasum])
@@ -433,11 +439,12 @@ def _dev():
 def _takes_cuda():
     """The session's communicator takes CUDA tensors: a CUDA transport, or the hierarchical
     path across hosts (SUMO_TEST_TRANSPORT=hierarchical: CUDA IPC in the host, NCCL between)."""
-    return rt.state.transport in _cuda.CUDA_TRANSPORTS or rt.state.hier is not None
+    return rt.state.transport in _cuda.CUDA_TRANSPORTS
 
 
 def _hosts():
-    return rt.state.hier.nhosts if rt.state.hier is not None else 1
+    """Hosts of the two-level communicator (consecutive blocks of local_size ranks)."""
+    return st.size() // st.local_size() if rt.state.transport == "hierarchical" else 1
 
 
 @needs_device
@@ -453,7 +460,7 @@ def test_device_sum_average_bits_of_the_cpu_path(dtype, op):
     want = _cpu_reference(x, op)
     if _hosts() == 1:
         assert same_bits(got.cpu(), want)
-    else:  # the CUDA design across hosts rounds once per level (sumo_hier.h)
+    else:  # device memory across hosts: SUMO_ALGORITHM_TWO_LEVEL rounds once per level
         assert torch.allclose(got.cpu().double(), want.double(), rtol=1e-2, atol=1e-2)
 
 
@@ -476,11 +483,10 @@ def test_device_adasum_float64_within_the_bound():
     torch.cuda.synchronize()
     state.close()
     rows = st.allgather(x.view(1, -1))
-    if rt.state.hier is not None:
-        # Across hosts the CUDA design combines the hosts' averages (sumo_hier.h).
-        groups = [[r for r in range(st.size()) if rt.state.hier.hosts[r] == h]
-                  for h in range(_hosts())]
-        rows = torch.stack([rows[g].mean(0) for g in groups])
+    if rt.state.transport == "hierarchical":
+        # Across hosts CUDA buffers take the hierarchical Adasum op: the hosts' averages.
+        L = st.local_size()
+        rows = torch.stack([rows[h * L:(h + 1) * L].mean(0) for h in range(_hosts())])
     ref = torch.cat(adasum_per_tensor([list(rows[r].split(layout)) for r in range(len(rows))]))
     n = max(layout)
     bound = 4 * n * 2 ** -53 * (rows.abs().sum(0) * rows.abs().max() + 1e-300)
@@ -499,7 +505,7 @@ def test_device_ddp_hook_matches_the_cpu_model(hook):
         pytest.skip("no torch.distributed group for DDP")
     from torch.nn.parallel import DistributedDataParallel as DDP
     cpu_hook = hook
-    if rt.state.hier is not None and hook == "adasum_hook":
+    if rt.state.transport == "hierarchical" and hook == "adasum_hook":
         # Across hosts the CUDA path's Adasum combines the hosts' averages, the CPU path's the
         # ranks (docs/torch/cuda.md): on one host the CUDA one is the average.
         if _hosts() > 1:
@@ -547,11 +553,11 @@ def test_device_distributed_optimizer_and_diloco_run(op):
             opt.close()
         return w.detach().cpu()
 
-    if rt.state.hier is not None:
-        # Across hosts: DiLoCo's C loop runs on the flat communicator, which moves host memory
-        # (refused by name), and Adasum combines the hosts' averages, unlike the CPU path.
-        with pytest.raises(ValueError, match="DiLoCo on CUDA parameters across hosts"):
-            run(_dev(), "diloco")
+    if rt.state.transport == "hierarchical":
+        # Across hosts Adasum of CUDA buffers combines the hosts' averages, unlike the CPU
+        # path; DiLoCo's average crosses the hosts over NCCL, rounding once per level.
+        a, b = run(_dev(), "diloco"), run("cpu", "diloco")
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), ("diloco", (a - b).abs().max())
         a = run(_dev(), "dopt")
         rows = st.allgather(a.view(1, -1))
         assert all(same_bits(rows[r], a) for r in range(st.size()))

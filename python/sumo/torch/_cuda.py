@@ -1,9 +1,9 @@
 """CUDA tensors and devices: the libsumo_cuda kernels of each device (made at the first tensor
 on it and added to the communicator), the refusals of a tensor the communicator cannot take,
 the streams sumo's kernels run on and what must be complete on them before a peer reads a
-buffer, the NCCL id every rank of an NCCL communicator needs, and the CUDA side of the
-hierarchical path across hosts (_setup_cuda_hier). A module because every path that takes a
-tensor asks it the same questions, whatever the transport.
+buffer, the NCCL id every rank of an NCCL communicator needs, and the CUDA level of the
+two-level communicator across hosts (across_ready, device_op). A module because every path
+that takes a tensor asks it the same questions, whatever the transport.
 """
 import ctypes
 from datetime import timedelta
@@ -11,9 +11,10 @@ from datetime import timedelta
 import torch
 
 from .. import _lib
-from .._abi import SUMO_SUCCESS
+from .._abi import SUMO_SUCCESS, SUMO_OP_ADASUM, sumo_adasum_options
+from .._lib import lib
 from . import _stores
-from ._runtime import state, raise_for, _deadline_s
+from ._runtime import state, broken_by, raise_for, _deadline_s
 
 
 # A CUDA tensor goes to sumo as its device pointer: libsumo_cuda's kernels (one object per
@@ -24,21 +25,23 @@ from ._runtime import state, raise_for, _deadline_s
 # memory transport (torchrun's processes on one node), whose ranks' kernels read and write each
 # other's device buffers through CUDA IPC (one GPU or several; memory IPC cannot export, as
 # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True gives, is refused by the C library, naming
-# what to change). Across hosts (the hierarchical path, init()'s default there), the allreduce
-# of CUDA tensors is sumo_hier.h's: CUDA IPC inside each host, NCCL between the hosts
-# (_hier.py). The MPI and process-group transports move host memory only and refuse CUDA
-# tensors.
+# what to change), and the two-level communicator across hosts (init()'s default there): CUDA
+# IPC inside each host, and between the hosts an NCCL communicator of each local rank, which
+# the first CUDA collective adds (across_ready). The MPI and process-group transports, and
+# the flat TCP one, move host memory only and refuse CUDA tensors.
 
 # Transports whose collectives take device buffers.
-CUDA_TRANSPORTS = ("threads", "nccl", "shm")
+CUDA_TRANSPORTS = ("threads", "nccl", "shm", "hierarchical")
 # Of those, the ones whose peers read this rank's device buffers outside its current stream
 # (NCCL's own stream, other processes): what was queued on that stream must be complete first.
-_PEERS_READ_ELSEWHERE = ("nccl", "shm")
+_PEERS_READ_ELSEWHERE = ("nccl", "shm", "hierarchical")
 
 
 class _Cuda:
     kernels = {}     # device index -> sumo_cuda_kernels (ctypes.c_void_p)
     device = None    # the NCCL communicator's device
+    across = None    # the two-level communicator its NCCL level was added to
+    adasum = None    # (that communicator, its hierarchical Adasum op of one tensor)
 
 
 def _device_index(device):
@@ -46,21 +49,21 @@ def _device_index(device):
 
 
 def _peers_read_elsewhere():
-    return state.transport in _PEERS_READ_ELSEWHERE or state.hier is not None
+    return state.transport in _PEERS_READ_ELSEWHERE
 
 
 def cuda_ready(t, name):
     """Makes the communicator take CUDA tensor t (its device's kernels, once), or refuses it
     by name: a transport that cannot move device memory, a device other than the NCCL
     communicator's, no libsumo_cuda, no device."""
-    if state.comm is not None and state.transport not in CUDA_TRANSPORTS and state.hier is None:
+    if state.comm is not None and state.transport not in CUDA_TRANSPORTS:
         raise ValueError("sumo: tensor %s is on %s; the %s transport moves host memory only "
                          "(init(transport=\"nccl\") takes CUDA tensors, one GPU per rank)"
                          % (name, t.device, state.transport))
     index = _device_index(t.device)
     if index in _Cuda.kernels:
         return
-    if (state.transport == "nccl" or state.hier is not None) and _Cuda.device is not None \
+    if state.transport in ("nccl", "hierarchical") and _Cuda.device is not None \
             and index != _Cuda.device:
         raise ValueError("sumo: tensor %s is on cuda:%d; this rank's NCCL communicator is on "
                          "cuda:%d" % (name, index, _Cuda.device))
@@ -94,6 +97,8 @@ def _release_kernels():
             cu.sumo_cuda_kernels_destroy(k)
     _Cuda.kernels = {}
     _Cuda.device = None
+    _Cuda.across = None
+    _Cuda.adasum = None
 
 
 def current_stream(t):
@@ -171,10 +176,14 @@ def _make_nccl_id(cu):
     return buf.raw
 
 
-def _setup_cuda_hier(hier):
-    """The CUDA side of the hierarchical path (a _hier.Hierarchy), at its first CUDA buffer:
-    the kernels of this rank's device, and the NCCL id of each communicator between the hosts
-    through the group's store."""
+def across_ready():
+    """The two-level communicator (init() across hosts) at its first CUDA collective: the
+    kernels of this rank's device, and the NCCL communicator of this rank's local rank on
+    every host (its id through the group's store), added as the level between the hosts that
+    carries device memory (sumo_comm_hier_add_across). Collective: every rank reaches it at
+    the same collective. A no-op once made, and on other communicators."""
+    if state.transport != "hierarchical" or _Cuda.across == state.comm.value:
+        return
     cu = _lib.cuda()
     device = _Cuda.device
     if device is None:
@@ -182,12 +191,40 @@ def _setup_cuda_hier(hier):
         device = current if current in _Cuda.kernels or not _Cuda.kernels \
             else next(iter(_Cuda.kernels))
     if device not in _Cuda.kernels:
-        _add_kernels(cu, device, "the hierarchical path's device cuda:%d" % device)
-    store = _stores._store_of(state.group)
-
-    def nccl_id(local_rank, host):
-        return nccl_rendezvous(store, "%shier_nccl/%d" % (state.key_root, local_rank), host,
-                               lambda: _make_nccl_id(cu), _deadline_s())
-
-    hier.setup_cuda(cu, _Cuda.kernels[device], device, nccl_id)
+        _add_kernels(cu, device, "the device cuda:%d between the hosts" % device)
+    hosts, host = state.size // state.local_size, state.rank // state.local_size
+    where = "host %d of %d, local rank %d, cuda:%d" % (host, hosts, state.local_rank, device)
+    uid = nccl_rendezvous(_stores._store_of(state.group),
+                          "%shier_nccl/%d" % (state.key_root, state.local_rank), host,
+                          lambda: _make_nccl_id(cu), _deadline_s())
+    across = ctypes.c_void_p()
+    code = cu.sumo_comm_create_nccl_rank(hosts, uid, len(uid), host, device, None,
+                                         ctypes.byref(across))
+    if code != SUMO_SUCCESS:
+        raise _lib.error(code, None, "sumo_comm_create_nccl_rank between the hosts (%s; sumo "
+                         "printed NCCL's reason on stderr)" % where)
+    code = cu.sumo_comm_add_cuda(across, _Cuda.kernels[device])
+    if code == SUMO_SUCCESS:
+        code = lib.sumo_comm_hier_add_across(state.comm, across)
+    if code != SUMO_SUCCESS:
+        err = _lib.error(code, state.comm, "sumo_comm_hier_add_across (%s)" % where)
+        lib.sumo_comm_destroy(across)  # still ours: the two-level communicator did not take it
+        raise broken_by(err)
     _Cuda.device = device
+    _Cuda.across = state.comm.value
+
+
+def device_op(op):
+    """The op a CUDA allreduce on the two-level communicator runs: Adasum of one tensor
+    (SUMO_OP_ADASUM) as the hierarchical op (made at the first, collective), whose tree runs
+    over the hosts' averages on the NCCL level; any other op as it is (an Adasum op of a
+    layout made for CUDA buffers is hierarchical already: _tensors.adasum_op)."""
+    if op != SUMO_OP_ADASUM:
+        return op
+    if _Cuda.adasum is None or _Cuda.adasum[0] != state.comm.value:
+        opts = sumo_adasum_options(ctypes.sizeof(sumo_adasum_options), None, 0, 1, 0)
+        out = ctypes.c_uint32()
+        raise_for(lib.sumo_op_create_adasum(state.comm, ctypes.byref(opts), ctypes.byref(out)),
+                  "sumo_op_create_adasum (hierarchical, for CUDA tensors across hosts)")
+        _Cuda.adasum = (state.comm.value, out.value)
+    return _Cuda.adasum[1]

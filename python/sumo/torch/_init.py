@@ -4,10 +4,11 @@ Where the communicator comes from:
   - mpirun (Open MPI, MPICH): sumo's MPI transport over MPI_COMM_WORLD, as before;
   - torchrun, or any torch.distributed process group (init_process_group already called, or a
     group passed in): every rank of the group on one host -> sumo's shared-memory transport,
-    rendezvousing through the group's store ("shm"); across hosts -> sumo's collectives over
-    TCP connections of its own, met through the group's store ("tcp"; transport="group":
-    over the group's own point-to-point calls, _pg_transport.py), with sum and average on
-    the hierarchical path (_hier.py);
+    rendezvousing through the group's store ("shm"); across hosts, when every host holds the
+    same number of consecutive ranks -> the two-level communicator (sumo_comm_create_hier:
+    shared memory in each host, sumo's TCP connections between the hosts, met through the
+    group's store; "hierarchical"), else one flat communicator over TCP ("tcp";
+    transport="group": over the group's own point-to-point calls, _pg_transport.py);
   - srun (a Slurm job step): the process group made from the step's variables (rank 0 on
     the step's first host, a port from the job and step ids), then as torchrun's;
   - init(store=..., rank=..., size=...): processes started each on its own (no launcher that
@@ -28,18 +29,18 @@ import atexit
 import ctypes
 import os
 import socket
+import sys
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from .. import _lib
-from .._abi import (SUMO_SUCCESS, SUMO_ERR_INVALID_ARGUMENT, SUMO_OP_SUM, SUMO_OP_AVERAGE,
-                    SUMO_OP_ADASUM, SUMO_LAUNCHER_OPEN_MPI, SUMO_LAUNCHER_PMI,
-                    SUMO_LAUNCHER_PMIX, SUMO_LAUNCHER_SRUN, SUMO_LAUNCHER_TORCHRUN,
-                    SUMO_LAUNCHER_ENV, SUMO_LAUNCHER_UNSUPPORTED)
+from .._abi import (SUMO_SUCCESS, SUMO_ERR_INVALID_ARGUMENT, SUMO_LAUNCHER_OPEN_MPI,
+                    SUMO_LAUNCHER_PMI, SUMO_LAUNCHER_PMIX, SUMO_LAUNCHER_SRUN,
+                    SUMO_LAUNCHER_TORCHRUN, SUMO_LAUNCHER_ENV, SUMO_LAUNCHER_UNSUPPORTED)
 from .._lib import lib, check
-from . import _cuda, _stores
+from . import _cuda, _hosts, _stores
 from ._calls import broadcast_tensor
 from ._joiners import _init_join
 from ._membership import _STORE_TRANSPORTS, _ACROSS, _init_store
@@ -74,9 +75,10 @@ def init(timeout=None, process_group=True, transport=None, group=None, store=Non
          size=None, join=False):
     """Creates the process's communicator: over MPI under mpirun, over the torch.distributed
     group under torchrun (or when one exists, or `group` is given: a subgroup's ranks alone),
-    else one rank. transport forces "mpi", "shm" (one host), "tcp" (sumo's own connections,
-    met through the group's store: the default across hosts), "group" (the group's own calls,
-    a callback per message), "hierarchical" or "threads". With
+    else one rank. transport forces "mpi", "shm" (one host), "hierarchical" (shared memory in
+    each host and sumo's own TCP connections between the hosts, met through the group's
+    store: the default across hosts), "tcp" (one flat communicator over those connections),
+    "group" (the group's own calls, a callback per message) or "threads". With
     process_group, torch.distributed's default group is created too when nobody has (gloo),
     for the user's own DDP.
 
@@ -183,7 +185,8 @@ def _member_of(group):
 
 def _init_group(group, transport):
     """sumo over a torch.distributed group: the processes of one host through sumo's shared
-    memory (rendezvous through the group's store), else through the group itself."""
+    memory (rendezvous through the group's store); across hosts the two-level communicator,
+    or a flat one over TCP or through the group itself."""
     from . import _pg_transport as pgt
     if not dist.is_initialized():
         launch = _lib.bootstrap()
@@ -210,50 +213,47 @@ def _init_group(group, transport):
     gathered = [torch.empty(len(here), dtype=torch.uint8) for _ in range(size)]
     dist.all_gather(gathered, mine, group=base)
     where = [bytes(t.tolist()) for t in gathered]
-    from . import _hier
-    hosts = _hier.hosts_of(where, _local_size())
+    hosts = _hosts.hosts_of(where, _local_size())
     local = [r for r in range(size) if hosts[r] == hosts[rank]]
     one_host = len(local) == size
     state.group = base
-    hierarchical = transport == "hierarchical"
-    # Which allreduces take it: every one it offers when asked for by name; by default, across
-    # hosts, sum and average only (the chain: faster than the flat path over the group on both
-    # models of docs/performance.md, "Across hosts, simulated"), while Adasum's gather design is
-    # slower than the flat path on the larger one and stays opt-in. Everything else, and
-    # transport="group": the flat path.
-    hier_ops = (SUMO_OP_SUM, SUMO_OP_AVERAGE, SUMO_OP_ADASUM)
-    # The flat path across hosts (every collective the hierarchical path does not take): sumo's
-    # TCP transport, met through the group's store, whose messages never enter the
-    # interpreter; transport="group" keeps the group's own calls (a callback per message).
+    nodes = len(set(hosts))
+    per_node = size // nodes if all(hosts.count(h) == size // nodes for h in set(hosts)) else 0
+    # By default: shared memory on one host; across hosts the two-level communicator (shared
+    # memory in each host, TCP between them). transport="tcp" and "group" keep one flat
+    # communicator across hosts, over sumo's TCP connections or the group's own calls.
     if transport == "pg":
-        transport = "shm" if one_host and size > 1 else "tcp"
-        hierarchical = not one_host
-        hier_ops = (SUMO_OP_SUM, SUMO_OP_AVERAGE)
-    if hierarchical:
-        transport = "tcp"
+        transport = "shm" if one_host and size > 1 else "hierarchical" if size > 1 else "tcp"
     if transport == "shm" and not one_host:
         raise RuntimeError("sumo.torch.init: transport 'shm' needs every rank on one host; "
                            "this group spans %d" % len(set(where)))
-    nodes = len(set(hosts))
-    per_node = size // nodes if all(hosts.count(h) == size // nodes for h in set(hosts)) else 0
-    if transport in ("shm", "tcp"):
+    per_host = _hosts.blocks(hosts)
+    if transport == "hierarchical" and not per_host:
+        # sumo_comm_create_hier composes hosts of L consecutive ranks (rank = host * L + local
+        # rank); any other layout takes the flat communicator over TCP, which every
+        # collective runs on alike.
+        if rank == 0:
+            sys.stderr.write("sumo.torch.init: hosts of %s ranks, unequal or not each a "
+                             "block of consecutive ranks: one flat communicator over TCP "
+                             "across hosts\n" % "+".join(str(hosts.count(h))
+                                                          for h in sorted(set(hosts))))
+        transport = "tcp"
+    if transport in ("shm", "tcp", "hierarchical"):
         store = pgt.StoreAdapter(_stores._store_of(base))
         state.store = store
         prefix = _stores._key_prefix(base)
         state.key_root = prefix
         if transport == "shm":
             comm = _stores.make_shm(store, rank, size, prefix, "the group's store")
-        else:
+        elif transport == "tcp":
             comm = _stores.make_tcp(store, rank, size, prefix, per_node, "the group's store")
+        else:
+            comm = _stores.make_hier(store, rank, size, per_host, prefix, "the group's store")
     else:
         state.pg_transport = pgt.GroupTransport(base)
         comm = state.pg_transport.comm(per_node, "sumo_comm_create_transport over the "
                                        "torch.distributed group")
     _adopt(comm, transport, local.index(rank), len(local))
-    if hierarchical:  # over tcp (above): the store's adapter is made
-        state.hier = _hier.Hierarchy(base, hosts, store, _stores._key_prefix(base),
-                                     lambda r: _stores.pgt_global(base, r), _deadline_s())
-        state.hier.ops = frozenset(hier_ops)
 
 
 def _check_store_args(store, rank, size, transport, group, join):

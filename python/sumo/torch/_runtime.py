@@ -9,9 +9,9 @@ It imports none of the package's other modules: they import it, and each stands 
 concern of its own: _init.py (the launchers and the making of the first communicator),
 _shutdown.py (letting go of it), _cuda.py (CUDA tensors and devices), _tensors.py (tensor
 arguments, dtypes, node-shared memory), _calls.py (the blocking collectives on tensors and
-their two routes), _stores.py (meeting through a store), _membership.py (the store jobs'
-memberships: heartbeats, shrinking, replacing the communicator) and _joiners.py (processes
-that join a running job). The functions a test replaces (_cuda.py's CUDA plumbing,
+the stream-taking calls of CUDA tensors), _stores.py (meeting through a store),
+_membership.py (the store jobs' memberships: heartbeats, shrinking, replacing the
+communicator) and _joiners.py (processes that join a running job). The functions a test replaces (_cuda.py's CUDA plumbing,
 _calls.collective, _stores.make_tcp) are reached through their module by every caller, so that
 the replacement reaches them all.
 """
@@ -30,7 +30,7 @@ from .._lib import lib, check, SumoError
 
 class _State:
     comm = None          # ctypes.c_void_p: the sumo_comm
-    transport = None     # "mpi", "shm", "tcp", "group", "nccl" or "threads"
+    transport = None     # "mpi", "shm", "hierarchical", "tcp", "group", "nccl" or "threads"
     group = None         # the torch.distributed group the ranks are (process-group path)
     pg_transport = None  # the group's operations, kept alive while sumo may call them
     pg_transport_old = None  # the previous membership's, until its communicator is gone
@@ -42,7 +42,6 @@ class _State:
     stranded = None      # why this process cannot follow its peers' new membership
     admitted = 0         # join tickets handed out that a grow took in (store jobs)
     joined = False       # this process joined a running job (it came without the state)
-    hier = None          # _hier.Hierarchy: the allreduce across hosts, hierarchical
     made_group = False   # sumo called init_process_group, so it destroys the group
     failed = False       # an unhandled exception is ending the process
     rank = 0

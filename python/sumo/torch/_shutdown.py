@@ -1,8 +1,8 @@
 """How the process lets go of its communicator: at exit (shutdown, without meeting the peers),
 after a failed init (_teardown), and after an unhandled exception, which tells the peers at
 once (_watch_exceptions). A module because every way init() can go has to be undone here in
-one order: the hierarchical path, the communicator (MPI finalized or aborted), the group sumo
-made, the store job's heart and store, the CUDA kernels the communicator borrowed.
+one order: the communicator (MPI finalized or aborted), the group sumo made, the store job's
+heart and store, the CUDA kernels the communicator borrowed.
 """
 import torch.distributed as dist
 
@@ -30,12 +30,6 @@ def _watch_exceptions():
     sys.excepthook = hook
 
 
-def _drop_hierarchy():
-    hier, state.hier = state.hier, None
-    if hier is not None:
-        hier.destroy()
-
-
 def _close_store():
     _stop_heart()  # it beats in the store
     store, state.store = state.store, None
@@ -47,7 +41,6 @@ def _close_store():
 def _teardown():
     """Releases what a failed init made: the communicator, and the group sumo created."""
     comm, state.comm = state.comm, None
-    _drop_hierarchy()
     if comm is not None:
         if state.transport == "mpi":
             _lib.mpi().sumo_mpi_world_finalize(comm, state.initialized_mpi)
@@ -74,14 +67,10 @@ def shutdown():
     if state.failed or pending:
         lib.sumo_comm_abort(comm, b"the process is ending with an error" if state.failed
                             else b"the process is ending with collectives in flight")
-        if state.hier is not None:
-            state.hier.abort("the process is ending with an error" if state.failed
-                             else "the process is ending with collectives in flight")
     if state.worker is not None and not state.broken:
         state.worker.stop()
     state.worker = None
     state.comm = None
-    _drop_hierarchy()
     if state.transport == "mpi":
         if state.broken:
             _lib.mpi().sumo_mpi_world_abort(1)

@@ -1,8 +1,9 @@
 """Meeting through a store: the adapter of a store as init() takes it (a
 torch.distributed.Store or sumo's directory store), a torch.distributed group's store and the
-key prefix of each communicator made in it, and the two communicators whose processes meet
-there (sumo_comm_create_shm, sumo_comm_create_tcp). A module because both the launchers'
-communicators (_init.py) and a store job's memberships (_membership.py) are made this way.
+key prefix of each communicator made in it, and the communicators whose processes meet there
+(sumo_comm_create_shm, sumo_comm_create_tcp, and the two-level sumo_comm_create_hier over
+both). A module because both the launchers' communicators (_init.py) and a store job's
+memberships (_membership.py) are made this way.
 """
 import ctypes
 import os
@@ -11,7 +12,14 @@ import torch.distributed as dist
 
 from .. import _lib
 from .._abi import SUMO_SUCCESS, sumo_shm_options, sumo_tcp_options
-from .._lib import lib
+from .._lib import lib, check
+
+
+class sumo_hier_options(ctypes.Structure):
+    """sumo.h's options of sumo_comm_create_hier. Here, not in _abi.py's mirror, while
+    libsumo's sumo_struct_size does not list it (the import's check would refuse it)."""
+    _fields_ = [("struct_size", ctypes.c_size_t),
+                ("any", ctypes.c_void_p)]
 
 
 def make_shm(store, rank, size, prefix, where):
@@ -47,6 +55,40 @@ def make_tcp(store, rank, size, prefix, node_local_size, where, route=None, aliv
     if code != SUMO_SUCCESS:
         raise _lib.error(code, None, "sumo_comm_create_tcp (rank %d of %d) over %s: %s"
                          % (rank, size, where, err.value.decode(errors="replace")))
+    return comm
+
+
+def make_hier(store, rank, size, per_host, prefix, where):
+    """The two-level communicator of `size` ranks in hosts of per_host consecutive ranks,
+    meeting through store (a _pg_transport adapter) under prefix: shared memory among the
+    host's ranks (prefix host<h>/), TCP among local rank l of every host (prefix across<l>/),
+    and the flat TCP communicator of every rank, which takes the collectives that have no
+    two-level algorithm (the Gram form of ACGA, compressed exchanges). Every rank makes the
+    three in the same order. Raises the SumoError of the first that fails; nothing made
+    survives it."""
+    host, local = divmod(rank, per_host)
+    hosts = size // per_host
+    made = []
+    try:
+        made.append(make_shm(store, local, per_host, "%shost%d/" % (prefix, host),
+                                     "%s, host %d's ranks" % (where, host)))
+        made.append(make_tcp(store, host, hosts, "%sacross%d/" % (prefix, local), 1,
+                                     "%s, local rank %d of every host" % (where, local)))
+        made.append(make_tcp(store, rank, size, prefix, per_host, where))
+        opts = sumo_hier_options()
+        check(lib.sumo_hier_options_default(ctypes.byref(opts)), None,
+              "sumo_hier_options_default")
+        opts.any = made[2]
+        comm = ctypes.c_void_p()
+        code = lib.sumo_comm_create_hier(made[0], made[1], ctypes.byref(opts),
+                                         ctypes.byref(comm))
+        if code != SUMO_SUCCESS:
+            raise _lib.error(code, made[0], "sumo_comm_create_hier (host %d of %d, local rank "
+                             "%d of %d)" % (host, hosts, local, per_host))
+    except BaseException:
+        for c in reversed(made):  # still the caller's: the two-level one was not made
+            lib.sumo_comm_destroy(c)
+        raise
     return comm
 
 

@@ -23,22 +23,25 @@ _DTYPES = {
 }
 
 
-def adasum_op(comm, layout, what):
+def adasum_op(comm, layout, what, device=None):
     """A sumo op for Adasum per tensor on buffers packing tensors of `layout` (their element
     counts, in order), valid on comm until sumo_op_destroy. Collective: every rank creates
-    the same ops in the same order."""
+    the same ops in the same order. On the two-level communicator across hosts, an op for
+    buffers on a CUDA `device` is the hierarchical one (the tree over the hosts' averages,
+    the level between the hosts NCCL's, added first: _cuda.across_ready); elsewhere the flat
+    tree over every rank."""
+    hierarchical = (device is not None and torch.device(device).type == "cuda"
+                    and state.transport == "hierarchical"
+                    and getattr(comm, "value", comm) == state.comm.value)
+    if hierarchical:
+        _cuda.across_ready()
     counts = (ctypes.c_size_t * len(layout))(*layout)
-    opts = sumo_adasum_options(ctypes.sizeof(sumo_adasum_options), counts, len(layout), 0, 0)
+    opts = sumo_adasum_options(ctypes.sizeof(sumo_adasum_options), counts, len(layout),
+                               int(hierarchical), 0)
     out = ctypes.c_uint32()
     raise_for(lib.sumo_op_create_adasum(comm, ctypes.byref(opts), ctypes.byref(out)),
               "sumo_op_create_adasum for " + what)
-    # The CUDA design across hosts takes the layout itself (_calls._hier_collective).
-    _ADASUM_LAYOUTS[(comm.value, out.value)] = tuple(layout)
     return out.value
-
-
-# (communicator, op) -> the layout of an Adasum op adasum_op made.
-_ADASUM_LAYOUTS = {}
 
 
 def tensor_args(t, name):

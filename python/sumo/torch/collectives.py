@@ -41,10 +41,6 @@ def join(device=-1):
     rt.require_init()
     if rt.state.size == 1:
         return 0
-    if rt.state.hier is not None:
-        raise RuntimeError("sumo.torch.join: across hosts, Sum and Average run on the "
-                           "hierarchical path, outside the communicator whose collectives a "
-                           "joined rank answers; join() is not available there")
     rt.sync()
     last = ctypes.c_int(-1)
     rt.raise_for(lib.sumo_join(rt.state.comm, ctypes.byref(last)), "join")

@@ -125,12 +125,11 @@ class DiLoCo(WrappedOptimizer):
         # The flat copy sumo reads and writes lives with the parameters (CUDA memory for CUDA
         # parameters: the outer loop's state moves there at the first step).
         self._flat = self._params[0].detach().new_zeros(n, dtype=self.dtype)
-        if self._flat.is_cuda and rt.state.hier is not None:
-            # Its C loop averages over the flat communicator (TCP across hosts: host memory).
-            raise ValueError("sumo: DiLoCo on CUDA parameters across hosts needs "
-                             "init(transport=\"nccl\"); the hierarchical path takes the "
-                             "allreduce of CUDA tensors alone")
         dt = _tensors.tensor_args(self._flat, "the parameters")[2]
+        if self._flat.is_cuda:
+            # Across hosts the C loop's exchanges of device memory take the NCCL level of the
+            # two-level communicator (made now, on every rank alike: the object is collective).
+            _cuda.across_ready()
         self.memory_efficient = bool(o.memory_efficient)
         # Kept for comm_opened, which makes the C object again on a new communicator.
         self._layout = (ctypes.c_size_t * len(counts))(*counts)

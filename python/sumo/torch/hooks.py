@@ -29,7 +29,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from .._abi import (SUMO_AGGREGATE_ACGA, SUMO_COLLECTIVE_ALLREDUCE, SUMO_FLOAT32, SUMO_OP_ADASUM,
+from .._abi import (SUMO_AGGREGATE_ACGA, SUMO_COLLECTIVE_ALLREDUCE, SUMO_FLOAT32,
                     SUMO_OP_AVERAGE, SUMO_OP_SUM, sumo_aggregator_options)
 from .._lib import lib
 from . import _calls, _cuda, _membership, _runtime as rt, _tensors
@@ -78,11 +78,14 @@ class HookState:
         self.node_maps_memory = _tensors.node_maps_memory()
 
     # -- Adasum -------------------------------------------------------------------------------
-    def adasum_op(self, layout):
-        op = self._ops.get(layout)
+    def adasum_op(self, layout, device=None):
+        """The Adasum op of a bucket layout, made once per layout and kind of device (across
+        hosts CUDA buckets take the hierarchical one: _tensors.adasum_op)."""
+        key = (layout, device is not None and device.type == "cuda")
+        op = self._ops.get(key)
         if op is None:
-            op = self._ops[layout] = _tensors.adasum_op(self.comm, layout,
-                                                        "a bucket of %d tensors" % len(layout))
+            op = self._ops[key] = _tensors.adasum_op(self.comm, layout, "a bucket of %d "
+                                                     "tensors" % len(layout), device)
         return op
 
     # -- ACGA ---------------------------------------------------------------------------------
@@ -193,23 +196,14 @@ def _bucket_layout(bucket):
     return buf, layout
 
 
-def _start(state, index, buf, op, what, gram_form, kind=None, layout=None):
+def _start(state, index, buf, op, what, gram_form):
     """Starts an allreduce of the bucket, in place or into its mapped buffer, and returns the
-    Future the worker completes with the reduced buffer. Across hosts (rt.state.hier), for the
-    kinds it takes (hier.ops), the worker runs the hierarchical allreduce of kind (and layout)
-    in place instead."""
+    Future the worker completes with the reduced buffer."""
     # A bad bucket is refused before anything is allocated, on every rank at once.
     send, n, dt = _tensors.checked_tensor(buf, what)
     if buf.device.type == "cuda":
         return _start_cuda(buf, send, n, dt, op, what)
     t0 = time.perf_counter()
-    hier = rt.state.hier
-    if hier is not None and kind in hier.ops:
-        def run():
-            _calls.hier_run(buf, dt, kind, layout, what, t0)
-            return buf
-
-        return rt.state.worker.submit(run)
     out = state.mapped(index, buf, gram_form)
     recv = _tensors.tensor_args(out, what)[0]
     req = ctypes.c_void_p()
@@ -246,21 +240,21 @@ def _start_cuda(buf, ptr, n, dt, op, what):
 def average_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The average of the ranks' gradients (sum in rank order divided by the rank count)."""
     return _start(state, bucket.index(), bucket.buffer(), SUMO_OP_AVERAGE,
-                  "bucket %d (average)" % bucket.index(), gram_form=False, kind=SUMO_OP_AVERAGE)
+                  "bucket %d (average)" % bucket.index(), gram_form=False)
 
 
 def sum_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     return _start(state, bucket.index(), bucket.buffer(), SUMO_OP_SUM,
-                  "bucket %d (sum)" % bucket.index(), gram_form=False, kind=SUMO_OP_SUM)
+                  "bucket %d (sum)" % bucket.index(), gram_form=False)
 
 
 def adasum_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Adasum per parameter: each gradient in the bucket is combined with its own coefficients
     (an op created for the bucket's layout, once per distinct layout)."""
     buf, layout = _bucket_layout(bucket)
-    op = state.adasum_op(layout)
+    op = state.adasum_op(layout, buf.device)
     return _start(state, bucket.index(), buf, op, "bucket %d (Adasum)" % bucket.index(),
-                  gram_form=True, kind=SUMO_OP_ADASUM, layout=layout)
+                  gram_form=True)
 
 
 def acga_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -171,7 +171,7 @@ class DistributedOptimizer(WrappedOptimizer):
             # The tensor sizes are the Adasum layout.
             for g in self._groups.values():
                 g.op = _tensors.adasum_op(comm, g.layout(), "the %d %s parameters"
-                                          % (len(g.params), g.dtype))
+                                          % (len(g.params), g.dtype), self._device)
 
     # sumo.torch.elastic replaced the communicator (bind): the collectives started on the
     # old one are waited for and the step they belonged to dropped (it is redone from the last
@@ -285,7 +285,8 @@ class DistributedOptimizer(WrappedOptimizer):
                 b.delta = self._like.new_empty(b.numel, dtype=wire)
             else:
                 b.delta = _tensors.shared_empty(b.numel, wire, b.what)
-            b.op = _tensors.adasum_op(comm, tuple(params[i].numel() for i in b.slots), b.what)
+            b.op = _tensors.adasum_op(comm, tuple(params[i].numel() for i in b.slots), b.what,
+                                      self._device)
         if self.op != Adasum:
             # Each parameter's place in its bucket, as a view made once (not per backward).
             self._pieces = [None] * len(params)
