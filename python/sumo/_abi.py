@@ -230,6 +230,12 @@ class sumo_shm_options(ctypes.Structure):
                 ("error_bytes", ctypes.c_size_t)]
 
 
+# sumo.h's two-level communicator.
+class sumo_hier_options(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t),
+                ("any", ctypes.c_void_p)]
+
+
 # -- sumo_tcp.h ----------------------------------------------------------------------------------
 class sumo_tcp_options(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t),

@@ -12,7 +12,7 @@ import os
 from . import _abi
 from ._abi import (SUMO_SUCCESS, sumo_adasum_options, sumo_aggregator_options,
                    sumo_agree_options, sumo_bootstrap, sumo_bootstrap_options, sumo_collective,
-                   sumo_comm_stats, sumo_diloco_options, sumo_heart_options,
+                   sumo_comm_stats, sumo_diloco_options, sumo_heart_options, sumo_hier_options,
                    sumo_shrink_info, sumo_shrink_options)
 
 _c_comm_p = ctypes.c_void_p
@@ -154,8 +154,8 @@ _SIGS = {
     "sumo_comm_create_transport": (_R, [ctypes.c_void_p, ctypes.POINTER(_c_comm_p)]),
     "sumo_comm_create_shm": (_R, [ctypes.c_void_p, ctypes.POINTER(_c_comm_p)]),
     "sumo_comm_create_tcp": (_R, [ctypes.c_void_p, ctypes.POINTER(_c_comm_p)]),
-    "sumo_hier_options_default": (_R, [ctypes.c_void_p]),
-    "sumo_comm_create_hier": (_R, [_c_comm_p, _c_comm_p, ctypes.c_void_p,
+    "sumo_hier_options_default": (_R, [ctypes.POINTER(sumo_hier_options)]),
+    "sumo_comm_create_hier": (_R, [_c_comm_p, _c_comm_p, ctypes.POINTER(sumo_hier_options),
                                    ctypes.POINTER(_c_comm_p)]),
     "sumo_comm_hier_add_across": (_R, [_c_comm_p, _c_comm_p]),
     "sumo_store_create_dir": (_R, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]),

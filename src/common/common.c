@@ -180,7 +180,7 @@ sumo_result sumo_struct_size(const char *name, size_t *bytes)
         SIZE_OF(sumo_shrink_options), SIZE_OF(sumo_shrink_info), SIZE_OF(sumo_agree_options),
         SIZE_OF(sumo_tcp_options), SIZE_OF(sumo_bootstrap_options), SIZE_OF(sumo_bootstrap),
         SIZE_OF(sumo_heart_options), SIZE_OF(sumo_commit_options), SIZE_OF(sumo_elastic_options),
-        SIZE_OF(sumo_elastic_making),
+        SIZE_OF(sumo_elastic_making), SIZE_OF(sumo_hier_options),
     };
 #undef SIZE_OF
     int64_t v;

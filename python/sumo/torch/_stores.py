@@ -11,15 +11,8 @@ import os
 import torch.distributed as dist
 
 from .. import _lib
-from .._abi import SUMO_SUCCESS, sumo_shm_options, sumo_tcp_options
+from .._abi import SUMO_SUCCESS, sumo_hier_options, sumo_shm_options, sumo_tcp_options
 from .._lib import lib, check
-
-
-class sumo_hier_options(ctypes.Structure):
-    """sumo.h's options of sumo_comm_create_hier. Here, not in _abi.py's mirror, while
-    libsumo's sumo_struct_size does not list it (the import's check would refuse it)."""
-    _fields_ = [("struct_size", ctypes.c_size_t),
-                ("any", ctypes.c_void_p)]
 
 
 def make_shm(store, rank, size, prefix, where):
