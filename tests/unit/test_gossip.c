@@ -372,7 +372,9 @@ static void test_osgp_recurrence(void **state)
                     flight = true, ticks = 0, round++;
                 }
                 for (int r = 0; r < n; r++) {
-                    assert_int_equal(O.communicated[r][t], go);
+                    if (O.communicated[r][t] != go)
+                        fail_msg("n %d s %d step %d rank %d: communicated %d, expected %d", n, s,
+                                 t, r, O.communicated[r][t], go);
                     assert_true(fabs(O.w[r][t] - w[r]) < 1e-15);
                     for (int i = 0; i < N; i++)
                         if (fabs(O.x[r][t][i] - x[r][i]) > 1e-12)
