@@ -222,9 +222,11 @@ SUMO_API sumo_result sumo_diloco_state_load(sumo_diloco *diloco, const void *buf
  * sharded mode's allgathers included; compressed: the payload of this rank's input,
  * sumo_compressed_bytes). */
 SUMO_API sumo_result sumo_diloco_stats(const sumo_diloco *diloco, sumo_comm_stats *stats);
-/* Extra memory beyond the parameters: anchors and momenta (2 n elements) and the exchange
- * buffer (the largest fragment; none with one fragment, delay 0, merge 0 and the uncompressed
- * average, which averages the parameters in place); sharded: 2 (s + n mod N) elements. */
+/* Extra memory beyond the parameters: anchors and momenta (2 n elements), a gossip base's
+ * buffers (SGP 3 n, OSGP 4 n, D-PSGD 5 n: the round's share, receive and sum buffers, OSGP's
+ * numerator, D-PSGD's pre-step parameters and step) and the exchange buffer (the largest
+ * fragment; none with one fragment, delay 0, merge 0 and the uncompressed average, which
+ * averages the parameters in place); sharded: 2 (s + n mod N) elements. */
 SUMO_API sumo_result sumo_diloco_extra_memory(const sumo_diloco *diloco, size_t *bytes);
 
 #ifdef __cplusplus

@@ -184,6 +184,11 @@ sumo_result sumo__diloco_gossip_load(sumo__gossip_base *b, const unsigned char *
     return sumo__k_copy(&x, b->gx, p, bytes);
 }
 
+size_t sumo__diloco_gossip_extra(const sumo__gossip_base *b)
+{
+    return b->gossip ? (b->gx_elems + 3 * b->n) * b->esz : 0;
+}
+
 void sumo__diloco_gossip_stats(const sumo__gossip_base *b, sumo_comm_stats *stats)
 {
     if (b->gossip == NULL) return;

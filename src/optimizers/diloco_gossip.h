@@ -38,6 +38,9 @@ size_t sumo__diloco_gossip_state_size(const sumo__gossip_base *b);
 sumo_result sumo__diloco_gossip_save(sumo__gossip_base *b, unsigned char *p);
 sumo_result sumo__diloco_gossip_load(sumo__gossip_base *b, const unsigned char *p,
                                      const sumo_kernel_table *k);
+/* Its memory beyond the parameters, in bytes: the numerator or pre-step parameters and step,
+ * and the gossip object's share, receive and sum buffers (3 n). */
+size_t sumo__diloco_gossip_extra(const sumo__gossip_base *b);
 /* Its rounds and bytes, added to stats. */
 void sumo__diloco_gossip_stats(const sumo__gossip_base *b, sumo_comm_stats *stats);
 

@@ -191,6 +191,6 @@ sumo_result sumo_diloco_stats(const sumo_diloco *d, sumo_comm_stats *stats)
 sumo_result sumo_diloco_extra_memory(const sumo_diloco *d, size_t *bytes)
 {
     if (d == NULL || bytes == NULL) return SUMO_ERR_INVALID_ARGUMENT;
-    *bytes = sumo__diloco_state_elems(d) * d->esz;
+    *bytes = sumo__diloco_state_elems(d) * d->esz + sumo__diloco_gossip_extra(&d->gb);
     return SUMO_SUCCESS;
 }
