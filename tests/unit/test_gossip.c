@@ -15,7 +15,9 @@
  *   (g) a state saved with a round in flight resumes bit for bit;
  *   (h) bad input refused by name: n = 1, peers > n - 1, graphs that differ, ranks at other
  *       rounds, a caller's graph naming the rank itself; a peer lost mid-round ends with a
- *       message.
+ *       message;
+ *   (i) over TCP (ranks as threads, meeting through a directory store) the rounds give the
+ *       threads transport's bits: one data path, through sendrecv.
  * Rank threads only record; the assertions run in the main thread.
  */
 #include <setjmp.h>
@@ -25,9 +27,12 @@
 #include <cmocka.h>
 
 #include "sumo_gossip.h"
+#include "sumo_tcp.h"
 #include "support/harness.h"
+#include "support/temp_dir.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -519,6 +524,64 @@ static void test_peer_lost(void **state)
     }
 }
 
+/* ---- (i) TCP ------------------------------------------------------------------------------ */
+
+typedef struct tcp_rank {
+    int rank, size;
+    const sumo_store *store;
+    run *R;
+    sumo_result made;
+    pthread_t thread;
+} tcp_rank;
+
+static void *tcp_main(void *p)
+{
+    tcp_rank *t = p;
+    sumo_tcp_options o;
+    sumo_tcp_options_default(&o);
+    o.rank = t->rank;
+    o.size = t->size;
+    o.store = t->store;
+    o.key_prefix = "gossip/";
+    o.address = "127.0.0.1";
+    sumo_comm *comm = NULL;
+    t->made = sumo_comm_create_tcp(&o, &comm);
+    if (t->made == SUMO_SUCCESS) rounds_rank(comm, t->rank, t->size, t->R);
+    sumo_comm_destroy(comm);
+    return NULL;
+}
+
+static void test_tcp_same_bits(void **state)
+{
+    (void)state;
+    static run T, R;
+    char dir[256];
+    assert_true(make_temp_dir(dir, sizeof dir, "gossip"));
+    sumo_store *store = NULL;
+    assert_int_equal(sumo_store_create_dir(dir, &store), SUMO_SUCCESS);
+    const int n = 5;
+    sumo_gossip_options_default(&T.o);
+    T.o.peers = 2;
+    T.rounds = 5;
+    T.dtype = SUMO_FLOAT64;
+    R = T;
+    tcp_rank ts[MAXP];
+    for (int r = 0; r < n; r++) {
+        ts[r] = (tcp_rank){.rank = r, .size = n, .store = store, .R = &T};
+        assert_int_equal(pthread_create(&ts[r].thread, NULL, tcp_main, &ts[r]), 0);
+    }
+    for (int r = 0; r < n; r++) pthread_join(ts[r].thread, NULL);
+    sumo_store_destroy_dir(store, 1);
+    remove_dir(dir);
+    run_rounds(&R, n);
+    for (int r = 0; r < n; r++) {
+        assert_int_equal(ts[r].made, SUMO_SUCCESS);
+        assert_int_equal(T.r[r], SUMO_SUCCESS);
+        assert_memory_equal(T.x[r], R.x[r], sizeof T.x[r][0] * (size_t)T.rounds);
+        assert_memory_equal(T.w[r], R.w[r], sizeof T.w[r][0] * (size_t)T.rounds);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -526,7 +589,7 @@ int main(void)
         cmocka_unit_test(test_regular_weight_one),  cmocka_unit_test(test_irregular_converges),
         cmocka_unit_test(test_symmetric),           cmocka_unit_test(test_osgp_recurrence),
         cmocka_unit_test(test_resume_in_flight),    cmocka_unit_test(test_refusals),
-        cmocka_unit_test(test_peer_lost),
+        cmocka_unit_test(test_peer_lost),           cmocka_unit_test(test_tcp_same_bits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
