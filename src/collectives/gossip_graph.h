@@ -14,9 +14,9 @@ typedef struct sumo__gossip_graph {
     int rank, size;
     int peers;      /* p, built in */
     int period;     /* rounds before the graph repeats */
-    int noffsets;   /* built in: offsets per round (offsets[i * peers2 ..]) */
-    int *offsets;   /* built in: period rows of `stride` offsets in (0, n), -1 unused */
-    int stride;
+    int *offsets;   /* built in: period rows of `stride` offsets in (0, n), ascending, then
+                       -1 for the slots a duplicate left empty */
+    int stride;     /* p, or 2 p for the symmetric mode's +- offsets */
     int rounds, max_out; /* the caller's */
     int *table;          /* the caller's, copied */
 } sumo__gossip_graph;
