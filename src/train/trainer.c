@@ -94,18 +94,20 @@ sumo_result sumo__train_rank(sumo_comm **commp, int join, const sumo__train_conf
     *summary = local;
     sumo__join_plan plan = {0};
     if (join >= 0 && !process_join) {
-        /* A joiner waits for its group; one whose step never comes goes home. */
-        plan = sumo__plan_join(cfg, 0, join);
-        sumo_result jr =
-            sumo__room_take(cfg->room, plan.generation, false, 0, -(plan.place + 1), plan.joiners, commp);
+        /* A joiner holds a ticket until its group comes, and learns from the ticket's place
+         * which --join it is; one whose step never comes goes home. */
+        char why[256] = "";
+        sumo_result jr = sumo__room_join(cfg->room, &join, commp, why, sizeof why);
         if (jr == SUMO_ERR_INVALID_USAGE) {
             summary->lost = true;
             return SUMO_SUCCESS;
         }
         if (jr != SUMO_SUCCESS) {
-            snprintf(err, errlen, "worker %d, joining: no group to join (%s)", plan.origin, sumo_result_name(jr));
+            snprintf(err, errlen, "a worker joining: no group to join (%s)%s%s", sumo_result_name(jr),
+                     why[0] ? ": " : "", why);
             return jr;
         }
+        plan = sumo__plan_join(cfg, 0, join);
     }
     sumo_comm *comm = *commp;
     sumo__rank_state s = {.comm = comm, .cfg = cfg, .train = train, .test = test, .summary = summary,
@@ -288,7 +290,7 @@ static sumo_result train_thread(sumo_comm *comm, int rank, void *arg)
 typedef struct elastic_thread {
     thread_job *job;
     sumo_comm *comm;
-    int join; /* -1: a worker from the start; else which joiner */
+    int join; /* -1: a worker from the start; 0: a joiner (its ticket says which) */
     sumo_result result;
 } elastic_thread;
 
@@ -302,8 +304,8 @@ static void *elastic_main(void *p)
     return NULL;
 }
 
-/* n workers from the start and `joiners` threads that wait in the room for their step, up to
- * timeout_s. */
+/* n workers from the start and `joiners` threads that hold join tickets in the room until
+ * their step, up to timeout_s. */
 static sumo_result run_elastic_threads(int n, int joiners, double timeout_s, thread_job *jobs,
                                        sumo_result *results)
 {
@@ -320,7 +322,7 @@ static sumo_result run_elastic_threads(int n, int joiners, double timeout_s, thr
     int started = 0;
     for (int i = 0; r == SUMO_SUCCESS && i < all; i++) {
         jobs[i].cfg = &cfg;
-        ts[i] = (elastic_thread){.job = &jobs[i], .comm = i < n ? comms[i] : NULL, .join = i < n ? -1 : i - n};
+        ts[i] = (elastic_thread){.job = &jobs[i], .comm = i < n ? comms[i] : NULL, .join = i < n ? -1 : 0};
         if (pthread_create(&ids[i], NULL, elastic_main, &ts[i]) != 0) {
             /* The ranks not started leave at once; those running lose them as peers. */
             for (int k = i; k < n; k++) sumo_comm_destroy(comms[k]);
