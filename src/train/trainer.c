@@ -307,14 +307,18 @@ static void *elastic_main(void *p)
 /* n workers from the start and `joiners` threads that hold join tickets in the room until
  * their step, up to timeout_s. */
 static sumo_result run_elastic_threads(int n, int joiners, double timeout_s, thread_job *jobs,
-                                       sumo_result *results)
+                                       sumo_result *results, char *err, size_t errlen)
 {
     int all = n + joiners;
     struct sumo__train_room room;
     sumo__train_config cfg = *jobs[0].cfg;
-    cfg.room = &room;
-    sumo_result r = sumo__room_init(&room, timeout_s);
-    if (r != SUMO_SUCCESS) return r;
+    /* The tickets' folder only where someone joins. */
+    cfg.room = joiners > 0 ? &room : NULL;
+    sumo_result r = joiners > 0 ? sumo__room_init(&room, timeout_s) : SUMO_SUCCESS;
+    if (r != SUMO_SUCCESS) {
+        snprintf(err, errlen, "--join: no folder for the join tickets under TMPDIR (%s)", sumo_result_name(r));
+        return r;
+    }
     sumo_comm **comms = calloc((size_t)n, sizeof *comms);
     elastic_thread *ts = calloc((size_t)all, sizeof *ts);
     pthread_t *ids = calloc((size_t)all, sizeof *ids);
@@ -333,11 +337,11 @@ static sumo_result run_elastic_threads(int n, int joiners, double timeout_s, thr
     }
     for (int i = 0; i < started; i++) {
         /* The workers are done: joiners still waiting have no step left to join at. */
-        if (i == n) sumo__room_close(&room);
+        if (i == n && joiners > 0) sumo__room_close(&room);
         pthread_join(ids[i], NULL);
         results[i] = ts[i].result;
     }
-    sumo__room_destroy(&room);
+    if (joiners > 0) sumo__room_destroy(&room);
     free(comms);
     free(ts);
     free(ids);
@@ -375,7 +379,7 @@ sumo_result sumo__train_threads(const sumo__train_config *cfg, const sumo__datas
     for (int i = 0; i < all; i++) jobs[i] = (thread_job){.cfg = cfg, .train = train, .test = test};
     /* The runner makes the ranks that did start fail at once when one could not, instead of
      * waiting for it until the deadline. */
-    sumo_result r = cfg->elastic ? run_elastic_threads(n, joiners, timeout.number, jobs, results)
+    sumo_result r = cfg->elastic ? run_elastic_threads(n, joiners, timeout.number, jobs, results, err, errlen)
                                  : sumo_threads_run(n, train_thread, jobs, results);
     int missing = 0, first_missing = -1;
     for (int i = 0; i < all; i++)
@@ -384,7 +388,7 @@ sumo_result sumo__train_threads(const sumo__train_config *cfg, const sumo__datas
             missing++;
         }
     if (missing == all) {
-        snprintf(err, errlen, "cannot set up %d workers (--workers): %s", n, sumo_strerror(r));
+        if (err[0] == '\0') snprintf(err, errlen, "cannot set up %d workers (--workers): %s", n, sumo_strerror(r));
     } else if (missing > 0) {
         snprintf(err, errlen, "%d of %d worker threads could not be started (the first: rank %d); "
                  "lower --workers or raise the memory or thread limit", missing, all, first_missing);
