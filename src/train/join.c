@@ -1,17 +1,36 @@
 #include "train/join.h"
 #include "train/snapshot.h"
+#include "transport/tickets.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+
+/* The tickets' keys in the room's store, which holds nothing else. */
+#define ROOM_ROOT ""
 
 sumo_result sumo__room_init(struct sumo__train_room *room, double timeout_s)
 {
     *room = (struct sumo__train_room){.timeout_s = timeout_s};
-    if (pthread_mutex_init(&room->lock, NULL) != 0) return SUMO_ERR_SYSTEM;
+    /* A folder of the run's own (mkdtemp makes it 0700, as the directory store asks). */
+    const char *base = getenv("TMPDIR");
+    char dir[512];
+    if (base == NULL || base[0] == '\0') base = "/tmp";
+    if (snprintf(dir, sizeof dir, "%s/sumo-join-XXXXXX", base) >= (int)sizeof dir || mkdtemp(dir) == NULL)
+        return SUMO_ERR_SYSTEM;
+    if (sumo_store_create_dir(dir, &room->store) != SUMO_SUCCESS) {
+        rmdir(dir);
+        return SUMO_ERR_SYSTEM;
+    }
+    if (pthread_mutex_init(&room->lock, NULL) != 0) {
+        sumo_store_destroy_dir(room->store, 1);
+        return SUMO_ERR_SYSTEM;
+    }
     if (pthread_cond_init(&room->changed, NULL) != 0) {
         pthread_mutex_destroy(&room->lock);
+        sumo_store_destroy_dir(room->store, 1);
         return SUMO_ERR_SYSTEM;
     }
     return SUMO_SUCCESS;
@@ -23,6 +42,9 @@ void sumo__room_close(struct sumo__train_room *room)
     room->closed = true;
     pthread_cond_broadcast(&room->changed);
     pthread_mutex_unlock(&room->lock);
+    /* A holder waiting for its place goes home as a process would; should the store fail, the
+     * holder's wait ends at its deadline instead. */
+    sumo__tickets_close(room->store, ROOM_ROOT, NULL, 0);
 }
 
 void sumo__room_destroy(struct sumo__train_room *room)
@@ -31,6 +53,67 @@ void sumo__room_destroy(struct sumo__train_room *room)
     pthread_mutex_destroy(&room->lock);
     free(room->handles);
     room->handles = NULL;
+    sumo_store_destroy_dir(room->store, 1);
+    room->store = NULL;
+}
+
+/* Now plus the room's deadline, on the clock the store's waits use. */
+static int64_t room_deadline(const struct sumo__train_room *room)
+{
+    return sumo__now_ns() + (int64_t)((room->timeout_s + 1) * 1e9);
+}
+
+sumo_result sumo__room_join(struct sumo__train_room *room, int *join_index, sumo_comm **out,
+                            char *err, size_t errlen)
+{
+    int ticket = 0, generation = 0, place = 0, joiners = 0;
+    char text[64];
+    sumo_result r = sumo__ticket_take(room->store, ROOM_ROOT, &ticket, err, errlen);
+    if (r == SUMO_SUCCESS)
+        r = sumo__ticket_wait(room->store, ROOM_ROOT, ticket, room_deadline(room), text, sizeof text, err,
+                              errlen);
+    /* The run ended before this joiner's step: it never came in. */
+    if (r == SUMO_ERR_PEER_FAILURE) return SUMO_ERR_INVALID_USAGE;
+    if (r != SUMO_SUCCESS) return r;
+    if (sscanf(text, "%d %d %d %d", &generation, &place, &joiners, join_index) != 4) {
+        snprintf(err, errlen, "join ticket %d: its place is not one (\"%s\")", ticket, text);
+        return SUMO_ERR_INTERNAL;
+    }
+    return sumo__room_take(room, generation, false, 0, -(place + 1), joiners, out);
+}
+
+/* Rank 0 of the members, at a step where `joiners` join as group `generation` (rank 0 alone
+ * counts room->placed: whoever is rank 0 when workers join): waits (up to the deadline) until that many more tickets are taken and gives each its place, in ticket
+ * order: the step's --join in the order given. */
+static sumo_result place_joiners(const sumo__rank_state *s, struct sumo__train_room *room, int generation,
+                                 int joiners)
+{
+    int count = room->placed;
+    int64_t until = room_deadline(room);
+    sumo_result r = SUMO_SUCCESS;
+    while (r == SUMO_SUCCESS && count < room->placed + joiners) {
+        r = sumo__tickets_count(room->store, ROOM_ROOT, count, &count, s->err, s->errlen);
+        if (r == SUMO_SUCCESS && count < room->placed + joiners) {
+            if (sumo__now_ns() > until) {
+                snprintf(s->err, s->errlen, "rank %d: %d worker(s) to join at step %ld: only %d took a join ticket",
+                         s->rank, joiners, s->step, count - room->placed);
+                return SUMO_ERR_TIMEOUT;
+            }
+            nanosleep(&(struct timespec){.tv_nsec = 1000 * 1000}, NULL);
+        }
+    }
+    for (int i = 0, order = 0, place = 0; r == SUMO_SUCCESS && i < s->cfg->nevents; i++) {
+        if (s->cfg->events[i].kind != SUMO__EVENT_JOIN) continue;
+        if (s->cfg->events[i].step == s->step) {
+            char text[64];
+            snprintf(text, sizeof text, "%d %d %d %d", generation, place, joiners, order);
+            r = sumo__ticket_place(room->store, ROOM_ROOT, room->placed + 1 + place, text, s->err, s->errlen);
+            place++;
+        }
+        order++;
+    }
+    if (r == SUMO_SUCCESS) room->placed += joiners;
+    return r;
 }
 
 sumo_result sumo__room_take(struct sumo__train_room *room, int generation, bool make, int size,
@@ -171,7 +254,9 @@ sumo_result sumo__take_joiners(sumo__rank_state *s, sumo__commits *ec, sumo_comm
     sumo__join_plan p = sumo__plan_join(s->cfg, s->step, -1);
     if (p.joiners == 0 || s->cfg->room == NULL) return SUMO_SUCCESS;
     sumo_comm *fresh = NULL;
-    sumo_result r = sumo__room_take(s->cfg->room, p.generation, s->rank == 0, s->size + p.joiners, s->rank,
+    sumo_result r = s->rank == 0 ? place_joiners(s, s->cfg->room, p.generation, p.joiners) : SUMO_SUCCESS;
+    if (r != SUMO_SUCCESS) return r;
+    r = sumo__room_take(s->cfg->room, p.generation, s->rank == 0, s->size + p.joiners, s->rank,
                                     p.joiners, &fresh);
     if (r != SUMO_SUCCESS) {
         snprintf(s->err, s->errlen, "rank %d: workers joining at step %ld: no group (%s)", s->rank, s->step,

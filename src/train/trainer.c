@@ -94,18 +94,20 @@ sumo_result sumo__train_rank(sumo_comm **commp, int join, const sumo__train_conf
     *summary = local;
     sumo__join_plan plan = {0};
     if (join >= 0 && !process_join) {
-        /* A joiner waits for its group; one whose step never comes goes home. */
-        plan = sumo__plan_join(cfg, 0, join);
-        sumo_result jr =
-            sumo__room_take(cfg->room, plan.generation, false, 0, -(plan.place + 1), plan.joiners, commp);
+        /* A joiner holds a ticket until its group comes, and learns from the ticket's place
+         * which --join it is; one whose step never comes goes home. */
+        char why[256] = "";
+        sumo_result jr = sumo__room_join(cfg->room, &join, commp, why, sizeof why);
         if (jr == SUMO_ERR_INVALID_USAGE) {
             summary->lost = true;
             return SUMO_SUCCESS;
         }
         if (jr != SUMO_SUCCESS) {
-            snprintf(err, errlen, "worker %d, joining: no group to join (%s)", plan.origin, sumo_result_name(jr));
+            snprintf(err, errlen, "a worker joining: no group to join (%s)%s%s", sumo_result_name(jr),
+                     why[0] ? ": " : "", why);
             return jr;
         }
+        plan = sumo__plan_join(cfg, 0, join);
     }
     sumo_comm *comm = *commp;
     sumo__rank_state s = {.comm = comm, .cfg = cfg, .train = train, .test = test, .summary = summary,
@@ -288,7 +290,7 @@ static sumo_result train_thread(sumo_comm *comm, int rank, void *arg)
 typedef struct elastic_thread {
     thread_job *job;
     sumo_comm *comm;
-    int join; /* -1: a worker from the start; else which joiner */
+    int join; /* -1: a worker from the start; 0: a joiner (its ticket says which) */
     sumo_result result;
 } elastic_thread;
 
@@ -302,17 +304,21 @@ static void *elastic_main(void *p)
     return NULL;
 }
 
-/* n workers from the start and `joiners` threads that wait in the room for their step, up to
- * timeout_s. */
+/* n workers from the start and `joiners` threads that hold join tickets in the room until
+ * their step, up to timeout_s. */
 static sumo_result run_elastic_threads(int n, int joiners, double timeout_s, thread_job *jobs,
-                                       sumo_result *results)
+                                       sumo_result *results, char *err, size_t errlen)
 {
     int all = n + joiners;
     struct sumo__train_room room;
     sumo__train_config cfg = *jobs[0].cfg;
-    cfg.room = &room;
-    sumo_result r = sumo__room_init(&room, timeout_s);
-    if (r != SUMO_SUCCESS) return r;
+    /* The tickets' folder only where someone joins. */
+    cfg.room = joiners > 0 ? &room : NULL;
+    sumo_result r = joiners > 0 ? sumo__room_init(&room, timeout_s) : SUMO_SUCCESS;
+    if (r != SUMO_SUCCESS) {
+        snprintf(err, errlen, "--join: no folder for the join tickets under TMPDIR (%s)", sumo_result_name(r));
+        return r;
+    }
     sumo_comm **comms = calloc((size_t)n, sizeof *comms);
     elastic_thread *ts = calloc((size_t)all, sizeof *ts);
     pthread_t *ids = calloc((size_t)all, sizeof *ids);
@@ -320,7 +326,7 @@ static sumo_result run_elastic_threads(int n, int joiners, double timeout_s, thr
     int started = 0;
     for (int i = 0; r == SUMO_SUCCESS && i < all; i++) {
         jobs[i].cfg = &cfg;
-        ts[i] = (elastic_thread){.job = &jobs[i], .comm = i < n ? comms[i] : NULL, .join = i < n ? -1 : i - n};
+        ts[i] = (elastic_thread){.job = &jobs[i], .comm = i < n ? comms[i] : NULL, .join = i < n ? -1 : 0};
         if (pthread_create(&ids[i], NULL, elastic_main, &ts[i]) != 0) {
             /* The ranks not started leave at once; those running lose them as peers. */
             for (int k = i; k < n; k++) sumo_comm_destroy(comms[k]);
@@ -331,11 +337,11 @@ static sumo_result run_elastic_threads(int n, int joiners, double timeout_s, thr
     }
     for (int i = 0; i < started; i++) {
         /* The workers are done: joiners still waiting have no step left to join at. */
-        if (i == n) sumo__room_close(&room);
+        if (i == n && joiners > 0) sumo__room_close(&room);
         pthread_join(ids[i], NULL);
         results[i] = ts[i].result;
     }
-    sumo__room_destroy(&room);
+    if (joiners > 0) sumo__room_destroy(&room);
     free(comms);
     free(ts);
     free(ids);
@@ -373,7 +379,7 @@ sumo_result sumo__train_threads(const sumo__train_config *cfg, const sumo__datas
     for (int i = 0; i < all; i++) jobs[i] = (thread_job){.cfg = cfg, .train = train, .test = test};
     /* The runner makes the ranks that did start fail at once when one could not, instead of
      * waiting for it until the deadline. */
-    sumo_result r = cfg->elastic ? run_elastic_threads(n, joiners, timeout.number, jobs, results)
+    sumo_result r = cfg->elastic ? run_elastic_threads(n, joiners, timeout.number, jobs, results, err, errlen)
                                  : sumo_threads_run(n, train_thread, jobs, results);
     int missing = 0, first_missing = -1;
     for (int i = 0; i < all; i++)
@@ -382,7 +388,7 @@ sumo_result sumo__train_threads(const sumo__train_config *cfg, const sumo__datas
             missing++;
         }
     if (missing == all) {
-        snprintf(err, errlen, "cannot set up %d workers (--workers): %s", n, sumo_strerror(r));
+        if (err[0] == '\0') snprintf(err, errlen, "cannot set up %d workers (--workers): %s", n, sumo_strerror(r));
     } else if (missing > 0) {
         snprintf(err, errlen, "%d of %d worker threads could not be started (the first: rank %d); "
                  "lower --workers or raise the memory or thread limit", missing, all, first_missing);

@@ -21,8 +21,9 @@
  * same data. Rank 0 writes the log and the summary; err gets a sentence on failure. In an
  * elastic run *comm is replaced by the shrunk communicator after a loss, and set to NULL when
  * this rank is the one lost (summary->lost); the caller destroys what is left in *comm. join:
- * -1, or (threads, *comm NULL) which of the configuration's joiners this thread is: it waits in
- * cfg->room for its step, and summary->lost says it never came in.
+ * -1, or (threads, *comm NULL; any value from 0) a joiner: it takes a join ticket in cfg->room,
+ * whose place says which of the configuration's joiners it is, and summary->lost says it never
+ * came in.
  */
 sumo_result sumo__train_rank(sumo_comm **comm, int join, const sumo__train_config *cfg,
                              const sumo__dataset *train, const sumo__dataset *test,
