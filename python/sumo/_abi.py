@@ -300,6 +300,44 @@ class sumo_commit_options(ctypes.Structure):
                 ("error_bytes", ctypes.c_size_t)]
 
 
+# sumo_elastic_transport, and sumo_elastic's options (sumo_elastic.h)
+SUMO_ELASTIC_TCP = 0
+SUMO_ELASTIC_SHM = 1
+
+
+class sumo_elastic_making(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t),
+                ("store", ctypes.POINTER(sumo_store)),
+                ("key_prefix", ctypes.c_char_p),
+                ("rank", ctypes.c_int),
+                ("size", ctypes.c_int),
+                ("alive_prefix", ctypes.c_char_p),
+                ("alive_ranks", ctypes.POINTER(ctypes.c_int)),
+                ("alive_s", ctypes.c_double)]
+
+
+# sumo_result (*)(void *ctx, const sumo_elastic_making *, sumo_comm **, char *, size_t)
+ELASTIC_MAKE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(sumo_elastic_making),
+                                ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p,
+                                ctypes.c_size_t)
+
+
+class sumo_elastic_options(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t),
+                ("store", ctypes.POINTER(sumo_store)),
+                ("key_prefix", ctypes.c_char_p),
+                ("rank", ctypes.c_int),
+                ("size", ctypes.c_int),
+                ("transport", ctypes.c_int),
+                ("address", ctypes.c_char_p),
+                ("make", ELASTIC_MAKE),
+                ("make_ctx", ctypes.c_void_p),
+                ("liveness_s", ctypes.c_double),
+                ("timeout_s", ctypes.c_double),
+                ("error", ctypes.c_char_p),
+                ("error_bytes", ctypes.c_size_t)]
+
+
 class sumo_heart_options(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t),
                 ("store", ctypes.POINTER(sumo_store)),

@@ -227,6 +227,7 @@ sumo_result sumo_enum_value(const char *name, int64_t *value)
         VALUE(SUMO_LAUNCHER_NONE), VALUE(SUMO_LAUNCHER_OPEN_MPI), VALUE(SUMO_LAUNCHER_PMI),
         VALUE(SUMO_LAUNCHER_PMIX), VALUE(SUMO_LAUNCHER_SRUN), VALUE(SUMO_LAUNCHER_TORCHRUN),
         VALUE(SUMO_LAUNCHER_ENV), VALUE(SUMO_LAUNCHER_STORE), VALUE(SUMO_LAUNCHER_UNSUPPORTED),
+        VALUE(SUMO_ELASTIC_TCP), VALUE(SUMO_ELASTIC_SHM),
     };
 #undef VALUE
     if (value == NULL || !abi_find(values, sizeof values / sizeof values[0], name, value))

@@ -69,7 +69,7 @@ const sumo__setting *sumo__setting_info(sumo__setting_id id);
 /* The widest of SUMO_KERNEL_ISA's choices this CPU and OS run: 0 portable, 1 AVX2 (with FMA
  * and F16C), 2 AVX-512F; the kernels' sumo__isa counts alike. Asked of libgcc's CPU model on
  * every call (a few loads), so that no state of ours is kept. A choice above it is refused. */
-SUMO__PLUGIN_API int sumo__cpu_isa_level(void);
+int sumo__cpu_isa_level(void);
 
 /* What a value must be, as the refusal and the lists say it ("seconds, a number > 0 and <=
  * 100000000"). */
