@@ -326,3 +326,34 @@ sumo_result sumo_heart_watch_destroy(sumo_heart_watch *w)
     free(w);
     return SUMO_SUCCESS;
 }
+
+sumo_result sumo__store_waits(double timeout_s, const char *alive_prefix, double alive_s,
+                              size_t max_prefix, int64_t *timeout_ns, int64_t *alive_ns,
+                              char *why, size_t why_bytes)
+{
+    double seconds = timeout_s;
+    if (seconds == 0) {
+        sumo__env env;
+        SUMO__CHECK(sumo__env_read(&env, why, why_bytes));
+        seconds = env.timeout_s;
+    }
+    if (!(seconds > 0 && seconds < 1e7)) {
+        snprintf(why, why_bytes, "timeout_s %g is not a number of seconds", seconds);
+        return SUMO_ERR_INVALID_ARGUMENT;
+    }
+    *timeout_ns = (int64_t)(seconds * 1e9);
+    seconds = alive_s;
+    if (seconds == 0 && alive_prefix != NULL) {
+        sumo__setting_value v;
+        SUMO__CHECK(sumo__setting_read(SUMO__SETTING_LIVENESS_TIMEOUT, &v, why, why_bytes));
+        seconds = v.number;
+    }
+    if (alive_prefix != NULL &&
+        (strlen(alive_prefix) > max_prefix || !(seconds > 0 && seconds < 1e7))) {
+        snprintf(why, why_bytes, "alive_prefix of at most %zu bytes, alive_s %g a number of "
+                 "seconds", max_prefix, seconds);
+        return SUMO_ERR_INVALID_ARGUMENT;
+    }
+    *alive_ns = (int64_t)(seconds * 1e9);
+    return SUMO_SUCCESS;
+}

@@ -51,4 +51,11 @@ bool sumo__heartbeats_judge(sumo__heartbeats *h, int slot, const char *text, int
 sumo_result sumo__heartbeats_look(sumo__heartbeats *h, int slot, int who, int64_t now,
                                   bool *dead);
 
+/* The waits of a protocol through the store (the agreement, the commit): timeout_s (0:
+ * SUMO_TIMEOUT) and, with alive_prefix (at most max_prefix bytes), alive_s (0:
+ * SUMO_LIVENESS_TIMEOUT), each in (0, 1e7) seconds, as nanoseconds. Why not into why. */
+sumo_result sumo__store_waits(double timeout_s, const char *alive_prefix, double alive_s,
+                              size_t max_prefix, int64_t *timeout_ns, int64_t *alive_ns,
+                              char *why, size_t why_bytes);
+
 #endif

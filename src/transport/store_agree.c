@@ -10,7 +10,6 @@
  * bit r % 64 of word r / 64).
  */
 #include "common/common.h"
-#include "common/settings.h"
 #include "transport/heartbeat.h"
 
 #include "sumo_elastic.h"
@@ -241,31 +240,9 @@ static sumo_result check(const sumo_agree_options *o, const sumo_shrink_info *in
         return say(o, SUMO_ERR_INVALID_ARGUMENT,
                    "the store must be a sumo_store of this library's size with set, get and "
                    "set_once (the verdict is written once, atomically)");
-    double seconds = o->timeout_s;
-    if (seconds == 0) {
-        sumo__env env;
-        sumo_result r = sumo__env_read(&env, why, sizeof why);
-        if (r != SUMO_SUCCESS) return say(o, r, "%s", why);
-        seconds = env.timeout_s;
-    }
-    if (!(seconds > 0 && seconds < 1e7))
-        return say(o, SUMO_ERR_INVALID_ARGUMENT, "timeout_s %g is not a number of seconds",
-                   seconds);
-    *timeout_ns = (int64_t)(seconds * 1e9);
-    seconds = o->alive_s;
-    if (seconds == 0 && o->alive_prefix != NULL) {
-        sumo__setting_value v;
-        sumo_result r = sumo__setting_read(SUMO__SETTING_LIVENESS_TIMEOUT, &v, why, sizeof why);
-        if (r != SUMO_SUCCESS) return say(o, r, "%s", why);
-        seconds = v.number;
-    }
-    if (o->alive_prefix != NULL &&
-        (strlen(o->alive_prefix) > MAX_PREFIX || !(seconds > 0 && seconds < 1e7)))
-        return say(o, SUMO_ERR_INVALID_ARGUMENT,
-                   "alive_prefix of at most %d bytes, alive_s %g a number of seconds", MAX_PREFIX,
-                   seconds);
-    *alive_ns = (int64_t)(seconds * 1e9);
-    return SUMO_SUCCESS;
+    sumo_result r = sumo__store_waits(o->timeout_s, o->alive_prefix, o->alive_s, MAX_PREFIX,
+                                      timeout_ns, alive_ns, why, sizeof why);
+    return r == SUMO_SUCCESS ? r : say(o, r, "%s", why);
 }
 
 sumo_result sumo_store_agree(const sumo_agree_options *o, sumo_shrink_info *info)

@@ -9,7 +9,6 @@
  * torch's.
  */
 #include "common/common.h"
-#include "common/settings.h"
 #include "transport/heartbeat.h"
 
 #include "sumo_elastic.h"
@@ -67,31 +66,9 @@ static sumo_result check(const sumo_commit_options *o, int64_t *timeout_ns, int6
                    "set_once (the outcome is written once, atomically)");
     if (o->made != 0 && o->made != 1)
         return say(o, SUMO_ERR_INVALID_ARGUMENT, "made is %d, not 0 or 1", o->made);
-    double seconds = o->timeout_s;
-    if (seconds == 0) {
-        sumo__env env;
-        sumo_result r = sumo__env_read(&env, why, sizeof why);
-        if (r != SUMO_SUCCESS) return say(o, r, "%s", why);
-        seconds = env.timeout_s;
-    }
-    if (!(seconds > 0 && seconds < 1e7))
-        return say(o, SUMO_ERR_INVALID_ARGUMENT, "timeout_s %g is not a number of seconds",
-                   seconds);
-    *timeout_ns = (int64_t)(seconds * 1e9);
-    seconds = o->alive_s;
-    if (seconds == 0 && o->alive_prefix != NULL) {
-        sumo__setting_value v;
-        sumo_result r = sumo__setting_read(SUMO__SETTING_LIVENESS_TIMEOUT, &v, why, sizeof why);
-        if (r != SUMO_SUCCESS) return say(o, r, "%s", why);
-        seconds = v.number;
-    }
-    if (o->alive_prefix != NULL &&
-        (strlen(o->alive_prefix) > MAX_PREFIX || !(seconds > 0 && seconds < 1e7)))
-        return say(o, SUMO_ERR_INVALID_ARGUMENT,
-                   "alive_prefix of at most %d bytes, alive_s %g a number of seconds", MAX_PREFIX,
-                   seconds);
-    *alive_ns = (int64_t)(seconds * 1e9);
-    return SUMO_SUCCESS;
+    sumo_result r = sumo__store_waits(o->timeout_s, o->alive_prefix, o->alive_s, MAX_PREFIX,
+                                      timeout_ns, alive_ns, why, sizeof why);
+    return r == SUMO_SUCCESS ? r : say(o, r, "%s", why);
 }
 
 /* The outcome standing under the prefix, without waiting: *got false when none yet. */
