@@ -322,6 +322,7 @@ typedef struct sumo_elastic_options {
                                 most 1024); join: unused */
     sumo_elastic_transport transport; /* how memberships are made (default TCP) */
     const char *address;     /* TCP: as sumo_tcp_options.address (NULL: found) */
+    const char *route_host;  /* TCP: as sumo_tcp_options.route_host */
     sumo_elastic_make_fn make; /* optional: the caller's making instead of transport's */
     void *make_ctx;
     double liveness_s;       /* a heartbeat stood still this long is dead; the heart beats ten
@@ -345,7 +346,9 @@ SUMO_API sumo_result sumo_elastic_create(const sumo_elastic_options *options,
 /* A process joining a running job: takes a ticket, waits (options->timeout_s) until the
  * members at a commit point give it its place, and makes the larger membership with them, at
  * a rank after theirs. SUMO_ERR_PEER_FAILURE when the job ended first or the making failed;
- * SUMO_ERR_TIMEOUT when no commit took it in. options->rank and size are not read. */
+ * SUMO_ERR_TIMEOUT when no commit took it in; SUMO_ERR_MISMATCH when the job makes its
+ * memberships another way (transport, or a caller's make against the built-in ones), named.
+ * options->rank and size are not read. */
 SUMO_API sumo_result sumo_elastic_join(const sumo_elastic_options *options, sumo_elastic **out);
 
 /* The current membership's communicator (owned by the object; replaced by shrink and grow). */
@@ -366,8 +369,12 @@ SUMO_API sumo_result sumo_elastic_commit(sumo_elastic *elastic, int *joiners);
 /*
  * Collective over the members still alive, after a failure: they agree (sumo_store_agree,
  * bringing value), make the survivors' communicator and commit it, again from the same
- * membership while a making fails. info (old_ranks optional, of the old size) as
- * sumo_comm_shrink's. SUMO_ERR_PEER_FAILURE for a process left out (it must end).
+ * membership while a making fails. Over SUMO_ELASTIC_SHM (built in) the survivors shrink the
+ * communicator itself instead (sumo_comm_shrink: the kernel tells a process's end, so a loss
+ * costs milliseconds, not the liveness time). info (old_ranks optional, of the old size) as
+ * sumo_comm_shrink's. SUMO_ERR_PEER_FAILURE for a process left out (it must end). The new
+ * rank 0 takes the lost members' heartbeats and agreement entries out of the store (where it
+ * has remove); each survivor takes its own.
  */
 SUMO_API sumo_result sumo_elastic_shrink(sumo_elastic *elastic, uint64_t value,
                                          sumo_shrink_info *info);

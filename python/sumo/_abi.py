@@ -330,6 +330,7 @@ class sumo_elastic_options(ctypes.Structure):
                 ("size", ctypes.c_int),
                 ("transport", ctypes.c_int),
                 ("address", ctypes.c_char_p),
+                ("route_host", ctypes.c_char_p),
                 ("make", ELASTIC_MAKE),
                 ("make_ctx", ctypes.c_void_p),
                 ("liveness_s", ctypes.c_double),

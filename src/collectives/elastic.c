@@ -23,14 +23,14 @@
 #define MAX_ROOT 160
 #define MAX_RANKS 1024
 #define KEY_BYTES 256
-#define PLACE_TAG "sumo-place-1"
+#define PLACE_TAG "sumo-place-2"
 
 struct sumo_elastic {
     const sumo_store *store;
     char root[MAX_ROOT + 1];
     sumo_elastic_transport transport;
-    char address[256];
-    bool has_address;
+    char address[256], route_host[256];
+    bool has_address, has_route;
     sumo_elastic_make_fn make;
     void *make_ctx;
     double liveness_s, timeout_s;
@@ -87,8 +87,9 @@ static sumo_result from_options(const sumo_elastic_options *o, bool joining, sum
         return fail(e, SUMO_ERR_INVALID_ARGUMENT,
                     "transport %d is neither SUMO_ELASTIC_TCP nor SUMO_ELASTIC_SHM",
                     (int)o->transport);
-    if (o->address != NULL && strlen(o->address) >= sizeof e->address)
-        return fail(e, SUMO_ERR_INVALID_ARGUMENT, "address longer than %zu bytes",
+    if ((o->address != NULL && strlen(o->address) >= sizeof e->address) ||
+        (o->route_host != NULL && strlen(o->route_host) >= sizeof e->route_host))
+        return fail(e, SUMO_ERR_INVALID_ARGUMENT, "address or route_host longer than %zu bytes",
                     sizeof e->address - 1);
     double liveness = o->liveness_s, timeout = o->timeout_s;
     if (liveness == 0) {
@@ -112,11 +113,26 @@ static sumo_result from_options(const sumo_elastic_options *o, bool joining, sum
     e->transport = o->transport;
     e->has_address = o->address != NULL;
     if (o->address) snprintf(e->address, sizeof e->address, "%s", o->address);
+    e->has_route = o->route_host != NULL;
+    if (o->route_host) snprintf(e->route_host, sizeof e->route_host, "%s", o->route_host);
     e->make = o->make;
     e->make_ctx = o->make_ctx;
     e->liveness_s = liveness;
     e->timeout_s = timeout;
     return SUMO_SUCCESS;
+}
+
+/* How this process makes memberships, as a joiner's place carries it: a joiner made another
+ * way would wait at a meeting the members never come to. */
+static int making_kind(const sumo_elastic *e)
+{
+    return e->make != NULL ? 2 : (int)e->transport;
+}
+
+static const char *making_name(int kind)
+{
+    return kind == 0 ? "sumo's TCP transport" : kind == 1 ? "shared memory"
+                                                          : "the caller's own making";
 }
 
 static sumo_result make_builtin(sumo_elastic *e, const sumo_elastic_making *m, sumo_comm **out,
@@ -140,6 +156,7 @@ static sumo_result make_builtin(sumo_elastic *e, const sumo_elastic_making *m, s
     o.store = m->store;
     o.key_prefix = m->key_prefix;
     o.address = e->has_address ? e->address : NULL;
+    o.route_host = e->has_route ? e->route_host : NULL;
     o.alive_prefix = m->alive_prefix;
     o.alive_ranks = m->alive_ranks;
     o.alive_s = m->alive_s;
@@ -315,13 +332,19 @@ sumo_result sumo_elastic_join(const sumo_elastic_options *o, sumo_elastic **out)
                                 sumo__now_ns() + (int64_t)(e->timeout_s * 1e9), place,
                                 sizeof place, why, sizeof why);
     if (res != SUMO_SUCCESS) return abandon(o, e, fail(e, res, "joining: %s", why));
-    int rank, size, n, beats, members, admitted;
-    if (sscanf(place, PLACE_TAG " %d %d %d %d %d %d", &rank, &size, &n, &beats, &members,
-               &admitted) != 6 ||
-        members < 1 || size <= members || size > MAX_RANKS || rank < members || rank >= size ||
-        n < 1 || beats < 0 || beats >= n || admitted < ticket)
+    int rank, size, n, beats, members, admitted, kind, end = 0;
+    if (sscanf(place, PLACE_TAG " %d %d %d %d %d %d %d%n", &rank, &size, &n, &beats, &members,
+               &admitted, &kind, &end) != 7 ||
+        place[end] != '\0' || members < 1 || size <= members || size > MAX_RANKS ||
+        rank < members || rank >= size || n < 1 || beats < 0 || beats >= n ||
+        admitted < ticket || kind < 0 || kind > 2)
         return abandon(o, e, fail(e, SUMO_ERR_INVALID_ARGUMENT,
                                   "join ticket %d's place \"%.80s\" is not one", ticket, place));
+    if (kind != making_kind(e))
+        return abandon(o, e, fail(e, SUMO_ERR_MISMATCH,
+                                  "join ticket %d: the job makes its memberships over %s, this "
+                                  "process over %s",
+                                  ticket, making_name(kind), making_name(making_kind(e))));
     res = start_heart(e, n, rank);
     int *alive = res == SUMO_SUCCESS ? malloc((size_t)size * sizeof *alive) : NULL;
     if (res == SUMO_SUCCESS && alive == NULL) res = fail(e, SUMO_ERR_SYSTEM, "out of memory");
@@ -390,54 +413,107 @@ sumo_result sumo_elastic_commit(sumo_elastic *e, int *joiners)
     return SUMO_SUCCESS;
 }
 
+/* Over shared memory the survivors shrink the communicator itself: the kernel tells who
+ * ended, and the making is the transport's own (it agrees again within the call). */
+static sumo_result shrink_shm(sumo_elastic *e, int n, uint64_t value, sumo_shrink_info *v,
+                              sumo_comm **out)
+{
+    char prefix[KEY_BYTES], why[400] = "";
+    key_of(e, prefix, n, "comm/");
+    sumo_shrink_options s;
+    sumo_shrink_options_default(&s);
+    s.value = value;
+    s.store = e->store;
+    s.key_prefix = prefix;
+    s.error = why;
+    s.error_bytes = sizeof why;
+    sumo_result res = sumo_comm_shrink(e->comm, &s, out, v);
+    return res == SUMO_SUCCESS ? res : fail(e, res, "shrinking under %s: %s", prefix, why);
+}
+
+/* Across hosts: the agreement through the store, then the survivors' making and its keeping
+ * (making n). *again when the verdict stands but the making failed for all (a member died
+ * meanwhile): the same membership agrees again under the next n. */
+static sumo_result shrink_store(sumo_elastic *e, int n, uint64_t value, sumo_shrink_info *v,
+                                sumo_comm **out, bool *again)
+{
+    char alive[KEY_BYTES], agree_key[KEY_BYTES], why[400] = "";
+    key_of(e, alive, e->kept, "alive/");
+    key_of(e, agree_key, n, "agree/");
+    sumo_agree_options a;
+    sumo_agree_options_default(&a);
+    a.rank = e->rank;
+    a.size = e->size;
+    a.value = value;
+    a.store = e->store;
+    a.key_prefix = agree_key;
+    a.timeout_s = e->timeout_s;
+    a.alive_prefix = alive;
+    a.alive_s = e->liveness_s;
+    a.error = why;
+    a.error_bytes = sizeof why;
+    sumo_result res = sumo_store_agree(&a, v);
+    if (res != SUMO_SUCCESS) return fail(e, res, "%s", why);
+    res = make_and_commit(e, n, v->rank, v->size, e->kept, v->old_ranks, out);
+    *again = res == SUMO_ERR_PEER_FAILURE;
+    return res;
+}
+
+/* The new rank 0, once a shrink stands: the store forgets the lost members' beats and every
+ * agreement entry of the tries from first to last (nobody reads them again; the verdicts stay,
+ * for a process left out that comes late). */
+static void forget_lost(const sumo_elastic *e, int beats, int old_size, const int *kept,
+                        int kept_size, int first, int last)
+{
+    char key[KEY_BYTES + 16];
+    for (int r = 0, k = 0; r < old_size; r++) {
+        if (k < kept_size && kept[k] == r) {
+            k++;
+            continue;
+        }
+        key_of(e, key, beats, "alive/");
+        snprintf(key + strlen(key), 16, "%d", r);
+        remove_key(e, key);
+    }
+    for (int n = first; n <= last && e->transport != SUMO_ELASTIC_SHM; n++)
+        for (int r = 0; r < old_size; r++) {
+            key_of(e, key, n, "agree/in/");
+            snprintf(key + strlen(key), 16, "%d", r);
+            remove_key(e, key);
+        }
+}
+
 sumo_result sumo_elastic_shrink(sumo_elastic *e, uint64_t value, sumo_shrink_info *info)
 {
     if (e == NULL || info == NULL || info->struct_size != sizeof *info)
         return SUMO_ERR_INVALID_ARGUMENT;
     int *old = malloc((size_t)e->size * sizeof *old);
     if (old == NULL) return fail(e, SUMO_ERR_SYSTEM, "out of memory");
-    char alive[KEY_BYTES], agree_key[KEY_BYTES], why[400] = "";
-    key_of(e, alive, e->kept, "alive/");
+    bool own_shm = e->make == NULL && e->transport == SUMO_ELASTIC_SHM;
     /* Members still inside a collective on the old communicator fail at once and come to
      * the agreement, rather than wait for this one until their deadline. */
     sumo_comm_abort(e->comm, "sumo_elastic_shrink: this member left to agree on a new membership");
     sumo_result res = SUMO_ERR_PEER_FAILURE;
+    int first = e->makings, beats = e->kept, old_size = e->size;
     /* Each failed making costs a member at most (one that died meanwhile), or the store's
-     * verdict of fail for all: bounded by the membership's size. */
-    for (int tries = 0; tries <= e->size && res == SUMO_ERR_PEER_FAILURE; tries++) {
+     * verdict of fail for all: bounded by the membership's size. The shm shrink agrees again
+     * by itself, so it is tried once. */
+    for (int tries = 0; tries <= old_size; tries++) {
         int n = e->makings++;
-        key_of(e, agree_key, n, "agree/");
-        sumo_agree_options a;
-        sumo_agree_options_default(&a);
-        a.rank = e->rank;
-        a.size = e->size;
-        a.value = value;
-        a.store = e->store;
-        a.key_prefix = agree_key;
-        a.timeout_s = e->timeout_s;
-        a.alive_prefix = alive;
-        a.alive_s = e->liveness_s;
-        a.error = why;
-        a.error_bytes = sizeof why;
         sumo_shrink_info v = {.struct_size = sizeof v, .old_ranks = old};
-        res = sumo_store_agree(&a, &v);
-        if (res != SUMO_SUCCESS) {
-            free(old);
-            return fail(e, res, "%s", why);
-        }
         sumo_comm *comm = NULL;
-        res = make_and_commit(e, n, v.rank, v.size, e->kept, old, &comm);
+        bool again = false;
+        res = own_shm ? shrink_shm(e, n, value, &v, &comm)
+                      : shrink_store(e, n, value, &v, &comm, &again);
         if (res == SUMO_SUCCESS) {
-            int old_rank = e->rank, old_size = e->size;
             res = adopt(e, comm, n, v.rank, v.size);
-            char entry[KEY_BYTES + 16];
-            snprintf(entry, sizeof entry, "%sin/%d", agree_key, old_rank);
-            remove_key(e, entry);
+            if (v.rank == 0) forget_lost(e, beats, old_size, old, v.size, first, n);
             info->rank = v.rank;
             info->size = v.size;
             info->value = v.value;
             if (info->old_ranks) memcpy(info->old_ranks, old, (size_t)old_size * sizeof *old);
         }
+        if (!again) break;
     }
     free(old);
     if (res == SUMO_SUCCESS) e->error[0] = '\0';
@@ -457,8 +533,8 @@ sumo_result sumo_elastic_grow(sumo_elastic *e, int joiners, int *joined)
     char why[300] = "";
     for (int k = 0; e->rank == 0 && k < joiners; k++) {
         char place[128];
-        snprintf(place, sizeof place, PLACE_TAG " %d %d %d %d %d %d", e->size + k, size, n,
-                 e->kept, e->size, e->admitted);
+        snprintf(place, sizeof place, PLACE_TAG " %d %d %d %d %d %d %d", e->size + k, size, n,
+                 e->kept, e->size, e->admitted, making_kind(e));
         sumo_result res = sumo__ticket_place(e->store, e->root, first + k, place, why, sizeof why);
         if (res != SUMO_SUCCESS) return fail(e, res, "%s", why); /* the others' making fails */
     }

@@ -34,6 +34,8 @@ typedef struct job {
     int killed;         /* a rank that stops after its first commit; -1 for none */
     int joiners;        /* threads that join at the members' commit point */
     bool ghost_ticket;  /* a ticket taken before anyone joins, by no one who comes */
+    const char *absent[4]; /* keys the store must no longer hold once the job ends */
+    const char *present[4]; /* and keys it must still hold */
     sumo_result result[NR];
     int final_size[NR], final_rank[NR];
     double sum[NR];     /* the last allreduce of each rank's 1 << (its first rank) */
@@ -164,13 +166,6 @@ static void fresh_dir(void)
     assert_non_null(mkdtemp(dir));
 }
 
-static void remove_dir(void)
-{
-    sumo_store *st = NULL;
-    assert_int_equal(sumo_store_create_dir(dir, &st), SUMO_SUCCESS);
-    sumo_store_destroy_dir(st, 1);
-}
-
 static void run_job(job *j)
 {
     fresh_dir();
@@ -188,7 +183,18 @@ static void run_job(job *j)
         assert_int_equal(pthread_create(&t[r], NULL, worker_run, &w[r]), 0);
     }
     for (int r = 0; r < all; r++) pthread_join(t[r], NULL);
-    remove_dir();
+    sumo_store *st = NULL;
+    assert_int_equal(sumo_store_create_dir(dir, &st), SUMO_SUCCESS);
+    for (int k = 0; k < 4; k++) {
+        char value[64];
+        size_t bytes = sizeof value;
+        if (j->absent[k] && st->get(st->ctx, j->absent[k], value, &bytes, 0) != SUMO_ERR_TIMEOUT)
+            fail_msg("the store still holds %s", j->absent[k]);
+        bytes = sizeof value;
+        if (j->present[k] && st->get(st->ctx, j->present[k], value, &bytes, 0) != SUMO_SUCCESS)
+            fail_msg("the store lost %s", j->present[k]);
+    }
+    sumo_store_destroy_dir(st, 1);
 }
 
 static void expect_ok(const job *j, int r)
@@ -200,7 +206,12 @@ static void expect_ok(const job *j, int r)
 static void test_kill_survivors_shrink_and_agree(void **state)
 {
     (void)state;
-    job j = {.members = 4, .killed = 2};
+    /* The lost member's beat and the agreement's entries leave the store with the shrink
+     * (making 1); the verdict stays, for a process left out that comes late. */
+    job j = {.members = 4, .killed = 2,
+             .absent = {"job/a0/alive/2", "job/a1/agree/in/2", "job/a1/agree/in/0",
+                        "job/a0/alive/0"},
+             .present = {"job/a1/agree/verdict"}};
     run_job(&j);
     for (int r = 0; r < 4; r++) {
         if (r == 2) continue;
@@ -282,6 +293,17 @@ static void test_refusals(void **state)
     assert_int_equal(sumo_elastic_create(NULL, &e), SUMO_ERR_INVALID_ARGUMENT);
     assert_int_equal(sumo_elastic_commit(NULL, &j.joined[0]), SUMO_ERR_INVALID_ARGUMENT);
     assert_int_equal(sumo_elastic_destroy(NULL), SUMO_SUCCESS);
+    o.struct_size = sizeof o;
+    /* A joiner made another way than the members (its own making against their TCP) would
+     * wait at a meeting they never come to: refused, naming both. */
+    char place[128];
+    snprintf(place, sizeof place, "sumo-place-2 2 3 1 0 2 1 0");
+    assert_int_equal(st->set(st->ctx, "job/join/place/1", place, strlen(place)), SUMO_SUCCESS);
+    o.transport = SUMO_ELASTIC_SHM;
+    assert_int_equal(sumo_elastic_join(&o, &e), SUMO_ERR_MISMATCH);
+    if (!strstr(j.error[0], "over sumo's TCP transport, this process over shared memory"))
+        fail_msg("%s", j.error[0]);
+    o.transport = SUMO_ELASTIC_TCP;
     /* A job that closed: a joiner stops waiting at once. */
     o.struct_size = sizeof o;
     assert_int_equal(st->set(st->ctx, "job/join/closed", "1", 1), SUMO_SUCCESS);
