@@ -327,8 +327,11 @@ typedef struct sumo_elastic_options {
     void *make_ctx;
     double liveness_s;       /* a heartbeat stood still this long is dead; the heart beats ten
                                 times as often; 0: SUMO_LIVENESS_TIMEOUT */
-    double timeout_s;        /* the agreement's, the commit's and a joiner's wait; 0:
+    double timeout_s;        /* the agreement's, the commit's and the makings'; 0:
                                 SUMO_TIMEOUT */
+    double join_wait_s;      /* join: how long to wait for a commit point to take this
+                                process in; 0: until one does or the job closes (the members
+                                may commit seldom) */
     char *error;             /* optional: why create or join failed */
     size_t error_bytes;
 } sumo_elastic_options;
@@ -343,10 +346,10 @@ SUMO_API sumo_result sumo_elastic_options_default(sumo_elastic_options *options)
 SUMO_API sumo_result sumo_elastic_create(const sumo_elastic_options *options,
                                          sumo_elastic **out);
 
-/* A process joining a running job: takes a ticket, waits (options->timeout_s) until the
+/* A process joining a running job: takes a ticket, waits (options->join_wait_s) until the
  * members at a commit point give it its place, and makes the larger membership with them, at
- * a rank after theirs. SUMO_ERR_PEER_FAILURE when the job ended first or the making failed;
- * SUMO_ERR_TIMEOUT when no commit took it in; SUMO_ERR_MISMATCH when the job makes its
+ * a rank after theirs. SUMO_ERR_PEER_FAILURE when the job closed first or the making failed;
+ * SUMO_ERR_TIMEOUT when no commit took it in within join_wait_s; SUMO_ERR_MISMATCH when the job makes its
  * memberships another way (transport, or a caller's make against the built-in ones), named.
  * options->rank and size are not read. */
 SUMO_API sumo_result sumo_elastic_join(const sumo_elastic_options *options, sumo_elastic **out);

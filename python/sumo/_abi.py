@@ -317,8 +317,10 @@ class sumo_elastic_making(ctypes.Structure):
 
 
 # sumo_result (*)(void *ctx, const sumo_elastic_making *, sumo_comm **, char *, size_t)
+# (the error buffer as a plain pointer: a callback writes into it, which c_char_p's copy
+# would not let it)
 ELASTIC_MAKE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(sumo_elastic_making),
-                                ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p,
+                                ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p,
                                 ctypes.c_size_t)
 
 
@@ -335,6 +337,7 @@ class sumo_elastic_options(ctypes.Structure):
                 ("make_ctx", ctypes.c_void_p),
                 ("liveness_s", ctypes.c_double),
                 ("timeout_s", ctypes.c_double),
+                ("join_wait_s", ctypes.c_double),
                 ("error", ctypes.c_char_p),
                 ("error_bytes", ctypes.c_size_t)]
 

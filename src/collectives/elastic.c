@@ -33,7 +33,7 @@ struct sumo_elastic {
     bool has_address, has_route;
     sumo_elastic_make_fn make;
     void *make_ctx;
-    double liveness_s, timeout_s;
+    double liveness_s, timeout_s, join_wait_s;
     sumo_comm *comm;
     int rank, size;
     int kept;     /* the making whose membership this is (its heartbeats' n) */
@@ -104,10 +104,11 @@ static sumo_result from_options(const sumo_elastic_options *o, bool joining, sum
         if (r != SUMO_SUCCESS) return fail(e, r, "%s", why);
         timeout = env.timeout_s;
     }
-    if (!(liveness > 0 && liveness < 1e7) || !(timeout > 0 && timeout < 1e7))
+    if (!(liveness > 0 && liveness < 1e7) || !(timeout > 0 && timeout < 1e7) ||
+        !(o->join_wait_s >= 0 && o->join_wait_s < 1e9))
         return fail(e, SUMO_ERR_INVALID_ARGUMENT,
-                    "liveness_s %g and timeout_s %g must be numbers of seconds", liveness,
-                    timeout);
+                    "liveness_s %g, timeout_s %g and join_wait_s %g must be numbers of seconds",
+                    liveness, timeout, o->join_wait_s);
     e->store = st;
     snprintf(e->root, sizeof e->root, "%s", o->key_prefix);
     e->transport = o->transport;
@@ -119,6 +120,7 @@ static sumo_result from_options(const sumo_elastic_options *o, bool joining, sum
     e->make_ctx = o->make_ctx;
     e->liveness_s = liveness;
     e->timeout_s = timeout;
+    e->join_wait_s = o->join_wait_s;
     return SUMO_SUCCESS;
 }
 
@@ -329,8 +331,10 @@ sumo_result sumo_elastic_join(const sumo_elastic_options *o, sumo_elastic **out)
     res = sumo__ticket_take(e->store, e->root, &ticket, why, sizeof why);
     if (res == SUMO_SUCCESS)
         res = sumo__ticket_wait(e->store, e->root, ticket,
-                                sumo__now_ns() + (int64_t)(e->timeout_s * 1e9), place,
-                                sizeof place, why, sizeof why);
+                                e->join_wait_s > 0
+                                    ? sumo__now_ns() + (int64_t)(e->join_wait_s * 1e9)
+                                    : INT64_MAX,
+                                place, sizeof place, why, sizeof why);
     if (res != SUMO_SUCCESS) return abandon(o, e, fail(e, res, "joining: %s", why));
     int rank, size, n, beats, members, admitted, kind, end = 0;
     if (sscanf(place, PLACE_TAG " %d %d %d %d %d %d %d%n", &rank, &size, &n, &beats, &members,

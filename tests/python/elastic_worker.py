@@ -10,9 +10,9 @@ Every process computes the same thing from (step, rank) alone, so the test can c
 the survivors must end with (elastic_reference) without sumo. --kill-rank R --kill-step S
 --kill-where between|collective: the process that started as rank R kills itself (SIGKILL)
 at step S of the first membership, between steps or inside the step's gradient allreduce.
---fail-shrink-rank R (over tcp): the process that started as rank R fails its first shrink's
-meeting after its peers have met it (it makes the communicator, drops it and raises PeerLost),
-as a member that dies at the end of a meeting leaves it on some ranks only.
+--fail-shrink-rank R (over group): the process that started as rank R fails its first
+shrink's meeting after its peers have met it (it makes the communicator, drops it and raises
+PeerLost), as a member that dies at the end of a meeting leaves it on some ranks only.
 --wait-joiners K: rank 0 waits, at the first commit, until K join tickets were taken (so the
 test knows at which commit they come in). --diloco: the optimizer is sumo.torch.DiLoCo
 around make_optimizer's (DILOCO's options, DILOCO_STEPS steps, test_elastic_diloco.py), and
@@ -32,7 +32,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import sumo.torch as hvd  # noqa: E402
-from sumo.torch import _joiners, _runtime, _stores  # noqa: E402
+from sumo.torch import _membership, _runtime  # noqa: E402
 
 STEPS = 8
 COMMIT_EVERY = 2
@@ -77,23 +77,23 @@ def main():
     p.add_argument("--bad-model", action="store_true", help="a model of another shape")
     a = p.parse_args()
     if a.rank is not None and a.rank == a.fail_shrink_rank:
-        real, failed = _stores.make_tcp, []
+        real, failed = _membership.make_group, []
 
-        def make_tcp(store, rank, size, prefix, *args, **kw):
-            comm = real(store, rank, size, prefix, *args, **kw)
-            if "shrink" in prefix and not failed:
+        def make_group(adapter, prefix, *args, **kw):
+            comm, transport = real(adapter, prefix, *args, **kw)
+            if not prefix.endswith("/a0/comm/") and not failed:  # the first shrink's
                 failed.append(prefix)
                 _runtime.lib.sumo_comm_destroy(comm)
                 print("fail-shrink: the meeting under %s fails here only" % prefix, flush=True)
                 raise _runtime.PeerLost(5, "SUMO_ERR_PEER_FAILURE", "injected")
-            return comm
+            return comm, transport
 
-        _stores.make_tcp = make_tcp
+        _membership.make_group = make_group
     torch.set_num_threads(1)
     # A directory: sumo's directory store; else a FileStore's file.
     store = a.store if os.path.isdir(a.store) else dist.FileStore(a.store, -1)
     if a.join:
-        hvd.init(store=store, join=True)
+        hvd.init(store=store, join=True, transport=a.transport)
     else:
         hvd.init(store=store, rank=a.rank, size=a.size, transport=a.transport)
     first = (hvd.rank(), hvd.size())  # a joiner's: its place when it came in
@@ -138,7 +138,7 @@ def main():
             state.step += 1
             if state.step % COMMIT_EVERY == 0:
                 if a.wait_joiners and hvd.rank() == 0 and _runtime.state.memberships == 0:
-                    while _joiners.join_tickets() < a.wait_joiners:
+                    while _membership.tickets_taken() < a.wait_joiners:
                         time.sleep(0.05)
                 try:
                     state.commit()

@@ -304,6 +304,27 @@ static void test_refusals(void **state)
     if (!strstr(j.error[0], "over sumo's TCP transport, this process over shared memory"))
         fail_msg("%s", j.error[0]);
     o.transport = SUMO_ELASTIC_TCP;
+    /* A place of any other shape is refused before use: rank past the size, a size past the
+     * most ranks, bytes after it, not a place at all (tickets 2, 3, 4 and 5). */
+    const char *bad[] = {"sumo-place-2 5 3 1 0 2 5 0", "sumo-place-2 2 100000 1 0 2 5 0",
+                         "sumo-place-2 2 3 1 0 2 5 0 extra", "garbage"};
+    for (int k = 0; k < 4; k++) {
+        char key[64];
+        snprintf(key, sizeof key, "job/join/place/%d", k + 2);
+        assert_int_equal(st->set(st->ctx, key, bad[k], strlen(bad[k])), SUMO_SUCCESS);
+        assert_int_equal(sumo_elastic_join(&o, &e), SUMO_ERR_INVALID_ARGUMENT);
+        if (!strstr(j.error[0], "is not one")) fail_msg("%s: %s", bad[k], j.error[0]);
+    }
+    /* join_wait_s bounds the wait for a place (0, the default: until the job closes). */
+    o.join_wait_s = -1;
+    assert_int_equal(sumo_elastic_join(&o, &e), SUMO_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(j.error[0], "join_wait_s -1"));
+    o.join_wait_s = 0.3;
+    double waited = now_s();
+    assert_int_equal(sumo_elastic_join(&o, &e), SUMO_ERR_TIMEOUT);
+    waited = now_s() - waited;
+    if (waited < 0.3 || waited > TIMEOUT_S) fail_msg("waited %.2f s for 0.3", waited);
+    o.join_wait_s = 0;
     /* A job that closed: a joiner stops waiting at once. */
     o.struct_size = sizeof o;
     assert_int_equal(st->set(st->ctx, "job/join/closed", "1", 1), SUMO_SUCCESS);

@@ -42,8 +42,7 @@ from .._abi import (SUMO_SUCCESS, SUMO_ERR_INVALID_ARGUMENT, SUMO_LAUNCHER_OPEN_
 from .._lib import lib, check
 from . import _cuda, _hosts, _stores
 from ._calls import broadcast_tensor
-from ._joiners import _init_join
-from ._membership import _STORE_TRANSPORTS, _ACROSS, _init_store
+from ._membership import _STORE_TRANSPORTS, _ACROSS, _init_join, _init_store
 from ._runtime import state, Worker, _adopt, _deadline_s, _local_size, set_timeout
 from ._shutdown import shutdown, _teardown, _watch_exceptions
 
@@ -93,7 +92,8 @@ def init(timeout=None, process_group=True, transport=None, group=None, store=Non
     for each job.
     join=True with a torch.distributed.Store instead of rank and size: this process joins the
     job running on that store at its next commit (sumo.torch.elastic), and init returns once
-    it is a member."""
+    it is a member (it waits until a commit point takes it in, or the job ends); transport is
+    the job's (a joiner given another is refused by name)."""
     if state.comm is not None:
         return
     over = None
@@ -139,7 +139,10 @@ def init(timeout=None, process_group=True, transport=None, group=None, store=Non
         elif transport == "nccl":
             _init_nccl(group)
         elif transport == "store":
-            _init_join(store) if join else _init_store(store, rank, size, over)
+            if join:
+                _init_join(store, over, timeout)
+            else:
+                _init_store(store, rank, size, over, timeout)
         else:
             _init_group(group, transport)
         if timeout is not None:

@@ -52,8 +52,8 @@ def main(argv=None):
         sys.exit("python -m sumo.torch._launch runs one process: start several with "
                  "python -m sumo.launch --nproc")
     launch.check(args)
-    if args.join:
-        _init.init(store=_store(args.store), join=True)
+    if args.join:  # the job's transport: a joiner made another way is refused by name
+        _init.init(store=_store(args.store), join=True, transport=launch.transport_of(args))
     else:
         _init.init(store=_store(args.store), rank=args.rank, size=args.size,
                    transport=launch.transport_of(args))

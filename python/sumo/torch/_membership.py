@@ -1,224 +1,254 @@
 """The memberships of a store job (processes started each on its own that meet through a
-store, init(store=..., rank=..., size=...)): the first communicator, the store's verdict that
-every member made its own (_committed), the heartbeats of processes on several hosts, and the
-communicator replaced when a lost process makes the others shrink (shrink) or joiners make
-it grow (_joiners.py), with the objects made on it told (bind). A module because this is
-what sumo.torch.elastic stands on; the rest of the package only binds its objects here.
+store, init(store=..., rank=..., size=...), or init(store=..., join=True) for one that comes
+later): one libsumo sumo_elastic object per process (sumo_elastic.h) holds them. It beats in
+the store, makes and keeps each membership's communicator, counts the join tickets at each
+commit point, and replaces the communicator when a lost process makes the others shrink or
+joiners make it grow; this module adapts it to the binding (the store adapter, a gloo group
+as a making of the caller's, the objects made on the communicator, told of a replacement:
+bind). The one-host shrink of a communicator no store job made (sumo_comm_shrink) is here too.
 """
 import ctypes
+import os
+import threading
 import weakref
 
 import torch.distributed as dist
 
 from .. import _lib
-from .._abi import (SUMO_SUCCESS, SUMO_ERR_TIMEOUT, SUMO_ERR_PEER_FAILURE, sumo_agree_options,
-                    sumo_commit_options, sumo_heart_options, sumo_shrink_info,
+from .._abi import (ELASTIC_MAKE, SUMO_SUCCESS, SUMO_ERR_TIMEOUT, SUMO_ERR_PEER_FAILURE,
+                    SUMO_ELASTIC_SHM, SUMO_ELASTIC_TCP, sumo_elastic_options, sumo_shrink_info,
                     sumo_shrink_options)
 from .._lib import lib, SumoError
 from . import _stores
-from ._runtime import (state, PeerLost, lost_or, raise_for, require_init, _adopt, _deadline_s,
-                       _liveness_s)
+from ._runtime import state, PeerLost, lost_or, raise_for, require_init, _adopt, _deadline_s
 
 
-# Keys of the communicators that processes started on their own make: one job per store, so
-# the root is fixed; each membership adds its number.
+# The job's keys in its store (one job per store): libsumo's <root>a<n>/ per making and
+# <root>join/ for the tickets.
 _STORE_ROOT = "sumo/elastic/"
-# The transports of such jobs, and of those the ones that span hosts: their processes cannot
-# see each other's deaths, so they beat in the store and agree through it.
+# The transports of such jobs, and of those the ones that span hosts.
 _STORE_TRANSPORTS = ("shm", "tcp", "group")
 _ACROSS = ("tcp", "group")
 
 
-def store_across():
-    """Whether this process is in a store job across hosts (heartbeats, store agreement)."""
-    return state.key_root == _STORE_ROOT and state.transport in _ACROSS
+def store_job():
+    """Whether this process is a member of a store job (its membership is the object's)."""
+    return state.elastic is not None
 
 
-def _init_store(store, rank, size, over):
-    """The communicator of processes started on their own, through `store`: over shared memory
-    (over "shm"), sumo's TCP connections ("tcp") or a gloo group of its own ("group"). No
-    torch.distributed default group is made: one would keep the membership it started
-    with."""
+class _Elastic:
+    """This process's sumo_elastic. Over "shm" and "tcp" libsumo makes each membership
+    itself; over "group" it calls back here (make_group) for a gloo group made from the
+    store, whose transport must live as long as its communicator: the transports made are
+    kept by communicator until it is gone."""
+
+    def __init__(self, adapter, over, rank, size, join, timeout):
+        self.adapter, self.over = adapter, over
+        self.handle = ctypes.c_void_p()
+        self.transports = {}  # communicator handle -> the GroupTransport it calls
+        self.make = ELASTIC_MAKE(self._make) if over == "group" else ELASTIC_MAKE()
+        opts = sumo_elastic_options()
+        raise_for(lib.sumo_elastic_options_default(ctypes.byref(opts)))
+        err = ctypes.create_string_buffer(512)
+        opts.store = adapter.pointer()
+        opts.key_prefix = _STORE_ROOT.encode()
+        opts.rank, opts.size = (0, 0) if join else (rank, size)
+        opts.transport = SUMO_ELASTIC_SHM if over == "shm" else SUMO_ELASTIC_TCP
+        # Each listens on the address through which its host reaches the store's (a
+        # TCPStore's host; a FileStore's hosts share a file system, not a route).
+        route = getattr(adapter.store, "host", None) or os.environ.get("MASTER_ADDR")
+        self.route = route.encode() if route else None
+        opts.route_host = self.route
+        opts.make = self.make
+        opts.timeout_s = float(timeout) if timeout is not None else _deadline_s()
+        opts.error = ctypes.cast(err, ctypes.c_char_p)
+        opts.error_bytes = len(err)
+        if join:
+            code = _interruptible(lambda: lib.sumo_elastic_join(ctypes.byref(opts),
+                                                                ctypes.byref(self.handle)))
+        else:
+            code = lib.sumo_elastic_create(ctypes.byref(opts), ctypes.byref(self.handle))
+        if code != SUMO_SUCCESS:
+            what = "joining the job" if join else "making the job's first communicator"
+            raise lost_or(_lib.error(code, None, "sumo.torch.init: %s on %s: %s" % (
+                what, "the store", err.value.decode(errors="replace"))))
+        self._keep_current()
+
+    def _make(self, ctx, making, out, error, error_bytes):
+        m = making.contents
+        try:
+            comm, transport = make_group(self.adapter, m.key_prefix.decode(), m.rank, m.size,
+                                         "the store")
+        except Exception as e:  # noqa: BLE001 - a callback must not raise into C
+            text = str(e).encode(errors="replace")[:max(error_bytes - 1, 0)] + b"\0"
+            if error and error_bytes:
+                ctypes.memmove(error, text, len(text))
+            return getattr(e, "code", SUMO_ERR_PEER_FAILURE)
+        self.transports[comm.value] = transport
+        out[0] = comm.value
+        return SUMO_SUCCESS
+
+    def _keep_current(self):
+        """Lets go of the transports whose communicators libsumo destroyed."""
+        current = self.comm().value
+        self.transports = {c: t for c, t in self.transports.items() if c == current}
+        state.pg_transport = self.transports.get(current)
+        state.pg_transport_old = None
+
+    def _fail(self, code, what):
+        msg = ctypes.c_char_p()
+        lib.sumo_elastic_error_message(self.handle, ctypes.byref(msg))
+        return _lib.error(code, None, "%s: %s" % (what, (msg.value or b"").decode(
+            errors="replace")))
+
+    def comm(self):
+        comm = ctypes.c_void_p()
+        raise_for(lib.sumo_elastic_comm(self.handle, ctypes.byref(comm)), "sumo_elastic_comm")
+        return comm
+
+    def generation(self):
+        n = ctypes.c_int()
+        lib.sumo_elastic_generation(self.handle, ctypes.byref(n))
+        return n.value
+
+    def commit(self):
+        joiners = ctypes.c_int()
+        code = lib.sumo_elastic_commit(self.handle, ctypes.byref(joiners))
+        if code != SUMO_SUCCESS:
+            state.broken = code in (SUMO_ERR_TIMEOUT, SUMO_ERR_PEER_FAILURE)
+            raise lost_or(self._fail(code, "sumo.torch.elastic: the commit point"))
+        return joiners.value
+
+    def shrink(self, value, old):
+        info = sumo_shrink_info(ctypes.sizeof(sumo_shrink_info), 0, 0, 0,
+                                ctypes.cast(old, ctypes.POINTER(ctypes.c_int)))
+        code = lib.sumo_elastic_shrink(self.handle, int(value), ctypes.byref(info))
+        if code != SUMO_SUCCESS:
+            return code, info
+        self._keep_current()
+        return code, info
+
+    def grow(self, joiners):
+        joined = ctypes.c_int()
+        code = lib.sumo_elastic_grow(self.handle, int(joiners), ctypes.byref(joined))
+        if code != SUMO_SUCCESS:
+            raise self._fail(code, "sumo.torch.elastic: taking in %d joining process%s"
+                             % (joiners, "" if joiners == 1 else "es"))
+        self._keep_current()
+        return joined.value
+
+    def close(self):
+        lib.sumo_elastic_close(self.handle)
+
+    def destroy(self):
+        handle, self.handle = self.handle, None
+        if handle:
+            lib.sumo_elastic_destroy(handle)  # the communicator, the heart, its beat
+        self.transports = {}
+
+
+def _interruptible(call):
+    """call()'s result, the call on a thread of its own: a joiner waits in libsumo until a
+    commit point takes it in or the job closes (join_wait_s 0), which may be long, and the
+    interpreter sees Ctrl-C only between its own steps. (An interrupted wait leaves the
+    thread with its ticket: the process is ending, and the members' making with a holder
+    that never comes fails, which they survive.)"""
+    out = []
+    t = threading.Thread(target=lambda: out.append(call()), name="sumo join", daemon=True)
+    t.start()
+    while t.is_alive():
+        t.join(0.5)
+    return out[0]
+
+
+def _init_store(store, rank, size, over, timeout=None):
+    """The first membership of processes started on their own, through `store`: over shared
+    memory (over "shm"), sumo's TCP connections ("tcp") or gloo groups made from the store
+    ("group"). No torch.distributed default group is made: one would keep the membership it
+    started with."""
     state.store = _stores.store_adapter(store)
     state.key_root = _STORE_ROOT
-    comm = _make_member(over, _STORE_ROOT + "0/", rank, size, "the store given to init()")
-    _adopt_member(comm, over, rank, size)
+    state.elastic = _Elastic(state.store, over, rank, size, False, timeout)
+    _adopt_member(over)
 
 
-def _make_member(over, prefix, rank, size, where, alive=None):
-    """A store job's communicator of one membership, meeting under prefix: over shared memory
-    (over "shm"), sumo's TCP connections ("tcp") or a gloo group made from the store
-    ("group"). alive (tcp): make_tcp's, the members' heartbeats. Raises PeerLost when a
-    member does not come (or dies while they meet): the old communicator stays as it was."""
-    if over == "shm":
-        return _stores.make_shm(state.store, rank, size, prefix, where)
-
-    def make():
-        if over == "group":
-            return make_group(prefix, rank, size, where)
-        try:
-            # Each listens on the address through which its host reaches the store's (a
-            # TCPStore's host; a FileStore's hosts share a file system, not a route).
-            return _stores.make_tcp(state.store, rank, size, prefix, 0, where,
-                            getattr(state.store.store, "host", None), alive)
-        except SumoError as e:
-            raise lost_or(e) from None
-
-    def drop(comm):
-        lib.sumo_comm_destroy(comm)
-        if over == "group":  # make_group's transport goes; the one in use stays
-            state.pg_transport, state.pg_transport_old = state.pg_transport_old, None
-
-    return _committed(make, prefix, rank, size, where, alive, drop)
-
-
-def _committed(make, prefix, rank, size, where, alive, drop):
-    """make()'s communicator once every member has made its own, or PeerLost on every member
-    (drop(comm) then undoes the making).
-
-    Across hosts a meeting can end differently on two ranks: a member that dies once some of
-    its peers have met it fails the meeting on the others only. Those that kept the new
-    communicator would count one membership more than those that agree again, and the two
-    sides would never meet again. So one outcome in the store under prefix stands for every
-    member (libsumo's sumo_store_commit, sumo_elastic.h): "ok" once every member said it made
-    its own; "fail" from a member whose making failed, one that sees a member's beat stand
-    still for SUMO_LIVENESS_TIMEOUT (alive: make_tcp's heartbeats), or the deadline. On "fail"
-    every member drops what it made and raises PeerLost, so all agree again from the same
-    membership."""
+def _init_join(store, over, timeout=None):
+    """A process joining the job on `store`: a ticket, then its place once the members are at
+    a commit point, then the larger communicator with them (sumo_elastic_join, which waits
+    until a commit point takes it in or the job closes)."""
+    adapter = _stores.store_adapter(store)
+    if adapter.store is None:
+        adapter.close()
+        raise ValueError("sumo.torch.init: join=True needs a torch.distributed.Store (the "
+                         "jobs that take joiners); a job on sumo's directory store takes none")
     try:
-        comm = make()
-    except Exception:
-        _commit(prefix, rank, size, where, alive, False)  # the others drop theirs: fail stands
+        elastic = _Elastic(adapter, over, None, None, True, timeout)
+    except BaseException:
+        adapter.close()
         raise
-    try:
-        _commit(prefix, rank, size, where, alive, True)
-    except Exception:
-        drop(comm)
-        raise
-    return comm
+    state.store, state.key_root, state.elastic = adapter, _STORE_ROOT, elastic
+    state.joined = True
+    _adopt_member(over)
 
 
-def _commit(prefix, rank, size, where, alive, made):
-    """This member's part of sumo_store_commit: PeerLost when the outcome is fail (not raised
-    for a member whose own making failed: its error is the one to raise)."""
-    opts = sumo_commit_options()
-    raise_for(lib.sumo_commit_options_default(ctypes.byref(opts)))
-    err = ctypes.create_string_buffer(512)
-    opts.rank, opts.size, opts.made = rank, size, int(made)
-    opts.store = state.store.pointer()
-    opts.key_prefix = prefix.encode()
-    opts.timeout_s = _deadline_s()
-    ranks = None
-    if alive is not None:
-        ranks = (ctypes.c_int * max(len(alive[1]), 1))(*alive[1])
-        opts.alive_prefix = alive[0].encode()
-        opts.alive_ranks = ranks
-        opts.alive_s = _liveness_s()
-    opts.error = ctypes.cast(err, ctypes.c_char_p)
-    opts.error_bytes = len(err)
-    code = lib.sumo_store_commit(ctypes.byref(opts))
-    if code == SUMO_SUCCESS or not made:
-        return
-    detail = err.value.decode(errors="replace")
-    if code == SUMO_ERR_PEER_FAILURE:
-        raise PeerLost(code, _lib.result_name(code),
-                       "making the communicator of %d over %s: a member failed to make its own "
-                       "or was lost while they met (%s)" % (size, where, detail))
-    raise _lib.error(code, None, detail)
-
-
-def _adopt_member(comm, over, rank, size):
-    """Makes a store job's first communicator this process's. A tcp or group job's processes
-    may span hosts: their place on this one is the launcher's where it says (torchrun's
-    LOCAL_RANK and LOCAL_WORLD_SIZE, as libsumo reads them), and each beats in the store from
-    now on."""
+def _adopt_member(over):
+    """Makes the object's communicator this process's. A tcp or group job's processes may
+    span hosts: their place on this one is the launcher's where it says (torchrun's
+    LOCAL_RANK and LOCAL_WORLD_SIZE, as libsumo reads them)."""
+    comm = state.elastic.comm()
+    state.memberships = state.elastic.generation()
     if over not in _ACROSS:
-        _adopt(comm, "shm", rank, size)
+        r, s = ctypes.c_int(), ctypes.c_int()
+        lib.sumo_comm_rank(comm, ctypes.byref(r))
+        lib.sumo_comm_size(comm, ctypes.byref(s))
+        _adopt(comm, over, r.value, s.value)
         return
-    launch = _lib.bootstrap()
-    known = launch.local_rank >= 0 and launch.local_size > 0
-    _adopt(comm, over, launch.local_rank if known else 0, launch.local_size if known else 1)
-    _start_heart()
+    if state.transport is None:  # the first: where the launcher put this process
+        launch = _lib.bootstrap()
+        known = launch.local_rank >= 0 and launch.local_size > 0
+        state.local_rank, state.local_size = ((launch.local_rank, launch.local_size) if known
+                                              else (0, 1))
+    _adopt(comm, over, state.local_rank, state.local_size)
 
 
-def make_group(prefix, rank, size, where):
+def make_group(adapter, prefix, rank, size, where):
     """sumo's communicator of `size` processes over a gloo group made from the job's store
-    under prefix (rank `rank`). Its transport becomes state.pg_transport, and the one before
-    stays referenced (state.pg_transport_old) until replace_comm has destroyed the old
-    communicator. Raises PeerLost when a member does not come: the caller's old communicator
-    stays as it was."""
+    (adapter) under prefix (rank `rank`), and the transport it calls. Raises PeerLost when a
+    member does not come."""
     from . import _pg_transport as pgt
     try:
-        pg = pgt.make_gloo(dist.PrefixStore(prefix + "pg/", state.store.store), rank, size,
+        pg = pgt.make_gloo(dist.PrefixStore(prefix + "pg/", adapter.store), rank, size,
                            _deadline_s())
     except Exception as e:  # a member that never came (dead, or left out)
         code = SUMO_ERR_TIMEOUT if "timeout" in str(e).lower() else SUMO_ERR_PEER_FAILURE
         raise PeerLost(code, _lib.result_name(code), "making the gloo group of %d over %s: %s"
                        % (size, where, e)) from None
     t = pgt.GroupTransport(None, name="torch.distributed (elastic)", own=pg)
-    comm = t.comm(0, "sumo_comm_create_transport over the gloo group of %d" % size)
-    # The old transport stays referenced until its communicator is destroyed.
-    state.pg_transport, state.pg_transport_old = t, state.pg_transport
-    return comm
+    return t.comm(0, "sumo_comm_create_transport over the gloo group of %d" % size), t
 
 
-# -- heartbeats (store jobs across hosts) -------------------------------------------------------
-#
-# Across hosts no process sees another's end, so each one beats in the store: a counter under
-# the current membership's alive/<rank>, rewritten ten times per SUMO_LIVENESS_TIMEOUT by
-# libsumo's heart (sumo_heart, sumo_elastic.h), a thread of its own. The survivors' agreement
-# (sumo_store_agree) takes a rank whose beat stood still that long for dead, so a lost process
-# costs that, not the collectives' deadline.
+def tickets_taken():
+    """The join tickets processes took in this store job so far (libsumo's count)."""
+    count = ctypes.c_int()
+    err = ctypes.create_string_buffer(256)
+    code = lib.sumo_tickets_count(state.store.pointer(), _STORE_ROOT.encode(), 0,
+                                  ctypes.byref(count), err, len(err))
+    if code != SUMO_SUCCESS:
+        raise _lib.error(code, None, "counting the join tickets: %s"
+                         % err.value.decode(errors="replace"))
+    return count.value
 
 
-def alive_prefix():
-    return "%sm%d/alive/" % (state.key_root, state.memberships)
-
-
-class _Heart:
-    """This process's sumo_heart over the job's store. Its thread calls the store adapter's
-    callbacks, which take the interpreter's lock: every call here goes through ctypes, which
-    lets go of that lock, so halt() can wait for a beat under way. A store that fails stops
-    the thread for good (the job is ending, or this process is lost to the others)."""
-
-    def __init__(self, adapter):
-        # The adapter holds the sumo_store and its callbacks: kept until the thread is joined.
-        self.adapter = adapter
-        opts = sumo_heart_options()
-        raise_for(lib.sumo_heart_options_default(ctypes.byref(opts)))
-        err = ctypes.create_string_buffer(256)
-        opts.store = adapter.pointer()
-        opts.key_prefix = alive_prefix().encode()
-        opts.rank = state.rank  # period_s 0: a tenth of SUMO_LIVENESS_TIMEOUT, as the watches read it
-        opts.error = ctypes.cast(err, ctypes.c_char_p)
-        opts.error_bytes = len(err)
-        handle = ctypes.c_void_p()
-        code = lib.sumo_heart_start(ctypes.byref(opts), ctypes.byref(handle))
-        if code != SUMO_SUCCESS:
-            raise _lib.error(code, None, err.value.decode(errors="replace"))
-        self.handle = handle
-
-    def beat(self):
-        """One beat now, under the current membership's key (a new membership's first);
-        SumoError when the store fails."""
-        raise_for(lib.sumo_heart_move(self.handle, alive_prefix().encode(), state.rank),
-                  "sumo_heart_move")
-        raise_for(lib.sumo_heart_beat(self.handle), "sumo_heart_beat")
-
-    def halt(self):
-        handle, self.handle = self.handle, None
-        if handle:
-            lib.sumo_heart_stop(handle)
-
-
-def _start_heart():
-    state.heart = _Heart(state.store)
-
-
-def _stop_heart():
-    heart, state.heart = state.heart, None
-    if heart is not None:
-        heart.halt()
+def close_job():
+    """Leaving: rank 0 of a store job closes it to joiners still waiting; the object goes
+    (its heart, its communicator, its beat in the store)."""
+    elastic, state.elastic = state.elastic, None
+    if elastic is None:
+        return
+    if state.rank == 0:
+        elastic.close()
+    elastic.destroy()
+    state.pg_transport = None
 
 
 # -- a communicator replaced: what was made on it -------------------------------------------------
@@ -249,145 +279,104 @@ def _bound_objects():
     return live
 
 
-def replace_comm(comm, rank, size):
-    """Makes comm (a sumo_comm of the current one's transport, this process rank `rank` of
-    `size`, every rank on this host) the process's communicator in place of the current one,
-    which is destroyed; the bound objects let go of the old one and make again on the new one
-    what they need (collective)."""
+def _closing():
+    """Before the communicator goes: the hooks' futures finish (on a broken communicator they
+    fail at once) and the bound objects let go of it. Returns them, for _opened."""
     objects = _bound_objects()
     if state.worker is not None:
-        state.worker.drain()  # the hooks' futures: on a broken communicator they fail at once
+        state.worker.drain()
     for o in objects:
         o.comm_closing()
-    old, state.comm = state.comm, None
-    if old is not None:
-        lib.sumo_comm_destroy(old)  # never waits for the peers
-    state.pg_transport_old = None
-    if state.transport == "group" or store_across():
-        _adopt(comm, state.transport, state.local_rank, state.local_size)  # hosts' own numbering
+    return objects
+
+
+def _opened(objects, comm, rank, size):
+    """comm (this process rank `rank` of `size`) is the process's communicator now; the bound
+    objects make again on it what they need (collective)."""
+    if store_job() and state.transport in _ACROSS:
+        _adopt(comm, state.transport, state.local_rank, state.local_size)  # hosts' numbering
     else:
         _adopt(comm, state.transport, rank, size)
     state.broken = False
-    state.memberships += 1
-    state.agreements = 0
-    if state.heart is not None:
-        # The new membership's first beat at once, not up to a period later: a member that
-        # ends sooner (a fast communicator, a short job) has beaten in it all the same.
-        try:
-            state.heart.beat()
-        except Exception:  # the store gone: the heart's own beat finds it so too
-            pass
+    state.memberships = state.elastic.generation() if store_job() else state.memberships + 1
     for o in objects:
         o.comm_opened()
 
 
-def membership_prefix(kind):
-    """The store's key prefix under which the next membership meets (kind: "shrink" or
-    "grow"): every process that takes part has seen the same memberships, so they agree."""
-    return "%s%s%d/" % (state.key_root, kind, state.memberships + 1)
-
-
 def shrink(value):
-    """After a lost (or late) process: the processes still here agree (sumo_comm_shrink) and
-    go on as a smaller communicator, numbered in their old order. Returns the smallest `value`
-    any of them brought and the old rank of each new rank. A process that cannot go on with
-    them (left out: it came after the deadline; or its transport cannot shrink) gets a
-    SumoError that is not a HorovodInternalError, so elastic.run does not try again."""
+    """After a lost (or late) process: the processes still here agree and go on as a smaller
+    communicator, numbered in their old order. Returns the smallest `value` any of them
+    brought and the old rank of each new rank. A process that cannot go on with them (left
+    out: it came after the deadline; or its transport cannot shrink) gets a SumoError that is
+    not a HorovodInternalError, so elastic.run does not try again."""
     comm = require_init()
     if state.stranded:
         raise SumoError(SUMO_ERR_PEER_FAILURE, _lib.result_name(SUMO_ERR_PEER_FAILURE),
                         state.stranded)
-    if state.worker is not None:
-        state.worker.drain()
-    if store_across():
-        return _shrink_group(value)
+    objects = _closing()
+    old = (ctypes.c_int * state.size)()
+    if store_job():
+        code, info = state.elastic.shrink(value, old)
+        if code != SUMO_SUCCESS:
+            _stranded(code, state.elastic._fail(code, "sumo_elastic_shrink"))
+        _opened(objects, state.elastic.comm(), info.rank, info.size)
+        return info.value, list(old[:info.size])
+    # A communicator of one host that no store job made: it shrinks itself.
     opts = sumo_shrink_options()
     raise_for(lib.sumo_shrink_options_default(ctypes.byref(opts)))
     err = ctypes.create_string_buffer(256)
     opts.value = int(value)
     opts.error = ctypes.cast(err, ctypes.c_char_p)
     opts.error_bytes = len(err)
-    prefix = None
     if state.store is not None and state.key_root is not None:
-        prefix = membership_prefix("shrink").encode()
         opts.store = state.store.pointer()
-        opts.key_prefix = prefix
-    old, info = _verdict_buffers()
+        opts.key_prefix = ("%sshrink%d/" % (state.key_root, state.memberships + 1)).encode()
+    info = sumo_shrink_info(ctypes.sizeof(sumo_shrink_info), 0, 0, 0,
+                            ctypes.cast(old, ctypes.POINTER(ctypes.c_int)))
     out = ctypes.c_void_p()
     code = lib.sumo_comm_shrink(comm, ctypes.byref(opts), ctypes.byref(out), ctypes.byref(info))
-    _stranded_unless(code, err, "sumo_comm_shrink")
-    replace_comm(out, info.rank, info.size)
+    if code != SUMO_SUCCESS:
+        _stranded(code, _lib.error(code, None, "sumo_comm_shrink: %s"
+                                   % (err.value.decode(errors="replace") or "no detail")))
+    state.comm = None
+    lib.sumo_comm_destroy(comm)  # never waits for the peers
+    _opened(objects, out, info.rank, info.size)
     return info.value, list(old[:info.size])
 
 
-def _verdict_buffers():
-    """The sumo_shrink_info an agreement fills, and its array of the survivors' old ranks."""
-    old = (ctypes.c_int * state.size)()
-    return old, sumo_shrink_info(ctypes.sizeof(sumo_shrink_info), 0, 0, 0,
-                                 ctypes.cast(old, ctypes.POINTER(ctypes.c_int)))
-
-
-def _stranded_unless(code, err, call):
+def _stranded(code, error):
     """A failed agreement leaves this process out for good: it is remembered (state.stranded)
     and raised as a SumoError that elastic.run does not try again."""
-    if code == SUMO_SUCCESS:
-        return
-    why = err.value.decode(errors="replace") or "no detail"
     state.stranded = ("sumo.torch.elastic: rank %d of %d cannot go on with the others after "
-                      "a lost process: %s: %s: %s"
-                      % (state.rank, state.size, call, _lib.result_name(code), why))
+                      "a lost process: %s" % (state.rank, state.size, error))
     raise SumoError(code, _lib.result_name(code), state.stranded)
 
 
-def _shrink_group(value):
-    """shrink() for a store job across hosts (over "tcp" or "group"): the agreement through
-    the store (sumo_store_agree, with the heartbeats), then the survivors' communicator made
-    from it. A member that died after it came makes the making fail on every survivor (over
-    tcp within about SUMO_LIVENESS_TIMEOUT: the meeting watches the verdict's members'
-    heartbeats): they raise PeerLost and agree again, under the next prefix, over the same
-    old membership."""
-    state.agreements += 1
-    prefix = "%sshrink%d.%d/" % (state.key_root, state.memberships + 1, state.agreements)
-    opts = sumo_agree_options()
-    raise_for(lib.sumo_agree_options_default(ctypes.byref(opts)))
-    err = ctypes.create_string_buffer(256)
-    timeout = ctypes.c_double()
-    lib.sumo_comm_get_timeout(state.comm, ctypes.byref(timeout))
-    opts.rank, opts.size, opts.value = state.rank, state.size, int(value)
-    opts.store = state.store.pointer()
-    opts.key_prefix = prefix.encode()
-    opts.timeout_s = timeout.value
-    alive = alive_prefix().encode()
-    opts.alive_prefix = alive
-    opts.error = ctypes.cast(err, ctypes.c_char_p)
-    opts.error_bytes = len(err)
-    old, info = _verdict_buffers()
-    code = lib.sumo_store_agree(ctypes.byref(opts), ctypes.byref(info))
-    _stranded_unless(code, err, "sumo_store_agree")
-    comm = _make_member(state.transport, prefix, info.rank, info.size,
-                        "the store (after a lost process)", (alive_prefix(), old[:info.size]))
-    beats, size, tried = alive_prefix(), state.size, state.agreements
-    replace_comm(comm, info.rank, info.size)
-    _forget(beats, size, ["%sshrink%d.%d/" % (state.key_root, state.memberships, a)
-                          for a in range(1, tried + 1)])
-    return info.value, list(old[:info.size])
+def commit_point():
+    """The processes that asked to join since the last membership (0 outside store jobs):
+    collective over a store job's members, a PeerLost on every one of them when any saw a
+    member's heartbeat stand still or the collective failed."""
+    return state.elastic.commit() if store_job() else 0
 
 
-def _forget(beats, size, agreements):
-    """Rank 0 of a new membership of a store job across hosts: the old membership's heartbeats
-    and the agreements' entries leave the store, the lost processes' among them. Every member
-    made the new communicator, so every member has read the verdicts (the meetings' own keys
-    are gone: each rank removes its own once its peers have read them). The verdicts stay: a process
-    left out that comes only now must find the one that leaves it out, not agree alone and go
-    on as a job of its own."""
-    if state.rank != 0 or state.store is None or state.store.store is None:
-        return
-    store = state.store.store
-    keys = ["%s%d" % (beats, r) for r in range(size)]
-    for prefix in agreements:
-        keys += ["%sin/%d" % (prefix, r) for r in range(size)]
-    for key in keys:
-        try:
-            store.delete_key(key)
-        except Exception:  # a store without delete keeps them: one store per job
-            return
+def grow(joiners):
+    """Every member, after a commit point found joiners: the communicator made again with
+    them, ranked after the members in ticket order. When the making fails (a joiner that
+    never came, a member lost meanwhile) the members keep the communicator they had, and
+    those tickets are spent. Returns the processes taken in."""
+    if not store_job() or joiners <= 0:
+        return 0
+    objects = _closing()
+    joined = 0
+    try:
+        joined = state.elastic.grow(joiners)
+    finally:
+        _opened(objects, state.elastic.comm(), *_rank_size(state.elastic.comm()))
+    return joined
+
+
+def _rank_size(comm):
+    r, s = ctypes.c_int(), ctypes.c_int()
+    lib.sumo_comm_rank(comm, ctypes.byref(r))
+    lib.sumo_comm_size(comm, ctypes.byref(s))
+    return r.value, s.value

@@ -10,8 +10,8 @@ concern of its own: _init.py (the launchers and the making of the first communic
 _shutdown.py (letting go of it), _cuda.py (CUDA tensors and devices), _tensors.py (tensor
 arguments, dtypes, node-shared memory), _calls.py (the blocking collectives on tensors and
 the stream-taking calls of CUDA tensors), _stores.py (meeting through a store),
-_membership.py (the store jobs' memberships: heartbeats, shrinking, replacing the
-communicator) and _joiners.py (processes that join a running job). The functions a test replaces (_cuda.py's CUDA plumbing,
+_membership.py (the store jobs' memberships on libsumo's sumo_elastic, and the
+communicator replaced). The functions a test replaces (_cuda.py's CUDA plumbing,
 _calls.collective, _stores.make_tcp) are reached through their module by every caller, so that
 the replacement reaches them all.
 """
@@ -36,11 +36,9 @@ class _State:
     pg_transport_old = None  # the previous membership's, until its communicator is gone
     store = None         # the store adapter, likewise
     key_root = None      # the store's keys of this job: new memberships meet under it
-    memberships = 0      # communicators that replaced the first (shrinks, grows)
-    agreements = 0       # group store jobs: agreements tried since the last membership
-    heart = None         # group store jobs: the thread that beats for this process
+    elastic = None       # a store job's membership (_membership._Elastic: libsumo's)
+    memberships = 0      # the current membership's number (shrinks and grows count)
     stranded = None      # why this process cannot follow its peers' new membership
-    admitted = 0         # join tickets handed out that a grow took in (store jobs)
     joined = False       # this process joined a running job (it came without the state)
     made_group = False   # sumo called init_process_group, so it destroys the group
     failed = False       # an unhandled exception is ending the process

@@ -9,8 +9,7 @@ import torch.distributed as dist
 from .. import _lib
 from .._lib import lib
 from . import _cuda
-from ._joiners import _close_job
-from ._membership import _stop_heart
+from ._membership import close_job
 from ._runtime import state
 
 
@@ -31,7 +30,7 @@ def _watch_exceptions():
 
 
 def _close_store():
-    _stop_heart()  # it beats in the store
+    close_job()  # the membership's object beats in the store, and holds the communicator
     store, state.store = state.store, None
     state.key_root = None
     if store is not None:
@@ -41,7 +40,7 @@ def _close_store():
 def _teardown():
     """Releases what a failed init made: the communicator, and the group sumo created."""
     comm, state.comm = state.comm, None
-    if comm is not None:
+    if comm is not None and state.elastic is None:  # a store job's is the object's
         if state.transport == "mpi":
             _lib.mpi().sumo_mpi_world_finalize(comm, state.initialized_mpi)
         else:
@@ -80,10 +79,10 @@ def shutdown():
             dist.destroy_process_group()
         _lib.mpi().sumo_mpi_world_finalize(comm, state.initialized_mpi)
     else:
-        lib.sumo_comm_destroy(comm)
+        if state.elastic is None:  # a store job's is the object's (_close_store)
+            lib.sumo_comm_destroy(comm)
         if state.made_group and dist.is_initialized():
             dist.destroy_process_group()
-    _close_job()
     _close_store()
     _cuda._release_kernels()  # the communicator borrowed them
     state.made_group = False

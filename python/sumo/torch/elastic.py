@@ -18,7 +18,7 @@ process when one fails (torchrun, mpirun) takes the survivors down with it.
 A lost process. Every collective on the communicator then fails (SUMO_ERR_PEER_FAILURE; a
 process that stops answering: SUMO_ERR_TIMEOUT), raised as HorovodInternalError (a SumoError
 too). run() catches it and the processes still there shrink the communicator
-(sumo_comm_shrink): they agree on who is left and on the smallest commit count any of them
+(libsumo's sumo_elastic_shrink): they agree on who is left and on the smallest commit count any of them
 brought. A collective that completed on some survivors and failed on others can leave those
 one commit ahead, so every state keeps its last two commits and each process restores the
 agreed one: the same state everywhere, nothing committed lost. What was made on the old
@@ -43,10 +43,12 @@ members, and the sync hands them the state. The joiner's script makes the same o
 members keep (model, DistributedOptimizer: their buffers are made on the new communicator
 collectively, in the order they were made) before it calls the run() function.
 
-Processes of one host go over sumo's shared memory (sumo_comm_shrink sees a process end);
-across hosts (init(..., transport="tcp")) over sumo's TCP connections met through the store
-(transport="group": a gloo group made from it), one communicator per membership, the
-survivors agreeing through the store with heartbeats (sumo_store_agree). The
+Each process's membership is libsumo's sumo_elastic object (_membership.py), the one `sumo
+train --store` runs on. Processes of one host go over sumo's shared memory (its shrink sees a
+process end); across hosts (init(..., transport="tcp")) over sumo's TCP connections met
+through the store (transport="group": a gloo group made from it, at the object's request),
+one communicator per membership, the survivors agreeing through the store with heartbeats
+(sumo_store_agree). The
 MPI transport and torch.distributed groups made by a launcher cannot shrink, and a failure
 there ends the job as before (docs/torch/elastic.md).
 """
@@ -60,7 +62,7 @@ import torch.utils.data
 
 from .._abi import SUMO_ERR_MISMATCH
 from .._lib import SumoError
-from . import _joiners, _membership, _runtime as rt
+from . import _membership, _runtime as rt
 from . import collectives
 from ._init import init
 from ._runtime import HorovodInternalError, HostsUpdatedInterrupt
@@ -132,12 +134,14 @@ class State:
 
     def check_host_updates(self):
         """Raises HostsUpdatedInterrupt on every rank when processes took join tickets since
-        the last membership. Collective: rank 0 reads the store, every rank learns its
-        answer."""
-        tickets = _broadcast_count(_joiners.join_tickets(), "sumo.torch.elastic: the join tickets")
-        if tickets > rt.state.admitted:
+        the last membership, and HorovodInternalError on every rank when any saw a member's
+        heartbeat stand still. Collective in a store job (libsumo's commit point,
+        sumo_elastic_commit: rank 0 counts the tickets, every member learns what any saw);
+        elsewhere nobody can join, and nothing is exchanged."""
+        joiners = _membership.commit_point()
+        if joiners:
             e = HostsUpdatedInterrupt(False)
-            e.tickets = tickets
+            e.joiners = joiners
             raise e
 
     def save(self):
@@ -482,7 +486,7 @@ def run(func):
                     _recover(state, lost, synced)
                     state.on_reset()
                 elif grew:
-                    _joiners.grow(joined.tickets)
+                    _membership.grow(joined.joiners)
                     state.on_reset()
                 lost = joined = None
                 if not skip_sync:
@@ -494,7 +498,7 @@ def run(func):
             except HorovodInternalError as e:
                 lost, joined, skip_sync = e, None, False
             except HostsUpdatedInterrupt as e:
-                if not hasattr(e, "tickets"):  # raised by the caller's own code
-                    e.tickets = rt.state.admitted
+                if not hasattr(e, "joiners"):  # raised by the caller's own code
+                    e.joiners = 0
                 lost, joined, skip_sync = None, e, e.skip_sync
     return wrapper
