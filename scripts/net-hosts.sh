@@ -27,10 +27,12 @@
 #   --mpirun          run `mpirun --host host0:L,host1:L,... [mpirun options] COMMAND` from the
 #                     switch's namespace: its launch agent enters each host (this script with
 #                     --enter), TCP between hosts (ob1, btl self,vader,tcp), each host's own
-#                     shared memory inside it. mpirun options go first, ended by --:
-#                     net-hosts.sh --mpirun -x VAR -- prog args
+#                     shared memory inside it. The last of this script's options: mpirun's
+#                     own follow it, ended by --: net-hosts.sh --mpirun -x VAR -- prog args
 #   (default)         run COMMAND on every host at once, as one logs in to each machine and
 #                     starts it there; each output line is prefixed with "hostI| "
+#   --share-tmp       the hosts see this machine's /tmp (each has an empty one of its own
+#                     otherwise), for a tool that writes its results there
 #   --timeout S       end everything after S seconds (exit 124)
 #   --cleanup         take down what earlier runs of this script left (runs killed with
 #                     SIGKILL, which no trap sees) and exit; every run does this first
@@ -53,8 +55,8 @@ tag=sumo-net
 
 # --enter HOST-INDEX COMMAND...: what runs on a host: its own UTS and mount namespaces inside
 # the network namespace (`ip netns exec` makes the mount one and binds /etc/netns/NS/hosts over
-# /etc/hosts): host name hostI, empty /tmp and /dev/shm, so nothing is shared between hosts but
-# the network and the files of the checkout. The launch agent mpirun calls uses it too, as
+# /etc/hosts): host name hostI, empty /tmp (unless --share-tmp) and /dev/shm, so nothing is
+# shared between hosts but the network and the files of the checkout. The launch agent mpirun calls uses it too, as
 # `net-hosts.sh --agent HOSTNAME REMOTE-COMMAND` (a remote shell's command line).
 if [ "${1:-}" = --enter ] || [ "${1:-}" = --agent ]; then
     mode=$1 host=$2
@@ -64,15 +66,16 @@ if [ "${1:-}" = --enter ] || [ "${1:-}" = --agent ]; then
     NET_HOST=$host NET_ADDR=$subnet.$((host + 1))
     export NET_HOST NET_ADDR
     # shellcheck disable=SC2016 # expanded by the inner shell
-    inner='hostname "host$NET_HOST" && mount -t tmpfs -o mode=1777 tmpfs /tmp &&
-           mount -t tmpfs -o mode=1777 tmpfs /dev/shm && cd "$NET_CWD" && exec "$@"'
+    inner='hostname "host$NET_HOST" && mount -t tmpfs -o mode=1777 tmpfs /dev/shm &&
+           { [ "$NET_SHARE_TMP" = 1 ] || mount -t tmpfs -o mode=1777 tmpfs /tmp; } &&
+           cd "$NET_CWD" && exec "$@"'
     if [ "$mode" = --agent ]; then set -- /bin/sh -c "$*"; fi
     NET_CWD=$PWD exec ip netns exec "$NET_PREFIX-h$host" \
         unshare --uts --mount --propagation private -- /bin/sh -c "$inner" sh "$@"
 fi
 
 hosts=2 local=1 rate=1gbit burst=1mb mtu=65535 delay='' loss='' two='' flap='' cut='' mpirun=0
-limit=0 cleanup_only=0
+limit=0 cleanup_only=0 share_tmp=0
 while [ $# -gt 0 ]; do
     case "$1" in
     --hosts) hosts=$2; shift 2 ;;
@@ -85,8 +88,9 @@ while [ $# -gt 0 ]; do
     --second-link) two=$2; shift 2 ;;
     --flap) flap=$2; shift 2 ;;
     --cut) cut=$2; shift 2 ;;
-    --mpirun) mpirun=1; shift ;;
+    --mpirun) mpirun=1; shift; break ;; # the rest is mpirun's options, --, the command
     --timeout) limit=$2; shift 2 ;;
+    --share-tmp) share_tmp=1; shift ;;
     --cleanup) cleanup_only=1; shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     --) shift; break ;;
@@ -158,7 +162,7 @@ done
 
 prefix=$tag-$$
 hub=$prefix-hub
-export NET_PREFIX=$prefix NET_HOSTS=$hosts NET_LOCAL=$local NET_HOST0=$subnet.1
+export NET_PREFIX=$prefix NET_HOSTS=$hosts NET_LOCAL=$local NET_HOST0=$subnet.1 NET_SHARE_TMP=$share_tmp
 made=()
 children=()
 # shellcheck disable=SC2317 # called by the traps
@@ -229,6 +233,10 @@ for ((k = 0; k < hosts; k++)); do
     if [ -n "$two" ]; then
         if [ "$k" = "$two" ]; then
             link "$ns" eth1 "s$k" br1 "$second.$((k + 1))"
+            # What a host of two networks sets up: what leaves from eth1's address goes out
+            # through eth1, the replies of the connections made to it included.
+            ip -n "$ns" rule add from "$second.$((k + 1))" table 100
+            ip -n "$ns" route add default via "$second.254" dev eth1 table 100
         else
             ip -n "$ns" route add "$second.0/24" via "$subnet.254"
         fi
@@ -282,7 +290,9 @@ echo "# net-hosts: $hosts hosts of $local, links $( [ "$rate" = none ] && echo u
 status=0
 # A watchdog: the hosts' processes end when the limit is reached.
 if [ "$limit" -gt 0 ]; then
-    (sleep "$limit"; echo "net-hosts: --timeout $limit reached" >&2; kill -USR1 $$) &
+    # shellcheck disable=SC2064 # the sleep's pid, known inside
+    (sleep "$limit" & s=$!; trap "kill $s" TERM; wait $s || exit 0
+     echo "net-hosts: --timeout $limit reached" >&2; kill -USR1 $$) &
     children+=($!)
 fi
 [ -z "$flap" ] || { fault flap "$flap" & children+=($!); }
