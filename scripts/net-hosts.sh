@@ -305,7 +305,9 @@ if [ $mpirun = 1 ]; then
     for ((k = 0; k < hosts; k++)); do list+=${list:+,}host$k:$local; done
     # The orteds and ranks reach mpirun (in the switch's namespace) and each other over the
     # switch; within a host, Open MPI's own shared memory (vader), which is the host's.
-    ip netns exec "$hub" mpirun --host "$list" --mca plm_rsh_agent "$self --agent" \
+    # As root, which making the hosts needs: --allow-run-as-root.
+    ip netns exec "$hub" mpirun --allow-run-as-root --oversubscribe --host "$list" \
+        --mca plm_rsh_agent "$self --agent" \
         --mca plm_rsh_no_tree_spawn 1 --mca pml ob1 --mca btl self,vader,tcp --mca osc '^ucx' \
         --mca btl_tcp_if_include "$subnet.0/24" --mca oob_tcp_if_include "$subnet.0/24" \
         "${margs[@]}" "$@" &
