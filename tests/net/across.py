@@ -28,6 +28,7 @@ import hashlib
 import os
 import sys
 import threading
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
@@ -157,6 +158,7 @@ def check_ddp():
 
 def check_optimizer():
     for name, op in (("Average", st.Average), ("Adasum", st.Adasum)):
+        t0 = time.monotonic()
         net = model()
         opt = st.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1),
                                       named_parameters=net.named_parameters(), op=op)
@@ -167,7 +169,7 @@ def check_optimizer():
             opt.step()
         params = list(net.parameters())
         report(same_everywhere(params), "DistributedOptimizer op=%s, 3 steps: every replica "
-               "the same bits; digest %s" % (name, digest(params)))
+               "the same bits (%.1f s); digest %s" % (name, time.monotonic() - t0, digest(params)))
 
 
 def counters(dev):
