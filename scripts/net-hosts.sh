@@ -170,7 +170,13 @@ cleanup() {
     trap - EXIT INT TERM HUP
     local ns
     for ns in "${made[@]}"; do take_down "$ns"; done
-    [ ${#children[@]} -eq 0 ] || kill "${children[@]}" 2>/dev/null || true
+    # The watchdog and the faults, and the sleep each waits in.
+    local c
+    for c in "${children[@]}"; do
+        pkill -TERM -P "$c" 2>/dev/null || true
+        kill "$c" 2>/dev/null || true
+        wait "$c" 2>/dev/null || true
+    done
 }
 trap cleanup EXIT
 trap 'cleanup; exit 143' TERM
@@ -316,7 +322,8 @@ if [ $mpirun = 1 ]; then
 else
     pids=()
     for ((k = 0; k < hosts; k++)); do
-        (set +e -o pipefail; "$self" --enter "$k" "$@" 2>&1 | sed -u "s/^/host$k| /") &
+        # The subshell's own stderr carries only bash's notice of a command it saw killed.
+        (set +e -o pipefail; "$self" --enter "$k" "$@" 2>&1 | sed -u "s/^/host$k| /") 2>/dev/null &
         pids+=($!)
     done
     for p in "${pids[@]}"; do
