@@ -19,6 +19,8 @@ Checks, one line each on rank 0 (any rank's failure on its own line), exit statu
   exists: torchrun, mpirun) and of the Horovod-style DistributedOptimizer (Average, Adasum):
   every replica the same bits; rank 0 prints each model's digest, which run.sh compares
   across the launchers;
+- under torchrun, the hosts init() finds (host name and boot id), and SUMO_LOCAL_SIZE=4 (a
+  simulated host across the two) refused;
 - with --ifname DEV (the host given a second link by net-hosts.sh --second-link): a flat TCP
   communicator made with SUMO_SOCKET_IFNAME=DEV on that host carries its traffic through DEV,
   one made with SUMO_SOCKET_IFNAME=eth0 leaves DEV idle (the interfaces' byte counters).
@@ -205,6 +207,25 @@ def check_ifname(store):
                show=two and st.local_rank() == 0)
 
 
+def check_local_size():
+    """SUMO_LOCAL_SIZE=4 over the 2 hosts: a simulated host across two machines (host names
+    that differ on one kernel), which init() refuses, naming the ranks. Where each rank runs
+    is gathered as init() gathers it."""
+    from sumo.torch import _hosts, _init
+    here = hashlib.sha256(("%s\0%s" % (os.uname().nodename, _init._boot_id())).encode()).digest()
+    gathered = [torch.empty(len(here), dtype=torch.uint8) for _ in range(st.size())]
+    dist.all_gather(gathered, torch.tensor(list(here), dtype=torch.uint8))
+    where = [bytes(t.tolist()) for t in gathered]
+    try:
+        _hosts.hosts_of(where, 4)
+        ok, text = False, "accepted"
+    except RuntimeError as e:
+        ok, text = "different machines" in str(e), str(e)
+    report(ok and _hosts.hosts_of(where, 0) == [0, 0, 1, 1],
+           "the hosts by name and boot id: %s; SUMO_LOCAL_SIZE=4 across them: %s"
+           % (_hosts.hosts_of(where, 0), text))
+
+
 def main():
     if launcher == "mpirun":
         st.init()  # sumo's MPI transport, and the gloo group DDP uses
@@ -230,6 +251,8 @@ def main():
         comms.append(("flat tcp", _stores.make_tcp(store, st.rank(), st.size(),
                                                    _stores._key_prefix(dist.group.WORLD), 2,
                                                    "the test's store")))
+    if launcher == "torchrun":
+        check_local_size()
     check_collectives(comms)
     if dist.is_initialized():
         check_ddp()
