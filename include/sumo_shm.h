@@ -11,7 +11,10 @@
  * dies (killed, crashed) makes the peers waiting on it fail with SUMO_ERR_PEER_FAILURE within
  * a fraction of a second instead of at the deadline. Every process must live in the same PID
  * namespace (torchrun's do); a handle does not survive fork (use it in the process that made
- * it). sumo_comm_transport names it "shm".
+ * it). One machine is one host name and one kernel boot id: a rank whose host name or boot id
+ * is not rank 0's (ranks of two machines met through one store) fails with
+ * SUMO_ERR_INVALID_USAGE, naming both hosts, and so does the group. sumo_comm_transport names
+ * it "shm".
  *
  * Environment: SUMO_TIMEOUT bounds the creation as it bounds every collective;
  * SUMO_SHM_STAGE_BYTES sizes the staging areas (rank 0's value counts) when the options leave

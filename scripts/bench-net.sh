@@ -10,10 +10,11 @@
 # SUMO_MPI_SHM=0 turns off the sumo MPI transport's own shared-memory path.
 #
 # Topologies (--topology):
-#   switch (default)  each rank in its own network namespace, with a veth link into a bridge (the
-#                     switch) in a hub namespace; both directions of every link shaped to --rate,
-#                     as a node's full-duplex NIC is. mpirun runs in the hub; its PMIx server
-#                     accepts the ranks' connections over the bridge.
+#   switch (default)  each rank a host of its own (scripts/net-hosts.sh --hosts N --local 1:
+#                     a network namespace with a veth link into a bridge, the switch, both
+#                     directions of every link shaped to --rate, as a node's full-duplex NIC
+#                     is); mpirun runs from the switch's namespace, its launch agent entering
+#                     each host.
 #   bus               all ranks in one namespace on its loopback, shaped to --rate. One qdisc sees
 #                     every rank's traffic in both directions: the ranks share --rate, like a hub.
 # On a small VM the kernel's per-packet work also limits the links (measured on 2 vCPUs: one
@@ -35,8 +36,8 @@
 # Default bench options: --ops sum,adasum --iters 10 --warmup 2; anything after -- is appended
 # (later options win), e.g. -- --max 64M --dtype fp64.
 #
-# Needs root (network namespaces, tc), ip, tc and mpirun; without them it says why and exits 0,
-# so CI can run it unconditionally.
+# Needs root (network namespaces, tc), ip, tc and mpirun; without them it says why ("skipped")
+# and exits 0, so CI can run it unconditionally.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -49,7 +50,6 @@ mtu=65535
 sumo=${SUMO:-$here/build/sumo}
 out=
 mem=--skip-mem
-subnet=10.99.0 # inside namespaces of our own: it cannot clash with the host's networks
 
 skip() {
     echo "bench-net: skipped: $*"
@@ -81,92 +81,72 @@ done
 [ -x "$sumo" ] || { echo "bench-net: no sumo binary at $sumo (run make, or pass --sumo)" >&2; exit 1; }
 maxnp=0
 for np in $nps; do [ "$np" -gt "$maxnp" ] && maxnp=$np; done
-[ "$maxnp" -le 250 ] || { echo "bench-net: at most 250 ranks" >&2; exit 2; }
-
-prefix=sumo-bench-$$
-hub=$prefix-hub
-namespaces=()
-# shellcheck disable=SC2317 # called by the trap
-cleanup() {
-    local ns
-    for ns in "${namespaces[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-
-new_ns() {
-    ip netns add "$1" 2>/dev/null || skip "cannot create a network namespace (no CAP_NET_ADMIN here?)"
-    namespaces+=("$1")
-    ip -n "$1" link set lo up
-}
-
-# Shapes the egress of device $2 in namespace $1. tbf's peakrate would also pace inside the
-# burst, but it drops GSO packets (TCP stalls); a burst of about a millisecond is the compromise.
-shape() {
-    if [ -n "$delay" ]; then
-        ip netns exec "$1" tc qdisc add dev "$2" root handle 1: netem delay "$delay" limit 100000 ||
-            { echo "bench-net: --delay needs sch_netem, which this kernel lacks" >&2; exit 1; }
-        ip netns exec "$1" tc qdisc add dev "$2" parent 1: handle 2: tbf rate "$rate" burst "$burst" latency 50ms
-    else
-        ip netns exec "$1" tc qdisc add dev "$2" root tbf rate "$rate" burst "$burst" latency 50ms
-    fi || skip "tc cannot shape $2 (sch_tbf not available?)"
-}
-
-if [ "$topology" = bus ]; then
-    new_ns "$hub"
-    ip -n "$hub" link set lo mtu "$mtu"
-    shape "$hub" lo
-    shown="$hub:lo"
-else
-    new_ns "$hub"
-    ip -n "$hub" link add br0 type bridge
-    ip -n "$hub" link set br0 mtu "$mtu" up
-    ip -n "$hub" addr add "$subnet.254/24" dev br0
-    for ((k = 0; k < maxnp; k++)); do
-        ns=$prefix-r$k
-        new_ns "$ns"
-        ip link add "v$k" netns "$ns" type veth peer name "p$k" netns "$hub" ||
-            skip "cannot create veth pairs"
-        ip -n "$ns" link set "v$k" mtu "$mtu" up
-        ip -n "$ns" addr add "$subnet.$((k + 1))/24" dev "v$k"
-        ip -n "$hub" link set "p$k" mtu "$mtu" master br0 up
-        shape "$ns" "v$k"  # the rank's uplink
-        shape "$hub" "p$k" # its downlink
-    done
-    shown="$prefix-r0:v0"
-fi
-
-echo "# bench-net: topology $topology, links shaped to $rate (burst $burst, mtu $mtu)${delay:+, delay $delay}:"
-ip netns exec "${shown%%:*}" tc qdisc show dev "${shown##*:}" | sed 's/^/#   /'
+[ "$maxnp" -le 200 ] || { echo "bench-net: at most 200 ranks" >&2; exit 2; }
 
 [ -n "$out" ] && mkdir -p "$out"
 mpi_flags=(--oversubscribe --allow-run-as-root --mca pml ob1 --mca btl "tcp,self"
            --mca oob_tcp_if_include lo --mca osc '^ucx')
 status=0
+
+run_np() { # np, then the command; its output also to $out's file
+    local np=$1
+    shift
+    if [ -n "$out" ]; then
+        "$@" 2>&1 | tee "$out/net-$topology-np$np.txt" # pipefail: the command's status
+    else
+        "$@"
+    fi
+}
+
+if [ "$topology" = switch ]; then
+    # Every rank a host: scripts/net-hosts.sh makes the switch, runs mpirun across it and takes
+    # it down. The ranks see this machine's /tmp (--share-tmp), where --out may lie.
+    # SUMO_MPI_SHM=0 on every rank: nothing shared between the ranks, which are hosts.
+    for np in $nps; do
+        args=(bench --transport mpi --ops "sum,adasum" --iters 10 --warmup 2)
+        [ -n "$mem" ] && args+=("$mem")
+        [ -n "$out" ] && args+=(--csv "$out/net-$topology-np$np.csv")
+        args+=("$@")
+        echo "# bench-net: np $np: $sumo ${args[*]}"
+        code=0
+        run_np "$np" "$here/scripts/net-hosts.sh" --hosts "$np" --rate "$rate" --burst "$burst" \
+            --mtu "$mtu" ${delay:+--delay "$delay"} --share-tmp --mpirun -x SUMO_MPI_SHM=0 -- \
+            "$sumo" "${args[@]}" || code=$?
+        if [ $code -eq 77 ]; then
+            skip "scripts/net-hosts.sh cannot make the hosts here (it said why above)"
+        elif [ $code -ne 0 ]; then
+            status=1
+        fi
+    done
+    exit $status
+fi
+
+hub=sumo-bench-$$-hub
+# shellcheck disable=SC2317 # called by the trap
+cleanup() { ip netns del "$hub" 2>/dev/null || true; }
+trap cleanup EXIT
+ip netns add "$hub" 2>/dev/null || skip "cannot create a network namespace (no CAP_NET_ADMIN here?)"
+ip -n "$hub" link set lo up
+ip -n "$hub" link set lo mtu "$mtu"
+# tbf's peakrate would also pace inside the burst, but it drops GSO packets (TCP stalls); a
+# burst of about a millisecond is the compromise.
+if [ -n "$delay" ]; then
+    ip netns exec "$hub" tc qdisc add dev lo root handle 1: netem delay "$delay" limit 100000 ||
+        { echo "bench-net: --delay needs sch_netem, which this kernel lacks" >&2; exit 1; }
+    ip netns exec "$hub" tc qdisc add dev lo parent 1: handle 2: tbf rate "$rate" burst "$burst" latency 50ms
+else
+    ip netns exec "$hub" tc qdisc add dev lo root tbf rate "$rate" burst "$burst" latency 50ms
+fi || skip "tc cannot shape lo (sch_tbf not available?)"
+echo "# bench-net: topology bus, links shaped to $rate (burst $burst, mtu $mtu)${delay:+, delay $delay}:"
+ip netns exec "$hub" tc qdisc show dev lo | sed 's/^/#   /'
+
 for np in $nps; do
     args=(bench --transport mpi --ops "sum,adasum" --iters 10 --warmup 2)
     [ -n "$mem" ] && args+=("$mem")
     [ -n "$out" ] && args+=(--csv "$out/net-$topology-np$np.csv")
     args+=("$@")
     echo "# bench-net: np $np: $sumo ${args[*]}"
-    if [ "$topology" = bus ]; then
-        cmd=(ip netns exec "$hub" env SUMO_MPI_SHM=0 mpirun -np "$np" "${mpi_flags[@]}"
-             --mca btl_tcp_if_include lo "$sumo" "${args[@]}")
-    else
-        # One application context per rank, each started inside its own namespace. The
-        # variable is set in each context: mpirun's -x reaches only the first one, and ranks
-        # that disagree on SUMO_MPI_SHM would not agree on the shared window either.
-        cmd=(ip netns exec "$hub" env PMIX_MCA_ptl_tcp_remote_connections=1
-             "PMIX_MCA_ptl_tcp_if_include=$subnet.0/24"
-             mpirun "${mpi_flags[@]}" --mca btl_tcp_if_include "$subnet.0/24")
-        for ((k = 0; k < np; k++)); do
-            [ "$k" -gt 0 ] && cmd+=(:)
-            cmd+=(-np 1 ip netns exec "$prefix-r$k" env SUMO_MPI_SHM=0 "$sumo" "${args[@]}")
-        done
-    fi
-    if [ -n "$out" ]; then
-        "${cmd[@]}" 2>&1 | tee "$out/net-$topology-np$np.txt" || status=1 # pipefail: mpirun's
-    else
-        "${cmd[@]}" || status=1
-    fi
+    run_np "$np" ip netns exec "$hub" env SUMO_MPI_SHM=0 mpirun -np "$np" "${mpi_flags[@]}" \
+        --mca btl_tcp_if_include lo "$sumo" "${args[@]}" || status=1
 done
 exit $status

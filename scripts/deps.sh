@@ -38,7 +38,8 @@ packages=(
   zlib1g-dev           # gzipped IDX files
   dataset-fashion-mnist # the training data
   gnuplot-nox          # experiment plots (PNG without a display)
-  iproute2             # ip/tc for the shaped-network benchmark
+  iproute2             # ip/tc: hosts as network namespaces (scripts/net-hosts.sh, bench-net.sh)
+  nftables             # nft: packets dropped on those hosts' links
   clang                # libFuzzer (-fsanitize=fuzzer) for `make fuzz`
 )
 if [ $python -eq 1 ]; then

@@ -38,6 +38,10 @@ step tests/python/wheel.sh
 # transport's bits) and of the binding's check, srun --mpi=pmix, and docs/cli.md's sbatch
 # example. Skipped with one line where Slurm cannot start (not root) or SUMO_SKIP_SLURM=1.
 step tests/slurm/run.sh
+# Across hosts for real: 2 hosts of 2 ranks as network namespaces on a shaped switch
+# (scripts/net-hosts.sh), torchrun, sumo.launch's served store and mpirun across them, and
+# `sumo train` under mpirun. Needs root and ip; SUMO_SKIP_NET=1 skips it, saying so.
+step tests/net/run.sh
 # A rank stopped, killed or leaving early under mpirun ends the job within the deadline.
 step make test-faults
 # Each fuzzer (IDX, checkpoint, command line, store records, the TCP meeting and frames) for

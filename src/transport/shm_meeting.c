@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #define SEG_MAGIC 0x31306d6873756d73ull
-#define SEG_VERSION 3u /* 2: the ranks' boards; 3: rank 0's machine */
+#define SEG_VERSION 4u /* 2: the ranks' boards; 3: rank 0's boot id; 4: and host name */
 #define KEY_BYTES 256
 #define NOTE_BYTES 200
 
@@ -44,8 +44,9 @@ typedef struct seg_record {
     uint64_t ino, dev, nonce;
     char name[64];
     char note[NOTE_BYTES];
-    /* Rank 0's machine: the kernel's boot id ("" where it cannot be read). Last, so that a
-     * test can rewrite it in a record it copies. */
+    /* Rank 0's machine: its host name and the kernel's boot id ("" where either cannot be
+     * read). Last, so that a test can rewrite them in a record it copies. */
+    char host[64];
     char boot[40];
 } seg_record;
 
@@ -233,6 +234,16 @@ static void boot_id(char *out, size_t bytes)
     out[strcspn(out, "\n")] = '\0';
 }
 
+/* This machine's host name. The boot id alone takes hosts that share a kernel (containers,
+ * network namespaces with host names of their own, as a cluster is tested on one machine)
+ * for one; the host name tells them apart as sumo.torch.init() does, which finds the hosts
+ * of a job by name and boot id. */
+static void host_name(char *out, size_t bytes)
+{
+    if (gethostname(out, bytes) != 0) out[0] = '\0';
+    out[bytes - 1] = '\0';
+}
+
 static sumo_result lead(const sumo__shm_meeting *m, sumo__shm_met *met)
 {
     int size = m->o->size;
@@ -279,6 +290,7 @@ static sumo_result lead(const sumo__shm_meeting *m, sumo__shm_met *met)
         rec.nonce = s.nonce;
         snprintf(rec.name, sizeof rec.name, "%s", s.name);
         boot_id(rec.boot, sizeof rec.boot);
+        host_name(rec.host, sizeof rec.host);
         verdict_record v = {.code = meet_set(m, key, &rec, sizeof rec),
                             .pid = (int32_t)getpid(), .start = sumo__shm_own_start()};
         if (v.code != SUMO_SUCCESS) snprintf(v.note, sizeof v.note, "%s", m->err);
@@ -413,6 +425,7 @@ static sumo_result follow(const sumo__shm_meeting *m, sumo__shm_met *met)
         SUMO__CHECK(wait_segment(m, attempt, key, &rec));
         rec.name[sizeof rec.name - 1] = '\0';
         rec.note[sizeof rec.note - 1] = '\0';
+        rec.host[sizeof rec.host - 1] = '\0';
         rec.boot[sizeof rec.boot - 1] = '\0';
         if (rec.code != SUMO_SUCCESS) {
             snprintf(m->err, m->errlen, "%s", peer_note(rec.note, sizeof rec.note, "rank 0 "
@@ -422,9 +435,11 @@ static sumo_result follow(const sumo__shm_meeting *m, sumo__shm_met *met)
         /* Ranks on two machines (a launcher or a store across hosts): nothing here can be
          * mapped, and rank 0's process is not this machine's to watch; said as such, to rank 0
          * too, rather than as a rank 0 that has ended. */
-        char boot[sizeof rec.boot];
+        char boot[sizeof rec.boot], host[sizeof rec.host];
         boot_id(boot, sizeof boot);
-        bool elsewhere = rec.boot[0] != '\0' && boot[0] != '\0' && strcmp(rec.boot, boot) != 0;
+        host_name(host, sizeof host);
+        bool elsewhere = (rec.boot[0] != '\0' && boot[0] != '\0' && strcmp(rec.boot, boot) != 0) ||
+                         (rec.host[0] != '\0' && host[0] != '\0' && strcmp(rec.host, host) != 0);
         /* Where this process sees rank 0 (its pid and start time, as it wrote them), rank 0's
          * end ends the meeting. Over a memfd it must see it (it opens rank 0's descriptor
          * through /proc); over a name, rank 0 may live in another PID namespace. */
@@ -437,9 +452,9 @@ static sumo_result follow(const sumo__shm_meeting *m, sumo__shm_met *met)
         }
         attach_record a = {.code = SUMO_ERR_INVALID_USAGE, .pid = (int32_t)getpid()};
         if (elsewhere)
-            snprintf(a.note, sizeof a.note, "runs on another machine than rank 0 (boot ids %.8s "
-                     "and %.8s): shared memory needs every rank on one host; across hosts, "
-                     "sumo_comm_create_tcp (sumo.torch: transport \"tcp\")", boot, rec.boot);
+            snprintf(a.note, sizeof a.note, "runs on another machine than rank 0 (hosts "
+                     "\"%.20s\" and \"%.20s\", boot ids %.8s, %.8s): shared memory needs one "
+                     "host; across hosts, transport \"tcp\"", host, rec.host, boot, rec.boot);
         else
             a = attach(m, met, &rec);
         SUMO__CHECK(make_key(m, key, "attach/%d/%d", attempt, m->o->rank));

@@ -263,18 +263,19 @@ static void *lead_alone(void *p)
     return NULL;
 }
 
-/* Rank 0's record as a rank on another machine reads it (its boot id, the record's last 40
- * bytes, rewritten): the follower says the ranks are on two machines, and tells rank 0 so,
- * instead of taking rank 0 for ended. */
-static void test_rank_on_another_machine(void **state)
+/* Rank 0's record as a rank on another machine reads it: the follower says the ranks are on
+ * two machines, and tells rank 0 so, instead of taking rank 0 for ended. The record ends with
+ * rank 0's host name (64 bytes) and boot id (40): another boot id (a machine of its own), or
+ * another host name with this boot id (a host that shares the kernel: a container, a network
+ * namespace standing for a machine). */
+static void rank_on_another_machine(bool other_boot)
 {
-    (void)state;
     FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
-    if (f == NULL) {
+    if (f == NULL && other_boot) {
         print_message("no /proc/sys/kernel/random/boot_id: the machine check is off here\n");
         skip();
     }
-    fclose(f);
+    if (f) fclose(f);
     char dir[160];
     make_store_dir(dir, sizeof dir);
     setenv("SUMO_TIMEOUT", "3", 1);
@@ -287,8 +288,11 @@ static void test_rank_on_another_machine(void **state)
     size_t bytes = sizeof rec;
     assert_int_equal(store->get(store->ctx, "here/seg/0", rec, &bytes, (int64_t)((now_s() + 20) * 1e9)),
                      SUMO_SUCCESS);
-    assert_true(bytes > 40);
-    memcpy(rec + bytes - 40, "00000000-1111-2222-3333-444444444444", 37);
+    assert_true(bytes > 104);
+    if (other_boot)
+        memcpy(rec + bytes - 40, "00000000-1111-2222-3333-444444444444", 37);
+    else
+        memcpy(rec + bytes - 104, "sumo-test-elsewhere", 20);
     assert_int_equal(store->set(store->ctx, "there/seg/0", rec, bytes), SUMO_SUCCESS);
     char err[256] = "";
     sumo_comm *comm = NULL;
@@ -298,6 +302,7 @@ static void test_rank_on_another_machine(void **state)
     assert_null(comm);
     assert_non_null(strstr(err, "another machine than rank 0"));
     assert_non_null(strstr(err, "\"tcp\""));
+    if (!other_boot) assert_non_null(strstr(err, "\"sumo-test-elsewhere\""));
     /* What rank 0 of that group would read: the attach record's code. */
     int32_t told[128] = {0};
     bytes = sizeof told;
@@ -311,6 +316,18 @@ static void test_rank_on_another_machine(void **state)
     unsetenv("SUMO_TIMEOUT");
     assert_int_equal(sumo_store_destroy_dir(store, 1), SUMO_SUCCESS);
     remove_dir(dir);
+}
+
+static void test_rank_on_another_machine(void **state)
+{
+    (void)state;
+    rank_on_another_machine(true);
+}
+
+static void test_rank_on_another_host_name(void **state)
+{
+    (void)state;
+    rank_on_another_machine(false);
 }
 
 /* A second process for rank 1 after the group has met, while its rank 0 still runs: named as a
@@ -411,6 +428,7 @@ int main(void)
         cmocka_unit_test(test_late_duplicate_named),
         cmocka_unit_test(test_store_never_delivers),
         cmocka_unit_test(test_rank_on_another_machine),
+        cmocka_unit_test(test_rank_on_another_host_name),
         cmocka_unit_test(test_killed_rank_staged),
         cmocka_unit_test(test_killed_rank_messages_named),
         cmocka_unit_test(test_leave_early_and_linger),
