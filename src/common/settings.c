@@ -74,8 +74,9 @@ static const sumo__setting table[SUMO__SETTING_COUNT] = {
         .doc = "Across hosts, where no process sees another's end: a process whose heartbeat "
                "in the store has not changed for this long is taken for dead by the survivors' "
                "agreement and by the TCP meeting of their next communicator (the alive_s of "
-               "sumo_store_agree and sumo_tcp_options where 0; sumo.torch's elastic jobs across "
-               "hosts, over TCP or a process group, beat every tenth of it). Shorter finds a "
+               "sumo_store_agree, sumo_tcp_options and sumo_elastic_options where 0; an elastic "
+               "job's processes, sumo.torch's and sumo train --store's, beat every tenth of "
+               "it). Shorter finds a "
                "lost process sooner and risks leaving out one that is only stalled."},
     [SUMO__SETTING_SOCKET_IFNAME] = {
         .name = "SUMO_SOCKET_IFNAME", .type = SUMO__SETTING_TEXT, .noun = "an interface name",
