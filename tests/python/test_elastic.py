@@ -32,7 +32,7 @@ import elastic_worker as worker
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 LAUNCHED = any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK",
                                          "TORCHELASTIC_RUN_ID"))
-DEADLINE = 5  # SUMO_TIMEOUT of the processes started here
+DEADLINE = 10  # SUMO_TIMEOUT of the processes started here (a joiner that starts torch on a busy machine)
 GUARD = 120   # seconds a job of them may take at all (torch's start-up on a busy machine)
 
 
