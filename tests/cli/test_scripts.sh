@@ -4,7 +4,7 @@
 # out fails it, a row recorded with other kernels and another OpenBLAS core is run with them
 # and compared, one whose kernels or core cannot run here is skipped saying why, a command of
 # another shape is refused),
-# scripts/experiment's refusals, and scripts/check-layers refusing a violation made in a copy
+# scripts/experiment's refusals and its --kernels check of a figure's claims, and scripts/check-layers refusing a violation made in a copy
 # of the tree. Run from anywhere; needs build/sumo (make).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -93,6 +93,47 @@ scripts/experiment e2 --replot --resume > "$tmp/e.out" 2>&1
 code=$?
 [ $code -eq 2 ] && grep -q -- "give one" "$tmp/e.out" && ok "experiment: --replot with --resume refused" \
   || fail "experiment --replot --resume: exit $code: $(cat "$tmp/e.out")"
+# --kernels checks the claims of E2's figure (e2_claims) on rows run under other kernels
+# against the record, results/e2.csv; here on copies of the record's rows (--replot: no
+# training). kcsv DIR ISA CORE [ACC]: the rows as if run under ISA and CORE, the 8-worker
+# AR-SGD rows' final accuracy set to ACC if given.
+kcsv() {
+  mkdir -p "$1"
+  awk -F, -v OFS=, -v isa="$2" -v core="$3" -v acc="${4:-}" 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; print; next }
+    { $c["kernel_isa"] = isa; $c["blas_core"] = core
+      if (acc != "" && $c["label"] == "AR-SGD" && $c["workers"] == 8) $c["final_accuracy"] = acc
+      print }' results/e2.csv > "$1/e2.csv"
+}
+kcsv "$tmp/k1" portable Sandybridge
+scripts/experiment e2 --replot --kernels portable,Sandybridge --record results/e2.csv --out "$tmp/k1" > "$tmp/k.out" 2>&1
+code=$?
+[ $code -eq 0 ] && grep -q "^| SlowMo beta 0.5 ahead of AR-SGD beyond the spread, 8 workers | holds: .* | holds: " "$tmp/k1/e2-claims.md" \
+  && grep -q "^1[01] of the claims that hold on the record hold under portable,Sandybridge; 0 do not" "$tmp/k.out" \
+  && ok "experiment --kernels: the record's claims hold on the same rows, each with its figures" \
+  || fail "experiment --kernels, the same rows: exit $code: $(tail -5 "$tmp/k.out")"
+# AR-SGD at 8 workers level with SlowMo (86.40 against 86.43 +- 0.12): the claim that SlowMo
+# is ahead fails here, and so does Local SGD's (85.74 against 86.40: behind beyond the spread).
+kcsv "$tmp/k2" portable Sandybridge 0.8640
+scripts/experiment e2 --replot --kernels portable,Sandybridge --out "$tmp/k2" > "$tmp/k.out" 2>&1
+code=$?
+[ $code -eq 1 ] && grep -q "^| SlowMo beta 0.5 ahead of AR-SGD beyond the spread, 8 workers | holds: .* | \*\*does not hold\*\*: 86.43 ± 0.12 against 86.40 ± 0.00" "$tmp/k.out" \
+  && grep -q "^| SlowMo beta 0.5 ahead of AR-SGD beyond the spread, 16 workers | holds: .* | holds: " "$tmp/k.out" \
+  && grep -q "2 claim(s) of the record fail under --kernels portable,Sandybridge" "$tmp/k.out" \
+  && ok "experiment --kernels: a claim of the record that fails under the other kernels fails the run, naming it" \
+  || fail "experiment --kernels, a claim lost: exit $code: $(tail -5 "$tmp/k.out")"
+kcsv "$tmp/k3" avx2 Zen
+scripts/experiment e2 --replot --kernels portable,Sandybridge --out "$tmp/k3" > "$tmp/k.out" 2>&1
+code=$?
+[ $code -eq 1 ] && grep -q "rows of $tmp/k3/e2.csv ran with avx2,Zen" "$tmp/k.out" \
+  && ok "experiment --kernels: rows that ran under other kernels than asked are refused" \
+  || fail "experiment --kernels, rows of other kernels: exit $code: $(tail -3 "$tmp/k.out")"
+for bad in "e2 --kernels portable" "e3 --kernels portable,Sandybridge" "e1 --kernels portable,Sandybridge" \
+           "e2 --kernels avx1024,Zen --out $tmp/k1" "e2 --kernels portable,Zen --out results" "e2 --record results/e2.csv"; do
+  scripts/experiment $bad > "$tmp/k.out" 2>&1
+  code=$?
+  [ $code -eq 2 ] || { fail "experiment $bad: exit $code, not 2: $(cat "$tmp/k.out")"; refused=0; }
+done
+[ "${refused:-1}" -eq 1 ] && ok "experiment --kernels: a bad ISA,CORE, an experiment without claims, an unknown set, the record as the output, --record alone refused"
 
 # ---- scripts/check-layers ----
 # layers NAME FILE TEXT EXPECT: the tree copied, TEXT appended to FILE, must be refused with a
