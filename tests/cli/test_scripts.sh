@@ -2,8 +2,9 @@
 # Checks of the project's scripts that do not fit a unit test: scripts/deps.sh's switch that
 # leaves out the Python packages, scripts/check-recorded (a recorded hash that no longer comes
 # out fails it, a row recorded with other kernels and another OpenBLAS core is run with them
-# and compared, one whose kernels or core cannot run here is skipped saying why, a command of
-# another shape is refused),
+# and compared, --every-isa runs the rows under each kernel set this CPU has, a row whose
+# kernels or core cannot run here is skipped saying why, a command of another shape is
+# refused),
 # scripts/experiment's refusals and its --kernels check of a figure's claims, and scripts/check-layers refusing a violation made in a copy
 # of the tree. Run from anywhere; needs build/sumo (make).
 set -uo pipefail
@@ -61,6 +62,27 @@ if grep -qw avx /proc/cpuinfo; then
     && ok "check-recorded: a row recorded with other kernels and another OpenBLAS core runs with them and compares" \
     || fail "check-recorded, another CPU's row: recorded with $other_ran, exit $code: $(tail -3 "$tmp/c3.out")"
 else ok "check-recorded: another CPU's row (# SKIP: this CPU has no AVX for OpenBLAS's Sandybridge core)"; fi
+# --every-isa: the rows under every kernel set this CPU has, forced in turn. The average's
+# row is compared under each (the elementwise kernels give the same bits on every set); an
+# Adasum row, whose dot products follow the vector width, is compared under the record's set
+# and run, its hash said, not compared, under each other one. A run that skipped a set
+# would compare fewer.
+sets=0
+for s in portable avx2 avx512; do SUMO_KERNEL_ISA=$s ./build/sumo environment --check 2> /dev/null && sets=$((sets + 1)); done
+if [ $sets -ge 2 ]; then
+  acmd="./build/sumo train --seed 1 --no-progress --workers 2 --epochs 1 --batch 32 --train-limit 2000 --test-limit 200 --reduce adasum"
+  $acmd --summary "$tmp/arow.csv" > /dev/null 2>&1 || fail "the short Adasum row does not run: $acmd"
+  cp "$tmp/same.csv" "$tmp/every.csv"
+  tail -1 "$tmp/arow.csv" | sed "s|^|short adasum,|; s|\$|,\"$acmd\"|" >> "$tmp/every.csv"
+  scripts/check-recorded --every-isa "$tmp/every.csv" > "$tmp/c6.out" 2>&1
+  code=$?
+  [ $code -eq 0 ] && [ "$(grep -c '^ok .*(avg, 2 workers) under .* as recorded' "$tmp/c6.out")" -eq $sets ] \
+    && [ "$(grep -c "^ok .*(adasum, 2 workers) under $here_isa kernels.* as recorded" "$tmp/c6.out")" -eq 1 ] \
+    && [ "$(grep -c '^note .*(adasum, 2 workers) under .*not compared' "$tmp/c6.out")" -eq $((sets - 1)) ] \
+    && grep -q "^check-recorded: $((sets + 1)) row run(s) compared" "$tmp/c6.out" \
+    && ok "check-recorded --every-isa: each of this CPU's $sets kernel sets forced in turn, the average compared under each, Adasum under the record's" \
+    || fail "check-recorded --every-isa: exit $code: $(cat "$tmp/c6.out")"
+else ok "check-recorded --every-isa (# SKIP: this CPU runs one kernel set)"; fi
 recorded "$tmp/lacks.csv" 0123456789abcdef "$here_blas" avx1024
 recorded "$tmp/core.csv" 0123456789abcdef OtherCore "$here_isa"
 scripts/check-recorded "$tmp/lacks.csv" "$tmp/core.csv" > "$tmp/c5.out" 2>&1
