@@ -115,16 +115,16 @@ scripts/experiment e2 --replot --resume > "$tmp/e.out" 2>&1
 code=$?
 [ $code -eq 2 ] && grep -q -- "give one" "$tmp/e.out" && ok "experiment: --replot with --resume refused" \
   || fail "experiment --replot --resume: exit $code: $(cat "$tmp/e.out")"
-# --kernels checks the claims of E2's figure (e2_claims) on rows run under other kernels
-# against the record, results/e2.csv; here on copies of the record's rows (--replot: no
-# training). kcsv DIR ISA CORE [ACC]: the rows as if run under ISA and CORE, the 8-worker
-# AR-SGD rows' final accuracy set to ACC if given.
+# --kernels checks the claims of an experiment's figure (eN_claims) on rows run under other
+# kernels against the record, results/eN.csv; here on copies of the record's rows (--replot:
+# no training). kcsv DIR ISA CORE [ACC [EXP]]: EXP's rows (e2 unless given) as if run under
+# ISA and CORE, E2's 8-worker AR-SGD rows' final accuracy set to ACC if given.
 kcsv() {
   mkdir -p "$1"
   awk -F, -v OFS=, -v isa="$2" -v core="$3" -v acc="${4:-}" 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; print; next }
     { $c["kernel_isa"] = isa; $c["blas_core"] = core
       if (acc != "" && $c["label"] == "AR-SGD" && $c["workers"] == 8) $c["final_accuracy"] = acc
-      print }' results/e2.csv > "$1/e2.csv"
+      print }' "results/${5:-e2}.csv" > "$1/${5:-e2}.csv"
 }
 kcsv "$tmp/k1" portable Sandybridge
 scripts/experiment e2 --replot --kernels portable,Sandybridge --record results/e2.csv --out "$tmp/k1" > "$tmp/k.out" 2>&1
@@ -149,13 +149,19 @@ code=$?
 [ $code -eq 1 ] && grep -q "rows of $tmp/k3/e2.csv ran with avx2,Zen" "$tmp/k.out" \
   && ok "experiment --kernels: rows that ran under other kernels than asked are refused" \
   || fail "experiment --kernels, rows of other kernels: exit $code: $(tail -3 "$tmp/k.out")"
-for bad in "e2 --kernels portable" "e3 --kernels portable,Sandybridge" "e1 --kernels portable,Sandybridge" \
+kcsv "$tmp/k4" portable Sandybridge "" e1
+scripts/experiment e1 --replot --kernels portable,Sandybridge --out "$tmp/k4" > "$tmp/k.out" 2>&1
+code=$?
+[ $code -eq 0 ] && grep -q "^| SGD at 2048: Adasum on deltas ahead of the average beyond the spread | holds: .* | holds: " "$tmp/k.out" \
+  && grep -q "of the claims that hold on the record hold under portable,Sandybridge; 0 do not" "$tmp/k.out" \
+  && ok "experiment --kernels: E1's claims on the same rows hold" || fail "experiment e1 --kernels, the same rows: exit $code: $(tail -5 "$tmp/k.out")"
+for bad in "e2 --kernels portable" "e3 --kernels portable,Sandybridge" \
            "e2 --kernels avx1024,Zen --out $tmp/k1" "e2 --kernels portable,Zen --out results" "e2 --record results/e2.csv"; do
   scripts/experiment $bad > "$tmp/k.out" 2>&1
   code=$?
   [ $code -eq 2 ] || { fail "experiment $bad: exit $code, not 2: $(cat "$tmp/k.out")"; refused=0; }
 done
-[ "${refused:-1}" -eq 1 ] && ok "experiment --kernels: a bad ISA,CORE, an experiment without claims, an unknown set, the record as the output, --record alone refused"
+[ "${refused:-1}" -eq 1 ] && ok "experiment --kernels: a bad ISA,CORE, E3 (timings), an unknown set, the record as the output, --record alone refused"
 
 # ---- scripts/check-layers ----
 # layers NAME FILE TEXT EXPECT: the tree copied, TEXT appended to FILE, must be refused with a
