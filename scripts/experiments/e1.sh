@@ -147,3 +147,46 @@ plot ${joined%, }
 GP
   rm -f "$data"
 }
+
+# The claims docs/results.md reads from E1's tables and figure (check_claims, --kernels): at
+# total batch 2048 Adasum (on gradients and on deltas) ahead of the plain average and of linear
+# scaling with momentum SGD, and on deltas ahead of the average and of Adasum on gradients with
+# LAMB; linear scaling level with Adasum on deltas at 512 and 1024 with momentum SGD, behind the
+# plain average from 128 on with LAMB; Adasum on deltas ahead of linear scaling and the average
+# at 512 with Adam, and at 2048 its x2.5 level with linear scaling; ACGA behind the average at
+# the largest batches, its momentum level with it everywhere, and with one worker ACGA equal to
+# the average bit for bit.
+e1_claims() {
+  local c_label c_opt c_workers c_hash c_cmd
+  c_label=$(col label); c_opt=$(col optimizer); c_workers=$(col workers); c_hash=$(col fnv1a); c_cmd=$(col command)
+  seed_stats | awk -F'\t' "$claims_awk"'
+    { k = $2 " " $4 " " $1; m[k] = $6; s[k] = $7 }
+    function has(a, b) { return (a in m) && (b in m) }
+    function say(ok, a, b, text) { if (has(a, b)) claim(ok, text, vs(a, b)) }
+    END {
+      say(ahead("sgd 2048 adasum-delta x1", "sgd 2048 avg x1"), "sgd 2048 adasum-delta x1", "sgd 2048 avg x1", "SGD at 2048: Adasum on deltas ahead of the average beyond the spread")
+      say(ahead("sgd 2048 adasum x1", "sgd 2048 avg x1"), "sgd 2048 adasum x1", "sgd 2048 avg x1", "SGD at 2048: Adasum on gradients ahead of the average beyond the spread")
+      say(ahead("sgd 2048 adasum-delta x1", "sgd 2048 avg linear+warmup"), "sgd 2048 adasum-delta x1", "sgd 2048 avg linear+warmup", "SGD at 2048: Adasum on deltas ahead of linear scaling beyond the spread")
+      say(ahead("sgd 2048 adasum x1", "sgd 2048 avg linear+warmup"), "sgd 2048 adasum x1", "sgd 2048 avg linear+warmup", "SGD at 2048: Adasum on gradients ahead of linear scaling beyond the spread")
+      for (b = 512; b <= 1024; b *= 2)
+        say(level("sgd " b " avg linear+warmup", "sgd " b " adasum-delta x1"), "sgd " b " avg linear+warmup", "sgd " b " adasum-delta x1", "SGD at " b ": linear scaling level with Adasum on deltas within the spread")
+      say(ahead("lamb 2048 adasum-delta x1", "lamb 2048 avg x1"), "lamb 2048 adasum-delta x1", "lamb 2048 avg x1", "LAMB at 2048: Adasum on deltas ahead of the average beyond the spread")
+      say(ahead("lamb 2048 adasum-delta x1", "lamb 2048 adasum x1"), "lamb 2048 adasum-delta x1", "lamb 2048 adasum x1", "LAMB at 2048: Adasum on deltas ahead of Adasum on gradients beyond the spread")
+      for (b = 128; b <= 2048; b *= 4)
+        say(ahead("lamb " b " avg x1", "lamb " b " avg linear+warmup"), "lamb " b " avg linear+warmup", "lamb " b " avg x1", "LAMB at " b ": linear scaling behind the average beyond the spread")
+      say(ahead("adam 512 adasum-delta x1", "adam 512 avg linear+warmup"), "adam 512 adasum-delta x1", "adam 512 avg linear+warmup", "Adam at 512: Adasum on deltas ahead of linear scaling beyond the spread")
+      say(ahead("adam 512 adasum-delta x1", "adam 512 avg x1"), "adam 512 adasum-delta x1", "adam 512 avg x1", "Adam at 512: Adasum on deltas ahead of the average beyond the spread")
+      say(level("adam 2048 adasum-delta x2.5", "adam 2048 avg linear+warmup"), "adam 2048 adasum-delta x2.5", "adam 2048 avg linear+warmup", "Adam at 2048: Adasum on deltas x2.5 level with linear scaling within the spread")
+      say(ahead("sgd 1024 avg x1", "sgd 1024 acga"), "sgd 1024 acga", "sgd 1024 avg x1", "SGD at 1024: ACGA behind the average beyond the spread")
+      say(ahead("sgd 2048 avg x1", "sgd 2048 acga"), "sgd 2048 acga", "sgd 2048 avg x1", "SGD at 2048: ACGA behind the average beyond the spread")
+      say(ahead("adam 2048 avg x1", "adam 2048 acga"), "adam 2048 acga", "adam 2048 avg x1", "Adam at 2048: ACGA behind the average beyond the spread")
+      ok = 1; n = 0; tr = 0; tf = ""
+      for (k in m) if (k ~ / acga$/ && ((k " momentum 0.9") in m)) { n++; track(k " momentum 0.9", k); if (!level(k " momentum 0.9", k)) ok = 0 }
+      if (n) claim(ok, "ACGA with momentum 0.9 level with ACGA within the spread, every optimizer and batch", sprintf("%d pairs; %s", n, tf))
+    }'
+  awk -F, -v label="$c_label" -v opt="$c_opt" -v workers="$c_workers" -v hash="$c_hash" -v cmd="$c_cmd" '
+    NR > 1 && $workers == 1 { match($cmd, /--seed [0-9]+/); k = $opt " " substr($cmd, RSTART, RLENGTH)
+      if ($label == "acga") a[k] = $hash; else if ($label == "avg x1") v[k] = $hash }
+    END { for (k in a) { n++; if (a[k] == v[k]) same++ }
+          if (n) printf "%d\tone worker: ACGA equals the average bit for bit, every optimizer and seed\t%d of %d runs the same parameter hash\n", same == n, same, n }' "$csv"
+}

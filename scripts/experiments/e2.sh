@@ -99,3 +99,37 @@ plot ${joined%, }
 GP
   rm -f "$data"
 }
+
+# The claims docs/results.md reads from E2's figure (check_claims, --kernels), per worker
+# count: SlowMo at beta 0.5 ahead of AR-SGD beyond the spread; Local SGD level with AR-SGD;
+# beta 0.7 not ahead of 0.5; inner averaging every 3 steps not ahead of plain SlowMo; SlowMo
+# 12 times fewer rounds; and BMUF equal to SlowMo at beta 0.5 bit for bit, every seed.
+e2_claims() {
+  local c_method c_label c_workers c_hash c_cmd
+  c_method=$(col method); c_label=$(col label); c_workers=$(col workers); c_hash=$(col fnv1a); c_cmd=$(col command)
+  seed_stats | awk -F'\t' "$claims_awk"'
+    { k = $1 SUBSEP $3; m[k] = $6; s[k] = $7; r[k] = $14; if (!($3 in seen)) { seen[$3] = 1; ws[++nw] = $3 }
+      if ($1 == "AR-SGD") ar[$3] = k
+      else if ($1 ~ /^Local SGD/) ls[$3] = k
+      else if ($1 ~ /^SlowMo .*beta=0.5$/) s5[$3] = k
+      else if ($1 ~ /^SlowMo .*beta=0.7$/) s7[$3] = k
+      else if ($1 ~ /^SlowMo .*inner=/) in3[$3] = k }
+    END {
+      for (i = 1; i <= nw; i++) {
+        w = ws[i]
+        if ((w in s5) && (w in ar)) {
+          claim(ahead(s5[w], ar[w]), "SlowMo beta 0.5 ahead of AR-SGD beyond the spread, " w " workers", vs(s5[w], ar[w]))
+          claim(r[ar[w]] >= 12 * r[s5[w]], "SlowMo communicates 12 times less than AR-SGD, " w " workers", sprintf("%d rounds against %d", r[s5[w]], r[ar[w]]))
+        }
+        if ((w in ls) && (w in ar)) claim(level(ls[w], ar[w]), "Local SGD level with AR-SGD within the spread, " w " workers", vs(ls[w], ar[w]))
+        if ((w in s7) && (w in s5)) claim(!ahead(s7[w], s5[w]), "beta 0.7 not ahead of beta 0.5 beyond the spread, " w " workers", vs(s7[w], s5[w]))
+        if ((w in in3) && (w in s5)) claim(!ahead(in3[w], s5[w]), "inner averaging every 3 steps not ahead of SlowMo beta 0.5 beyond the spread, " w " workers", vs(in3[w], s5[w]))
+      }
+    }'
+  awk -F, -v method="$c_method" -v label="$c_label" -v workers="$c_workers" -v hash="$c_hash" -v cmd="$c_cmd" '
+    NR > 1 { match($cmd, /--seed [0-9]+/); k = $workers " " substr($cmd, RSTART, RLENGTH) }
+    NR > 1 && $method == "bmuf" { b[k] = $hash }
+    NR > 1 && $label ~ /^SlowMo/ && $label ~ /beta=0.5$/ { s[k] = $hash }
+    END { for (k in b) { n++; if (b[k] == s[k]) same++ }
+          if (n) printf "%d\tBMUF equals SlowMo beta 0.5 bit for bit, every worker count and seed\t%d of %d runs the same parameter hash\n", same == n, same, n }' "$csv"
+}

@@ -2,9 +2,10 @@
 # Checks of the project's scripts that do not fit a unit test: scripts/deps.sh's switch that
 # leaves out the Python packages, scripts/check-recorded (a recorded hash that no longer comes
 # out fails it, a row recorded with other kernels and another OpenBLAS core is run with them
-# and compared, one whose kernels or core cannot run here is skipped saying why, a command of
-# another shape is refused),
-# scripts/experiment's refusals, and scripts/check-layers refusing a violation made in a copy
+# and compared, --every-isa runs the rows under each kernel set this CPU has, a row whose
+# kernels or core cannot run here is skipped saying why, a command of another shape is
+# refused),
+# scripts/experiment's refusals and its --kernels check of a figure's claims, and scripts/check-layers refusing a violation made in a copy
 # of the tree. Run from anywhere; needs build/sumo (make).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -61,6 +62,27 @@ if grep -qw avx /proc/cpuinfo; then
     && ok "check-recorded: a row recorded with other kernels and another OpenBLAS core runs with them and compares" \
     || fail "check-recorded, another CPU's row: recorded with $other_ran, exit $code: $(tail -3 "$tmp/c3.out")"
 else ok "check-recorded: another CPU's row (# SKIP: this CPU has no AVX for OpenBLAS's Sandybridge core)"; fi
+# --every-isa: the rows under every kernel set this CPU has, forced in turn. The average's
+# row is compared under each (the elementwise kernels give the same bits on every set); an
+# Adasum row, whose dot products follow the vector width, is compared under the record's set
+# and run, its hash said, not compared, under each other one. A run that skipped a set
+# would compare fewer.
+sets=0
+for s in portable avx2 avx512; do SUMO_KERNEL_ISA=$s ./build/sumo environment --check 2> /dev/null && sets=$((sets + 1)); done
+if [ $sets -ge 2 ]; then
+  acmd="./build/sumo train --seed 1 --no-progress --workers 2 --epochs 1 --batch 32 --train-limit 2000 --test-limit 200 --reduce adasum"
+  $acmd --summary "$tmp/arow.csv" > /dev/null 2>&1 || fail "the short Adasum row does not run: $acmd"
+  cp "$tmp/same.csv" "$tmp/every.csv"
+  tail -1 "$tmp/arow.csv" | sed "s|^|short adasum,|; s|\$|,\"$acmd\"|" >> "$tmp/every.csv"
+  scripts/check-recorded --every-isa "$tmp/every.csv" > "$tmp/c6.out" 2>&1
+  code=$?
+  [ $code -eq 0 ] && [ "$(grep -c '^ok .*(avg, 2 workers) under .* as recorded' "$tmp/c6.out")" -eq $sets ] \
+    && [ "$(grep -c "^ok .*(adasum, 2 workers) under $here_isa kernels.* as recorded" "$tmp/c6.out")" -eq 1 ] \
+    && [ "$(grep -c '^note .*(adasum, 2 workers) under .*not compared' "$tmp/c6.out")" -eq $((sets - 1)) ] \
+    && grep -q "^check-recorded: $((sets + 1)) row run(s) compared" "$tmp/c6.out" \
+    && ok "check-recorded --every-isa: each of this CPU's $sets kernel sets forced in turn, the average compared under each, Adasum under the record's" \
+    || fail "check-recorded --every-isa: exit $code: $(cat "$tmp/c6.out")"
+else ok "check-recorded --every-isa (# SKIP: this CPU runs one kernel set)"; fi
 recorded "$tmp/lacks.csv" 0123456789abcdef "$here_blas" avx1024
 recorded "$tmp/core.csv" 0123456789abcdef OtherCore "$here_isa"
 scripts/check-recorded "$tmp/lacks.csv" "$tmp/core.csv" > "$tmp/c5.out" 2>&1
@@ -93,6 +115,53 @@ scripts/experiment e2 --replot --resume > "$tmp/e.out" 2>&1
 code=$?
 [ $code -eq 2 ] && grep -q -- "give one" "$tmp/e.out" && ok "experiment: --replot with --resume refused" \
   || fail "experiment --replot --resume: exit $code: $(cat "$tmp/e.out")"
+# --kernels checks the claims of an experiment's figure (eN_claims) on rows run under other
+# kernels against the record, results/eN.csv; here on copies of the record's rows (--replot:
+# no training). kcsv DIR ISA CORE [ACC [EXP]]: EXP's rows (e2 unless given) as if run under
+# ISA and CORE, E2's 8-worker AR-SGD rows' final accuracy set to ACC if given.
+kcsv() {
+  mkdir -p "$1"
+  awk -F, -v OFS=, -v isa="$2" -v core="$3" -v acc="${4:-}" 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; print; next }
+    { $c["kernel_isa"] = isa; $c["blas_core"] = core
+      if (acc != "" && $c["label"] == "AR-SGD" && $c["workers"] == 8) $c["final_accuracy"] = acc
+      print }' "results/${5:-e2}.csv" > "$1/${5:-e2}.csv"
+}
+kcsv "$tmp/k1" portable Sandybridge
+scripts/experiment e2 --replot --kernels portable,Sandybridge --record results/e2.csv --out "$tmp/k1" > "$tmp/k.out" 2>&1
+code=$?
+[ $code -eq 0 ] && grep -q "^| SlowMo beta 0.5 ahead of AR-SGD beyond the spread, 8 workers | holds: .* | holds: " "$tmp/k1/e2-claims.md" \
+  && grep -q "^1[01] of the claims that hold on the record hold under portable,Sandybridge; 0 do not" "$tmp/k.out" \
+  && ok "experiment --kernels: the record's claims hold on the same rows, each with its figures" \
+  || fail "experiment --kernels, the same rows: exit $code: $(tail -5 "$tmp/k.out")"
+# AR-SGD at 8 workers level with SlowMo (86.40 against 86.43 +- 0.12): the claim that SlowMo
+# is ahead fails here, and so does Local SGD's (85.74 against 86.40: behind beyond the spread).
+kcsv "$tmp/k2" portable Sandybridge 0.8640
+scripts/experiment e2 --replot --kernels portable,Sandybridge --out "$tmp/k2" > "$tmp/k.out" 2>&1
+code=$?
+[ $code -eq 1 ] && grep -q "^| SlowMo beta 0.5 ahead of AR-SGD beyond the spread, 8 workers | holds: .* | \*\*does not hold\*\*: 86.43 ± 0.12 against 86.40 ± 0.00" "$tmp/k.out" \
+  && grep -q "^| SlowMo beta 0.5 ahead of AR-SGD beyond the spread, 16 workers | holds: .* | holds: " "$tmp/k.out" \
+  && grep -q "2 claim(s) of the record fail under --kernels portable,Sandybridge" "$tmp/k.out" \
+  && ok "experiment --kernels: a claim of the record that fails under the other kernels fails the run, naming it" \
+  || fail "experiment --kernels, a claim lost: exit $code: $(tail -5 "$tmp/k.out")"
+kcsv "$tmp/k3" avx2 Zen
+scripts/experiment e2 --replot --kernels portable,Sandybridge --out "$tmp/k3" > "$tmp/k.out" 2>&1
+code=$?
+[ $code -eq 1 ] && grep -q "rows of $tmp/k3/e2.csv ran with avx2,Zen" "$tmp/k.out" \
+  && ok "experiment --kernels: rows that ran under other kernels than asked are refused" \
+  || fail "experiment --kernels, rows of other kernels: exit $code: $(tail -3 "$tmp/k.out")"
+kcsv "$tmp/k4" portable Sandybridge "" e1
+scripts/experiment e1 --replot --kernels portable,Sandybridge --out "$tmp/k4" > "$tmp/k.out" 2>&1
+code=$?
+[ $code -eq 0 ] && grep -q "^| SGD at 2048: Adasum on deltas ahead of the average beyond the spread | holds: .* | holds: " "$tmp/k.out" \
+  && grep -q "of the claims that hold on the record hold under portable,Sandybridge; 0 do not" "$tmp/k.out" \
+  && ok "experiment --kernels: E1's claims on the same rows hold" || fail "experiment e1 --kernels, the same rows: exit $code: $(tail -5 "$tmp/k.out")"
+for bad in "e2 --kernels portable" "e3 --kernels portable,Sandybridge" \
+           "e2 --kernels avx1024,Zen --out $tmp/k1" "e2 --kernels portable,Zen --out results" "e2 --record results/e2.csv"; do
+  scripts/experiment $bad > "$tmp/k.out" 2>&1
+  code=$?
+  [ $code -eq 2 ] || { fail "experiment $bad: exit $code, not 2: $(cat "$tmp/k.out")"; refused=0; }
+done
+[ "${refused:-1}" -eq 1 ] && ok "experiment --kernels: a bad ISA,CORE, E3 (timings), an unknown set, the record as the output, --record alone refused"
 
 # ---- scripts/check-layers ----
 # layers NAME FILE TEXT EXPECT: the tree copied, TEXT appended to FILE, must be refused with a

@@ -227,6 +227,12 @@ def reference(cfg, start, deltas, steps=STEPS):
 # 7.2e-7, the fp32 parameter average (sumo's) against the float64 one, a few float32 ulps of
 # values near 4; the quantized and one-rank runs match exactly. The tolerance is about 3x
 # that, far below one local step's change (0.01) or a step of bf16, e4m3 or e3m0.
+# Unlike a comparison of two trainings of a model, this one cannot flip with the CPU: the
+# deltas are data, not gradients of a model whose ReLUs could switch. The one step that is
+# not continuous, the rounding of the quantized rows to their grid, takes elementwise sums
+# and products, correctly rounded whatever the CPU's vector width, so their exact agreement
+# is the same on every CPU; Adasum's dot products follow the vector width, but only move its
+# unquantized row by a few roundings, as the average's 7.2e-7.
 TOL = 2e-6
 
 
