@@ -147,6 +147,9 @@ class _Elastic:
         self.transports = {}
 
 
+_abandoned = []  # store adapters of joins interrupted while their thread still waits
+
+
 def _interruptible(call):
     """call()'s result, the call on a thread of its own: a joiner waits in libsumo until a
     commit point takes it in or the job closes (join_wait_s 0), which may be long, and the
@@ -183,6 +186,9 @@ def _init_join(store, over, timeout=None):
                          "jobs that take joiners); a job on sumo's directory store takes none")
     try:
         elastic = _Elastic(adapter, over, None, None, True, timeout)
+    except KeyboardInterrupt:
+        _abandoned.append(adapter)  # the join's thread still calls it
+        raise
     except BaseException:
         adapter.close()
         raise
