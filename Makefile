@@ -236,7 +236,7 @@ test-unit: $(UNIT_BINS) $(BUILD)/sumo
 
 # The subset that exercises threads against each other (what TSan is for); only these are
 # built, since a sanitizer build of every suite costs minutes of CI.
-THREAD_BINS := $(filter %collectives %async %faults %adasum_pair %adasum_tree %adasum_errors %acga_oracles %acga_options %acga_degenerate %acga_state %slowmo %slowmo_api %distributed %core %seams_memory %seams_transport %compress %diloco %diloco_api %elastic %store_agree %store_commit %tickets %elastic_object %heartbeat %restore %tcp %comm_hier %join,$(UNIT_BINS))
+THREAD_BINS := $(filter %collectives %gossip %gossip_slowmo %async %faults %adasum_pair %adasum_tree %adasum_errors %acga_oracles %acga_options %acga_degenerate %acga_state %slowmo %slowmo_api %distributed %core %seams_memory %seams_transport %compress %diloco %diloco_api %elastic %store_agree %store_commit %tickets %elastic_object %heartbeat %restore %tcp %comm_hier %join,$(UNIT_BINS))
 test-threads: $(THREAD_BINS)
 	@fail=0; for t in $(THREAD_BINS); do echo "== $$t"; $$t || fail=1; done; exit $$fail
 
