@@ -241,10 +241,14 @@ test-threads: $(THREAD_BINS)
 	@fail=0; for t in $(THREAD_BINS); do echo "== $$t"; $$t || fail=1; done; exit $$fail
 
 MPIRUN_FLAGS ?= --oversubscribe --allow-run-as-root --mca btl self,vader --mca rmaps_base_oversubscribe 1
+# test_gossip_mpi once more under MPI_THREAD_SINGLE: sumo calls MPI on the caller's thread only.
 test-mpi: $(MPI_TEST_BINS)
 	@fail=0; for t in $(MPI_TEST_BINS); do for np in 2 3 4; do \
 	  echo "== mpirun -np $$np $$t"; \
-	  timeout -k 10 300 mpirun -np $$np $(MPIRUN_FLAGS) $$t || fail=1; done; done; exit $$fail
+	  timeout -k 10 300 mpirun -np $$np $(MPIRUN_FLAGS) $$t || fail=1; done; done; \
+	echo "== mpirun -np 3 $(BUILD)/tests/mpi/test_gossip_mpi single"; \
+	timeout -k 10 300 mpirun -np 3 $(MPIRUN_FLAGS) $(BUILD)/tests/mpi/test_gossip_mpi single || fail=1; \
+	exit $$fail
 
 # End-to-end checks of the command (training, checkpoints, resume, data errors).
 test-cli: $(BUILD)/sumo

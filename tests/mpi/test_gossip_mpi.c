@@ -5,6 +5,13 @@
  * weight after every round; an overlapped run (staleness 1) against the same reference with
  * the shares added one call later; and, for a power of two ranks, the exact mean after log2 P
  * rounds.
+ *
+ * The overlapped calls run with the caller's own MPI traffic between them (check's
+ * MPI_Allreduce, while a round is in flight). Run as `test_gossip_mpi single`, MPI gives
+ * MPI_THREAD_SINGLE, under which no thread but the caller's may call MPI: the MPI calls sumo
+ * makes are counted by thread (the test defines MPI_Isend, MPI_Irecv and MPI_Testall over
+ * their PMPI entries), and every one must come from the main thread; under
+ * MPI_THREAD_MULTIPLE (the default) the overlapped rounds must move on sumo's progress thread.
  */
 #include "check.h"
 
@@ -14,12 +21,45 @@
 #include "support/harness.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define N 1000
 #define ROUNDS 6
 #define MAXP 64
+
+#define OVERLAP_CALLS 24
+
+/* MPI calls made on a thread other than main's. */
+static pthread_t g_main;
+static atomic_int g_foreign;
+
+static void count_thread(void)
+{
+    if (!pthread_equal(pthread_self(), g_main)) atomic_fetch_add(&g_foreign, 1);
+}
+
+int MPI_Isend(const void *buf, int count, MPI_Datatype type, int dest, int tag, MPI_Comm comm,
+              MPI_Request *request)
+{
+    count_thread();
+    return PMPI_Isend(buf, count, type, dest, tag, comm, request);
+}
+
+int MPI_Irecv(void *buf, int count, MPI_Datatype type, int source, int tag, MPI_Comm comm,
+              MPI_Request *request)
+{
+    count_thread();
+    return PMPI_Irecv(buf, count, type, source, tag, comm, request);
+}
+
+int MPI_Testall(int count, MPI_Request requests[], int *flag, MPI_Status statuses[])
+{
+    count_thread();
+    return PMPI_Testall(count, requests, flag, statuses);
+}
 
 static double input(int r, size_t i) { return harness_uniform_at(11, (uint64_t)r, i); }
 
@@ -97,7 +137,7 @@ static void run_suite(sumo_comm *comm, const char *where)
         for (int i = 0; i < N; i++) X[r][i] = input(r, (size_t)i);
     }
     for (int i = 0; i < N; i++) x[i] = X[g_rank][i];
-    for (int t = 0; t < ROUNDS; t++) {
+    for (int t = 0; t < OVERLAP_CALLS; t++) {
         int c = 0;
         sumo_result res = sumo_gossip_overlap(g, x, &c);
         if (t > 0) {
@@ -141,9 +181,13 @@ static void run_suite(sumo_comm *comm, const char *where)
 
 int main(int argc, char **argv)
 {
-    MPI_Init(&argc, &argv);
+    g_main = pthread_self();
+    bool single = argc > 1 && strcmp(argv[1], "single") == 0;
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Init_thread(&argc, &argv, single ? MPI_THREAD_SINGLE : MPI_THREAD_MULTIPLE, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+    check(single || provided == MPI_THREAD_MULTIPLE, "MPI gives MPI_THREAD_MULTIPLE");
     sumo_comm *shm = NULL, *p2p = NULL;
     check(sumo_comm_create_mpi(MPI_COMM_WORLD, &shm) == SUMO_SUCCESS, "create");
     setenv("SUMO_MPI_SHM", "0", 1);
@@ -153,9 +197,16 @@ int main(int argc, char **argv)
         if (shm) run_suite(shm, "shared-memory node");
         if (p2p) run_suite(p2p, "point-to-point");
     }
+    int foreign = atomic_load(&g_foreign);
+    char what[160];
+    snprintf(what, sizeof what, "%s: %d MPI calls of sumo's on a thread not main's",
+             single ? "MPI_THREAD_SINGLE" : "MPI_THREAD_MULTIPLE", foreign);
+    check(single ? foreign == 0 : foreign > 0, what);
     sumo_comm_destroy(shm);
     sumo_comm_destroy(p2p);
-    if (g_rank == 0) printf("test_gossip_mpi (%d ranks): %d passed, %d failed\n", g_size, g_passed, g_failed);
+    if (g_rank == 0)
+        printf("test_gossip_mpi (%d ranks, %s): %d passed, %d failed\n", g_size,
+               single ? "MPI_THREAD_SINGLE" : "MPI_THREAD_MULTIPLE", g_passed, g_failed);
     MPI_Finalize();
     return g_failed ? 1 : 0;
 }
