@@ -30,6 +30,13 @@
  * runs at most s calls on a round in flight, and every rank's result is the same whatever the
  * timing.
  *
+ * Per node (per_node = 1, on a two-level communicator, sumo_comm_create_hier: H nodes of L
+ * ranks; fairscale's nprocs_per_node): every round first averages x over the node's ranks (an
+ * allreduce on the node level, the same bits on each of them), then the H nodes gossip as the
+ * ranks above would: the graph is over the nodes, and local rank l of node h exchanges with
+ * local rank l of node h's peers, over the across level. Every rank of a node so holds the same
+ * x and w after each round, and the x it sent across is the node's. The caller's graph, if any, is then over the H nodes. Needs H >= 2.
+ *
  * Failures: a rank whose options, graph, count or dtype differ, or that is at another round,
  * gets SUMO_ERR_MISMATCH on every rank, the message naming the rank and what; a peer lost
  * mid-round ends the round with SUMO_ERR_PEER_FAILURE or SUMO_ERR_TIMEOUT and the
@@ -57,6 +64,7 @@ typedef struct sumo_gossip_options {
     int max_out;          /* the caller's graph: out-peer slots per rank and round, >= 1 */
     const int *out_peers; /* the caller's graph (above), copied at create */
     int staleness;        /* s >= 1: sumo_gossip_overlap's bound (1: OSGP's one step) */
+    int per_node;         /* 1: the nodes gossip, not the ranks (below; 0) */
 } sumo_gossip_options;
 
 SUMO_API sumo_result sumo_gossip_options_default(sumo_gossip_options *options);

@@ -155,7 +155,8 @@ class sumo_diloco_options(ctypes.Structure):
                 ("memory_efficient", ctypes.c_int),
                 ("base", ctypes.c_int),
                 ("gossip_peers", ctypes.c_int),
-                ("gossip_staleness", ctypes.c_int)]
+                ("gossip_staleness", ctypes.c_int),
+                ("gossip_per_node", ctypes.c_int)]
 
 
 # -- sumo_ext.h: a transport the binding supplies (torch/_pg_transport.py) -----------------------

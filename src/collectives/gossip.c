@@ -11,12 +11,17 @@
  * receives from r - o when it is r - o's, in one sendrecv. The peer of either half is at the
  * same offset, so every exchange meets its partner, as in a pairwise exchange. Offsets no
  * rank uses are skipped (the built-in graph visits only its p offsets).
+ *
+ * Per node, the graph's ranks are the nodes of a two-level communicator: node h's local rank l
+ * walks the node offsets with its peers' local rank l (the composed transport's sendrecv takes
+ * those pairs over the across level), after the node's average on the node level.
  */
 #include "sumo_gossip.h"
 
 #include "collectives/collectives.h"
 #include "collectives/requests.h"
 #include "collectives/gossip_graph.h"
+#include "collectives/hier_levels.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -31,6 +36,8 @@ struct sumo_gossip {
     size_t bytes; /* of the numerator */
     int staleness;
     uint64_t hash; /* options, graph, count, dtype: what every rank must share */
+    bool per_node;
+    int L, l; /* per node: the node's ranks and this one's place (else 1 and 0) */
     double w;
     uint64_t round; /* rounds started */
     /* The numerator's memory, bound at the first round; the buffers live there. */
@@ -45,6 +52,9 @@ struct sumo_gossip {
     unsigned char *loaded; /* a loaded state's sum, before the memory is bound */
     sumo_comm_stats stats;
 };
+
+/* The communicator's rank of the graph's vertex v (a node per node, else a rank). */
+static int rank_of(const sumo_gossip *g, int v) { return v * g->L + g->l; }
 
 typedef struct round_args {
     sumo_gossip *g;
@@ -65,7 +75,7 @@ static sumo_result exchange(sumo_comm *c, sumo_gossip *g, uint64_t round)
 {
     sumo__transport *tp = c->tp;
     const sumo__gossip_graph *gr = &g->graph;
-    int n = tp->size, me = tp->rank;
+    int n = gr->size, me = gr->rank;
     bool symmetric = gr->mode == SUMO_GOSSIP_SYMMETRIC;
     SUMO__KCHECK(c, sumo__k_fill(&g->x, g->dtype, g->acc, 0.0, g->count));
     double wacc = 0.0;
@@ -74,14 +84,15 @@ static sumo_result exchange(sumo_comm *c, sumo_gossip *g, uint64_t round)
         bool send = sumo__gossip_sends(gr, round, me, to);
         bool recv = sumo__gossip_sends(gr, round, from, me);
         if (!send && !recv) continue;
-        SUMO__CHECK(tp->ops->sendrecv(tp, g->sbuf, send ? g->bytes : 0, send ? to : -1, g->rbuf,
-                                      recv ? g->bytes : 0, recv ? from : -1));
+        int dst = send ? rank_of(g, to) : -1, src = recv ? rank_of(g, from) : -1;
+        SUMO__CHECK(tp->ops->sendrecv(tp, g->sbuf, send ? g->bytes : 0, dst, g->rbuf,
+                                      recv ? g->bytes : 0, src));
         if (!symmetric) {
             /* The weight travels apart from the numerator: the numerator may be device memory,
              * the weight is the host's. */
             double win = 0.0, wout = g->w;
-            SUMO__CHECK(tp->ops->sendrecv(tp, &wout, send ? sizeof wout : 0, send ? to : -1,
-                                          &win, recv ? sizeof win : 0, recv ? from : -1));
+            SUMO__CHECK(tp->ops->sendrecv(tp, &wout, send ? sizeof wout : 0, dst, &win,
+                                          recv ? sizeof win : 0, src));
             wacc += win;
         }
         if (recv) SUMO__KCHECK(c, sumo__k_add(&g->x, g->dtype, g->acc, g->acc, g->rbuf, g->count));
@@ -125,6 +136,31 @@ static sumo_result round_run(sumo_comm *c, void *args)
     }
     atomic_fetch_add_explicit(&c->rounds, 1, memory_order_relaxed);
     return exchange(c, g, a.round);
+}
+
+typedef struct node_args {
+    sumo_gossip *g;
+    void *x;
+} node_args;
+
+/* Per node: x becomes the node's average, on the node level in order with the parent's calls. */
+static sumo_result node_average_run(sumo_comm *c, void *args)
+{
+    node_args a;
+    memcpy(&a, args, sizeof a);
+    c->x = a.g->x;
+    sumo_collective call = {.struct_size = sizeof call, .kind = SUMO_COLLECTIVE_ALLREDUCE,
+                            .sendbuf = a.x, .recvbuf = a.x, .count = a.g->count,
+                            .dtype = a.g->dtype, .op = SUMO_OP_AVERAGE, .stream = c->x.stream};
+    return sumo__level_run(c, c->levels->node, &call, "gossip: the node's average");
+}
+
+static sumo_result node_average(sumo_gossip *g, void *x)
+{
+    if (!g->per_node) return SUMO_SUCCESS;
+    node_args a = {.g = g, .x = x};
+    sumo__call call = sumo__composite(node_average_run, &a, sizeof a);
+    return sumo__submit(g->comm, &call, NULL);
 }
 
 /* ---- the caller's side ------------------------------------------------------------------ */
@@ -189,6 +225,7 @@ sumo_result sumo_gossip_start(sumo_gossip *g, void *x)
                                "gossip: round %llu is still in flight; finish it first",
                                (unsigned long long)(g->round - 1));
     SUMO__CHECK(bind_memory(g, x));
+    SUMO__CHECK(node_average(g, x));
     int deg = sumo__gossip_out_degree(&g->graph, g->round, g->graph.rank);
     /* Keep this rank's share; the same share goes to each out-peer. */
     SUMO__CHECK(sumo__k_divide(&g->x, g->dtype, x, x, g->count, deg + 1));
@@ -237,6 +274,7 @@ sumo_result sumo_gossip_round(sumo_gossip *g, void *x)
     }
     if (g->in_flight) return SUMO_ERR_INTERNAL;
     SUMO__CHECK(bind_memory(g, x));
+    SUMO__CHECK(node_average(g, x));
     int deg = sumo__gossip_out_degree(&g->graph, g->round, g->graph.rank);
     SUMO__CHECK(sumo__k_copy(&g->x, g->sbuf, x, g->bytes));
     count_round(g, g->round);
@@ -282,6 +320,19 @@ sumo_result sumo_gossip_create(sumo_comm *comm, size_t count, sumo_dtype dtype,
     else if (o->staleness < 1)
         local = SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT,
                                 "gossip: staleness %d, must be >= 1", o->staleness);
+    else if (o->per_node != 0 && o->per_node != 1)
+        local = SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT,
+                                "gossip: per_node %d, must be 0 or 1", o->per_node);
+    else if (o->per_node && comm->levels == NULL)
+        local = SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT,
+                                "gossip: per_node needs a two-level communicator "
+                                "(sumo_comm_create_hier); this one is flat");
+    else if (o->per_node && comm->levels->H < 2)
+        local = SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT,
+                                "gossip: per_node needs at least 2 nodes (this communicator is "
+                                "one node of %d ranks)", comm->levels->L);
+    else if (o->per_node)
+        local = sumo__gossip_graph_init(&g->graph, comm, o, comm->levels->h, comm->levels->H);
     else
         local = sumo__gossip_graph_init(&g->graph, comm, o, tp->rank, tp->size);
     uint64_t hash = SUMO__FNV_OFFSET;
@@ -290,6 +341,7 @@ sumo_result sumo_gossip_create(sumo_comm *comm, size_t count, sumo_dtype dtype,
         hash = sumo__fnv1a(hash, &count, sizeof count);
         hash = sumo__fnv1a(hash, &dtype, sizeof dtype);
         hash = sumo__fnv1a(hash, &o->staleness, sizeof o->staleness);
+        hash = sumo__fnv1a(hash, &o->per_node, sizeof o->per_node);
     }
     sumo_result r = sumo__agree_setup(comm, local, hash, "gossip");
     if (r != SUMO_SUCCESS) {
@@ -302,6 +354,9 @@ sumo_result sumo_gossip_create(sumo_comm *comm, size_t count, sumo_dtype dtype,
     g->dtype = dtype;
     g->staleness = o->staleness;
     g->hash = hash;
+    g->per_node = o->per_node != 0;
+    g->L = g->per_node ? comm->levels->L : 1;
+    g->l = g->per_node ? comm->levels->l : 0;
     g->w = 1.0;
     *out = g;
     return SUMO_SUCCESS;
@@ -353,7 +408,7 @@ sumo_result sumo_gossip_out_peers(const sumo_gossip *g, uint64_t round, int *pee
     for (int o = 1; o < n; o++) {
         int to = (me + o) % n;
         if (!sumo__gossip_sends(&g->graph, round, me, to)) continue;
-        if (k < max) peers[k] = to;
+        if (k < max) peers[k] = rank_of(g, to);
         k++;
     }
     *count = k;

@@ -93,6 +93,7 @@ static const char *check_options(const sumo_diloco_options *o, sumo_dtype dtype,
     if (bad) return bad;
     if (dtype != SUMO_FLOAT32 && dtype != SUMO_FLOAT64) return "parameters must be fp32 or fp64";
     if (o->base != SUMO_BASE_LOCAL) return sumo__diloco_gossip_check(o);
+    if (o->gossip_per_node != 0) return "gossip_per_node needs a gossip base (base SGP, OSGP or DPSGD)";
     if (o->sync_every < 1) return "sync_every (H) must be >= 1";
     if (o->fragments < 1 || o->fragments > o->sync_every)
         return "fragments (F) must be in [1, sync_every]: one fragment syncs at a time";
@@ -263,7 +264,10 @@ static uint64_t fingerprint(const sumo_diloco *d)
                   o->inner_period, o->memory_efficient, (double)d->n, d->dtype, d->acga.beta,
                   d->acga.per_tensor, d->acga.eps, d->acga.negative_guard, d->acga.rescale,
                   d->acga.reference_permutation, o->base, o->gossip_peers, o->gossip_staleness};
-    return sumo__fnv1a(d->layout_hash, f, sizeof f);
+    uint64_t h = sumo__fnv1a(d->layout_hash, f, sizeof f);
+    /* Mixed in only when set: every other run keeps the fingerprint it had. */
+    if (o->gossip_per_node) h = sumo__fnv1a(h, &o->gossip_per_node, sizeof o->gossip_per_node);
+    return h;
 }
 
 /* The layout, the split, the shard and the state; NULL or why not. */

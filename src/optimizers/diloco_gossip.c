@@ -37,6 +37,7 @@ const char *sumo__diloco_gossip_check(const sumo_diloco_options *o)
     if (!(o->momentum >= 0 && o->momentum < 1)) return "momentum must be in [0, 1)";
     if (o->gossip_peers < 1) return "gossip_peers must be >= 1";
     if (o->gossip_staleness < 1) return "gossip_staleness must be >= 1";
+    if (o->gossip_per_node != 0 && o->gossip_per_node != 1) return "gossip_per_node must be 0 or 1";
     return NULL;
 }
 
@@ -52,6 +53,7 @@ sumo_result sumo__diloco_gossip_create(sumo__gossip_base *b, sumo_comm *comm,
     go.mode = o->base == SUMO_BASE_DPSGD ? SUMO_GOSSIP_SYMMETRIC : SUMO_GOSSIP_PUSH_SUM;
     go.peers = o->gossip_peers;
     go.staleness = o->gossip_staleness;
+    go.per_node = o->gossip_per_node;
     b->gx_elems = o->base == SUMO_BASE_OSGP ? n : o->base == SUMO_BASE_DPSGD ? 2 * n : 0;
     return sumo_gossip_create(comm, n, dtype, &go, &b->gossip);
 }

@@ -17,7 +17,11 @@
  *       rounds, a caller's graph naming the rank itself; a peer lost mid-round ends with a
  *       message;
  *   (i) over TCP (ranks as threads, meeting through a directory store) the rounds give the
- *       threads transport's bits: one data path, through sendrecv.
+ *       threads transport's bits: one data path, through sendrecv;
+ *   (j) per node on a two-level communicator (H nodes of L ranks, threads levels): after
+ *       every round each rank holds push-sum over the H nodes of the nodes' averages, the
+ *       ranks of a node the same bits, in blocking and overlapped rounds; per_node on a flat
+ *       communicator or one node is refused by name.
  * Rank threads only record; the assertions run in the main thread.
  */
 #include <setjmp.h>
@@ -582,6 +586,171 @@ static void test_tcp_same_bits(void **state)
     }
 }
 
+/* ---- (j) per node --------------------------------------------------------------------------- */
+
+#define PN_ROUNDS 5
+
+typedef struct pn_run {
+    int H, L, overlap;
+    sumo_comm *node[MAXP][MAXP], *across[MAXP][MAXP];
+    double x[MAXP][PN_ROUNDS][N], w[MAXP][PN_ROUNDS];
+    int peers[MAXP];
+    sumo_result r[MAXP];
+    char msg[MAXP][256];
+} pn_run;
+
+typedef struct pn_arg {
+    pn_run *P;
+    int h, l;
+} pn_arg;
+
+static void *pn_rank(void *p)
+{
+    pn_arg *a = p;
+    pn_run *P = a->P;
+    int rank = a->h * P->L + a->l;
+    sumo_comm *hier = NULL;
+    P->r[rank] = sumo_comm_create_hier(P->node[a->h][a->l], P->across[a->l][a->h], NULL, &hier);
+    if (P->r[rank] != SUMO_SUCCESS) return NULL;
+    sumo_gossip_options o;
+    sumo_gossip_options_default(&o);
+    o.per_node = 1;
+    sumo_gossip *g = NULL;
+    if ((P->r[rank] = sumo_gossip_create(hier, N, SUMO_FLOAT64, &o, &g)) == SUMO_SUCCESS) {
+        int count = 0;
+        sumo_gossip_out_peers(g, 0, &P->peers[rank], 1, &count);
+        double x[N];
+        for (int i = 0; i < N; i++) x[i] = input(rank, (size_t)i);
+        for (int t = 0; t < PN_ROUNDS && P->r[rank] == SUMO_SUCCESS; t++) {
+            int c = 0;
+            P->r[rank] = P->overlap ? sumo_gossip_overlap(g, x, &c) : sumo_gossip_round(g, x);
+            memcpy(P->x[rank][t], x, sizeof x);
+            sumo_gossip_weight(g, &P->w[rank][t]);
+        }
+        if (P->overlap && P->r[rank] == SUMO_SUCCESS) P->r[rank] = sumo_gossip_finish(g, x);
+    } else {
+        const char *m = "";
+        sumo_comm_error_message(hier, &m);
+        snprintf(P->msg[rank], sizeof P->msg[rank], "%s", m);
+    }
+    sumo_gossip_destroy(g);
+    sumo_comm_destroy(hier);
+    return NULL;
+}
+
+static void pn_world(pn_run *P)
+{
+    int H = P->H, L = P->L;
+    for (int h = 0; h < H; h++) assert_int_equal(sumo_comm_create_threads(L, P->node[h]), SUMO_SUCCESS);
+    for (int l = 0; l < L; l++) {
+        sumo_comm *tmp[MAXP];
+        assert_int_equal(sumo_comm_create_threads(H, tmp), SUMO_SUCCESS);
+        for (int h = 0; h < H; h++) P->across[l][h] = tmp[h];
+    }
+    pthread_t ids[MAXP];
+    pn_arg args[MAXP];
+    for (int r = 0; r < H * L; r++) {
+        args[r] = (pn_arg){.P = P, .h = r / L, .l = r % L};
+        assert_int_equal(pthread_create(&ids[r], NULL, pn_rank, &args[r]), 0);
+    }
+    for (int r = 0; r < H * L; r++) pthread_join(ids[r], NULL);
+}
+
+static void test_per_node(void **state)
+{
+    (void)state;
+    static pn_run P;
+    const int shapes[][2] = {{3, 2}, {2, 3}, {4, 2}, {5, 1}};
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++)
+        for (int overlap = 0; overlap <= 1; overlap++) {
+            memset(&P, 0, sizeof P);
+            int H = shapes[c][0], L = shapes[c][1];
+            P.H = H, P.L = L, P.overlap = overlap;
+            pn_world(&P);
+            for (int r = 0; r < H * L; r++) {
+                if (P.r[r] != SUMO_SUCCESS) fail_msg("H %d L %d: rank %d: %s", H, L, r, P.msg[r]);
+                /* Round 0's out-peer: local rank l of node h + 1. */
+                assert_int_equal(P.peers[r], ((r / L + 1) % H) * L + r % L);
+            }
+            /* The reference: node h's value is the average of its ranks' inputs, then
+             * push-sum over the H nodes; overlapped, a round's shares arrive one call later,
+             * and every call first averages the node. */
+            double x[MAXP][N], w[MAXP], sent[MAXP][N], sw[MAXP];
+            for (int h = 0; h < H; h++) {
+                w[h] = 1;
+                for (int i = 0; i < N; i++) {
+                    double sum = 0;
+                    for (int l = 0; l < L; l++) sum += input(h * L + l, (size_t)i);
+                    x[h][i] = sum / L;
+                }
+            }
+            exp_ctx e = {H, 1};
+            for (int t = 0; t < PN_ROUNDS; t++) {
+                if (!overlap) {
+                    ref_push_sum(H, x, w, exp_outs, t, &e);
+                } else {
+                    if (t > 0)
+                        for (int h = 0; h < H; h++) {
+                            int out[MAXP];
+                            exp_outs(t - 1, h, out, &e);
+                            for (int i = 0; i < N; i++) x[out[0]][i] += sent[h][i];
+                            w[out[0]] += sw[h];
+                        }
+                    for (int h = 0; h < H; h++) {
+                        for (int i = 0; i < N; i++) x[h][i] /= 2, sent[h][i] = x[h][i];
+                        w[h] /= 2, sw[h] = w[h];
+                    }
+                }
+                for (int r = 0; r < H * L; r++) {
+                    int h = r / L;
+                    if (P.w[r][t] != w[h])
+                        fail_msg("H %d L %d overlap %d round %d rank %d: w %.17g, expected %.17g",
+                                 H, L, overlap, t, r, P.w[r][t], w[h]);
+                    for (int i = 0; i < N; i++)
+                        if (fabs(P.x[r][t][i] - x[h][i]) > 1e-14)
+                            fail_msg("H %d L %d overlap %d round %d rank %d: %.17g vs %.17g", H,
+                                     L, overlap, t, r, P.x[r][t][i], x[h][i]);
+                    if (memcmp(P.x[r][t], P.x[h * L][t], sizeof P.x[r][t]) != 0)
+                        fail_msg("H %d L %d round %d: rank %d's bits differ from its node's "
+                                 "first rank's", H, L, t, r);
+                }
+            }
+        }
+}
+
+static void refuse_rank(sumo_comm *comm, int rank, int size, void *arg)
+{
+    (void)size;
+    bad_run *B = arg;
+    sumo_gossip_options o;
+    sumo_gossip_options_default(&o);
+    o.per_node = 1;
+    sumo_gossip *g = NULL;
+    note(B, comm, rank, sumo_gossip_create(comm, N, SUMO_FLOAT64, &o, &g));
+    sumo_gossip_destroy(g);
+}
+
+static void test_per_node_refused(void **state)
+{
+    (void)state;
+    static bad_run B;
+    memset(&B, 0, sizeof B);
+    assert_int_equal(harness_run_threads(3, refuse_rank, &B), 0);
+    for (int r = 0; r < 3; r++) {
+        assert_int_equal(B.r[r], SUMO_ERR_INVALID_ARGUMENT);
+        assert_non_null(strstr(B.msg[r], "per_node needs a two-level communicator"));
+    }
+    /* A two-level communicator of one node. */
+    static pn_run P;
+    memset(&P, 0, sizeof P);
+    P.H = 1, P.L = 2;
+    pn_world(&P);
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(P.r[r], SUMO_ERR_INVALID_ARGUMENT);
+        assert_non_null(strstr(P.msg[r], "per_node needs at least 2 nodes"));
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -590,6 +759,7 @@ int main(void)
         cmocka_unit_test(test_symmetric),           cmocka_unit_test(test_osgp_recurrence),
         cmocka_unit_test(test_resume_in_flight),    cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_peer_lost),           cmocka_unit_test(test_tcp_same_bits),
+        cmocka_unit_test(test_per_node),            cmocka_unit_test(test_per_node_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

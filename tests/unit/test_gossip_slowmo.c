@@ -8,7 +8,7 @@
  *   (b) SGP, OSGP (staleness 1 and 2) and D-PSGD alone, n = 3 to 5, against the recurrences;
  *   (c) SlowMo over each (tau 3, alpha 0.7, beta 0.5) against Algorithm 1;
  *   (d) a state saved at every step of SlowMo over OSGP resumes bit for bit;
- *   (e) options a gossip base cannot run are refused by name.
+ *   (e) options a gossip base cannot run are refused by name (gossip_per_node among them).
  * Rank threads only record; the assertions run in the main thread.
  */
 #include <setjmp.h>
@@ -261,14 +261,20 @@ static void test_refusals(void **state)
 {
     (void)state;
     static run R;
-    sumo_diloco_options bad[4];
-    for (int c = 0; c < 4; c++) sumo_diloco_options_default(SUMO_DILOCO_PRESET_SLOWMO_SGP, &bad[c]);
+    sumo_diloco_options bad[7];
+    for (int c = 0; c < 7; c++) sumo_diloco_options_default(SUMO_DILOCO_PRESET_SLOWMO_SGP, &bad[c]);
     bad[0].fragments = 2;
     bad[1].gossip_peers = 0;
     bad[2].base = (sumo_diloco_base)9;
     bad[3].memory_efficient = 1;
-    const char *words[] = {"gossip base needs", "gossip_peers", "base must be", "gossip base needs"};
-    for (int c = 0; c < 4; c++) {
+    bad[4].gossip_per_node = 2;
+    sumo_diloco_options_default(SUMO_DILOCO_PRESET_SLOWMO, &bad[5]);
+    bad[5].gossip_per_node = 1;
+    bad[6].gossip_per_node = 1; /* on a flat communicator: the gossip round's own refusal */
+    const char *words[] = {"gossip base needs", "gossip_peers", "base must be", "gossip base needs",
+                           "gossip_per_node must be 0 or 1", "gossip_per_node needs a gossip base",
+                           "per_node needs a two-level communicator"};
+    for (int c = 0; c < 7; c++) {
         R.o = bad[c];
         R.save_at = -1;
         assert_int_equal(harness_run_threads(2, rank_fn, &R), 0);
