@@ -133,9 +133,10 @@ typedef struct sumo_diloco_options {
     sumo_diloco_base base;       /* SUMO_BASE_LOCAL, or a gossip base (above) */
     int gossip_peers;            /* a gossip base's out-peers a round, in [1, n - 1] (1) */
     int gossip_staleness;        /* SUMO_BASE_OSGP: steps a round stays in flight, >= 1 (1) */
-    int gossip_per_node;         /* 0 or 1: on a two-level communicator the nodes gossip, each
-                                    round after the node's average (sumo_gossip.h's per_node;
-                                    fairscale's nprocs_per_node > 1) (0) */
+    int gossip_per_node;         /* 0 or 1: base SGP or OSGP on a two-level communicator: the
+                                    nodes gossip, each round after the node's average
+                                    (sumo_gossip.h's per_node; fairscale's nprocs_per_node
+                                    > 1) (0) */
 } sumo_diloco_options;
 
 typedef enum sumo_diloco_preset {

@@ -35,7 +35,7 @@
  * allreduce on the node level, the same bits on each of them), then the H nodes gossip as the
  * ranks above would: the graph is over the nodes, and local rank l of node h exchanges with
  * local rank l of node h's peers, over the across level. Every rank of a node so holds the same
- * x and w after each round, and the x it sent across is the node's. The caller's graph, if any, is then over the H nodes. Needs H >= 2.
+ * x and w after each round. The caller's graph, if any, is over the H nodes. Needs H >= 2.
  *
  * Failures: a rank whose options, graph, count or dtype differ, or that is at another round,
  * gets SUMO_ERR_MISMATCH on every rank, the message naming the rank and what; a peer lost

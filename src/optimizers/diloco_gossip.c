@@ -38,6 +38,11 @@ const char *sumo__diloco_gossip_check(const sumo_diloco_options *o)
     if (o->gossip_peers < 1) return "gossip_peers must be >= 1";
     if (o->gossip_staleness < 1) return "gossip_staleness must be >= 1";
     if (o->gossip_per_node != 0 && o->gossip_per_node != 1) return "gossip_per_node must be 0 or 1";
+    /* D-PSGD adds each rank's own step after mixing the pre-step parameters: the node's
+     * ranks would part by their steps, which no round averages. */
+    if (o->gossip_per_node && o->base == SUMO_BASE_DPSGD)
+        return "gossip_per_node needs base SGP or OSGP (D-PSGD adds each rank's own step after "
+               "the mixing)";
     return NULL;
 }
 

@@ -261,8 +261,8 @@ static void test_refusals(void **state)
 {
     (void)state;
     static run R;
-    sumo_diloco_options bad[7];
-    for (int c = 0; c < 7; c++) sumo_diloco_options_default(SUMO_DILOCO_PRESET_SLOWMO_SGP, &bad[c]);
+    sumo_diloco_options bad[8];
+    for (int c = 0; c < 8; c++) sumo_diloco_options_default(SUMO_DILOCO_PRESET_SLOWMO_SGP, &bad[c]);
     bad[0].fragments = 2;
     bad[1].gossip_peers = 0;
     bad[2].base = (sumo_diloco_base)9;
@@ -271,10 +271,13 @@ static void test_refusals(void **state)
     sumo_diloco_options_default(SUMO_DILOCO_PRESET_SLOWMO, &bad[5]);
     bad[5].gossip_per_node = 1;
     bad[6].gossip_per_node = 1; /* on a flat communicator: the gossip round's own refusal */
+    bad[7].gossip_per_node = 1;
+    bad[7].base = SUMO_BASE_DPSGD;
     const char *words[] = {"gossip base needs", "gossip_peers", "base must be", "gossip base needs",
                            "gossip_per_node must be 0 or 1", "gossip_per_node needs a gossip base",
-                           "per_node needs a two-level communicator"};
-    for (int c = 0; c < 7; c++) {
+                           "per_node needs a two-level communicator",
+                           "gossip_per_node needs base SGP or OSGP"};
+    for (int c = 0; c < 8; c++) {
         R.o = bad[c];
         R.save_at = -1;
         assert_int_equal(harness_run_threads(2, rank_fn, &R), 0);

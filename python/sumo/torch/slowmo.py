@@ -20,7 +20,7 @@ slowmo_base_algorithm picks the base of the local steps: "localsgd" (above), or 
 after every local step, "sgp", "osgp" (the round overlapped with the next step) or "dpsgd"
 (docs/design/gossip.md), over the dynamic directed exponential graph (gossip_peers out-peers a
 round). A gossip base has no inner averaging (localsgd_frequency is not used) and no sharded
-state (slowmo_memory_efficient is not used). nprocs_per_node > 1 (a gossip base, on a two-level
+state (slowmo_memory_efficient is not used). nprocs_per_node > 1 (SGP or OSGP, on a two-level
 communicator of that many ranks per node) makes the nodes gossip, each round after the node's
 average: for an SGD inner optimizer the same as averaging the node's gradients first.
 
