@@ -36,6 +36,7 @@
  * ranks above would: the graph is over the nodes, and local rank l of node h exchanges with
  * local rank l of node h's peers, over the across level. Every rank of a node so holds the same
  * x and w after each round. The caller's graph, if any, is over the H nodes. Needs H >= 2.
+ * Without per_node a two-level communicator gossips over its options.any (refused without).
  *
  * Failures: a rank whose options, graph, count or dtype differ, or that is at another round,
  * gets SUMO_ERR_MISMATCH on every rank, the message naming the rank and what; a peer lost

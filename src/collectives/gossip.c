@@ -12,6 +12,7 @@
  * same offset, so every exchange meets its partner, as in a pairwise exchange. Offsets no
  * rank uses are skipped (the built-in graph visits only its p offsets).
  *
+ * Rank gossip on a two-level communicator runs flat, every message over its options.any.
  * Per node, the graph's ranks are the nodes of a two-level communicator: node h's local rank l
  * walks the node offsets with its peers' local rank l (the composed transport's sendrecv takes
  * those pairs over the across level), after the node's average on the node level.
@@ -22,6 +23,7 @@
 #include "collectives/requests.h"
 #include "collectives/gossip_graph.h"
 #include "collectives/hier_levels.h"
+#include "transport/transport_hier.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -135,7 +137,13 @@ static sumo_result round_run(sumo_comm *c, void *args)
                                        (unsigned long long)d.recvptr);
     }
     atomic_fetch_add_explicit(&c->rounds, 1, memory_order_relaxed);
-    return exchange(c, g, a.round);
+    /* Rank gossip on a two-level communicator pairs ranks of any two places: every message
+     * goes over options.any (create required it), as a flat algorithm's do. */
+    bool flat = c->levels && !g->per_node;
+    if (flat) sumo__hier_tp_flat(tp, true);
+    sumo_result r = exchange(c, g, a.round);
+    if (flat) sumo__hier_tp_flat(tp, false);
+    return r;
 }
 
 typedef struct node_args {
@@ -327,6 +335,11 @@ sumo_result sumo_gossip_create(sumo_comm *comm, size_t count, sumo_dtype dtype,
         local = SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT,
                                 "gossip: per_node needs a two-level communicator "
                                 "(sumo_comm_create_hier); this one is flat");
+    else if (!o->per_node && comm->levels && comm->levels->any == NULL)
+        local = SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_USAGE,
+                                "gossip: a two-level communicator without options.any cannot "
+                                "pair ranks of other nodes and other local ranks; give it one, "
+                                "or gossip per node (per_node = 1)");
     else if (o->per_node && comm->levels->H < 2)
         local = SUMO__COMM_FAIL(comm, SUMO_ERR_INVALID_ARGUMENT,
                                 "gossip: per_node needs at least 2 nodes (this communicator is "

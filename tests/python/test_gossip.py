@@ -53,8 +53,9 @@ def offset_of(n, k):
     return 1 << (k % (K + 1))
 
 
-def reference(base, n, tau, alpha, beta):
-    """Every rank's parameters z = X / W after each step, in float64."""
+def reference(base, n, tau, alpha, beta, L=1):
+    """Every rank's parameters z = X / W after each step, in float64. L > 1 (SGP): nodes of L
+    ranks average, then the n / L nodes gossip."""
     x0 = flat(make_model()).clone()
     X = [x0.clone() for _ in range(n)]
     W = [1.0] * n
@@ -67,9 +68,12 @@ def reference(base, n, tau, alpha, beta):
             X[r] = X[r] - LR * grad_at(X[r] / W[r], r, t - 1)
         sync = t % tau == 0
         if base == "sgp":
-            off = offset_of(n, k)
+            H = n // L
+            node = [sum(X[h * L + l] for l in range(L)) / L for h in range(H)]
+            off = offset_of(H, k)
             k += 1
-            X = [X[r] / 2 + X[(r - off) % n] / 2 for r in range(n)]
+            node = [node[h] / 2 + node[(h - off) % H] / 2 for h in range(H)]
+            X = [node[r // L].clone() for r in range(n)]
         else:  # OSGP, staleness 1: a round's shares arrive one step later
             if flight:
                 off = offset_of(n, k - 1)
@@ -116,6 +120,33 @@ def test_slowmo_ddp_equals_float64_reference(base):
     assert all_true(worst < 1e-12), "worst difference %g" % worst
     if n > 1:  # the gossip rounds (one a step but at the averages for OSGP) and 2 averages
         assert stats["rounds"] == (STEPS if base == "sgp" else STEPS - 2) + 2, stats
+
+
+def test_slowmo_ddp_per_node_equals_float64_reference():
+    # On a two-level communicator (hosts of L ranks: SUMO_LOCAL_SIZE under torchrun, or real
+    # hosts) with at least 2 of them; elsewhere nprocs_per_node > 1 is refused by name.
+    n, L = st.size(), st.local_size()
+    two_level = L > 1 and n % L == 0 and n // L >= 2 and st.transport() == "hierarchical"
+    kw = dict(nprocs_per_node=max(L, 2), slowmo_base_algorithm="sgp", slowmo_frequency=4,
+              slowmo_lr=1.0, slowmo_momentum=0.5)
+    if not two_level:
+        model = st.SlowMoDistributedDataParallel(make_model(), **kw)
+        opt = torch.optim.SGD(model.parameters(), lr=LR)
+        with pytest.raises(ValueError, match="nprocs_per_node|two-level|no peer"):
+            model.perform_slowmo(opt)
+        return
+    model = st.SlowMoDistributedDataParallel(make_model(), **kw)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    ref = reference("sgp", n, 4, 1.0, 0.5, L=L)
+    worst = 0.0
+    for t in range(STEPS):
+        opt.zero_grad()
+        loss_fn(model, st.rank(), t).backward()
+        opt.step()
+        model.perform_slowmo(opt)
+        worst = max(worst, (flat(model) - ref[t][st.rank()]).abs().max().item())
+    model.close()
+    assert all_true(worst < 1e-12), "worst difference %g" % worst
 
 
 def test_fairscale_names_and_refusals():

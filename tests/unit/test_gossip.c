@@ -21,7 +21,8 @@
  *   (j) per node on a two-level communicator (H nodes of L ranks, threads levels): after
  *       every round each rank holds push-sum over the H nodes of the nodes' averages, the
  *       ranks of a node the same bits, in blocking and overlapped rounds; per_node on a flat
- *       communicator or one node is refused by name.
+ *       communicator or one node is refused by name; rank gossip on a two-level communicator
+ *       equals the flat push-sum (over options.any), and is refused without options.any.
  * Rank threads only record; the assertions run in the main thread.
  */
 #include <setjmp.h>
@@ -592,7 +593,8 @@ static void test_tcp_same_bits(void **state)
 
 typedef struct pn_run {
     int H, L, overlap;
-    sumo_comm *node[MAXP][MAXP], *across[MAXP][MAXP];
+    int by_rank, any; /* rank gossip (per_node 0); give the communicator options.any */
+    sumo_comm *node[MAXP][MAXP], *across[MAXP][MAXP], *anyc[MAXP];
     double x[MAXP][PN_ROUNDS][N], w[MAXP][PN_ROUNDS];
     int peers[MAXP];
     sumo_result r[MAXP];
@@ -610,11 +612,14 @@ static void *pn_rank(void *p)
     pn_run *P = a->P;
     int rank = a->h * P->L + a->l;
     sumo_comm *hier = NULL;
-    P->r[rank] = sumo_comm_create_hier(P->node[a->h][a->l], P->across[a->l][a->h], NULL, &hier);
+    sumo_hier_options ho;
+    sumo_hier_options_default(&ho);
+    ho.any = P->any ? P->anyc[rank] : NULL;
+    P->r[rank] = sumo_comm_create_hier(P->node[a->h][a->l], P->across[a->l][a->h], &ho, &hier);
     if (P->r[rank] != SUMO_SUCCESS) return NULL;
     sumo_gossip_options o;
     sumo_gossip_options_default(&o);
-    o.per_node = 1;
+    o.per_node = !P->by_rank;
     sumo_gossip *g = NULL;
     if ((P->r[rank] = sumo_gossip_create(hier, N, SUMO_FLOAT64, &o, &g)) == SUMO_SUCCESS) {
         int count = 0;
@@ -647,6 +652,7 @@ static void pn_world(pn_run *P)
         assert_int_equal(sumo_comm_create_threads(H, tmp), SUMO_SUCCESS);
         for (int h = 0; h < H; h++) P->across[l][h] = tmp[h];
     }
+    if (P->any) assert_int_equal(sumo_comm_create_threads(H * L, P->anyc), SUMO_SUCCESS);
     pthread_t ids[MAXP];
     pn_arg args[MAXP];
     for (int r = 0; r < H * L; r++) {
@@ -718,6 +724,40 @@ static void test_per_node(void **state)
         }
 }
 
+/* Rank gossip on a two-level communicator: flat push-sum over all H L ranks (over options.any),
+ * refused without options.any. */
+static void test_by_rank_on_two_levels(void **state)
+{
+    (void)state;
+    static pn_run P;
+    memset(&P, 0, sizeof P);
+    P.H = 3, P.L = 2, P.by_rank = 1, P.any = 1;
+    pn_world(&P);
+    int n = 6;
+    double x[MAXP][N], w[MAXP];
+    for (int r = 0; r < n; r++) {
+        assert_int_equal(P.r[r], SUMO_SUCCESS);
+        w[r] = 1;
+        for (int i = 0; i < N; i++) x[r][i] = input(r, (size_t)i);
+    }
+    exp_ctx e = {n, 1};
+    for (int t = 0; t < PN_ROUNDS; t++) {
+        ref_push_sum(n, x, w, exp_outs, t, &e);
+        for (int r = 0; r < n; r++)
+            for (int i = 0; i < N; i++)
+                if (fabs(P.x[r][t][i] - x[r][i]) > 1e-14 || P.w[r][t] != 1.0)
+                    fail_msg("by rank, round %d rank %d: %.17g vs %.17g", t, r, P.x[r][t][i],
+                             x[r][i]);
+    }
+    memset(&P, 0, sizeof P);
+    P.H = 2, P.L = 2, P.by_rank = 1;
+    pn_world(&P);
+    for (int r = 0; r < 4; r++) {
+        assert_int_equal(P.r[r], SUMO_ERR_INVALID_USAGE);
+        assert_non_null(strstr(P.msg[r], "without options.any"));
+    }
+}
+
 static void refuse_rank(sumo_comm *comm, int rank, int size, void *arg)
 {
     (void)size;
@@ -760,6 +800,7 @@ int main(void)
         cmocka_unit_test(test_resume_in_flight),    cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_peer_lost),           cmocka_unit_test(test_tcp_same_bits),
         cmocka_unit_test(test_per_node),            cmocka_unit_test(test_per_node_refused),
+        cmocka_unit_test(test_by_rank_on_two_levels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
