@@ -236,15 +236,19 @@ test-unit: $(UNIT_BINS) $(BUILD)/sumo
 
 # The subset that exercises threads against each other (what TSan is for); only these are
 # built, since a sanitizer build of every suite costs minutes of CI.
-THREAD_BINS := $(filter %collectives %async %faults %adasum_pair %adasum_tree %adasum_errors %acga_oracles %acga_options %acga_degenerate %acga_state %slowmo %slowmo_api %distributed %core %seams_memory %seams_transport %compress %diloco %diloco_api %elastic %store_agree %store_commit %tickets %elastic_object %heartbeat %restore %tcp %comm_hier %join,$(UNIT_BINS))
+THREAD_BINS := $(filter %collectives %gossip %gossip_slowmo %async %faults %adasum_pair %adasum_tree %adasum_errors %acga_oracles %acga_options %acga_degenerate %acga_state %slowmo %slowmo_api %distributed %core %seams_memory %seams_transport %compress %diloco %diloco_api %elastic %store_agree %store_commit %tickets %elastic_object %heartbeat %restore %tcp %comm_hier %join,$(UNIT_BINS))
 test-threads: $(THREAD_BINS)
 	@fail=0; for t in $(THREAD_BINS); do echo "== $$t"; $$t || fail=1; done; exit $$fail
 
 MPIRUN_FLAGS ?= --oversubscribe --allow-run-as-root --mca btl self,vader --mca rmaps_base_oversubscribe 1
+# test_gossip_mpi once more under MPI_THREAD_SINGLE: sumo calls MPI on the caller's thread only.
 test-mpi: $(MPI_TEST_BINS)
 	@fail=0; for t in $(MPI_TEST_BINS); do for np in 2 3 4; do \
 	  echo "== mpirun -np $$np $$t"; \
-	  timeout -k 10 300 mpirun -np $$np $(MPIRUN_FLAGS) $$t || fail=1; done; done; exit $$fail
+	  timeout -k 10 300 mpirun -np $$np $(MPIRUN_FLAGS) $$t || fail=1; done; done; \
+	echo "== mpirun -np 3 $(BUILD)/tests/mpi/test_gossip_mpi single"; \
+	timeout -k 10 300 mpirun -np 3 $(MPIRUN_FLAGS) $(BUILD)/tests/mpi/test_gossip_mpi single || fail=1; \
+	exit $$fail
 
 # End-to-end checks of the command (training, checkpoints, resume, data errors).
 test-cli: $(BUILD)/sumo

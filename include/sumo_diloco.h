@@ -89,6 +89,20 @@ typedef enum sumo_fragment_split {
     SUMO_SPLIT_RANGES = 1,
 } sumo_fragment_split;
 
+/* The base algorithm of the local steps (docs/design/gossip.md): plain local steps, or a
+ * gossip round over the dynamic directed exponential graph after each local step
+ * (sumo_gossip.h). With a gossip base the loop needs one fragment, delay 0, merge 0, the
+ * uncompressed average, no inner averaging and no sharding; sync_every 0 then means no exact
+ * average at all (SGP, OSGP or D-PSGD alone), and sync_every H > 0 the exact average and the
+ * outer step every H steps (SlowMo over the base). */
+typedef enum sumo_diloco_base {
+    SUMO_BASE_LOCAL = 0, /* local steps alone (Local SGD, SlowMo, BMUF, DiLoCo) */
+    SUMO_BASE_SGP = 1,   /* x <- mix(x - lr g): a push-sum round after the step */
+    SUMO_BASE_OSGP = 2,  /* the round overlapped: started after one step, its shares added
+                            gossip_staleness steps later; the parameters are z = x / w */
+    SUMO_BASE_DPSGD = 3, /* x <- mix(x) - lr g: symmetric mixing of the pre-step parameters */
+} sumo_diloco_base;
+
 typedef struct sumo_diloco_options {
     size_t struct_size;          /* sizeof(sumo_diloco_options); the presets set it */
     int sync_every;              /* H >= 1: local steps between two syncs of one fragment */
@@ -116,6 +130,13 @@ typedef struct sumo_diloco_options {
                                     and H a multiple of it */
     int memory_efficient;        /* 0 or 1: shard the anchors and momenta (above); 1 needs F 1,
                                     delay 0, merge 0 and the uncompressed average */
+    sumo_diloco_base base;       /* SUMO_BASE_LOCAL, or a gossip base (above) */
+    int gossip_peers;            /* a gossip base's out-peers a round, in [1, n - 1] (1) */
+    int gossip_staleness;        /* SUMO_BASE_OSGP: steps a round stays in flight, >= 1 (1) */
+    int gossip_per_node;         /* 0 or 1: base SGP or OSGP on a two-level communicator: the
+                                    nodes gossip, each round after the node's average
+                                    (sumo_gossip.h's per_node; fairscale's nprocs_per_node
+                                    > 1) (0) */
 } sumo_diloco_options;
 
 typedef enum sumo_diloco_preset {
@@ -128,6 +149,13 @@ typedef enum sumo_diloco_preset {
                                          (the paper's alpha, fairscale's beta) */
     SUMO_DILOCO_PRESET_BMUF = 4,      /* block momentum over plain local steps: SLOWMO's values
                                          (Chen and Huo's block learning rate 1, momentum 0.5) */
+    SUMO_DILOCO_PRESET_SGP = 5,       /* SGP alone: base SGP, no exact average (sync_every 0),
+                                         heavy ball alpha 1 beta 0 */
+    SUMO_DILOCO_PRESET_OSGP = 6,      /* OSGP alone: base OSGP, staleness 1, no exact average */
+    SUMO_DILOCO_PRESET_DPSGD = 7,     /* D-PSGD alone: base D-PSGD, no exact average */
+    SUMO_DILOCO_PRESET_SLOWMO_SGP = 8, /* SlowMo over SGP: tau 48 (the paper's with gossip
+                                         bases), alpha 1, beta 0.5; set base for OSGP or
+                                         D-PSGD */
 } sumo_diloco_preset;
 
 SUMO_API sumo_result sumo_diloco_options_default(sumo_diloco_preset preset,
@@ -198,9 +226,11 @@ SUMO_API sumo_result sumo_diloco_state_load(sumo_diloco *diloco, const void *buf
  * sharded mode's allgathers included; compressed: the payload of this rank's input,
  * sumo_compressed_bytes). */
 SUMO_API sumo_result sumo_diloco_stats(const sumo_diloco *diloco, sumo_comm_stats *stats);
-/* Extra memory beyond the parameters: anchors and momenta (2 n elements) and the exchange
- * buffer (the largest fragment; none with one fragment, delay 0, merge 0 and the uncompressed
- * average, which averages the parameters in place); sharded: 2 (s + n mod N) elements. */
+/* Extra memory beyond the parameters: anchors and momenta (2 n elements), a gossip base's
+ * buffers (SGP 3 n, OSGP 4 n, D-PSGD 5 n: the round's share, receive and sum buffers, OSGP's
+ * numerator, D-PSGD's pre-step parameters and step) and the exchange buffer (the largest
+ * fragment; none with one fragment, delay 0, merge 0 and the uncompressed average, which
+ * averages the parameters in place); sharded: 2 (s + n mod N) elements. */
 SUMO_API sumo_result sumo_diloco_extra_memory(const sumo_diloco *diloco, size_t *bytes);
 
 #ifdef __cplusplus

@@ -33,8 +33,10 @@ extern "C" {
  * Collective over comm (every process calls it). The communicator is duplicated, with errors
  * returned rather than fatal, so sumo's messages never mix with the caller's; the caller may
  * free comm afterwards. MPI must be initialised (MPI_THREAD_SERIALIZED or more if several
- * threads use sumo handles, MPI_THREAD_MULTIPLE for asynchronous requests). Destroy the
- * handle before MPI_Finalize.
+ * threads use sumo handles). Asynchronous requests (and overlapped gossip rounds) run on a
+ * progress thread of sumo's only under MPI_THREAD_MULTIPLE; with less, MPI may not be called
+ * from that thread while the caller's makes MPI calls, so a request runs to completion in the
+ * call that starts it (same results, no overlap). Destroy the handle before MPI_Finalize.
  */
 SUMO_API sumo_result sumo_comm_create_mpi(MPI_Comm comm, sumo_comm **out);
 

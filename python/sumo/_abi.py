@@ -110,6 +110,10 @@ SUMO_DILOCO_PRESET_STREAMING = 1
 SUMO_DILOCO_PRESET_LOCALSGD = 2
 SUMO_DILOCO_PRESET_SLOWMO = 3
 SUMO_DILOCO_PRESET_BMUF = 4
+SUMO_DILOCO_PRESET_SGP = 5
+SUMO_DILOCO_PRESET_OSGP = 6
+SUMO_DILOCO_PRESET_DPSGD = 7
+SUMO_DILOCO_PRESET_SLOWMO_SGP = 8
 
 # sumo_diloco_due's mask
 SUMO_DILOCO_LOCAL = 0
@@ -120,6 +124,16 @@ SUMO_DILOCO_AVERAGE = 4
 # sumo_fragment_split
 SUMO_SPLIT_TENSORS = 0
 SUMO_SPLIT_RANGES = 1
+
+# sumo_diloco_base
+SUMO_BASE_LOCAL = 0
+SUMO_BASE_SGP = 1
+SUMO_BASE_OSGP = 2
+SUMO_BASE_DPSGD = 3
+
+# sumo_gossip_mode (sumo_gossip.h)
+SUMO_GOSSIP_PUSH_SUM = 0
+SUMO_GOSSIP_SYMMETRIC = 1
 
 
 class sumo_diloco_options(ctypes.Structure):
@@ -138,7 +152,11 @@ class sumo_diloco_options(ctypes.Structure):
                 ("block_size", ctypes.c_size_t),
                 ("acga", ctypes.POINTER(sumo_acga_options)),
                 ("inner_period", ctypes.c_int),
-                ("memory_efficient", ctypes.c_int)]
+                ("memory_efficient", ctypes.c_int),
+                ("base", ctypes.c_int),
+                ("gossip_peers", ctypes.c_int),
+                ("gossip_staleness", ctypes.c_int),
+                ("gossip_per_node", ctypes.c_int)]
 
 
 # -- sumo_ext.h: a transport the binding supplies (torch/_pg_transport.py) -----------------------

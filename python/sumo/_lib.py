@@ -124,6 +124,12 @@ _SIGS = {
                                 ctypes.c_size_t, ctypes.c_int, ctypes.POINTER(sumo_diloco_options),
                                 ctypes.POINTER(ctypes.c_void_p)]),
     "sumo_diloco_destroy": (_R, [ctypes.c_void_p]),
+    # sumo_gossip.h, with the default options (NULL) only: the DDP gossip hook's rounds.
+    "sumo_gossip_create": (_R, [_c_comm_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
+                                ctypes.POINTER(ctypes.c_void_p)]),
+    "sumo_gossip_destroy": (_R, [ctypes.c_void_p]),
+    "sumo_gossip_round": (_R, [ctypes.c_void_p, ctypes.c_void_p]),
+    "sumo_gossip_weight": (_R, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_double)]),
     "sumo_diloco_begin": (_R, [ctypes.c_void_p, ctypes.c_void_p]),
     "sumo_diloco_end": (_R, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_double,
                              ctypes.POINTER(ctypes.c_int)]),

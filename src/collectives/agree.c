@@ -21,6 +21,7 @@ const char *sumo__call_kind_name(uint32_t kind)
     case SUMO__CALL_FAIL: return "a failure announcement";
     case SUMO__CALL_COMPRESSED: return "allreduce_compressed";
     case SUMO__CALL_JOIN: return "join";
+    case SUMO__CALL_GOSSIP: return "gossip round";
     default: return "unknown collective";
     }
 }

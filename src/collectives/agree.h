@@ -27,6 +27,8 @@ enum sumo__call_kind {
     SUMO__CALL_COMPOSITE, /* never announced: a layer above's operation made of collectives */
     SUMO__CALL_COMPRESSED, /* sumo_allreduce_compressed; aux: its format and block size */
     SUMO__CALL_JOIN, /* a rank inside sumo_join (collectives/join.c); aux: its join round */
+    SUMO__CALL_GOSSIP, /* a gossip round (collectives/gossip.c); its graph and round compared
+                          there */
 };
 
 /* The kind's name as messages give it ("allreduce", "allreduce_compressed", ...). */

@@ -292,8 +292,9 @@ static sumo_result level_run(sumo_comm *level, const sumo_collective *k)
 sumo_result sumo__execute(sumo_comm *c, const sumo__call *call)
 {
     SUMO__CHECK(sumo__usable(c));
-    if (call->kind == SUMO__CALL_COMPOSITE) return call->run(c, (void *)call->args);
+    /* Set before a composite call too: a gossip round runs the node's average on a level. */
     if (c->levels) c->levels->run = level_run;
+    if (call->kind == SUMO__CALL_COMPOSITE) return call->run(c, (void *)call->args);
     atomic_fetch_add_explicit(&c->rounds, 1, memory_order_relaxed);
     sumo__call_desc d = {.kind = call->kind, .dtype = (uint32_t)call->dtype, .op = call->op,
                          .root = call->root, .count = call->count,

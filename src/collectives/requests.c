@@ -97,6 +97,18 @@ static sumo_result queue_request(sumo_comm *comm, const sumo__call *call, sumo_r
         return SUMO_ERR_SYSTEM;
     }
     *req = (sumo_request){.q = q, .call = *call};
+    if (comm->tp->caller_thread_only) {
+        /* Run here, now: the request is complete when it is returned (sumo__transport). The
+         * queue is empty (every earlier request ran the same way), so the order holds. */
+        q->refs++;
+        pthread_mutex_unlock(&q->lock);
+        sumo__comm_enter(comm);
+        req->result = sumo__execute(comm, &req->call);
+        sumo__comm_leave(comm);
+        atomic_store_explicit(&req->done, 1, memory_order_release);
+        *request = req;
+        return SUMO_SUCCESS;
+    }
     if (!q->progress_started) {
         if (pthread_create(&q->progress, NULL, progress_main, comm) != 0) {
             req->link.next = q->spare;

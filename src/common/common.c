@@ -5,6 +5,7 @@
 #include "sumo_diloco.h"
 #include "sumo_distributed.h"
 #include "sumo_elastic.h"
+#include "sumo_gossip.h"
 #include "sumo_optim.h"
 #include "sumo_shm.h"
 #include "sumo_tcp.h"
@@ -176,7 +177,7 @@ sumo_result sumo_struct_size(const char *name, size_t *bytes)
         SIZE_OF(sumo_distributed_options),
         SIZE_OF(sumo_kernel_table), SIZE_OF(sumo_collective), SIZE_OF(sumo_transport_ops),
         SIZE_OF(sumo_transport_desc), SIZE_OF(sumo_shm_options), SIZE_OF(sumo_store),
-        SIZE_OF(sumo_compression), SIZE_OF(sumo_diloco_options), SIZE_OF(sumo_outer_step),
+        SIZE_OF(sumo_compression), SIZE_OF(sumo_diloco_options), SIZE_OF(sumo_gossip_options), SIZE_OF(sumo_outer_step),
         SIZE_OF(sumo_shrink_options), SIZE_OF(sumo_shrink_info), SIZE_OF(sumo_agree_options),
         SIZE_OF(sumo_tcp_options), SIZE_OF(sumo_bootstrap_options), SIZE_OF(sumo_bootstrap),
         SIZE_OF(sumo_heart_options), SIZE_OF(sumo_commit_options), SIZE_OF(sumo_elastic_options),
@@ -213,7 +214,10 @@ sumo_result sumo_enum_value(const char *name, int64_t *value)
         VALUE(SUMO_COMBINE_AVERAGE), VALUE(SUMO_COMBINE_ADASUM), VALUE(SUMO_COMBINE_ACGA),
         VALUE(SUMO_DILOCO_PRESET_DILOCO), VALUE(SUMO_DILOCO_PRESET_STREAMING),
         VALUE(SUMO_DILOCO_PRESET_LOCALSGD), VALUE(SUMO_DILOCO_PRESET_SLOWMO),
-        VALUE(SUMO_DILOCO_PRESET_BMUF),
+        VALUE(SUMO_DILOCO_PRESET_BMUF), VALUE(SUMO_DILOCO_PRESET_SGP), VALUE(SUMO_DILOCO_PRESET_OSGP),
+        VALUE(SUMO_DILOCO_PRESET_DPSGD), VALUE(SUMO_DILOCO_PRESET_SLOWMO_SGP), VALUE(SUMO_BASE_LOCAL),
+        VALUE(SUMO_BASE_SGP), VALUE(SUMO_BASE_OSGP), VALUE(SUMO_BASE_DPSGD),
+        VALUE(SUMO_GOSSIP_PUSH_SUM), VALUE(SUMO_GOSSIP_SYMMETRIC),
         VALUE(SUMO_DILOCO_LOCAL), VALUE(SUMO_DILOCO_APPLY), VALUE(SUMO_DILOCO_START),
         VALUE(SUMO_DILOCO_AVERAGE), VALUE(SUMO_SPLIT_TENSORS), VALUE(SUMO_SPLIT_RANGES),
         VALUE(SUMO_UPDATE_GRADIENT), VALUE(SUMO_UPDATE_DELTA), VALUE(SUMO_UPDATE_OUTER),

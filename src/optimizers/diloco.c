@@ -43,7 +43,8 @@ sumo_result sumo_diloco_options_default(sumo_diloco_preset preset, sumo_diloco_o
     *o = (sumo_diloco_options){.struct_size = sizeof *o, .sync_every = 500, .fragments = 1,
                                .outer = SUMO_OUTER_NESTEROV, .lr = 0.7, .momentum = 0.9,
                                .combine = SUMO_COMBINE_AVERAGE,
-                               .compression = SUMO_COMPRESS_NONE, .block_size = 128};
+                               .compression = SUMO_COMPRESS_NONE, .block_size = 128,
+                               .gossip_peers = 1, .gossip_staleness = 1};
     switch (preset) {
     case SUMO_DILOCO_PRESET_DILOCO: return SUMO_SUCCESS;
     case SUMO_DILOCO_PRESET_STREAMING:
@@ -55,12 +56,25 @@ sumo_result sumo_diloco_options_default(sumo_diloco_preset preset, sumo_diloco_o
     case SUMO_DILOCO_PRESET_LOCALSGD:
     case SUMO_DILOCO_PRESET_SLOWMO:
     case SUMO_DILOCO_PRESET_BMUF:
+    case SUMO_DILOCO_PRESET_SGP:
+    case SUMO_DILOCO_PRESET_OSGP:
+    case SUMO_DILOCO_PRESET_DPSGD:
+    case SUMO_DILOCO_PRESET_SLOWMO_SGP:
         /* SlowMo's paper: tau 12 for a Local SGD base, alpha 1 everywhere; beta 0.5 is
          * fairscale's default, and BMUF's block momentum; Local SGD has none. */
         o->sync_every = 12;
         o->outer = SUMO_OUTER_HEAVY_BALL;
         o->lr = 1.0;
         o->momentum = preset == SUMO_DILOCO_PRESET_LOCALSGD ? 0.0 : 0.5;
+        /* The gossip bases alone: no exact average, so no outer step; SlowMo over them: tau
+         * 48, the paper's with gossip bases. */
+        if (preset >= SUMO_DILOCO_PRESET_SGP) {
+            o->base = preset == SUMO_DILOCO_PRESET_OSGP    ? SUMO_BASE_OSGP
+                      : preset == SUMO_DILOCO_PRESET_DPSGD ? SUMO_BASE_DPSGD
+                                                           : SUMO_BASE_SGP;
+            o->sync_every = preset == SUMO_DILOCO_PRESET_SLOWMO_SGP ? 48 : 0;
+            if (preset != SUMO_DILOCO_PRESET_SLOWMO_SGP) o->momentum = 0.0;
+        }
         return SUMO_SUCCESS;
     default: return SUMO_ERR_INVALID_ARGUMENT;
     }
@@ -78,6 +92,8 @@ static const char *check_options(const sumo_diloco_options *o, sumo_dtype dtype,
     if (bad == NULL && o->acga) bad = SUMO__STRUCT_SIZE_PROBLEM(o->acga, sumo_acga_options, NULL, 0);
     if (bad) return bad;
     if (dtype != SUMO_FLOAT32 && dtype != SUMO_FLOAT64) return "parameters must be fp32 or fp64";
+    if (o->base != SUMO_BASE_LOCAL) return sumo__diloco_gossip_check(o);
+    if (o->gossip_per_node != 0) return "gossip_per_node needs a gossip base (base SGP, OSGP or DPSGD)";
     if (o->sync_every < 1) return "sync_every (H) must be >= 1";
     if (o->fragments < 1 || o->fragments > o->sync_every)
         return "fragments (F) must be in [1, sync_every]: one fragment syncs at a time";
@@ -247,8 +263,11 @@ static uint64_t fingerprint(const sumo_diloco *d)
                   o->lr, o->momentum, o->combine, o->compression, (double)o->block_size,
                   o->inner_period, o->memory_efficient, (double)d->n, d->dtype, d->acga.beta,
                   d->acga.per_tensor, d->acga.eps, d->acga.negative_guard, d->acga.rescale,
-                  d->acga.reference_permutation};
-    return sumo__fnv1a(d->layout_hash, f, sizeof f);
+                  d->acga.reference_permutation, o->base, o->gossip_peers, o->gossip_staleness};
+    uint64_t h = sumo__fnv1a(d->layout_hash, f, sizeof f);
+    /* Mixed in only when set: every other run keeps the fingerprint it had. */
+    if (o->gossip_per_node) h = sumo__fnv1a(h, &o->gossip_per_node, sizeof o->gossip_per_node);
+    return h;
 }
 
 /* The layout, the split, the shard and the state; NULL or why not. */
@@ -345,6 +364,7 @@ sumo_result sumo_diloco_create(sumo_comm *comm, const size_t *tensor_counts, siz
             r = sumo_aggregator_create(comm, &ao, &d->frags[f].agg);
         }
     }
+    if (r == SUMO_SUCCESS) r = sumo__diloco_gossip_create(&d->gb, comm, &d->o, d->n, d->dtype);
     if (r != SUMO_SUCCESS) {
         sumo_diloco_destroy(d);
         return r;
@@ -358,6 +378,7 @@ sumo_result sumo_diloco_destroy(sumo_diloco *d)
     if (d == NULL) return SUMO_SUCCESS;
     if (d->req) sumo_request_wait(d->req); /* every request is waited on */
     if (d->x0) d->k->release(d->k->ctx, d->x0);
+    sumo__diloco_gossip_free(&d->gb);
     frags_free(d);
     free(d->tcounts);
     free(d->fragment_of);
@@ -418,6 +439,7 @@ bool sumo__diloco_anchored(const sumo_diloco *d) { return d->anchored; }
 /* The fragment whose exchange starts at the end of step k (>= 1), or -1. */
 static int starting(const sumo_diloco *d, uint64_t k)
 {
+    if (d->o.sync_every == 0) return -1; /* a gossip base alone: never */
     uint64_t r = (k - 1) % (uint64_t)d->o.sync_every + 1;
     for (int f = 0; f < d->nfrag; f++)
         if (d->frags[f].first == r) return f;
@@ -438,7 +460,7 @@ sumo_result sumo_diloco_due(const sumo_diloco *d, int *what, int *applied, int *
     int s = starting(d, next);
     if (a < 0 && s >= 0 && d->o.delay == 0) a = s;
     *what = (a >= 0 ? SUMO_DILOCO_APPLY : 0) | (s >= 0 ? SUMO_DILOCO_START : 0) |
-            (inner_due(d, next) ? SUMO_DILOCO_AVERAGE : 0);
+            (inner_due(d, next) || d->gb.gossip ? SUMO_DILOCO_AVERAGE : 0);
     if (applied) *applied = a;
     if (started) *started = s;
     return SUMO_SUCCESS;
@@ -574,6 +596,8 @@ sumo_result sumo_diloco_end(sumo_diloco *d, void *params, double lr, int *commun
     d->steps++;
     bool applied = false, started = false, averaged = false;
     sumo_result r = SUMO_SUCCESS;
+    /* A gossip base's round belongs to the local step: before the exact average. */
+    if (d->gb.gossip) r = sumo__diloco_gossip_step(&d->gb, &x, params, d->x0, s >= 0, &averaged);
     if (d->pending >= 0 && d->apply_at == d->steps) {
         applied = true;
         r = apply(d, &x, params);
@@ -589,7 +613,9 @@ sumo_result sumo_diloco_end(sumo_diloco *d, void *params, double lr, int *commun
         averaged = true;
         r = average_all(d, params);
     }
+    if (d->gb.gossip && applied && r == SUMO_SUCCESS) r = sumo__diloco_gossip_synced(&d->gb, &x, params);
     if (communicated) *communicated = applied || started || averaged;
+    if (d->gb.gossip) averaged = false; /* a round is no exact average */
     d->synchronized = d->nranks == 1 || (averaged && r == SUMO_SUCCESS) ||
                       (d->nfrag == 1 && applied && d->o.merge_alpha == 0 && r == SUMO_SUCCESS);
     return r;

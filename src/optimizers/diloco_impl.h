@@ -4,6 +4,7 @@
 
 #include "optimizers/diloco.h"
 #include "collectives/collectives.h"
+#include "optimizers/diloco_gossip.h"
 
 typedef struct sumo__frag {
     size_t n;          /* elements */
@@ -49,6 +50,7 @@ struct sumo_diloco {
     sumo_request *req; /* NULL once completed: its result is then `result` */
     sumo_result result;
     sumo_comm_stats stats;
+    sumo__gossip_base gb; /* a gossip base (diloco_gossip.c) */
 };
 
 /* Elements of state: x0, v and the exchange buffer. */

@@ -57,7 +57,7 @@ sumo_result sumo_diloco_state_size(const sumo_diloco *d, size_t *bytes)
     if (d == NULL || bytes == NULL) return SUMO_ERR_INVALID_ARGUMENT;
     size_t b = H_COUNT * sizeof(uint64_t) + sumo__diloco_state_elems(d) * d->esz;
     for (int f = 0; f < d->nfrag; f++) b += agg_bytes(d, f);
-    *bytes = b;
+    *bytes = b + sumo__diloco_gossip_state_size(&d->gb);
     return SUMO_SUCCESS;
 }
 
@@ -99,7 +99,7 @@ sumo_result sumo_diloco_state_save(sumo_diloco *d, void *buffer, size_t bytes)
         if (b) SUMO__CHECK(sumo_aggregator_state_save(d->frags[f].agg, p, b));
         p += b;
     }
-    return SUMO_SUCCESS;
+    return sumo__diloco_gossip_save(&d->gb, p);
 }
 
 static const char *check_header(const sumo_diloco *d, const uint64_t *h)
@@ -160,6 +160,7 @@ sumo_result sumo_diloco_state_load(sumo_diloco *d, const void *buffer, size_t by
         if (b) SUMO__CHECK(sumo_aggregator_state_load(d->frags[f].agg, p, b));
         p += b;
     }
+    SUMO__CHECK(sumo__diloco_gossip_load(&d->gb, p, d->k));
     const sumo__exec x = {.k = d->k};
     SUMO__CHECK(sumo__k_copy(&x, d->x0, body, state));
     d->steps = h[H_STEPS];
@@ -174,7 +175,7 @@ sumo_result sumo_diloco_state_load(sumo_diloco *d, const void *buffer, size_t by
     uint64_t k = d->steps;
     d->synchronized = d->nranks == 1 || k == 0 ||
                       (d->nfrag == 1 && o->delay == 0 && o->merge_alpha == 0 &&
-                       k % (uint64_t)o->sync_every == 0) ||
+                       o->sync_every > 0 && k % (uint64_t)o->sync_every == 0) ||
                       (o->inner_period > 0 && k % (uint64_t)o->inner_period == 0);
     return SUMO_SUCCESS;
 }
@@ -183,12 +184,13 @@ sumo_result sumo_diloco_stats(const sumo_diloco *d, sumo_comm_stats *stats)
 {
     if (d == NULL || stats == NULL) return SUMO_ERR_INVALID_ARGUMENT;
     *stats = d->stats;
+    sumo__diloco_gossip_stats(&d->gb, stats);
     return SUMO_SUCCESS;
 }
 
 sumo_result sumo_diloco_extra_memory(const sumo_diloco *d, size_t *bytes)
 {
     if (d == NULL || bytes == NULL) return SUMO_ERR_INVALID_ARGUMENT;
-    *bytes = sumo__diloco_state_elems(d) * d->esz;
+    *bytes = sumo__diloco_state_elems(d) * d->esz + sumo__diloco_gossip_extra(&d->gb);
     return SUMO_SUCCESS;
 }

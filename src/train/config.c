@@ -11,6 +11,9 @@ static const char *const method_names[SUMO__METHOD_COUNT] = {
     [SUMO__METHOD_ACGA] = "acga",         [SUMO__METHOD_SLOWMO] = "slowmo",
     [SUMO__METHOD_LOCALSGD] = "localsgd", [SUMO__METHOD_BMUF] = "bmuf",
     [SUMO__METHOD_DILOCO] = "diloco",     [SUMO__METHOD_STREAMING_DILOCO] = "streaming-diloco",
+    [SUMO__METHOD_SGP] = "sgp",           [SUMO__METHOD_OSGP] = "osgp",
+    [SUMO__METHOD_DPSGD] = "dpsgd",       [SUMO__METHOD_SLOWMO_SGP] = "slowmo-sgp",
+    [SUMO__METHOD_SLOWMO_OSGP] = "slowmo-osgp", [SUMO__METHOD_SLOWMO_DPSGD] = "slowmo-dpsgd",
 };
 
 const char *sumo__method_name(sumo__method m)
@@ -29,7 +32,13 @@ bool sumo__method_parse(const char *name, sumo__method *out)
 }
 
 #define BIT SUMO__METHOD_BIT
-#define SLOWMO_FAMILY (BIT(SUMO__METHOD_SLOWMO) | BIT(SUMO__METHOD_LOCALSGD) | BIT(SUMO__METHOD_BMUF))
+#define PLAIN_SLOWMO (BIT(SUMO__METHOD_SLOWMO) | BIT(SUMO__METHOD_LOCALSGD) | BIT(SUMO__METHOD_BMUF))
+#define GOSSIP_FAMILY (BIT(SUMO__METHOD_SGP) | BIT(SUMO__METHOD_OSGP) | BIT(SUMO__METHOD_DPSGD) | \
+                       BIT(SUMO__METHOD_SLOWMO_SGP) | BIT(SUMO__METHOD_SLOWMO_OSGP) |    \
+                       BIT(SUMO__METHOD_SLOWMO_DPSGD))
+#define SLOWMO_FAMILY (PLAIN_SLOWMO | GOSSIP_FAMILY)
+#define OSGPS (BIT(SUMO__METHOD_OSGP) | BIT(SUMO__METHOD_SLOWMO_OSGP))
+#define GOSSIP_NOTE "a gossip base has neither inner averaging nor the sharded state"
 #define DILOCO_FAMILY (BIT(SUMO__METHOD_DILOCO) | BIT(SUMO__METHOD_STREAMING_DILOCO))
 #define ADASUMS (BIT(SUMO__METHOD_ADASUM) | BIT(SUMO__METHOD_ADASUM_DELTA))
 /* The outer loop's own combines are made from their defaults (sumo_diloco_create), not from
@@ -49,9 +58,11 @@ static const sumo__method_flag method_flags[] = {
     /* Local SGD is SlowMo without slow momentum: its beta stays 0. */
     {"--slow-beta", BIT(SUMO__METHOD_SLOWMO) | BIT(SUMO__METHOD_BMUF), "localsgd is SlowMo with beta 0",
      BIT(SUMO__METHOD_LOCALSGD)},
-    {"--inner-period", SLOWMO_FAMILY, NULL, 0},
+    {"--inner-period", PLAIN_SLOWMO, GOSSIP_NOTE, GOSSIP_FAMILY},
     {"--buffers", SLOWMO_FAMILY, NULL, 0},
-    {"--memory-efficient", SLOWMO_FAMILY, NULL, 0},
+    {"--memory-efficient", PLAIN_SLOWMO, GOSSIP_NOTE, GOSSIP_FAMILY},
+    {"--gossip-peers", GOSSIP_FAMILY, NULL, 0},
+    {"--gossip-staleness", OSGPS, "only OSGP overlaps its rounds", GOSSIP_FAMILY},
     {"--sync-every", DILOCO_FAMILY, NULL, 0},
     {"--fragments", DILOCO_FAMILY, NULL, 0},
     {"--strided-fragments", DILOCO_FAMILY, NULL, 0},
@@ -153,6 +164,9 @@ void sumo__train_config_text(const sumo__train_config *c, char *out, size_t len)
             "--memory-efficient %d\n", c->outer.sync_every, c->outer.inner_period, c->outer.lr,
             c->outer.momentum, (unsigned)c->buffers < 3 ? buffers[c->buffers] : "?",
             c->outer.memory_efficient);
+    if (sumo__method_gossip_base(c->method) != SUMO_BASE_LOCAL)
+        PUT("--gossip-peers %d\n--gossip-staleness %d\n", c->outer.gossip_peers,
+            c->outer.gossip_staleness);
     if (sumo__method_is_diloco(c->method)) {
         static const char *const outers[] = {[SUMO_OUTER_NESTEROV] = "nesterov",
                                              [SUMO_OUTER_HEAVY_BALL] = "heavy-ball"};

@@ -30,13 +30,30 @@ typedef enum sumo__method {
     SUMO__METHOD_BMUF,
     SUMO__METHOD_DILOCO,           /* sumo_diloco.h: DiLoCo's preset */
     SUMO__METHOD_STREAMING_DILOCO, /* sumo_diloco.h: Streaming DiLoCo's preset */
+    SUMO__METHOD_SGP,              /* the gossip bases alone (sumo_diloco.h's base) */
+    SUMO__METHOD_OSGP,
+    SUMO__METHOD_DPSGD,
+    SUMO__METHOD_SLOWMO_SGP,       /* SlowMo over each gossip base */
+    SUMO__METHOD_SLOWMO_OSGP,
+    SUMO__METHOD_SLOWMO_DPSGD,
     SUMO__METHOD_COUNT
 } sumo__method;
 
 /* SlowMo and its presets: the outer loop with SlowMo's options and flags (--tau, ...). */
 static inline bool sumo__method_is_slowmo(sumo__method m)
 {
-    return m == SUMO__METHOD_SLOWMO || m == SUMO__METHOD_LOCALSGD || m == SUMO__METHOD_BMUF;
+    return m == SUMO__METHOD_SLOWMO || m == SUMO__METHOD_LOCALSGD || m == SUMO__METHOD_BMUF ||
+           (m >= SUMO__METHOD_SGP && m <= SUMO__METHOD_SLOWMO_DPSGD);
+}
+/* The gossip base of a method (SUMO_BASE_LOCAL for the others). */
+static inline sumo_diloco_base sumo__method_gossip_base(sumo__method m)
+{
+    switch (m) {
+    case SUMO__METHOD_SGP: case SUMO__METHOD_SLOWMO_SGP: return SUMO_BASE_SGP;
+    case SUMO__METHOD_OSGP: case SUMO__METHOD_SLOWMO_OSGP: return SUMO_BASE_OSGP;
+    case SUMO__METHOD_DPSGD: case SUMO__METHOD_SLOWMO_DPSGD: return SUMO_BASE_DPSGD;
+    default: return SUMO_BASE_LOCAL;
+    }
 }
 /* The DiLoCo family: the outer loop with DiLoCo's options and flags (--sync-every, ...). */
 static inline bool sumo__method_is_diloco(sumo__method m)

@@ -183,6 +183,11 @@ struct sumo__transport {
      * that ends without a barrier flips it (gram.c, run_small): peers may still be reading
      * the half it used when this rank copies its next call's input ahead of the agreement. */
     unsigned stage_parity;
+    /* Every call must run on the thread that made it (MPI below MPI_THREAD_MULTIPLE, where
+     * MPI from a second thread corrupts the library's matching while the caller's thread
+     * makes MPI calls of its own): an asynchronous request then runs to completion when it
+     * is started, instead of on the progress thread. */
+    bool caller_thread_only;
 };
 
 /*

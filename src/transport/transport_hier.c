@@ -208,6 +208,15 @@ static const sumo__transport_ops hier_ops_unsettled = {
     .carries = hier_carries,
 };
 
+/* A call runs on the caller's thread when any level demands it (sumo__transport). */
+static void bind_threads(hier_tp *t)
+{
+    bool only = t->node->caller_thread_only || (t->any && t->any->caller_thread_only);
+    for (int i = 0; i < t->nacross; i++)
+        only = only || (t->across[i] && t->across[i]->caller_thread_only);
+    t->base.caller_thread_only = only;
+}
+
 sumo_result sumo__hier_tp_create(const sumo__hier_links *links, sumo__transport **out)
 {
     hier_tp *t = calloc(1, sizeof *t);
@@ -233,6 +242,7 @@ sumo_result sumo__hier_tp_create(const sumo__hier_links *links, sumo__transport 
         .node_local_size = t->L,
         .reach = SUMO__REACH_NONE,
     };
+    bind_threads(t);
     *out = &t->base;
     return SUMO_SUCCESS;
 }
@@ -242,6 +252,7 @@ sumo_result sumo__hier_tp_add_across(sumo__transport *tp, sumo__transport *acros
     hier_tp *t = as_hier(tp);
     if (t->nacross == SUMO__HIER_MAX_ACROSS) return SUMO_ERR_INVALID_USAGE;
     t->across[t->nacross++] = across;
+    bind_threads(t);
     return SUMO_SUCCESS;
 }
 
@@ -249,6 +260,7 @@ void sumo__hier_tp_drop_across(sumo__transport *tp)
 {
     hier_tp *t = as_hier(tp);
     if (t->nacross > 1) t->nacross--;
+    bind_threads(t);
 }
 
 void sumo__hier_tp_flat(sumo__transport *tp, bool flat)

@@ -650,6 +650,9 @@ sumo_result sumo__mpi_transport_create(MPI_Comm comm, const sumo__env *env,
     }
     /* Our failures are statuses, not the default abort of the whole job. */
     MPI_Comm_set_errhandler(t->comm, MPI_ERRORS_RETURN);
+    int level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
+    t->base.caller_thread_only = level < MPI_THREAD_MULTIPLE;
     MPI_Comm_rank(t->comm, &t->base.rank);
     MPI_Comm_size(t->comm, &t->base.size);
     sumo_result r = setup(t, err, errlen);

@@ -115,7 +115,7 @@ refused "--lr.*1000" --lr 1e300
 refused "--lr-scaling" --lr-scaling 0
 refused "--tau" --reduce slowmo --tau 2.5
 # An unknown method names every method there is.
-refused "unknown method 'foo' \(methods: sum, avg, adasum, adasum-delta, acga, slowmo, localsgd, bmuf, diloco, streaming-diloco;" --reduce avg,foo
+refused "unknown method 'foo' \(methods: sum, avg, adasum, adasum-delta, acga, slowmo, localsgd, bmuf, diloco, streaming-diloco, sgp, osgp, dpsgd, slowmo-sgp, slowmo-osgp, slowmo-dpsgd;" --reduce avg,foo
 # SlowMo shorter than tau would never take its outer step (quick: 4 steps with 2 workers).
 refused "--reduce slowmo: the run has 4 step.*fewer than --tau 12.*unsynchronised" --workers 2 --reduce slowmo
 refused "--reduce bmuf: the run has 8 step.*fewer than --tau 9" --reduce bmuf --tau 9
@@ -136,7 +136,9 @@ refused "--outer" --reduce diloco --outer adam
 # Each method's own flags are refused, by name, where none of the --reduce methods reads them,
 # even at their default value (which would change nothing either way).
 refused "^sumo train: --inner-period applies to slowmo, localsgd and bmuf, not to --reduce diloco$" --workers 2 --reduce diloco --inner-period 4
-refused "^sumo train: --tau applies to slowmo, localsgd and bmuf, not to --reduce streaming-diloco$" --reduce streaming-diloco --tau 12
+refused "^sumo train: --tau applies to slowmo, localsgd, bmuf, sgp, osgp, dpsgd, slowmo-sgp, slowmo-osgp and slowmo-dpsgd, not to --reduce streaming-diloco$" --reduce streaming-diloco --tau 12
+refused "^sumo train: --inner-period applies to slowmo, localsgd and bmuf, not to --reduce sgp \(a gossip base has neither inner averaging nor the sharded state\)$" --workers 2 --reduce sgp --inner-period 4
+refused "^sumo train: --gossip-staleness applies to osgp and slowmo-osgp, not to --reduce sgp \(only OSGP overlaps its rounds\)$" --workers 2 --reduce sgp --gossip-staleness 2
 refused "^sumo train: --memory-efficient applies to slowmo, localsgd and bmuf, not to --reduce diloco$" --reduce diloco --memory-efficient
 refused "^sumo train: --sync-every applies to diloco and streaming-diloco, not to --reduce slowmo$" --reduce slowmo --sync-every 500
 refused "^sumo train: --outer-combine applies to diloco and streaming-diloco, not to any of --reduce localsgd,bmuf@2$" --reduce localsgd,bmuf@2 --outer-combine average
@@ -403,6 +405,30 @@ for m in adasum adasum-delta acga slowmo localsgd bmuf diloco streaming-diloco; 
   "$sumo" train "${common[@]}" --workers 3 --epochs 1 --reduce $m "${h[@]}" --verify-ranks > "$tmp/$m.out" 2>&1 \
     && grep -q "^$m " "$tmp/$m.out" && ok "--reduce $m runs, ranks agree after every synchronised step" \
     || { fail "--reduce $m"; tail -3 "$tmp/$m.out"; }
+done
+
+# The gossip bases: one model's worth a round (SGP, OSGP: one out-peer a step; D-PSGD on 3
+# workers: both neighbours, twice that), and a run of SlowMo over OSGP stopped with a round in
+# flight resumes bit-identical.
+rm -f "$tmp/gossip.csv"
+for m in sgp osgp; do "$sumo" train "${bytes[@]}" --reduce $m --summary "$tmp/gossip.csv" > /dev/null 2>&1; done
+"$sumo" train "${bytes[@]}" --workers 3 --reduce dpsgd --summary "$tmp/gossip.csv" > /dev/null 2>&1
+got=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
+  { printf "%s %s;", $c["method"], $c["bytes_per_step"] }' "$tmp/gossip.csv")
+[ "$got" = "sgp 407080.0;osgp 407080.0;dpsgd 814160.0;" ] \
+  && ok "gossip bytes per step: SGP and OSGP one model a step, D-PSGD on 3 workers two" \
+  || fail "gossip bytes per step: $got"
+g=("${common[@]}" --epochs 1 --workers 3 --reduce slowmo-osgp --tau 8)
+"$sumo" train "${g[@]}" > "$tmp/g.out" 2>&1
+G=$(checksum "$tmp/g.out")
+"$sumo" train "${g[@]}" --checkpoint-dir "$tmp/gck" --checkpoint-every 10 --stop-after 29 > /dev/null 2>&1
+"$sumo" train "${g[@]}" --checkpoint-dir "$tmp/gck" --checkpoint-every 10 --resume > "$tmp/g2.out" 2>&1
+[ -n "$G" ] && [ "$(checksum "$tmp/g2.out")" = "$G" ] \
+  && ok "slowmo-osgp stopped at step 29 (a round in flight) resumes bit-identical" \
+  || fail "slowmo-osgp resume: $G vs $(checksum "$tmp/g2.out")"
+for m in sgp osgp dpsgd slowmo-sgp slowmo-osgp slowmo-dpsgd; do
+  "$sumo" train "${common[@]}" --workers 3 --epochs 1 --reduce $m --tau 8 > "$tmp/$m.out" 2>&1 \
+    && grep -q "^$m " "$tmp/$m.out" && ok "--reduce $m runs" || { fail "--reduce $m"; tail -3 "$tmp/$m.out"; }
 done
 
 echo "train cli: $passed passed, $failed failed"

@@ -160,7 +160,9 @@ static int check_outer_steps(const sumo__train_config *c, const char *label, con
 static void note_unsynchronised_end(const char *label, const sumo__train_config *c, long steps)
 {
     const sumo_diloco_options *so = &c->outer;
-    if (!sumo__method_is_slowmo(c->method) || c->workers < 2 || steps < so->sync_every) return;
+    if (!sumo__method_is_slowmo(c->method) || c->workers < 2 || so->sync_every == 0 ||
+        steps < so->sync_every)
+        return;
     long after = steps % so->sync_every;
     if (after == 0 || (so->inner_period > 0 && after % so->inner_period == 0)) return;
     printf("%s: the last %ld of %ld steps came after the last exchange (every %d steps): the workers "

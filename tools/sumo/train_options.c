@@ -25,7 +25,8 @@ static void usage(FILE *out)
         "  --epochs E             [1]\n"
         "  --seed S               [1]\n"
         "  --reduce LIST          sum, avg, adasum, adasum-delta, acga, slowmo, localsgd, bmuf,\n"
-        "                         diloco, streaming-diloco;\n"
+        "                         diloco, streaming-diloco, sgp, osgp, dpsgd, slowmo-sgp,\n"
+        "                         slowmo-osgp, slowmo-dpsgd;\n"
         "                         several, comma-separated, are compared [avg]; METHOD@S gives\n"
         "                         that entry its own --lr-scaling S (e.g. avg@linear,adasum@2.5)\n"
         "  --optimizer O          sgd | adam | adamw | lamb [sgd]\n"
@@ -42,6 +43,11 @@ static void usage(FILE *out)
         "  SlowMo (slowmo, localsgd, bmuf; --slow-beta: not localsgd):\n"
         "           --tau T --alpha A --slow-beta B --inner-period K --buffers keep|reset|average\n"
         "           --memory-efficient   (localsgd: beta 0; bmuf and slowmo: beta 0.5; tau 12)\n"
+        "  Gossip bases (sgp, osgp, dpsgd alone: no exact average; slowmo-sgp, slowmo-osgp,\n"
+        "  slowmo-dpsgd: SlowMo over them, tau 48, beta 0.5; SlowMo's flags but --inner-period\n"
+        "  and --memory-efficient):\n"
+        "           --gossip-peers P   out-peers a round on the exponential graph [1]\n"
+        "           --gossip-staleness S   (osgp) steps a round stays in flight [1]\n"
         "  DiLoCo (diloco, streaming-diloco):\n"
         "           --sync-every H --fragments F --strided-fragments --fragment-ranges\n"
         "           --delay T --merge-alpha A\n"
@@ -291,6 +297,8 @@ int train_parse_options(int argc, char **argv, train_options *o)
             else return bad(a, v);
         }
         else if (FLAG("--memory-efficient")) o->memory_efficient = 1;
+        else if (FLAG("--gossip-peers")) INT(o->gossip_peers, 1, 1023);
+        else if (FLAG("--gossip-staleness")) INT(o->gossip_staleness, 1, 1000000);
         else if (FLAG("--sync-every")) INT(o->sync_every, 1, 1000000);
         else if (FLAG("--fragments")) INT(o->fragments, 1, 1000000);
         else if (FLAG("--strided-fragments")) o->strided = 1;
@@ -457,10 +465,19 @@ int train_configure_method(const train_options *o, sumo__method m, const char *s
     c->method = m;
     if (sumo__method_is_slowmo(m)) {
         sumo_diloco_options *so = &c->outer;
+        bool over_gossip = m == SUMO__METHOD_SLOWMO_SGP || m == SUMO__METHOD_SLOWMO_OSGP ||
+                           m == SUMO__METHOD_SLOWMO_DPSGD;
         sumo_diloco_options_default(m == SUMO__METHOD_LOCALSGD ? SUMO_DILOCO_PRESET_LOCALSGD
                                    : m == SUMO__METHOD_BMUF   ? SUMO_DILOCO_PRESET_BMUF
+                                   : m == SUMO__METHOD_SGP    ? SUMO_DILOCO_PRESET_SGP
+                                   : m == SUMO__METHOD_OSGP   ? SUMO_DILOCO_PRESET_OSGP
+                                   : m == SUMO__METHOD_DPSGD  ? SUMO_DILOCO_PRESET_DPSGD
+                                   : over_gossip              ? SUMO_DILOCO_PRESET_SLOWMO_SGP
                                                               : SUMO_DILOCO_PRESET_SLOWMO,
                                    so);
+        so->base = sumo__method_gossip_base(m);
+        if (o->gossip_peers > 0) so->gossip_peers = o->gossip_peers;
+        if (o->gossip_staleness > 0) so->gossip_staleness = o->gossip_staleness;
         if (o->tau_override >= 0) so->sync_every = (int)o->tau_override;
         if (o->alpha_override >= 0) so->lr = o->alpha_override;
         if (o->slow_beta_override >= 0 && m != SUMO__METHOD_LOCALSGD) so->momentum = o->slow_beta_override;

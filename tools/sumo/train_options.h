@@ -36,6 +36,7 @@ typedef struct train_options {
     double momentum, alpha_override, slow_beta_override;
     int tau_override, inner_override;
     int buffers_override, memory_efficient;
+    int gossip_peers, gossip_staleness; /* 0: the preset's */
     /* DiLoCo: -1 (or NaN for the doubles) where the preset's value stands */
     int sync_every, fragments, delay, outer, combine, quantize, strided, ranges;
     double merge_alpha, outer_lr, outer_momentum;

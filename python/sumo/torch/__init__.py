@@ -27,9 +27,11 @@ from .collectives import (allreduce, allreduce_, grouped_allreduce, grouped_allr
                           nccl_built, cuda_built, rocm_built, ddl_built, ccl_built)
 from ._fused import allreduce_async, allreduce_async_, poll, synchronize, fusion_stats
 from .compression import Compression
-from .hooks import HookState, average_hook, sum_hook, adasum_hook, acga_hook
+from .hooks import (GossipHookState, HookState, acga_hook, adasum_hook, average_hook,
+                    gossip_hook, sum_hook)
 from .optimizer import DistributedOptimizer
-from .slowmo import SlowMo, LocalSGD, BMUF
+from .slowmo import (BMUF, LocalSGD, SlowMo, SlowMoBaseAlgorithm,
+                     SlowMoDistributedDataParallel)
 from .diloco import DiLoCo, StreamingDiLoCo
 from . import elastic
 
@@ -43,6 +45,8 @@ __all__ = ["init", "shutdown", "is_initialized", "set_timeout", "rank", "size", 
            "cuda_built", "rocm_built", "ddl_built", "ccl_built", "Compression", "Sum",
            "Average", "Adasum", "SumoError", "HookState", "average_hook", "sum_hook",
            "adasum_hook", "acga_hook", "DistributedOptimizer", "SlowMo", "LocalSGD", "BMUF",
+           "SlowMoBaseAlgorithm", "SlowMoDistributedDataParallel", "gossip_hook",
+           "GossipHookState",
            "DiLoCo", "StreamingDiLoCo", "elastic",
            "take_timeline", "union_seconds"]
 

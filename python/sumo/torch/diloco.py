@@ -36,10 +36,13 @@ import weakref
 import torch
 
 from .._abi import (
+    SUMO_BASE_DPSGD, SUMO_BASE_LOCAL, SUMO_BASE_OSGP, SUMO_BASE_SGP,
     SUMO_COMBINE_ACGA, SUMO_COMBINE_ADASUM, SUMO_COMBINE_AVERAGE, SUMO_COMPRESS_BF16,
     SUMO_COMPRESS_E3M0, SUMO_COMPRESS_FP8_E4M3, SUMO_COMPRESS_NONE, SUMO_DILOCO_APPLY,
     SUMO_DILOCO_AVERAGE, SUMO_DILOCO_PRESET_BMUF, SUMO_DILOCO_PRESET_DILOCO,
-    SUMO_DILOCO_PRESET_LOCALSGD, SUMO_DILOCO_PRESET_SLOWMO, SUMO_DILOCO_PRESET_STREAMING,
+    SUMO_DILOCO_PRESET_DPSGD, SUMO_DILOCO_PRESET_LOCALSGD, SUMO_DILOCO_PRESET_OSGP,
+    SUMO_DILOCO_PRESET_SGP, SUMO_DILOCO_PRESET_SLOWMO, SUMO_DILOCO_PRESET_SLOWMO_SGP,
+    SUMO_DILOCO_PRESET_STREAMING,
     SUMO_DILOCO_START, SUMO_ERR_INVALID_ARGUMENT, SUMO_OUTER_HEAVY_BALL, SUMO_OUTER_NESTEROV,
     SUMO_SPLIT_RANGES, SUMO_SPLIT_TENSORS, sumo_comm_stats, sumo_diloco_options)
 from .._lib import lib
@@ -48,7 +51,12 @@ from ._wrapped import WrappedOptimizer
 
 _PRESETS = {"diloco": SUMO_DILOCO_PRESET_DILOCO, "streaming": SUMO_DILOCO_PRESET_STREAMING,
             "localsgd": SUMO_DILOCO_PRESET_LOCALSGD, "slowmo": SUMO_DILOCO_PRESET_SLOWMO,
-            "bmuf": SUMO_DILOCO_PRESET_BMUF}
+            "bmuf": SUMO_DILOCO_PRESET_BMUF, "sgp": SUMO_DILOCO_PRESET_SGP,
+            "osgp": SUMO_DILOCO_PRESET_OSGP, "dpsgd": SUMO_DILOCO_PRESET_DPSGD,
+            "slowmo_sgp": SUMO_DILOCO_PRESET_SLOWMO_SGP}
+# The base of the local steps (sumo_diloco_base): plain local steps or a gossip round after each.
+_BASES = {"local": SUMO_BASE_LOCAL, "localsgd": SUMO_BASE_LOCAL, "sgp": SUMO_BASE_SGP,
+          "osgp": SUMO_BASE_OSGP, "dpsgd": SUMO_BASE_DPSGD}
 _OUTER = {"nesterov": SUMO_OUTER_NESTEROV, "heavy_ball": SUMO_OUTER_HEAVY_BALL}
 _SPLIT = {"tensors": SUMO_SPLIT_TENSORS, "ranges": SUMO_SPLIT_RANGES}
 _COMBINE = {"average": SUMO_COMBINE_AVERAGE, "adasum": SUMO_COMBINE_ADASUM,
@@ -94,12 +102,17 @@ class DiLoCo(WrappedOptimizer):
     to the mean change's norm). inner_period: average every parameter every inner_period
     steps between synchronisations (SlowMo's Local SGD base; one fragment, no delay).
     memory_efficient: shard the anchors and momenta over the ranks (one fragment, no delay,
-    no merge, the uncompressed average)."""
+    no merge, the uncompressed average). base: "local" (plain local steps), or a gossip round
+    after each local step, "sgp", "osgp" or "dpsgd" (one fragment, no delay, merge,
+    compression, inner averaging or sharding; sync_every 0: no exact average at all), with
+    gossip_peers out-peers a round, gossip_staleness (OSGP) and gossip_per_node (the nodes of
+    a two-level communicator gossip, each round after the node's average)."""
 
     def __init__(self, optimizer, sync_every=None, *, fragments=None, delay=None,
                  merge_alpha=None, outer=None, outer_lr=None, outer_momentum=None, combine=None,
                  quantize=None, block_size=None, split=None, inner_period=None,
-                 memory_efficient=None, skip_nonfinite=True, preset="diloco"):
+                 memory_efficient=None, skip_nonfinite=True, preset="diloco", base=None,
+                 gossip_peers=None, gossip_staleness=None, gossip_per_node=None):
         rt.require_init()
         self._opt = optimizer
         self._handle = ctypes.c_void_p()
@@ -107,7 +120,7 @@ class DiLoCo(WrappedOptimizer):
             o, self._params, fragment_of = self._options(
                 preset, sync_every, fragments, delay, merge_alpha, outer, outer_lr,
                 outer_momentum, combine, quantize, block_size, split, inner_period,
-                memory_efficient)
+                memory_efficient, (base, gossip_peers, gossip_staleness, gossip_per_node))
         except (TypeError, ValueError) as e:
             rt.fail_together(e)  # the peers are heading into create: they fail now too
         self.skip_nonfinite = bool(skip_nonfinite)
@@ -169,7 +182,7 @@ class DiLoCo(WrappedOptimizer):
 
     def _options(self, preset, sync_every, fragments, delay, merge_alpha, outer, outer_lr,
                  outer_momentum, combine, quantize, block_size, split, inner_period,
-                 memory_efficient):
+                 memory_efficient, gossip=(None, None, None, None)):
         o = sumo_diloco_options()
         rt.raise_for(lib.sumo_diloco_options_default(_choice(_PRESETS, preset, "preset"),
                                                     ctypes.byref(o)))
@@ -226,6 +239,15 @@ class DiLoCo(WrappedOptimizer):
             o.inner_period = int(inner_period)
         if memory_efficient is not None:
             o.memory_efficient = int(bool(memory_efficient))
+        base, peers, staleness, per_node = gossip
+        if base is not None:
+            o.base = _choice(_BASES, base, "base")
+        if peers is not None:
+            o.gossip_peers = int(peers)
+        if staleness is not None:
+            o.gossip_staleness = int(staleness)
+        if per_node is not None:
+            o.gossip_per_node = int(bool(per_node))
         return o, params, fragment_of
 
     @staticmethod
@@ -368,6 +390,13 @@ class DiLoCo(WrappedOptimizer):
                                    "old number of ranks: use memory_efficient=False "
                                    "(slowmo_memory_efficient=False) in an elastic job")
             raise RuntimeError("sumo.DiLoCo: step() after close()")
+        plan = self._before_step()
+        loss = self._local_step(closure)
+        self._after_step(plan)
+        return loss
+
+    def _before_step(self):
+        """What the end of the coming step does; the anchors (the parameters now) on the first."""
         what, applied, started = self._due()
         lr = self._inner_rate(started)
         if not self._anchored:
@@ -375,7 +404,11 @@ class DiLoCo(WrappedOptimizer):
             _cuda.legacy_ready(self._flat)  # the C loop runs its kernels on the legacy stream
             rt.raise_for(lib.sumo_diloco_begin(self._handle, self._ptr()), "DiLoCo anchors")
             self._anchored = True
-        loss = self._local_step(closure)
+        return what, applied, started, lr
+
+    def _after_step(self, plan):
+        """The end of a local step: the exchange, outer step or gossip round due at it."""
+        what, applied, started, lr = plan
         moved = sorted(set((self._frag_tensors[applied] if what & SUMO_DILOCO_APPLY else []) +
                            (self._frag_tensors[started] if what & SUMO_DILOCO_START else []) +
                            (self._all if what & SUMO_DILOCO_AVERAGE else [])))
@@ -394,7 +427,6 @@ class DiLoCo(WrappedOptimizer):
             # merge) the exchange that starts writes the average too, applied at once.
             self._scatter(moved)
         self.last_due = what
-        return loss
 
     # -- what it cost, and whether the replicas agree ------------------------------------------
     def stats(self):

@@ -1,4 +1,4 @@
-"""DDP communication hooks on sumo: average, per-parameter Adasum and ACGA.
+"""DDP communication hooks on sumo: average, per-parameter Adasum and ACGA, and a gossip round.
 
 Each hook returns at once: average and Adasum start sumo's asynchronous allreduce from the
 backward pass, ACGA its asynchronous apply (sumo_aggregator_apply_start), and the persistent
@@ -285,3 +285,57 @@ def acga_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
         return out
 
     return rt.state.worker.submit(wait)
+
+
+class GossipHookState:
+    """The gossip hook's rounds: one sumo_gossip object (sumo_gossip.h, the built-in
+    exponential graph, one peer a round) per bucket, made on the worker thread at the bucket's
+    first round, in bucket order on every rank like the rounds themselves."""
+
+    def __init__(self):
+        self.comm = rt.require_init()
+        self._gossip = {}  # (bucket index, count, dtype) -> sumo_gossip
+        _membership.bind(self)
+
+    def comm_closing(self):
+        self.close()
+
+    def comm_opened(self):
+        self.comm = rt.state.comm
+
+    def round(self, key, ptr, what):
+        g = self._gossip.get(key)
+        if g is None:
+            g = ctypes.c_void_p()
+            rt.raise_for(lib.sumo_gossip_create(self.comm, key[1], key[2], None,
+                                                ctypes.byref(g)), what)
+            self._gossip[key] = g
+        rt.raise_for(lib.sumo_gossip_round(g, ptr), what)
+
+    def close(self):
+        for g in self._gossip.values():
+            lib.sumo_gossip_destroy(g)
+        self._gossip.clear()
+
+
+def gossip_hook(state: GossipHookState,
+                bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """One push-sum round on the bucket instead of the average (SGP's mixing of gradients):
+    rank r keeps half its gradients and adds half of rank r - 2^k's, k cycling over the
+    exponential graph's period; the weights stay 1, so no de-biasing is needed. CPU buckets
+    of float32 or float64."""
+    buf = bucket.buffer()
+    what = "bucket %d (gossip)" % bucket.index()
+    ptr, n, dt = _tensors.checked_tensor(buf, what)
+    if buf.device.type != "cpu":
+        rt.fail_together(ValueError("sumo: %s is on %s; the gossip hook mixes CPU gradients "
+                                    "only" % (what, buf.device)))
+    key = (bucket.index(), n, dt)
+
+    def run():
+        t0 = time.perf_counter()
+        state.round(key, ptr, what)
+        rt.record(t0, time.perf_counter(), n * buf.element_size())
+        return buf
+
+    return rt.state.worker.submit(run)
