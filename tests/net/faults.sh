@@ -62,6 +62,7 @@ job() {
   shift
   mkdir -p "$tmp/$name"
   local start=$SECONDS
+  # shellcheck disable=SC2016 # NET_HOST is each host's own
   "${nethosts[@]}" "${opts[@]}" -- sh -c '
     if [ "$NET_HOST" -lt "$1" ]; then role=$1; else role=join; fi
     py=$2
@@ -113,7 +114,7 @@ echo "== without the elastic API: host2's link down inside an allreduce"
 job plain 3 -- plain "$tmp/plain" --fault-host 2 --fault-step 9
 n=0
 for h in 0 1 2; do
-  f=$(ls "$tmp"/plain/host$h-*.err 2>/dev/null | head -1)
+  f=$(find "$tmp/plain" -name "host$h-*.err" | head -1)
   if [ -n "$f" ] && grep -q "host2\|rank 2" "$f"; then n=$((n + 1)); fi
   [ -z "$f" ] || echo "     host$h: $(head -c 300 "$f")"
 done
