@@ -13,7 +13,8 @@
 #   - mpirun from the switch, its launch agent entering each host: across.py over sumo's MPI
 #     transport, and `sumo train` equal (its parameters' checksum) to the threads transport's
 #     run of 4 workers;
-# and the models' digests the same under every launcher. SUMO_SKIP_NET=1 skips it, saying so;
+# and the models' digests the same under every launcher; then faults on the wire across 3 hosts
+# (tests/net/faults.sh: packet loss, a link down, a host cut off and back, a joiner refused). SUMO_SKIP_NET=1 skips it, saying so;
 # otherwise hosts that cannot be made here (not root, no ip) fail it. SUMO_SKIP_TORCH=1 leaves
 # out the binding's parts (torch 2.x from build/torch-venv: scripts/torch-venv.sh).
 set -uo pipefail
@@ -138,6 +139,16 @@ if [ -n "$py" ]; then
     ok "mpirun: DDP average_hook and DistributedOptimizer op=Average agree: $mine"
   else
     fail "mpirun: DDP average_hook and op=Average differ, or missing: $(tr '\n' ' ' <<< "$mine")"
+  fi
+fi
+
+if [ -n "$py" ]; then
+  echo "== faults on the wire: 3 hosts, an elastic job (tests/net/faults.sh)"
+  start=$(date +%s)
+  if tests/net/faults.sh "$py"; then
+    ok "faults on the wire: every check passed ($(( $(date +%s) - start )) s)"
+  else
+    fail "faults on the wire: a check failed ($(( $(date +%s) - start )) s)"
   fi
 fi
 

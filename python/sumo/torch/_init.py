@@ -242,7 +242,7 @@ def _init_group(group, transport):
                                                           for h in sorted(set(hosts))))
         transport = "tcp"
     if transport in ("shm", "tcp", "hierarchical"):
-        store = pgt.StoreAdapter(_stores._store_of(base))
+        store = pgt.StoreAdapter(_stores._store_of(base), _deadline_s())
         state.store = store
         prefix = _stores._key_prefix(base)
         state.key_root = prefix

@@ -17,6 +17,7 @@ their deadline.
 """
 import ctypes
 import os
+import threading
 import time
 from datetime import timedelta
 
@@ -196,6 +197,14 @@ class GroupTransport:
 
 # ---- the store sumo's shared-memory transport rendezvouses through ------------------------
 
+def _on_network(store):
+    """Whether store is a TCPStore (under any PrefixStores): one whose calls can wait on a
+    host that is gone."""
+    while isinstance(store, dist.PrefixStore) and hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    return isinstance(store, dist.TCPStore)
+
+
 _MISSING = b"\0sumo: no value\0"
 
 
@@ -203,8 +212,17 @@ class StoreAdapter:
     """sumo_store over a torch.distributed Store (torchrun's TCPStore, the group's, or one
     given to init(store=...))."""
 
-    def __init__(self, store):
+    def __init__(self, store, deadline_s=None):
         self.store = store
+        # A TCPStore's calls wait on their socket past the store's own timeout when the store's
+        # host is unreachable (a link down, every packet dropped: no reset ever comes), so on
+        # one each call runs on a thread of the adapter's and is given up at its deadline: the
+        # get's, or SUMO_TIMEOUT (deadline_s) for the calls sumo gives none. A call given up
+        # keeps that thread; the next call gets another, and they end when the store answers
+        # or with the process.
+        self.deadline_s = deadline_s
+        self.bounded = deadline_s is not None and _on_network(store)
+        self.lock = threading.Lock()
         self.struct = sumo_store(ctypes.sizeof(sumo_store), None, STORE_SET(self._set),
                                  STORE_GET(self._get), STORE_SET(self._set_once),
                                  STORE_REMOVE(self._remove))
@@ -215,29 +233,67 @@ class StoreAdapter:
     def close(self):
         pass  # the Store is its owner's
 
+    def _call(self, deadline_ns, fn, *args):
+        """fn(*args), on a store that may never answer given up at deadline_ns (None: in
+        SUMO_TIMEOUT) with a TimeoutError naming the call. A look at a key with its deadline
+        already past (sumo_store_agree's) still gets up to a second: on a store that answers
+        it takes a millisecond. The calls reach the store one at a time (self.lock), and a
+        call given up before its turn never runs."""
+        if not self.bounded:
+            return fn(*args)
+        now = time.monotonic_ns()
+        if deadline_ns is None:
+            deadline_ns = now + int(self.deadline_s * 1e9)
+        deadline_ns = max(deadline_ns, now + int(min(1.0, self.deadline_s) * 1e9))
+        done, box = threading.Event(), []
+
+        def run():
+            try:
+                if not self.lock.acquire(timeout=_remaining(deadline_ns)):
+                    return
+                try:
+                    if not done.is_set():
+                        box.append((True, fn(*args)))
+                finally:
+                    self.lock.release()
+            except Exception as e:  # handed to the caller
+                box.append((False, e))
+            done.set()
+
+        threading.Thread(target=run, name="sumo-store-call", daemon=True).start()
+        if not done.wait(_remaining(deadline_ns)) or not box:
+            done.set()  # too late: a call not begun is not made
+            raise TimeoutError("the store did not answer %s(%r) before the deadline "
+                               "(SUMO_TIMEOUT): its host unreachable" % (fn.__name__, args[0]))
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
     def _set(self, ctx, key, value, nbytes):
         try:
-            self.store.set(key.decode(), ctypes.string_at(value, nbytes) if nbytes else b"")
+            self._call(None, self.store.set, key.decode(),
+                       ctypes.string_at(value, nbytes) if nbytes else b"")
             return SUMO_SUCCESS
-        except Exception:
-            return SUMO_ERR_PEER_FAILURE
+        except Exception as e:
+            return _code_of(e)
 
     def _set_once(self, ctx, key, value, nbytes):
         try:
             # compare_set with an empty expected value sets a key that is missing, and leaves
             # one that is there (torch 1.13 and 2.x: TCPStore, FileStore, HashStore, PrefixStore).
-            self.store.compare_set(key.decode(), "",
-                                   ctypes.string_at(value, nbytes) if nbytes else b"")
+            self._call(None, self.store.compare_set, key.decode(), "",
+                       ctypes.string_at(value, nbytes) if nbytes else b"")
             return SUMO_SUCCESS
-        except Exception:
-            return SUMO_ERR_PEER_FAILURE
+        except Exception as e:
+            return _code_of(e)
 
     def _remove(self, ctx, key):
         try:
-            self.store.delete_key(key.decode())
+            self._call(None, self.store.delete_key, key.decode())
             return SUMO_SUCCESS
-        except Exception:
-            return SUMO_ERR_PEER_FAILURE
+        except Exception as e:
+            return _code_of(e)
 
     def _get(self, ctx, key, value, nbytes, deadline_ns):
         try:
@@ -248,7 +304,7 @@ class StoreAdapter:
             # without making it (torch 1.13's stores have no check()).
             nap = 0.0005
             while True:
-                data = self.store.compare_set(k, _MISSING, _MISSING)
+                data = self._call(deadline_ns, self.store.compare_set, k, _MISSING, _MISSING)
                 if data != _MISSING:
                     break
                 left = _remaining(deadline_ns)

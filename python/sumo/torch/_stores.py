@@ -89,12 +89,13 @@ def store_adapter(store):
     """The _pg_transport adapter of a store as init() takes it: a path names sumo's directory
     store, anything else is a torch.distributed.Store."""
     from . import _pg_transport as pgt
+    from ._runtime import _deadline_s
     if isinstance(store, (str, bytes, os.PathLike)):
         return pgt.DirStore(store)
     if not isinstance(store, dist.Store):
         raise TypeError("sumo.torch.init: store must be a torch.distributed.Store (FileStore, "
                         "TCPStore) or a directory's path, not %r" % (store,))
-    return pgt.StoreAdapter(store)
+    return pgt.StoreAdapter(store, _deadline_s())
 
 
 def _store_of(group):
