@@ -381,9 +381,21 @@ SUMO_API sumo_result sumo_broadcast(const void *sendbuf, void *recvbuf, size_t c
 
 /*
  * sendbuf holds size * recvcount elements; every rank ends with its own segment of the
- * reduction, rank r's the elements [r * recvcount, (r + 1) * recvcount) reduced over ranks
- * (SUMO_OP_SUM or SUMO_OP_AVERAGE: Adasum's result is not defined segment by segment). In
- * place when recvbuf == sendbuf + rank * recvcount elements (NCCL's rule).
+ * reduction, rank r's the elements [r * recvcount, (r + 1) * recvcount) reduced over ranks.
+ * In place when recvbuf == sendbuf + rank * recvcount elements (NCCL's rule).
+ *
+ * With an Adasum op (sharded training: FSDP2, ZeRO) the layout is FSDP2's: the op's tensor
+ * counts are the tensors' padded sizes, each a multiple of size (pad with zeros), summing to
+ * size * recvcount, and sendbuf viewed as (size, recvcount) holds in row r chunk r of every
+ * tensor in order; rank r's output is row r of the per-tensor Adasum of the ranks' full
+ * inputs (SUMO_OP_ADASUM: the whole buffer as one tensor). It is computed in Gram form
+ * (docs/design/adasum.md): an all-to-all of rows (a ring reduce-scatter's bytes), each tensor's
+ * Gram entries summed in one small exchange of size(size+1)/2 doubles per tensor, and the
+ * same weights on every rank, so a shard's bits do not depend on the data path. That exchange
+ * grows as size^2 per tensor, so at most 16 ranks (SUMO_ERR_INVALID_USAGE beyond); flat ops
+ * only, not on two-level communicators. A tensor count that is not a multiple of size, or
+ * counts that miss size * recvcount: SUMO_ERR_INVALID_ARGUMENT naming them; layouts that
+ * differ between ranks: SUMO_ERR_MISMATCH; NaN or Inf: SUMO_ERR_NONFINITE, as the allreduce.
  */
 SUMO_API sumo_result sumo_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
                                          sumo_dtype dtype, sumo_op op, sumo_comm *comm);
