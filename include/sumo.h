@@ -391,8 +391,9 @@ SUMO_API sumo_result sumo_broadcast(const void *sendbuf, void *recvbuf, size_t c
  * inputs (SUMO_OP_ADASUM: the whole buffer as one tensor). It is computed in Gram form
  * (docs/design/adasum.md): an all-to-all of rows (a ring reduce-scatter's bytes), each tensor's
  * Gram entries summed in one small exchange of size(size+1)/2 doubles per tensor, and the
- * same weights on every rank, so a shard's bits do not depend on the data path. That exchange
- * grows as size^2 per tensor, so at most 16 ranks (SUMO_ERR_INVALID_USAGE beyond); flat ops
+ * same weights on every rank; fp64, and inputs that cancel, take the tree over the rows, as the
+ * allreduce does. A shard's bits do not depend on the data path. That exchange grows as size^2
+ * per tensor, so at most 16 ranks (SUMO_ERR_INVALID_USAGE beyond); flat ops
  * only, not on two-level communicators. A tensor count that is not a multiple of size, or
  * counts that miss size * recvcount: SUMO_ERR_INVALID_ARGUMENT naming them; layouts that
  * differ between ranks: SUMO_ERR_MISMATCH; NaN or Inf: SUMO_ERR_NONFINITE, as the allreduce.

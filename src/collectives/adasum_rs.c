@@ -21,17 +21,18 @@
  *   4. the weights of sumo's Adasum tree (docs/design/adasum.md) from each tensor's summed
  *      Gram matrix, in plain double arithmetic in a fixed order: the same bits on every rank;
  *   5. row r of sum_i w_i g_i, written into the output, in rank order i per element.
- * Bytes: a reduce-scatter's; nothing of size count beyond the P-1 received rows (messages).
+ * Bytes: a reduce-scatter's. Scratch: P rows (the received rows, and the tree's nodes).
  *
- * Accuracy. The result is the Gram form of sumo's Adasum tree, rounded once: within the Gram
- * form's bound of the tree (docs/design/adasum.md; the unit tests check it against the
- * unsharded Gram-form allreduce and a float64 tree). The allreduce falls back to its tree when
- * a tensor's inputs cancel (flags from the Gram bits); the tree needs the full vectors, which no
- * rank holds here, so the reduce-scatter keeps the Gram form's guarded weights (a node within
- * rounding noise of zero counts as zero), and its error on such inputs is the Gram form's, not
- * the tree's. Bits: every rank computes the same weights, and an element's value depends only
- * on the P inputs at that element and those weights, so a shard is the same whichever rank, and
- * whichever data path (in place or over messages), computes it.
+ * Accuracy, as the allreduce's. Where the Gram bits flag a tensor (its inputs cancel, so a
+ * node's norm as a quadratic form has too few correct digits: adasum_gram.h), and always for
+ * fp64, every rank alike runs the tree instead, sharded: level by level, each pair's partial
+ * (dot, |L|^2, |R|^2) per tensor on this rank's row of the nodes, one sum of 3 doubles per
+ * pair and tensor over all ranks, and the update of the row (the allreduce tree's kernels and
+ * coefficients). So the result is within the Gram form's bound of the tree where it is
+ * accepted, and the tree's own result, up to the order of its sums, elsewhere. Bits: every
+ * rank computes the same weights (or coefficients), and an element's value depends only on
+ * the P inputs at that element and those, so a shard is the same whichever data path (in place
+ * or over messages) computes it.
  *
  * How the small sum grows with P: T x P(P+1)/2 doubles, P(P+1)/2 per tensor. At P = 16 that is
  * 136 doubles (1 KiB) per tensor; at P = 512 it is 131328 (1 MiB) per tensor, 100 MiB for a
@@ -55,6 +56,7 @@
 #include "collectives/gram.h"
 #include "collectives/p2p_algos.h"
 
+#include <math.h>
 #include <string.h>
 
 _Static_assert(SUMO__ADASUM_RS_MAX_RANKS <= SUMO__GRAM_MAX_IN, "the partials kernel takes every rank");
@@ -124,6 +126,88 @@ static sumo_result rs_check(sumo_comm *c, const size_t *off, size_t T, int g, si
     return SUMO_SUCCESS;
 }
 
+/* The tree's coefficients from a pair's summed (dot, |L|^2, |R|^2); NaN when not finite. */
+static bool coefficients(const double s[3], double *cl, double *cr)
+{
+    if (!isfinite(s[0]) || !isfinite(s[1]) || !isfinite(s[2])) {
+        *cl = *cr = NAN;
+        return false;
+    }
+    *cl = s[1] < SUMO__ADASUM_TINY_NORM_SQ ? 1.0 : 1.0 - s[0] / (2.0 * s[1]);
+    *cr = s[2] < SUMO__ADASUM_TINY_NORM_SQ ? 1.0 : 1.0 - s[0] / (2.0 * s[2]);
+    return true;
+}
+
+/* The rows of every node of the tree on this rank (rank k's leaf at row k), and a level's
+ * sums' host scratch (3 doubles per pair and tensor, twice). */
+typedef struct rs_tree {
+    sumo_comm *c;
+    sumo_dtype dtype;
+    unsigned char *nodes;
+    size_t n, esz, nt;
+    const size_t *rows;
+    double *sums, *incoming;
+    size_t bad;
+} rs_tree;
+
+/* One level: every pair's partial triples per tensor on this row, summed over all ranks (the
+ * same bits everywhere), then left = cl left + cr right on the row. */
+static sumo_result tree_level(rs_tree *tr, const int *left, const int *right, int npairs)
+{
+    sumo_comm *c = tr->c;
+    size_t esz = tr->esz, nt = tr->nt;
+    if (npairs == 0) return SUMO_SUCCESS;
+    for (int p = 0; p < npairs; p++) {
+        const unsigned char *L = tr->nodes + (size_t)left[p] * tr->n * esz;
+        const unsigned char *R = tr->nodes + (size_t)right[p] * tr->n * esz;
+        for (size_t t = 0; t < nt; t++) {
+            double *s3 = tr->sums + ((size_t)p * nt + t) * 3;
+            size_t lo = tr->rows[t], len = tr->rows[t + 1] - lo;
+            s3[0] = s3[1] = s3[2] = 0;
+            if (len)
+                SUMO__KCHECK(c, sumo__k_dot_norms(&c->x, tr->dtype, L + lo * esz, R + lo * esz,
+                                                  len, s3));
+        }
+    }
+    sumo__rd_group everyone = {.members = c->tp->size, .me = c->tp->rank};
+    const sumo__exec host = sumo__host_exec();
+    SUMO__CHECK(sumo__rd_sum(c, &everyone, &host, SUMO_FLOAT64, tr->sums, tr->incoming,
+                             (size_t)npairs * nt * 3));
+    for (int p = 0; p < npairs; p++) {
+        unsigned char *L = tr->nodes + (size_t)left[p] * tr->n * esz;
+        const unsigned char *R = tr->nodes + (size_t)right[p] * tr->n * esz;
+        for (size_t t = 0; t < nt; t++) {
+            double cl, cr;
+            size_t lo = tr->rows[t];
+            if (!coefficients(tr->sums + ((size_t)p * nt + t) * 3, &cl, &cr) && tr->bad == SIZE_MAX)
+                tr->bad = t;
+            SUMO__KCHECK(c, sumo__k_scaled_add(&c->x, tr->dtype, L + lo * esz, cl, R + lo * esz,
+                                               cr, tr->rows[t + 1] - lo));
+        }
+    }
+    return SUMO_SUCCESS;
+}
+
+/* The tree of docs/design/adasum.md over the nodes' rows: the fold of the first 2R ranks into
+ * pairs, then the balanced tree in order; the root (row 0) into out. */
+static sumo_result tree_run(rs_tree *tr, void *out)
+{
+    int P = tr->c->tp->size, P2 = 1;
+    while (P2 * 2 <= P) P2 *= 2;
+    int R = P - P2, left[SUMO__ADASUM_RS_MAX_RANKS], right[SUMO__ADASUM_RS_MAX_RANKS];
+    int w[SUMO__ADASUM_RS_MAX_RANKS];
+    for (int i = 0; i < R; i++) left[i] = 2 * i, right[i] = 2 * i + 1;
+    SUMO__CHECK(tree_level(tr, left, right, R));
+    for (int i = 0; i < P2; i++) w[i] = i < R ? 2 * i : i + R;
+    for (int span = 1; span < P2; span *= 2) {
+        int np = 0;
+        for (int i = 0; i + span < P2; i += 2 * span) left[np] = w[i], right[np++] = w[i + span];
+        SUMO__CHECK(tree_level(tr, left, right, np));
+    }
+    SUMO__KCHECK(tr->c, sumo__k_copy(&tr->c->x, out, tr->nodes, tr->n * tr->esz));
+    return SUMO_SUCCESS;
+}
+
 sumo_result sumo__reduce_scatter_adasum(sumo_comm *c, sumo__call_desc *d, const sumo__op_entry *op,
                                         const void *sendbuf, void *recvbuf)
 {
@@ -143,8 +227,8 @@ sumo_result sumo__reduce_scatter_adasum(sumo_comm *c, sumo__call_desc *d, const 
     void *scratch = NULL, *data = NULL;
     if (d->local_error == SUMO_SUCCESS)
         d->local_error = sumo__comm_scratch(c, rs_layout(P, nt, NULL, NULL), &scratch);
-    if (d->local_error == SUMO_SUCCESS && !direct && P > 1)
-        d->local_error = sumo__comm_data_scratch(c, &c->x, (size_t)(P - 1) * n * esz, &data);
+    if (d->local_error == SUMO_SUCCESS && P > 1)
+        d->local_error = sumo__comm_data_scratch(c, &c->x, (size_t)P * n * esz, &data);
     if (d->local_error == SUMO_SUCCESS)
         d->flags = sumo__shared_flag(c, sendbuf, (size_t)P * n * esz, recvbuf, n * esz);
     SUMO__LOG(tp->log_level, SUMO__LOG_INFO,
@@ -160,6 +244,7 @@ sumo_result sumo__reduce_scatter_adasum(sumo_comm *c, sumo__call_desc *d, const 
     /* in[k]: row `me` of rank k's input. */
     const void *in[SUMO__ADASUM_RS_MAX_RANKS];
     const unsigned char *mine = (const unsigned char *)sendbuf + (size_t)me * n * esz;
+    unsigned char *nodes = data;
     if (direct) {
         for (int k = 0; k < P; k++) {
             void *peer;
@@ -167,31 +252,50 @@ sumo_result sumo__reduce_scatter_adasum(sumo_comm *c, sumo__call_desc *d, const 
             in[k] = (const unsigned char *)peer + (size_t)me * n * esz;
         }
     } else {
-        /* Round k: row dst of ours to dst = me + k, row me of src = me - k's into its slot. */
-        unsigned char *rows_in = data;
+        /* Round k: row dst of ours to dst = me + k, row me of src = me - k's into node src. */
         for (int k = 1; k < P; k++) {
-            int dst = (me + k) % P, src = (me - k + P) % P, slot = src < me ? src : src - 1;
+            int dst = (me + k) % P, src = (me - k + P) % P;
             SUMO__CHECK(tp->ops->sendrecv(tp, (const unsigned char *)sendbuf + (size_t)dst * n * esz,
-                                          n * esz, dst, rows_in + (size_t)slot * n * esz, n * esz,
+                                          n * esz, dst, nodes + (size_t)src * n * esz, n * esz,
                                           src));
         }
         for (int k = 0; k < P; k++)
-            in[k] = k == me ? (const void *)mine
-                            : rows_in + (size_t)(k < me ? k : k - 1) * n * esz;
+            in[k] = k == me ? (const void *)mine : nodes + (size_t)k * n * esz;
     }
-    size_t L = sumo__gram_len(P);
-    memset(s.gram, 0, nt * L * sizeof *s.gram);
-    SUMO__KCHECK(c, sumo__k_gram_partials(&c->x, dtype, in, P, s.rows, nt, 0, n, s.gram));
-    sumo__rd_group everyone = {.members = P, .me = me};
-    const sumo__exec host = sumo__host_exec();
-    SUMO__CHECK(sumo__rd_sum(c, &everyone, &host, SUMO_FLOAT64, s.gram, s.incoming, nt * L));
-    sumo__adasum_gram_params params = {.nranks = P, .group_size = 1,
-                                       .need = sumo__adasum_need(dtype)};
-    size_t bad = sumo__adasum_gram_weights(&params, s.gram, nt, s.w, s.flags, s.work);
-    /* In place, the output is this rank's row of the input: the kernel reads each element of
-     * every input before writing it. */
-    void *outs[1] = {recvbuf};
-    SUMO__KCHECK(c, sumo__k_weighted_sum(&c->x, dtype, outs, 1, in, P, s.rows, nt, 0, n, s.w));
+    size_t L = sumo__gram_len(P), bad = SIZE_MAX;
+    /* fp64 takes the tree, as the allreduce does: its tolerance is below what the quadratic
+     * forms deliver on inputs that cancel even mildly. */
+    bool gram = dtype != SUMO_FLOAT64 || P == 1, accept = false;
+    if (gram) {
+        memset(s.gram, 0, nt * L * sizeof *s.gram);
+        SUMO__KCHECK(c, sumo__k_gram_partials(&c->x, dtype, in, P, s.rows, nt, 0, n, s.gram));
+        sumo__rd_group everyone = {.members = P, .me = me};
+        const sumo__exec host = sumo__host_exec();
+        SUMO__CHECK(sumo__rd_sum(c, &everyone, &host, SUMO_FLOAT64, s.gram, s.incoming, nt * L));
+        sumo__adasum_gram_params params = {.nranks = P, .group_size = 1,
+                                           .need = sumo__adasum_need(dtype)};
+        bad = sumo__adasum_gram_weights(&params, s.gram, nt, s.w, s.flags, s.work);
+        accept = true;
+        for (size_t t = 0; t < nt; t++) accept &= s.flags[t] == 0 || P == 1;
+    }
+    if (accept) {
+        /* In place, the output is this rank's row of the input: the kernel reads each element
+         * of every input before writing it. */
+        void *outs[1] = {recvbuf};
+        SUMO__KCHECK(c, sumo__k_weighted_sum(&c->x, dtype, outs, 1, in, P, s.rows, nt, 0, n, s.w));
+    } else {
+        /* The Gram bits flagged a tensor (alike on every rank), or fp64: the tree, level by
+         * level on the rows, from the untouched inputs. The Gram scratch holds a level's sums
+         * (3 per pair and tensor, at most P/2 pairs: no more than P(P+1)/2 for P >= 2). */
+        SUMO__LOG(tp->log_level, SUMO__LOG_INFO, "rank %d reduce_scatter adasum: the tree", me);
+        for (int k = 0; k < P; k++)
+            if (nodes + (size_t)k * n * esz != in[k])
+                SUMO__KCHECK(c, sumo__k_copy(&c->x, nodes + (size_t)k * n * esz, in[k], n * esz));
+        rs_tree tr = {.c = c, .dtype = dtype, .nodes = nodes, .n = n, .esz = esz, .nt = nt,
+                      .rows = s.rows, .sums = s.gram, .incoming = s.incoming, .bad = SIZE_MAX};
+        SUMO__CHECK(tree_run(&tr, recvbuf));
+        bad = tr.bad;
+    }
     /* No rank returns while a peer still reads its input. */
     if (direct) SUMO__CHECK(tp->ops->barrier(tp));
     if (bad != SIZE_MAX)
