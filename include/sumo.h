@@ -363,7 +363,8 @@ SUMO_API sumo_result sumo_comm_error_message(const sumo_comm *comm, const char *
  * (its tree) at most half the buffer flat and (g-1)/g of it hierarchical with groups of g
  * ranks. Either form also keeps P(P+1)/2 + P doubles per tensor of the op's layout.
  * Reduce-scatter keeps nothing on shared memory and two chunks of at most 256 Ki elements of
- * the accumulation type over point-to-point transports. Scratch for data lives in the memory
+ * the accumulation type over point-to-point transports; with an Adasum op, size rows of
+ * recvcount elements and the Adasum layout's doubles above. Scratch for data lives in the memory
  * of the call's buffers (its kernel table allocates it, once per memory); metadata in host
  * memory.
  */
