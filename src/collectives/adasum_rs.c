@@ -38,10 +38,11 @@
  * 136 doubles (1 KiB) per tensor; at P = 512 it is 131328 (1 MiB) per tensor, 100 MiB for a
  * model of 100 tensors: more than a small model's gradient, and the sum would cost more than
  * the exchange. So the form is refused beyond SUMO__ADASUM_RS_MAX_RANKS = 16 ranks (also the
- * partials kernel's limit), with SUMO_ERR_INVALID_USAGE naming the limit. The tree itself needs
- * much less: each of its log2 P levels combines pairs and needs three values per tensor (the
- * pair's dot and norms), 3T log2 P values in all, at the price of log2 P dependent sums with a
- * pass over the received rows between them; that is the form for larger P.
+ * partials kernel's limit), with SUMO_ERR_INVALID_USAGE naming the limit. The tree over the
+ * rows (the fallback below) needs much less: each level's pairs need three values per tensor,
+ * about 3T P values in all over log2 P dependent sums with a pass over the rows between them;
+ * it is the shape for larger P (running it alone there, with the per-rank arrays sized by P,
+ * is what lifting the limit takes).
  *
  * Refused by name, alike on every rank (the checks are local and the agreement spreads them):
  * a hierarchical op, a layout whose counts do not add up to P * recvcount or a tensor whose
