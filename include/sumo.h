@@ -363,7 +363,8 @@ SUMO_API sumo_result sumo_comm_error_message(const sumo_comm *comm, const char *
  * (its tree) at most half the buffer flat and (g-1)/g of it hierarchical with groups of g
  * ranks. Either form also keeps P(P+1)/2 + P doubles per tensor of the op's layout.
  * Reduce-scatter keeps nothing on shared memory and two chunks of at most 256 Ki elements of
- * the accumulation type over point-to-point transports. Scratch for data lives in the memory
+ * the accumulation type over point-to-point transports; with an Adasum op, size rows of
+ * recvcount elements and the Adasum layout's doubles above. Scratch for data lives in the memory
  * of the call's buffers (its kernel table allocates it, once per memory); metadata in host
  * memory.
  */
@@ -381,9 +382,22 @@ SUMO_API sumo_result sumo_broadcast(const void *sendbuf, void *recvbuf, size_t c
 
 /*
  * sendbuf holds size * recvcount elements; every rank ends with its own segment of the
- * reduction, rank r's the elements [r * recvcount, (r + 1) * recvcount) reduced over ranks
- * (SUMO_OP_SUM or SUMO_OP_AVERAGE: Adasum's result is not defined segment by segment). In
- * place when recvbuf == sendbuf + rank * recvcount elements (NCCL's rule).
+ * reduction, rank r's the elements [r * recvcount, (r + 1) * recvcount) reduced over ranks.
+ * In place when recvbuf == sendbuf + rank * recvcount elements (NCCL's rule).
+ *
+ * With an Adasum op (sharded training: FSDP2, ZeRO) the layout is FSDP2's: the op's tensor
+ * counts are the tensors' padded sizes, each a multiple of size (pad with zeros), summing to
+ * size * recvcount, and sendbuf viewed as (size, recvcount) holds in row r chunk r of every
+ * tensor in order; rank r's output is row r of the per-tensor Adasum of the ranks' full
+ * inputs (SUMO_OP_ADASUM: the whole buffer as one tensor). It is computed in Gram form
+ * (docs/design/adasum.md): an all-to-all of rows (a ring reduce-scatter's bytes), each tensor's
+ * Gram entries summed in one small exchange of size(size+1)/2 doubles per tensor, and the
+ * same weights on every rank; fp64, and inputs that cancel, take the tree over the rows, as the
+ * allreduce does. A shard's bits do not depend on the data path. That exchange grows as size^2
+ * per tensor, so at most 16 ranks (SUMO_ERR_INVALID_USAGE beyond); flat ops
+ * only, not on two-level communicators. A tensor count that is not a multiple of size, or
+ * counts that miss size * recvcount: SUMO_ERR_INVALID_ARGUMENT naming them; layouts that
+ * differ between ranks: SUMO_ERR_MISMATCH; NaN or Inf: SUMO_ERR_NONFINITE, as the allreduce.
  */
 SUMO_API sumo_result sumo_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
                                          sumo_dtype dtype, sumo_op op, sumo_comm *comm);

@@ -202,6 +202,16 @@ sumo_result sumo_op_create_adasum(sumo_comm *comm, const sumo_adasum_options *op
     return sumo__op_register(comm, SUMO__OP_ADASUM, a, op_free, op);
 }
 
+void sumo__adasum_op_layout(const sumo__op_entry *op, const size_t **offsets, size_t *ntensors,
+                            int *group_size, uint64_t *hash)
+{
+    const adasum_op *a = op->impl;
+    *offsets = a ? a->offsets : NULL;
+    *ntensors = a ? a->ntensors : 0;
+    *group_size = a ? a->group_size : 1;
+    *hash = a ? a->hash : layout_hash(NULL, 0, 1);
+}
+
 /* ---- one call ---------------------------------------------------------------------------- */
 
 /* Elements per step of the update pass: the chunk just written is still in cache when it is

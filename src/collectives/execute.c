@@ -3,7 +3,8 @@
  * submits it (requests.c); sumo__execute validates it once (this file's validate: buffers, counts, dtype, root, the
  * op's kind, the memory the buffers live in), picks the algorithm, and the algorithm agrees
  * (agree.c) before any data moves. The algorithms live in shm_algos.c (ranks that reach each
- * other's memory), p2p_algos.c (messages only), adasum.c, gram.c and compressed.c.
+ * other's memory), p2p_algos.c (messages only), adasum.c, adasum_rs.c (Adasum as a
+ * reduce-scatter), gram.c and compressed.c.
  *
  * One allreduce, from the call down to the bytes: sumo_allreduce -> sumo__submit (the handle,
  * after the queued requests) -> sumo__execute (validate, the kernel table, pick) -> an
@@ -13,6 +14,7 @@
  */
 #include "collectives/execute.h"
 #include "collectives/adasum.h"
+#include "collectives/adasum_rs.h"
 #include "collectives/compressed.h"
 #include "collectives/hier_algos.h"
 #include "collectives/p2p_algos.h"
@@ -55,10 +57,11 @@ static sumo_result validate(sumo_comm *c, const sumo__call *call, sumo__call_des
                                    "%s: op %u was not created on this communicator (or was "
                                    "destroyed)",
                                    what, call->op);
-        if (call->kind == SUMO__CALL_REDUCE_SCATTER && (*op)->kind == SUMO__OP_ADASUM)
-            return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_ARGUMENT,
-                                   "reduce_scatter: Adasum's result is not defined segment by "
-                                   "segment; use SUMO_OP_SUM or SUMO_OP_AVERAGE");
+        if (call->kind == SUMO__CALL_REDUCE_SCATTER && (*op)->kind == SUMO__OP_ADASUM &&
+            c->levels)
+            return SUMO__COMM_FAIL(c, SUMO_ERR_INVALID_USAGE,
+                                   "reduce_scatter with an Adasum op on a two-level "
+                                   "communicator: it has no two-level form");
     }
     if (call->kind == SUMO__CALL_COMPRESSED)
         SUMO__CHECK(sumo__compressed_check(c, call->has_compression ? &call->compression : NULL,
@@ -371,6 +374,8 @@ static sumo_result run_flat(sumo_comm *c, const sumo__call *call, sumo__call_des
         if (sumo__comm_shared_memory(c)) return sumo__shm_allgather(c, &d, call->sendbuf, call->recvbuf);
         return sumo__ring_allgather(c, &d, call->sendbuf, call->recvbuf);
     case SUMO__CALL_REDUCE_SCATTER:
+        if (op->kind == SUMO__OP_ADASUM)
+            return sumo__reduce_scatter_adasum(c, &d, op, call->sendbuf, call->recvbuf);
         d.op = op->kind == SUMO__OP_AVERAGE ? SUMO_OP_AVERAGE : SUMO_OP_SUM;
         d.flags = sumo__shared_flag(c, call->sendbuf, bytes * (size_t)c->tp->size, call->recvbuf,
                                     bytes);

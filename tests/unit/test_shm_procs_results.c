@@ -232,6 +232,59 @@ static void adasum(sumo_comm *comm, int rank, int size, const buffers *b, tally 
     for (int k = 0; k < size; k++) free(u[k]);
 }
 
+/* Adasum as a reduce-scatter in FSDP2's layout (each tensor padded with zeros to a multiple of
+ * P, row q of the send buffer holding chunk q of every tensor): each rank's shard against the
+ * tree, padding exactly 0, from private and from sumo_mem_alloc buffers, the same bits. */
+static void adasum_rs(sumo_comm *comm, int rank, int size, const buffers *b, tally *t)
+{
+    const size_t counts[3] = {5, 1000, 3};
+    size_t padded[3], chunk[3], before[3], off[4] = {0}, rc = 0, P = (size_t)size;
+    for (int k = 0; k < 3; k++) {
+        padded[k] = (counts[k] + P - 1) / P * P;
+        chunk[k] = padded[k] / P;
+        before[k] = rc;
+        rc += chunk[k];
+        off[k + 1] = off[k] + counts[k];
+    }
+    double *u[MAXP];
+    for (int k = 0; k < size; k++) {
+        u[k] = calloc(off[3], sizeof(double));
+        for (size_t i = 0; i < off[3]; i++)
+            u[k][i] = ref_round_to(SUMO_FLOAT32, harness_uniform_at(91, (uint64_t)k, i));
+    }
+    ref_adasum_tree(u, size, off, 3);
+    sumo_adasum_options o = {.struct_size = sizeof o, .tensor_counts = padded, .ntensors = 3};
+    sumo_op op;
+    check(t, sumo_op_create_adasum(comm, &o, &op) == SUMO_SUCCESS, "adasum_rs: op");
+    float first[4096];
+    for (int kind = PRIVATE; kind <= SHARED; kind++) {
+        float *in = (float *)(void *)b->in[kind], *out = (float *)(void *)b->out[kind];
+        memset(in, 0, P * rc * sizeof *in);
+        for (int k = 0; k < 3; k++)
+            for (size_t i = 0; i < counts[k]; i++)
+                in[(i / chunk[k]) * rc + before[k] + i % chunk[k]] =
+                    (float)harness_uniform_at(91, (uint64_t)rank, off[k] + i);
+        sumo_result r = sumo_reduce_scatter(in, out, rc, SUMO_FLOAT32, op, comm);
+        double err = 0, norm = 0;
+        bool pad = true;
+        for (int k = 0; k < 3; k++)
+            for (size_t j = 0; j < chunk[k]; j++) {
+                size_t i = (size_t)rank * chunk[k] + j;
+                double got = out[before[k] + j];
+                if (i >= counts[k]) pad &= got == 0.0;
+                else err += (got - u[0][off[k] + i]) * (got - u[0][off[k] + i]),
+                     norm += u[0][off[k] + i] * u[0][off[k] + i];
+            }
+        bool same = kind == PRIVATE || memcmp(first, out, rc * sizeof *out) == 0;
+        if (kind == PRIVATE) memcpy(first, out, rc * sizeof *out);
+        check(t, r == SUMO_SUCCESS && pad && same && sqrt(err) <= 100 * 0x1p-23 * sqrt(norm),
+              "adasum reduce_scatter %s: %s, error %.3g, padding 0 %d, same bits %d",
+              kind_names[kind], sumo_result_name(r), sqrt(err), pad, same);
+    }
+    sumo_op_destroy(comm, op);
+    for (int k = 0; k < size; k++) free(u[k]);
+}
+
 /*
  * A small Adasum call ends without a barrier (gram.c, run_small): a rank may copy its next
  * call's input into its area while its peers still read the last call's. Calls of every
@@ -415,6 +468,7 @@ static int battery(sumo_comm **commp, int rank, int size, group *g)
     copies(comm, rank, size, &b, &t);
     forced(comm, rank, size, &b, &t);
     adasum(comm, rank, size, &b, &t);
+    adasum_rs(comm, rank, size, &b, &t);
     back_to_back(comm, rank, size, &t);
     refusals(comm, rank, size, &b, &t);
     sumo_result r = sumo_mem_free(comm, b.in[SHARED]);
