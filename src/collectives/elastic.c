@@ -14,11 +14,13 @@
 #include "sumo_tcp.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define MAX_ROOT 160
 #define MAX_RANKS 1024
@@ -40,7 +42,14 @@ struct sumo_elastic {
     int makings;  /* makings tried so far: the next is number makings */
     int admitted; /* join tickets taken in so far */
     sumo_heart *heart;
-    sumo_heart_watch *watch;
+    sumo_heart_watch *watch; /* under lock: the watcher thread reads it too */
+    /* The watcher: a member whose beat stands still fails the collective the others are in
+     * now (its communicator aborted), not only the next commit point, so a host that drops
+     * off the network mid-collective costs the liveness time rather than the deadline. */
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    pthread_t watcher;
+    bool watching, stopping, aborted;
     char error[512];
 };
 
@@ -220,17 +229,54 @@ static sumo_result make_and_commit(sumo_elastic *e, int n, int rank, int size, i
 /* The watch on membership `kept`'s other members. */
 static sumo_result watch_members(sumo_elastic *e)
 {
-    sumo_heart_watch_destroy(e->watch);
-    e->watch = NULL;
+    sumo_heart_watch *watch = NULL;
     int *who = malloc((size_t)e->size * sizeof *who);
     if (who == NULL) return fail(e, SUMO_ERR_SYSTEM, "out of memory");
     for (int r = 0; r < e->size; r++) who[r] = r == e->rank ? -1 : r;
     char alive[KEY_BYTES];
     key_of(e, alive, e->kept, "alive/");
-    sumo_result res =
-        sumo_heart_watch_create(e->store, alive, e->size, who, e->liveness_s, &e->watch);
+    sumo_result res = sumo_heart_watch_create(e->store, alive, e->size, who, e->liveness_s, &watch);
     free(who);
-    return res == SUMO_SUCCESS ? res : fail(e, res, "watching the heartbeats under %s", alive);
+    if (res != SUMO_SUCCESS) return fail(e, res, "watching the heartbeats under %s", alive);
+    pthread_mutex_lock(&e->lock);
+    e->watch = watch;
+    pthread_mutex_unlock(&e->lock);
+    return SUMO_SUCCESS;
+}
+
+static void *watcher_run(void *arg)
+{
+    sumo_elastic *e = arg;
+    /* A quarter of the liveness time between looks: each look reads every member's beat. */
+    int64_t period_ns = (int64_t)(e->liveness_s / 4 * 1e9);
+    pthread_mutex_lock(&e->lock);
+    while (!e->stopping) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        int64_t ns = (int64_t)until.tv_nsec + period_ns;
+        until.tv_sec += (time_t)(ns / 1000000000);
+        until.tv_nsec = (long)(ns % 1000000000);
+        pthread_cond_timedwait(&e->wake, &e->lock, &until);
+        int dead = -1;
+        if (e->stopping || e->aborted || e->watch == NULL || e->comm == NULL) continue;
+        sumo_heart_watch_look(e->watch, &dead);
+        if (dead < 0) continue;
+        char why[160];
+        snprintf(why, sizeof why, "sumo_elastic: member %d's heartbeat stood still for %g s",
+                 dead, e->liveness_s);
+        sumo_comm_abort(e->comm, why);
+        e->aborted = true; /* once per membership: the members shrink next */
+    }
+    pthread_mutex_unlock(&e->lock);
+    return NULL;
+}
+
+static sumo_result start_watcher(sumo_elastic *e)
+{
+    if (pthread_create(&e->watcher, NULL, watcher_run, e) != 0)
+        return fail(e, SUMO_ERR_SYSTEM, "no thread to watch the members' heartbeats");
+    e->watching = true;
+    return SUMO_SUCCESS;
 }
 
 static void remove_key(const sumo_elastic *e, const char *key)
@@ -245,11 +291,17 @@ static sumo_result adopt(sumo_elastic *e, sumo_comm *comm, int n, int rank, int 
     key_of(e, old_beat, e->kept, "alive/");
     snprintf(old_beat + strlen(old_beat), 16, "%d", e->rank);
     bool had_heart = e->comm != NULL;
+    pthread_mutex_lock(&e->lock);
     if (e->comm) sumo_comm_destroy(e->comm);
     e->comm = comm;
+    /* The old membership's watch goes with it: its dead member must not abort the new one. */
+    sumo_heart_watch_destroy(e->watch);
+    e->watch = NULL;
+    e->aborted = false;
     e->rank = rank;
     e->size = size;
     e->kept = n;
+    pthread_mutex_unlock(&e->lock);
     key_of(e, alive, n, "alive/");
     if (had_heart) {
         /* The new key at once, so the members' next watch finds it; nobody reads the old one
@@ -291,11 +343,20 @@ static sumo_result abandon(const sumo_elastic_options *o, sumo_elastic *e, sumo_
     return res;
 }
 
+static sumo_elastic *new_object(void)
+{
+    sumo_elastic *e = calloc(1, sizeof *e);
+    if (e == NULL) return NULL;
+    pthread_mutex_init(&e->lock, NULL);
+    pthread_cond_init(&e->wake, NULL);
+    return e;
+}
+
 sumo_result sumo_elastic_create(const sumo_elastic_options *o, sumo_elastic **out)
 {
     if (out == NULL || o == NULL) return SUMO_ERR_INVALID_ARGUMENT;
     *out = NULL;
-    sumo_elastic *e = calloc(1, sizeof *e);
+    sumo_elastic *e = new_object();
     if (e == NULL) return SUMO_ERR_SYSTEM;
     sumo_result res = from_options(o, false, e);
     if (res == SUMO_SUCCESS) res = start_heart(e, 0, o->rank);
@@ -312,6 +373,7 @@ sumo_result sumo_elastic_create(const sumo_elastic_options *o, sumo_elastic **ou
         e->makings = 1;
         res = adopt(e, comm, 0, o->rank, o->size);
     }
+    if (res == SUMO_SUCCESS) res = start_watcher(e);
     if (res != SUMO_SUCCESS) return abandon(o, e, res);
     e->error[0] = '\0';
     *out = e;
@@ -322,7 +384,7 @@ sumo_result sumo_elastic_join(const sumo_elastic_options *o, sumo_elastic **out)
 {
     if (out == NULL || o == NULL) return SUMO_ERR_INVALID_ARGUMENT;
     *out = NULL;
-    sumo_elastic *e = calloc(1, sizeof *e);
+    sumo_elastic *e = new_object();
     if (e == NULL) return SUMO_ERR_SYSTEM;
     sumo_result res = from_options(o, true, e);
     if (res != SUMO_SUCCESS) return abandon(o, e, res);
@@ -365,6 +427,7 @@ sumo_result sumo_elastic_join(const sumo_elastic_options *o, sumo_elastic **out)
         e->kept = n;
         res = adopt(e, comm, n, rank, size);
     }
+    if (res == SUMO_SUCCESS) res = start_watcher(e);
     if (res != SUMO_SUCCESS) return abandon(o, e, res);
     e->error[0] = '\0';
     *out = e;
@@ -391,7 +454,9 @@ sumo_result sumo_elastic_commit(sumo_elastic *e, int *joiners)
     *joiners = 0;
     int dead = -1, tickets = e->admitted;
     char why[300] = "";
+    pthread_mutex_lock(&e->lock);
     sumo_heart_watch_look(e->watch, &dead);
+    pthread_mutex_unlock(&e->lock);
     sumo_result counted = SUMO_SUCCESS;
     if (e->rank == 0)
         counted = sumo__tickets_count(e->store, e->root, e->admitted, &tickets, why, sizeof why);
@@ -575,6 +640,13 @@ sumo_result sumo_elastic_error_message(const sumo_elastic *e, const char **messa
 sumo_result sumo_elastic_destroy(sumo_elastic *e)
 {
     if (e == NULL) return SUMO_SUCCESS;
+    if (e->watching) {
+        pthread_mutex_lock(&e->lock);
+        e->stopping = true;
+        pthread_cond_signal(&e->wake);
+        pthread_mutex_unlock(&e->lock);
+        pthread_join(e->watcher, NULL);
+    }
     sumo_heart_stop(e->heart);
     sumo_heart_watch_destroy(e->watch);
     if (e->comm) {
@@ -584,6 +656,8 @@ sumo_result sumo_elastic_destroy(sumo_elastic *e)
         snprintf(beat + strlen(beat), 16, "%d", e->rank);
         remove_key(e, beat);
     }
+    pthread_cond_destroy(&e->wake);
+    pthread_mutex_destroy(&e->lock);
     free(e);
     return SUMO_SUCCESS;
 }
