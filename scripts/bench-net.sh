@@ -58,6 +58,7 @@ sumo=${SUMO:-$here/build/sumo}
 out=
 mem=--skip-mem
 torch=0
+rates="1gbit 10gbit" # --torch's, unless --rate gives one
 python=$here/build/torch-venv/bin/python
 
 skip() {
@@ -69,7 +70,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
     --np) nps=$2; shift 2 ;;
     --topology) topology=$2; shift 2 ;;
-    --rate) rate=$2; shift 2 ;;
+    --rate) rate=$2; rates=$2; shift 2 ;;
     --burst) burst=$2; shift 2 ;;
     --delay) delay=$2; shift 2 ;;
     --mtu) mtu=$2; shift 2 ;;
@@ -89,7 +90,6 @@ if [ "$torch" = 1 ]; then
     # One torchrun per host of each rate's 2 hosts; the ratio to the link needs its rate in
     # Gbit/s.
     [ -x "$python" ] || { echo "bench-net: no python at $python (scripts/torch-venv.sh, or --python)" >&2; exit 1; }
-    [ "$rate" = 10gbit ] && rates="1gbit 10gbit" || rates=$rate
     status=0
     for r in $rates; do
         gbit=$(awk -v r="$r" 'BEGIN { v = r + 0; u = tolower(substr(r, length(v "") + 1));
