@@ -33,6 +33,13 @@
 #   --sumo PATH       the sumo binary (default build/sumo, or $SUMO)
 #   --out DIR         also write DIR/net-<topology>-np<N>.txt and .csv
 #   --with-mem        keep sumo bench's memory-bandwidth section (skipped by default)
+#   --torch           instead of `sumo bench`: 2 hosts of 2 ranks (scripts/net-hosts.sh), each
+#                     --rate of the list (default "1gbit 10gbit") in turn, torchrun across them
+#                     (c10d rendezvous) running bench/net_allreduce.py: 64 MiB allreduce bus
+#                     bandwidth of sum, average and Adasum through sumo.torch (the two-level and
+#                     the flat TCP communicator) and gloo's allreduce, as ratios of the link
+#                     rate and of gloo; options after -- go to net_allreduce.py (--reps, --mib)
+#   --python PATH     torch 2.x python for --torch (default build/torch-venv/bin/python)
 # Default bench options: --ops sum,adasum --iters 10 --warmup 2; anything after -- is appended
 # (later options win), e.g. -- --max 64M --dtype fp64.
 #
@@ -50,6 +57,9 @@ mtu=65535
 sumo=${SUMO:-$here/build/sumo}
 out=
 mem=--skip-mem
+torch=0
+rates="1gbit 10gbit" # --torch's, unless --rate gives one
+python=$here/build/torch-venv/bin/python
 
 skip() {
     echo "bench-net: skipped: $*"
@@ -60,19 +70,44 @@ while [ $# -gt 0 ]; do
     case "$1" in
     --np) nps=$2; shift 2 ;;
     --topology) topology=$2; shift 2 ;;
-    --rate) rate=$2; shift 2 ;;
+    --rate) rate=$2; rates=$2; shift 2 ;;
     --burst) burst=$2; shift 2 ;;
     --delay) delay=$2; shift 2 ;;
     --mtu) mtu=$2; shift 2 ;;
     --sumo) sumo=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --with-mem) mem=; shift ;;
+    --torch) torch=1; shift ;;
+    --python) python=$2; shift 2 ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     --) shift; break ;;
     *) echo "bench-net: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
 case "$topology" in switch | bus) ;; *) echo "bench-net: --topology is switch or bus" >&2; exit 2 ;; esac
+
+if [ "$torch" = 1 ]; then
+    # One torchrun per host of each rate's 2 hosts; the ratio to the link needs its rate in
+    # Gbit/s.
+    [ -x "$python" ] || { echo "bench-net: no python at $python (scripts/torch-venv.sh, or --python)" >&2; exit 1; }
+    status=0
+    for r in $rates; do
+        gbit=$(awk -v r="$r" 'BEGIN { v = r + 0; u = tolower(substr(r, length(v "") + 1));
+            print (u ~ /^g/ ? v : u ~ /^m/ ? v / 1e3 : u ~ /^k/ ? v / 1e6 : v / 1e9) }')
+        echo "# bench-net: torch, 2 hosts x 2 ranks, links $r (burst $burst, mtu $mtu)"
+        code=0
+        # shellcheck disable=SC2016 # NET_HOST is each host's own
+        PYTHONPATH=$here/python${PYTHONPATH:+:$PYTHONPATH} SUMO_TIMEOUT=${SUMO_TIMEOUT:-300} \
+            "$here/scripts/net-hosts.sh" --hosts 2 --local 2 --rate "$r" --burst "$burst" \
+            --mtu "$mtu" ${delay:+--delay "$delay"} -- sh -c '"$0" -m torch.distributed.run \
+            --nnodes 2 --nproc-per-node 2 --node-rank "$NET_HOST" --rdzv-backend c10d \
+            --rdzv-endpoint host0:29500 "$@"' \
+            "$python" "$here/bench/net_allreduce.py" --link-gbit "$gbit" "$@" || code=$?
+        [ $code -eq 77 ] && skip "scripts/net-hosts.sh cannot make the hosts here (it said why above)"
+        [ $code -eq 0 ] || status=1
+    done
+    exit $status
+fi
 
 [ "$(id -u)" -eq 0 ] || skip "needs root for network namespaces and tc (run it with sudo)"
 for tool in ip tc mpirun; do

@@ -127,31 +127,64 @@ static bool chain_work(void *ctx)
     return ch->at < len && ch->failed == SUMO_SUCCESS;
 }
 
+/* Elements [*lo, *lo + return value) of chunk j. */
+static size_t chunk_span(const chain *ch, size_t j, size_t *lo)
+{
+    *lo = j * ch->chunk;
+    return SUMO__MIN(ch->chunk, ch->n - *lo);
+}
+
 /* The leaders' chain over the nodes: node h receives chunk j + 1 from node h - 1 and sends chunk
- * j - 1 to node h + 1 while it adds chunk j. */
-static sumo_result chain_leaders(chain *ch, int h, int H)
+ * j - 1 to node h + 1 while it adds chunk j.
+ *
+ * Over two nodes the sum also comes back in the same pipeline (back is true): the last node
+ * sends finished chunk j - 1 to node 0 while it adds chunk j, and node 0 receives finished chunk
+ * j - 3 in its step j (the step that pairs with the last node's step j - 2), so both directions
+ * of the link between them carry n elements at once instead of one after the other (the chain,
+ * then a broadcast back). Over more nodes the broadcast follows the chain. */
+static sumo_result chain_leaders(chain *ch, int h, int H, bool back)
 {
     sumo_comm *c = ch->c;
     sumo__transport *tp = c->tp;
     int L = ch->L, prev = (h - 1) * L, next = (h + 1) * L;
     size_t n = ch->n, nch = (n + ch->chunk - 1) / ch->chunk;
-    size_t cb = ch->chunk * ch->aesz;
+    size_t cb = ch->chunk * ch->aesz, lo, len;
     if (h > 0)
         SUMO__CHECK(tp->ops->sendrecv(tp, NULL, 0, -1, ch->slot[0],
                                       SUMO__MIN(ch->chunk, n) * ch->aesz, prev));
     for (size_t j = 0; j < nch; j++) {
         ch->j = j, ch->at = 0;
         bool send = h < H - 1 && j > 0, recv = h > 0 && j + 1 < nch;
+        const void *sbuf = send ? ch->slot[(j + 2) % 3] : NULL;
         size_t sb = send ? cb : 0; /* chunk j - 1 is whole */
-        size_t rlen = recv ? SUMO__MIN(ch->chunk, n - (j + 1) * ch->chunk) : 0;
-        SUMO__CHECK(sumo__sendrecv_working(tp, send ? ch->slot[(j + 2) % 3] : NULL, sb,
-                                           send ? next : -1, recv ? ch->slot[(j + 1) % 3] : NULL,
-                                           rlen * ch->aesz, recv ? prev : -1, chain_work, ch));
+        int dst = send ? next : -1, src = recv ? prev : -1;
+        void *rbuf = recv ? ch->slot[(j + 1) % 3] : NULL;
+        size_t rb = recv ? chunk_span(ch, j + 1, &lo) * ch->aesz : 0;
+        if (back && h == H - 1 && j > 0) { /* the finished chunk j - 1 back to node 0 */
+            len = chunk_span(ch, j - 1, &lo);
+            sbuf = ch->out + lo * ch->esz, sb = len * ch->esz, dst = prev;
+        }
+        if (back && h == 0 && j >= 3) { /* finished chunk j - 3 from the last node */
+            len = chunk_span(ch, j - 3, &lo);
+            rbuf = ch->out + lo * ch->esz, rb = len * ch->esz, src = next;
+        }
+        SUMO__CHECK(sumo__sendrecv_working(tp, sbuf, sb, dst, rbuf, rb, src, chain_work, ch));
         SUMO__CHECK(ch->failed);
     }
-    if (h < H - 1) {
-        size_t last = nch - 1, len = n - last * ch->chunk;
-        SUMO__CHECK(tp->ops->sendrecv(tp, ch->slot[last % 3], len * ch->aesz, next, NULL, 0, -1));
+    size_t last = nch - 1;
+    len = chunk_span(ch, last, &lo);
+    if (back && h == H - 1) /* the last finished chunk */
+        return tp->ops->sendrecv(tp, ch->out + lo * ch->esz, len * ch->esz, prev, NULL, 0, -1);
+    if (h == H - 1) return SUMO_SUCCESS;
+    if (!back)
+        return tp->ops->sendrecv(tp, ch->slot[last % 3], len * ch->aesz, next, NULL, 0, -1);
+    /* Node 0: the last partial out, and the finished chunks not yet received in. */
+    for (size_t k = nch >= 3 ? nch - 3 : 0; k < nch; k++) {
+        size_t klo, klen = chunk_span(ch, k, &klo);
+        bool first = k == (nch >= 3 ? nch - 3 : 0);
+        SUMO__CHECK(tp->ops->sendrecv(tp, first ? ch->slot[last % 3] : NULL,
+                                      first ? len * ch->aesz : 0, first ? next : -1,
+                                      ch->out + klo * ch->esz, klen * ch->esz, next));
     }
     return SUMO_SUCCESS;
 }
@@ -192,8 +225,8 @@ static sumo_result chain_run(sumo_comm *c, const unsigned char *s, unsigned char
         unsigned char *chunks = base + (L - 1) * gathered;
         for (int i = 0; i < 3; i++) ch.slot[i] = chunks + (size_t)i * cb;
         ch.conv = chunks + 3 * cb;
-        SUMO__CHECK(chain_leaders(&ch, lv->h, lv->H));
-        if (lv->H > 1)
+        SUMO__CHECK(chain_leaders(&ch, lv->h, lv->H, lv->H == 2));
+        if (lv->H > 2)
             SUMO__CHECK(on_level(c, lv->across[0], level_call(c, SUMO_COLLECTIVE_BROADCAST, r, r, n,
                                                               dt, 0, lv->H - 1),
                                  "the broadcast of the sum across the nodes"));

@@ -156,8 +156,11 @@ static const char *peer_list(const xfer *xs, int n, char *out, size_t len)
     return out;
 }
 
-/* Runs every xfer to its end, all at once, until the group's deadline. */
-static sumo_result exchange(tcp_transport *t, xfer *xs, int n, const char *what)
+/* Runs every xfer to its end, all at once, until the group's deadline; work (may be NULL),
+ * one slice at a time, while the sockets are not ready, so the link is not idle while the
+ * caller adds. */
+static sumo_result exchange_working(tcp_transport *t, xfer *xs, int n, const char *what,
+                                    sumo__work_fn work, void *ctx)
 {
     if (atomic_load(&t->aborted))
         return wake_fail(t, SUMO_ERR_PEER_FAILURE, "%s: this rank's group was aborted", what);
@@ -208,6 +211,11 @@ static sumo_result exchange(tcp_transport *t, xfer *xs, int n, const char *what)
                           (double)t->base.timeout_ns * 1e-9, peer_list(xs, n, peers, sizeof peers));
             goto out;
         }
+        if (work != NULL) {
+            /* A slice of work, then a look at the sockets without waiting. */
+            if (!work(ctx)) work = NULL;
+            wait = 0;
+        }
         fds[nf++] = (struct pollfd){.fd = t->wake, .events = POLLIN};
         struct timespec ts = {.tv_sec = wait / 1000000000, .tv_nsec = wait % 1000000000};
         if (ppoll(fds, (nfds_t)nf, &ts, NULL) < 0 && errno != EINTR) {
@@ -220,10 +228,16 @@ out:
     return r;
 }
 
+static sumo_result exchange(tcp_transport *t, xfer *xs, int n, const char *what)
+{
+    return exchange_working(t, xs, n, what, NULL, NULL);
+}
+
 /* ---- the operations ------------------------------------------------------------------------ */
 
-static sumo_result tcp_sendrecv(sumo__transport *tp, const void *sbuf, size_t sbytes, int dst,
-                                void *rbuf, size_t rbytes, int src)
+static sumo_result tcp_sendrecv_working(sumo__transport *tp, const void *sbuf, size_t sbytes,
+                                        int dst, void *rbuf, size_t rbytes, int src,
+                                        sumo__work_fn work, void *ctx)
 {
     tcp_transport *t = (tcp_transport *)tp;
     if (dst == tp->rank || src == tp->rank) {
@@ -242,7 +256,13 @@ static sumo_result tcp_sendrecv(sumo__transport *tp, const void *sbuf, size_t sb
     if (dst >= 0)
         xs[n++] = (xfer){.peer = dst, .send = true, .kind = KIND_DATA,
                          .buf = (unsigned char *)(uintptr_t)sbuf, .bytes = sbytes};
-    return exchange(t, xs, n, "sendrecv");
+    return exchange_working(t, xs, n, "sendrecv", work, ctx);
+}
+
+static sumo_result tcp_sendrecv(sumo__transport *tp, const void *sbuf, size_t sbytes, int dst,
+                                void *rbuf, size_t rbytes, int src)
+{
+    return tcp_sendrecv_working(tp, sbuf, sbytes, dst, rbuf, rbytes, src, NULL, NULL);
 }
 
 /* Every rank sends its record to every other and receives theirs, all at once. */
@@ -314,6 +334,7 @@ static sumo_result tcp_destroy(sumo__transport *tp)
 static const sumo__transport_ops tcp_ops = {
     .name = "tcp",
     .sendrecv = tcp_sendrecv,
+    .sendrecv_working = tcp_sendrecv_working,
     .announce = tcp_announce,
     .barrier = tcp_barrier,
     .abort = tcp_abort,

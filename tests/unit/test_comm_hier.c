@@ -213,7 +213,8 @@ static void test_chain_equals_flat_ranked(void **state)
         for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++) {
             int H = shapes[s][0], L = shapes[s][1];
             size_t acc = dtypes[d] == SUMO_FLOAT64 ? 8 : 4, chunk = 16384 / acc;
-            size_t counts[] = {0, 1, (size_t)L - 1, chunk - 1, chunk, chunk + 1, 3 * chunk + 5};
+            size_t counts[] = {0, 1, (size_t)L - 1, chunk - 1, chunk, chunk + 1, 2 * chunk + 1,
+                               3 * chunk + 5, 6 * chunk};
             for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++)
                 for (int avg = 0; avg < 2; avg++) {
                     bufs b;
