@@ -46,11 +46,12 @@ struct sumo_elastic {
     /* The watcher: a member whose beat stands still fails the collective the others are in
      * now (its communicator aborted), not only the next commit point, so a host that drops
      * off the network mid-collective costs the liveness time rather than the deadline. */
+    char error[512];
     pthread_mutex_t lock;
     pthread_cond_t wake;
     pthread_t watcher;
-    bool watching, stopping, aborted;
-    char error[512];
+    bool watching; /* the caller's thread's alone */
+    int stopping, aborted; /* under lock */
 };
 
 static sumo_result fail(sumo_elastic *e, sumo_result code, const char *fmt, ...)
@@ -265,7 +266,7 @@ static void *watcher_run(void *arg)
         snprintf(why, sizeof why, "sumo_elastic: member %d's heartbeat stood still for %g s",
                  dead, e->liveness_s);
         sumo_comm_abort(e->comm, why);
-        e->aborted = true; /* once per membership: the members shrink next */
+        e->aborted = 1; /* once per membership: the members shrink next */
     }
     pthread_mutex_unlock(&e->lock);
     return NULL;
@@ -297,7 +298,7 @@ static sumo_result adopt(sumo_elastic *e, sumo_comm *comm, int n, int rank, int 
     /* The old membership's watch goes with it: its dead member must not abort the new one. */
     sumo_heart_watch_destroy(e->watch);
     e->watch = NULL;
-    e->aborted = false;
+    e->aborted = 0;
     e->rank = rank;
     e->size = size;
     e->kept = n;
@@ -642,7 +643,7 @@ sumo_result sumo_elastic_destroy(sumo_elastic *e)
     if (e == NULL) return SUMO_SUCCESS;
     if (e->watching) {
         pthread_mutex_lock(&e->lock);
-        e->stopping = true;
+        e->stopping = 1;
         pthread_cond_signal(&e->wake);
         pthread_mutex_unlock(&e->lock);
         pthread_join(e->watcher, NULL);
