@@ -288,7 +288,13 @@ SUMO_API sumo_result sumo_tickets_close(const sumo_store *store, const char *key
  * single outcome, and otherwise dropped by all (a shrink then agrees again). A ticket whose
  * holder never comes fails the grow, and the members go on as they were.
  *
- * Not thread-safe: one thread of the process calls (the heart has its own).
+ * Between commit points a thread of the object's reads the members' beats (every quarter of
+ * the liveness time) and aborts the communicator when one has stood still for the liveness
+ * time, so a member that goes silent inside a collective fails it for the others then, not at
+ * the collective's deadline; they shrink next.
+ *
+ * Not thread-safe: one thread of the process calls (the heart and the watcher have their
+ * own).
  */
 typedef struct sumo_elastic sumo_elastic;
 
