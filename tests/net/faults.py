@@ -166,29 +166,6 @@ def plain(a):
     write(a.out, "err", "no error: every step completed\n")
 
 
-def reference(memberships, steps):
-    """The parameters after `steps` steps where memberships [(first step, size), ...] says
-    how many processes took part in each step: computed as tests/python/test_elastic.py's
-    reference, without sumo (gradients summed in rank order, divided once)."""
-    torch.set_num_threads(1)
-    model = worker.make_model()
-    opt = worker.make_optimizer(model.parameters())
-    for step in range(steps):
-        size = [n for first, n in memberships if first <= step][-1]
-        grads = []
-        for r in range(size):
-            model.zero_grad()
-            worker.loss_of(model, step, r).backward()
-            grads.append([p.grad.clone() for p in model.parameters()])
-        for i, p in enumerate(model.parameters()):
-            total = grads[0][i].clone()
-            for g in grads[1:]:
-                total += g[i]
-            p.grad = total / size
-        opt.step()
-    return model.state_dict()
-
-
 def check(a):
     ok_all = True
 
@@ -225,7 +202,7 @@ def check(a):
     else:
         say(not change and not any(e[0] == "failed" for r in res for e in r["events"]),
             "%s: no membership change and no failed step" % a.what)
-    expect = reference(memberships, STEPS)
+    expect = worker.reference(memberships, STEPS)
     same = all(torch.equal(r["params"][k], v) for r in res for k, v in expect.items())
     say(same, "%s: the survivors' parameters are bit for bit the reference's where the "
         "membership was %s" % (a.what, memberships))

@@ -60,6 +60,36 @@ def loss_of(model, step, rank):
     return torch.nn.functional.mse_loss(model(x), y)
 
 
+def average_step(model, opt, size, loss_of_rank):
+    """One step of the tests' references: each rank's gradient in turn, summed in rank order
+    and divided by the size (what sumo's average does), then the optimizer's step."""
+    grads = []
+    for r in range(size):
+        model.zero_grad()
+        loss_of_rank(r).backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for i, p in enumerate(model.parameters()):
+        total = grads[0][i].clone()
+        for g in grads[1:]:
+            total += g[i]
+        p.grad = total / size
+    opt.step()
+
+
+def reference(memberships, steps=STEPS):
+    """The model after `steps` steps of this training, computed without sumo: memberships is
+    [(first step, number of processes), ...]; at each step every process r of that number
+    takes the gradient of batch(step, r), the gradients are averaged in rank order (summed
+    left to right, divided once: what sumo's average does) and the SGD step is taken."""
+    torch.set_num_threads(1)
+    model = make_model()
+    opt = make_optimizer(model.parameters())
+    for step in range(steps):
+        size = [n for first, n in memberships if first <= step][-1]
+        average_step(model, opt, size, lambda r: loss_of(model, step, r))
+    return model.state_dict()
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("store")

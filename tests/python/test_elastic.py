@@ -36,35 +36,8 @@ DEADLINE = 10  # SUMO_TIMEOUT of the processes started here (a joiner that start
 GUARD = 120   # seconds a job of them may take at all (torch's start-up on a busy machine)
 
 
-def _average_step(model, opt, size, loss_of_rank):
-    """One step of the reference: each rank's gradient in turn, summed in rank order and
-    divided by the size (what sumo's average does), then the optimizer's step."""
-    grads = []
-    for r in range(size):
-        model.zero_grad()
-        loss_of_rank(r).backward()
-        grads.append([p.grad.clone() for p in model.parameters()])
-    for i, p in enumerate(model.parameters()):
-        total = grads[0][i].clone()
-        for g in grads[1:]:
-            total += g[i]
-        p.grad = total / size
-    opt.step()
-
-
-def reference(memberships):
-    """The model after worker.STEPS steps of worker's training, computed without sumo:
-    memberships is [(first step, number of processes), ...]; at each step every process r of
-    that number takes the gradient of worker.batch(step, r), the gradients are averaged in
-    rank order (summed left to right, divided once: what sumo's average does) and the SGD
-    step is taken with the average."""
-    torch.set_num_threads(1)
-    model = worker.make_model()
-    opt = worker.make_optimizer(model.parameters())
-    for step in range(worker.STEPS):
-        size = [n for first, n in memberships if first <= step][-1]
-        _average_step(model, opt, size, lambda r: worker.loss_of(model, step, r))
-    return model.state_dict()
+# The workers' training computed without sumo (elastic_worker.reference).
+reference = worker.reference
 
 
 def _shm_entries():
@@ -153,7 +126,7 @@ def example_reference(args, memberships):
         for b in range(a.batches_per_epoch):
             size = [n for first, n in memberships if first <= step][-1]
             x, y = ex.global_batch(epoch, b, a.batch_size)
-            _average_step(model, opt, size, lambda r: torch.nn.functional.cross_entropy(
+            worker.average_step(model, opt, size, lambda r: torch.nn.functional.cross_entropy(
                 model(x[r::size]), y[r::size]))
             step += 1
     return ex.digest(model)

@@ -204,10 +204,7 @@ def _adopt_member(over):
     comm = state.elastic.comm()
     state.memberships = state.elastic.generation()
     if over not in _ACROSS:
-        r, s = ctypes.c_int(), ctypes.c_int()
-        lib.sumo_comm_rank(comm, ctypes.byref(r))
-        lib.sumo_comm_size(comm, ctypes.byref(s))
-        _adopt(comm, over, r.value, s.value)
+        _adopt(comm, over, *_rank_size(comm))  # one host: its place is its rank
         return
     if state.transport is None:  # the first: where the launcher put this process
         launch = _lib.bootstrap()
